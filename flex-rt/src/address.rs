@@ -1,0 +1,277 @@
+//! Device memory addresses: logical addresses, chunks and composite addresses.
+
+use std::fmt;
+
+use flex_sys::bindings as sys;
+
+use crate::{FlexError, Result};
+
+/// Alignment, in bytes, of every chunk offset (`FLEX_ADDRESS_ALIGNMENT`).
+pub const ADDRESS_ALIGNMENT: u64 = sys::FLEX_ADDRESS_ALIGNMENT as u64;
+
+/// Most chunks one composite address may have (`FLEX_MAX_ADDRESS_CHUNKS`).
+pub const MAX_ADDRESS_CHUNKS: usize = sys::FLEX_MAX_ADDRESS_CHUNKS as usize;
+
+/// A place in device memory (`flex_logical_address_t`): a region of the
+/// device and a byte offset inside it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LogicalAddress {
+    /// Identifier of a device memory region.
+    pub region_id: u32,
+    /// Byte offset inside the region.
+    pub offset: u64,
+}
+
+/// A contiguous run of device memory (`flex_address_chunk_t`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AddressChunk {
+    /// Where the chunk starts; the offset is [`ADDRESS_ALIGNMENT`]-aligned.
+    pub address: LogicalAddress,
+    /// Length in bytes, greater than zero.
+    pub size: u64,
+}
+
+impl AddressChunk {
+    /// The flex.h representation.
+    pub fn to_raw(self) -> sys::flex_address_chunk_t {
+        sys::flex_address_chunk_t {
+            address: sys::flex_logical_address_t {
+                region_id: self.address.region_id,
+                offset: self.address.offset,
+            },
+            size: self.size,
+        }
+    }
+
+    /// From the flex.h representation (not validated; see [`CompositeAddress::new`]).
+    pub fn from_raw(raw: sys::flex_address_chunk_t) -> Self {
+        Self {
+            address: LogicalAddress {
+                region_id: raw.address.region_id,
+                offset: raw.address.offset,
+            },
+            size: raw.size,
+        }
+    }
+}
+
+/// One logical device buffer made of one or more chunks, in buffer order
+/// (`flex::CompositeAddress` in torch-spyre, `flex_composite_address_t` in
+/// flex.h). Its size is the sum of its chunk sizes.
+///
+/// Invariants, checked by [`CompositeAddress::new`]: at least one chunk, at
+/// most [`MAX_ADDRESS_CHUNKS`]; every chunk non-empty, with an offset that is
+/// a multiple of [`ADDRESS_ALIGNMENT`] and an end that does not overflow
+/// `u64`; the total size fits in `u64`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct CompositeAddress {
+    chunks: Box<[AddressChunk]>,
+    total_size: u64,
+}
+
+impl CompositeAddress {
+    /// Makes a composite address from its chunks.
+    ///
+    /// # Errors
+    /// [`crate::Status::INVALID_ARGUMENT`] naming the bad chunk: no chunks,
+    /// too many, an empty chunk, a misaligned offset, or a size overflow.
+    pub fn new(chunks: impl Into<Vec<AddressChunk>>) -> Result<Self> {
+        const CALL: &str = "CompositeAddress::new";
+        let chunks = chunks.into();
+        if chunks.is_empty() {
+            return Err(FlexError::invalid_argument(
+                CALL,
+                "a composite address needs at least one chunk, got none",
+            ));
+        }
+        if chunks.len() > MAX_ADDRESS_CHUNKS {
+            return Err(FlexError::invalid_argument(
+                CALL,
+                format!(
+                    "a composite address has at most {MAX_ADDRESS_CHUNKS} chunks, got {}",
+                    chunks.len()
+                ),
+            ));
+        }
+        let mut total_size = 0u64;
+        for (index, chunk) in chunks.iter().enumerate() {
+            if chunk.size == 0 {
+                return Err(FlexError::invalid_argument(
+                    CALL,
+                    format!("chunk {index} is empty (size 0); every chunk needs at least one byte"),
+                ));
+            }
+            if !chunk.address.offset.is_multiple_of(ADDRESS_ALIGNMENT) {
+                return Err(FlexError::invalid_argument(
+                    CALL,
+                    format!(
+                        "chunk {index} starts at offset {} of region {}, which is not a multiple of {ADDRESS_ALIGNMENT} bytes",
+                        chunk.address.offset, chunk.address.region_id
+                    ),
+                ));
+            }
+            let overflow = || {
+                FlexError::invalid_argument(
+                    CALL,
+                    format!(
+                        "chunk {index} (offset {}, size {}) overflows u64",
+                        chunk.address.offset, chunk.size
+                    ),
+                )
+            };
+            chunk
+                .address
+                .offset
+                .checked_add(chunk.size)
+                .ok_or_else(overflow)?;
+            total_size = total_size.checked_add(chunk.size).ok_or_else(overflow)?;
+        }
+        Ok(Self {
+            chunks: chunks.into_boxed_slice(),
+            total_size,
+        })
+    }
+
+    /// A composite address of one chunk.
+    ///
+    /// # Errors
+    /// As [`CompositeAddress::new`].
+    pub fn single(address: LogicalAddress, size: u64) -> Result<Self> {
+        Self::new(vec![AddressChunk { address, size }])
+    }
+
+    /// The chunks, in buffer order.
+    pub fn chunks(&self) -> &[AddressChunk] {
+        &self.chunks
+    }
+
+    /// Total size in bytes (the sum of the chunk sizes; `total_size()` in torch-spyre).
+    pub fn total_size(&self) -> u64 {
+        self.total_size
+    }
+
+    /// The first chunk's start: where the buffer begins.
+    pub fn start(&self) -> LogicalAddress {
+        self.chunks[0].address
+    }
+
+    /// The chunks in flex.h form, for a `flex_composite_address_t` that
+    /// borrows them.
+    pub fn to_raw_chunks(&self) -> Vec<sys::flex_address_chunk_t> {
+        self.chunks.iter().map(|c| c.to_raw()).collect()
+    }
+}
+
+impl fmt::Display for CompositeAddress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "[")?;
+        for (i, c) in self.chunks.iter().enumerate() {
+            if i > 0 {
+                write!(f, ", ")?;
+            }
+            write!(
+                f,
+                "region {} +{} ({} B)",
+                c.address.region_id, c.address.offset, c.size
+            )?;
+        }
+        write!(f, "]")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunk(region_id: u32, offset: u64, size: u64) -> AddressChunk {
+        AddressChunk {
+            address: LogicalAddress { region_id, offset },
+            size,
+        }
+    }
+
+    #[test]
+    fn total_size_is_the_sum_of_chunks() {
+        let addr = CompositeAddress::new(vec![chunk(0, 0, 100), chunk(3, 256, 28)]).unwrap();
+        assert_eq!(addr.total_size(), 128);
+        assert_eq!(addr.chunks().len(), 2);
+        assert_eq!(
+            addr.start(),
+            LogicalAddress {
+                region_id: 0,
+                offset: 0
+            }
+        );
+        assert_eq!(
+            addr.to_string(),
+            "[region 0 +0 (100 B), region 3 +256 (28 B)]"
+        );
+    }
+
+    #[test]
+    fn empty_address_is_rejected() {
+        let err = CompositeAddress::new(Vec::new()).unwrap_err();
+        assert!(err.message().contains("at least one chunk"), "{err}");
+    }
+
+    #[test]
+    fn misaligned_offset_is_rejected_with_the_offset() {
+        let err = CompositeAddress::single(
+            LogicalAddress {
+                region_id: 2,
+                offset: 64,
+            },
+            8,
+        )
+        .unwrap_err();
+        assert!(err.message().contains("offset 64 of region 2"), "{err}");
+        assert!(
+            CompositeAddress::single(
+                LogicalAddress {
+                    region_id: 2,
+                    offset: 384
+                },
+                8
+            )
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn empty_chunk_and_overflow_are_rejected() {
+        assert!(
+            CompositeAddress::new(vec![chunk(0, 0, 8), chunk(0, 128, 0)])
+                .unwrap_err()
+                .message()
+                .contains("chunk 1 is empty")
+        );
+        assert!(
+            CompositeAddress::single(
+                LogicalAddress {
+                    region_id: 0,
+                    offset: u64::MAX - 127
+                },
+                256
+            )
+            .unwrap_err()
+            .message()
+            .contains("overflows")
+        );
+        assert!(CompositeAddress::new(vec![chunk(0, 0, u64::MAX), chunk(1, 0, 1)]).is_err());
+    }
+
+    #[test]
+    fn too_many_chunks_are_rejected() {
+        let chunks: Vec<_> = (0..=MAX_ADDRESS_CHUNKS as u32)
+            .map(|r| chunk(r, 0, 1))
+            .collect();
+        let err = CompositeAddress::new(chunks).unwrap_err();
+        assert!(err.message().contains("at most 64 chunks, got 65"), "{err}");
+    }
+
+    #[test]
+    fn raw_round_trip() {
+        let c = chunk(7, 1024, 55);
+        assert_eq!(AddressChunk::from_raw(c.to_raw()), c);
+    }
+}

@@ -1,0 +1,198 @@
+//! Host buffers that asynchronous copies keep alive and lock while in flight.
+
+use std::fmt;
+use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
+
+use parking_lot::lock_api::{ArcRwLockReadGuard, ArcRwLockWriteGuard};
+use parking_lot::{RawRwLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use crate::{FlexError, Result};
+
+/// Host memory for asynchronous copies: shared, reference-counted bytes.
+///
+/// This is the Rust form of the host lifetime token torch-spyre passes with
+/// every copy. Cloning is cheap and shares the bytes. An in-flight operation
+/// holds a lease on the buffer until it completes (or fails), so the memory
+/// cannot be freed under the device:
+///
+/// - an H2D copy holds a shared lease: the host may read the buffer meanwhile,
+///   and a [`HostBuffer::write`] waits until the copy is done;
+/// - a D2H copy holds an exclusive lease: [`HostBuffer::read`] and
+///   [`HostBuffer::write`] wait until the device has written the bytes.
+///
+/// A launch never waits for a lease: if the buffer is leased in a conflicting
+/// way (a D2H still writing it, or a guard alive on this or another thread),
+/// the launch fails with [`crate::Status::INVALID_ARGUMENT`] and enqueues
+/// nothing.
+///
+/// Thread-safety: `Send + Sync`; every access goes through a reader-writer lock.
+#[derive(Clone)]
+pub struct HostBuffer {
+    bytes: Arc<RwLock<Box<[u8]>>>,
+    len: usize,
+}
+
+impl HostBuffer {
+    /// A buffer of `len` zero bytes.
+    pub fn zeroed(len: usize) -> Self {
+        Self::from_vec(vec![0; len])
+    }
+
+    /// A buffer that takes ownership of `bytes`.
+    pub fn from_vec(bytes: Vec<u8>) -> Self {
+        let len = bytes.len();
+        Self {
+            bytes: Arc::new(RwLock::new(bytes.into_boxed_slice())),
+            len,
+        }
+    }
+
+    /// Length in bytes; fixed for the life of the buffer.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Shared access to the bytes; blocks while a D2H copy into the buffer is
+    /// in flight or a write guard is alive.
+    ///
+    /// Do not call it from a host callback of the stream that copies into the
+    /// buffer: the copy cannot finish until the callback returns.
+    pub fn read(&self) -> RwLockReadGuard<'_, Box<[u8]>> {
+        self.bytes.read()
+    }
+
+    /// Exclusive access to the bytes; blocks while any copy from or into the
+    /// buffer is in flight or another guard is alive.
+    pub fn write(&self) -> RwLockWriteGuard<'_, Box<[u8]>> {
+        self.bytes.write()
+    }
+
+    /// A copy of the bytes (waits as [`HostBuffer::read`] does).
+    pub fn to_vec(&self) -> Vec<u8> {
+        self.read().to_vec()
+    }
+
+    /// Takes a shared lease for an operation that reads the buffer (H2D).
+    /// Backends call this at launch and release the lease when the operation
+    /// completes.
+    ///
+    /// # Errors
+    /// [`crate::Status::INVALID_ARGUMENT`] if a D2H copy or a write guard holds the buffer.
+    pub fn lease_for_read(&self, call: &'static str) -> Result<ReadLease> {
+        RwLock::try_read_arc(&self.bytes)
+            .map(ReadLease)
+            .ok_or_else(|| busy(call, self.len, "read"))
+    }
+
+    /// Takes an exclusive lease for an operation that writes the buffer (D2H).
+    ///
+    /// # Errors
+    /// [`crate::Status::INVALID_ARGUMENT`] if any operation or guard holds the buffer.
+    pub fn lease_for_write(&self, call: &'static str) -> Result<WriteLease> {
+        RwLock::try_write_arc(&self.bytes)
+            .map(WriteLease)
+            .ok_or_else(|| busy(call, self.len, "written"))
+    }
+}
+
+fn busy(call: &'static str, len: usize, what: &str) -> FlexError {
+    FlexError::invalid_argument(
+        call,
+        format!(
+            "host buffer of {len} bytes cannot be {what} by the device now: an operation in flight or a guard holds it; synchronize the stream that uses it or drop the guard first"
+        ),
+    )
+}
+
+impl fmt::Debug for HostBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HostBuffer")
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl From<Vec<u8>> for HostBuffer {
+    fn from(bytes: Vec<u8>) -> Self {
+        Self::from_vec(bytes)
+    }
+}
+
+/// A shared lease on a [`HostBuffer`] held by an in-flight H2D copy.
+/// Dereferences to the bytes. `Send`: it may be released on a runtime thread.
+pub struct ReadLease(ArcRwLockReadGuard<RawRwLock, Box<[u8]>>);
+
+impl fmt::Debug for ReadLease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReadLease").field("len", &self.len()).finish()
+    }
+}
+
+impl Deref for ReadLease {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// An exclusive lease on a [`HostBuffer`] held by an in-flight D2H copy.
+/// Dereferences to the bytes. `Send`: it may be released on a runtime thread.
+pub struct WriteLease(ArcRwLockWriteGuard<RawRwLock, Box<[u8]>>);
+
+impl fmt::Debug for WriteLease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WriteLease").field("len", &self.len()).finish()
+    }
+}
+
+impl Deref for WriteLease {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl DerefMut for WriteLease {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        &mut self.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    static_assertions::assert_impl_all!(HostBuffer: Send, Sync);
+    static_assertions::assert_impl_all!(ReadLease: Send);
+    static_assertions::assert_impl_all!(WriteLease: Send);
+
+    #[test]
+    fn read_leases_share_and_exclude_writers() {
+        let buf = HostBuffer::from_vec(vec![1, 2, 3]);
+        let a = buf.lease_for_read("t").unwrap();
+        let b = buf.lease_for_read("t").unwrap();
+        assert_eq!(&*a, &[1, 2, 3]);
+        let err = buf.lease_for_write("launch_d2h").unwrap_err();
+        assert_eq!(err.call(), "launch_d2h");
+        assert!(err.message().contains("host buffer of 3 bytes"), "{err}");
+        drop((a, b));
+        assert!(buf.lease_for_write("t").is_ok());
+    }
+
+    #[test]
+    fn write_lease_is_exclusive_and_visible_after_release() {
+        let buf = HostBuffer::zeroed(4);
+        let mut lease = buf.lease_for_write("t").unwrap();
+        assert!(buf.lease_for_read("t").is_err());
+        lease.copy_from_slice(&[9, 8, 7, 6]);
+        drop(lease);
+        assert_eq!(buf.to_vec(), vec![9, 8, 7, 6]);
+        assert_eq!(buf.len(), 4);
+    }
+}

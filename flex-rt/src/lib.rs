@@ -1,0 +1,35 @@
+//! Safe flex runtime API.
+//!
+//! flex-rt is the only way anything above it talks to a device. It defines
+//! the contract every backend meets — the [`Backend`], [`Runtime`] and
+//! [`Stream`] traits, and the types they share — and implements it over the
+//! vendor's C ABI (flex-sys) in [`ffi`]: [`RuntimeContext`] and
+//! [`RuntimeStream`]. The software device in `spyre-mock` implements the same
+//! traits.
+//!
+//! Ownership follows torch-spyre's stream-ownership spec: a runtime creates
+//! and owns every stream; callers get borrows tied to the runtime and never
+//! destroy a stream. Host memory given to an asynchronous copy is a
+//! [`HostBuffer`] that the operation leases until it completes, so safe code
+//! cannot free or touch memory the device is still using.
+#![deny(unsafe_code)]
+
+mod address;
+mod buffer;
+mod error;
+pub mod ffi;
+mod launch;
+mod status;
+mod traits;
+mod types;
+
+pub use address::{
+    ADDRESS_ALIGNMENT, AddressChunk, CompositeAddress, LogicalAddress, MAX_ADDRESS_CHUNKS,
+};
+pub use buffer::{HostBuffer, ReadLease, WriteLease};
+pub use error::{FlexError, Result};
+pub use ffi::{FlexBackend, RuntimeContext, RuntimeStream};
+pub use launch::{Completion, HostCallback, LaunchOptions};
+pub use status::Status;
+pub use traits::{Backend, Runtime, Stream, check_copy_size, check_fill_size};
+pub use types::{DataFormat, StreamMode, StreamPriority};

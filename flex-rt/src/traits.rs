@@ -1,0 +1,230 @@
+//! The contract every backend meets: `Backend`, `Runtime` and `Stream`.
+
+use std::fmt;
+
+use crate::{
+    CompositeAddress, DataFormat, FlexError, HostBuffer, HostCallback, LaunchOptions, Result,
+    StreamMode, StreamPriority,
+};
+
+/// A loaded device runtime library, or the software device: it counts the
+/// visible devices and creates runtimes.
+///
+/// Thread-safety: `Send + Sync`; every method may be called from any thread.
+pub trait Backend: Send + Sync + fmt::Debug {
+    /// Short name of the backend, for example `mock` or `hardware`.
+    fn name(&self) -> &'static str;
+
+    /// Number of logical devices visible to this process (`flex_get_device_count`).
+    ///
+    /// # Errors
+    /// The runtime's error if it cannot count its devices.
+    fn device_count(&self) -> Result<u32>;
+
+    /// Creates a runtime bound to `logical_device` (`flex_runtime_create`).
+    ///
+    /// # Errors
+    /// [`crate::Status::NO_DEVICE`] when `logical_device` is not below
+    /// [`Backend::device_count`]; the runtime's error when it cannot start.
+    fn create_runtime(&self, logical_device: u32) -> Result<Box<dyn Runtime>>;
+}
+
+/// One device context (`flex::RuntimeContext`), bound to one logical device.
+///
+/// Ownership, as in the spec: the runtime creates and owns every stream;
+/// [`Runtime::default_stream`] and [`Runtime::create_stream`] hand out borrows
+/// that cannot outlive it, and nothing above this trait ever destroys a
+/// stream. Streams are kept at stable addresses until the runtime is dropped.
+///
+/// Thread-safety: `Send + Sync`; every method may be called from any thread.
+pub trait Runtime: Send + Sync + fmt::Debug {
+    /// The logical device this runtime is bound to (0-based).
+    fn logical_device(&self) -> u32;
+
+    /// The default stream: normal priority, strict ordering, no hazard
+    /// tracking, created with the runtime. Always the same stream.
+    fn default_stream(&self) -> &dyn Stream;
+
+    /// Creates a stream (`RuntimeContext::createStream(priority, mode,
+    /// track_hazards)` in torch-spyre). With `track_hazards` the runtime
+    /// orders this stream's memory accesses against other tracking streams.
+    ///
+    /// # Errors
+    /// The runtime's error when no stream can be made.
+    fn create_stream(
+        &self,
+        priority: StreamPriority,
+        mode: StreamMode,
+        track_hazards: bool,
+    ) -> Result<&dyn Stream>;
+
+    /// Whether any stream of this runtime has failed or needs shutdown
+    /// (`RuntimeContext::hasStreamError()`).
+    ///
+    /// # Errors
+    /// The runtime's error if it cannot tell.
+    fn has_stream_error(&self) -> Result<bool>;
+
+    /// Allocates `size` bytes (> 0) of device memory; the result's chunks are
+    /// 128-byte aligned and add up to `size`. The memory is not initialized.
+    ///
+    /// # Errors
+    /// [`crate::Status::INVALID_ARGUMENT`] for size 0;
+    /// [`crate::Status::OUT_OF_MEMORY`] when the device is full.
+    fn allocate(&self, size: u64) -> Result<CompositeAddress>;
+
+    /// Frees memory returned by [`Runtime::allocate`], given the same address.
+    /// Operations still using it fail.
+    ///
+    /// # Errors
+    /// [`crate::Status::INVALID_ARGUMENT`] when `address` is not a live
+    /// allocation of this runtime; nothing is freed then.
+    fn free(&self, address: &CompositeAddress) -> Result<()>;
+}
+
+/// One hardware queue (`flex::RuntimeStream`): operations run in submission
+/// order, and different streams run concurrently.
+///
+/// Every launch enqueues one operation and returns without waiting. On `Ok`
+/// its completion (if any) is called exactly once, when the operation has
+/// finished or failed. On `Err` nothing was enqueued and the completion and
+/// any lease on a host buffer have been released.
+///
+/// Errors are sticky: once an operation fails, the stream runs no more work;
+/// later operations complete with [`crate::Status::STREAM_FAILED`], later
+/// launches are refused with it, and `query`/`synchronize` return the first
+/// error.
+///
+/// Thread-safety: `Send + Sync`. Launches from several threads onto one
+/// stream are serialized inside the stream (flex itself promises nothing
+/// there); their relative order is the order in which they take the stream.
+pub trait Stream: Send + Sync + fmt::Debug {
+    /// The stream's identifier, unique within its runtime; 0 for the default stream.
+    fn id(&self) -> u64;
+
+    /// The priority the stream was created with.
+    fn priority(&self) -> StreamPriority;
+
+    /// Whether all work enqueued before the call has completed: `Ok(true)`
+    /// done, `Ok(false)` still running. Never blocks.
+    ///
+    /// # Errors
+    /// The stream's first error if it has failed.
+    fn query(&self) -> Result<bool>;
+
+    /// Blocks until all work enqueued before the call has completed and its
+    /// completions have returned.
+    ///
+    /// # Errors
+    /// The stream's first error if it has failed (sticky).
+    fn synchronize(&self) -> Result<()>;
+
+    /// Whether the stream needs a runtime shutdown (`RuntimeStream::needsShutdown()`);
+    /// such a stream refuses launches with [`crate::Status::SHUTDOWN`].
+    ///
+    /// # Errors
+    /// The runtime's error if it cannot tell.
+    fn needs_shutdown(&self) -> Result<bool>;
+
+    /// Host-to-device copy of all of `src` into `dst`; the sizes must match.
+    /// The operation holds a shared lease on `src` until it completes.
+    ///
+    /// # Errors
+    /// [`crate::Status::INVALID_ARGUMENT`] on a size mismatch or a busy
+    /// buffer; the stream's error if it has failed or needs shutdown; the
+    /// runtime's refusal.
+    fn launch_h2d(
+        &self,
+        src: &HostBuffer,
+        dst: &CompositeAddress,
+        options: LaunchOptions,
+    ) -> Result<()>;
+
+    /// Device-to-host copy of all of `src` into `dst`; the sizes must match.
+    /// The operation holds an exclusive lease on `dst` until it completes, so
+    /// [`HostBuffer::read`] waits for the data.
+    ///
+    /// # Errors
+    /// As [`Stream::launch_h2d`].
+    fn launch_d2h(
+        &self,
+        src: &CompositeAddress,
+        dst: &HostBuffer,
+        options: LaunchOptions,
+    ) -> Result<()>;
+
+    /// Runs the compute program stored in device memory at `program`. A
+    /// program the device cannot run fails the operation (and the stream) with
+    /// [`crate::Status::EXECUTION_FAILED`].
+    ///
+    /// # Errors
+    /// The stream's error if it has failed or needs shutdown; the runtime's refusal.
+    fn launch_compute(&self, program: &CompositeAddress, options: LaunchOptions) -> Result<()>;
+
+    /// Runs `callback` on a runtime thread in stream order; the stream does
+    /// not advance until it returns. If the stream fails before its turn the
+    /// callback is dropped without running.
+    ///
+    /// # Errors
+    /// The stream's error if it has failed or needs shutdown; the runtime's refusal.
+    fn launch_host_callback(&self, callback: HostCallback, options: LaunchOptions) -> Result<()>;
+
+    /// Fills `dst` with `value` converted to `format` (`RuntimeStream::fillAsync`).
+    ///
+    /// # Errors
+    /// [`crate::Status::INVALID_ARGUMENT`] when the size of `dst` is not a
+    /// multiple of the element size; otherwise as [`Stream::launch_compute`].
+    fn launch_fill(
+        &self,
+        dst: &CompositeAddress,
+        value: f64,
+        format: DataFormat,
+        options: LaunchOptions,
+    ) -> Result<()>;
+}
+
+/// Checks that a copy's host and device sizes agree; every backend's
+/// `launch_h2d` and `launch_d2h` call it before enqueuing.
+///
+/// # Errors
+/// [`crate::Status::INVALID_ARGUMENT`] naming both sizes.
+pub fn check_copy_size(
+    call: &'static str,
+    host_len: usize,
+    device: &CompositeAddress,
+) -> Result<()> {
+    if host_len as u64 == device.total_size() {
+        Ok(())
+    } else {
+        Err(FlexError::invalid_argument(
+            call,
+            format!(
+                "host buffer has {host_len} bytes but the device address {device} has {} bytes; they must be equal",
+                device.total_size()
+            ),
+        ))
+    }
+}
+
+/// Checks that a fill's size is a whole number of elements.
+///
+/// # Errors
+/// [`crate::Status::INVALID_ARGUMENT`] naming the size and the element size.
+pub fn check_fill_size(
+    call: &'static str,
+    dst: &CompositeAddress,
+    format: DataFormat,
+) -> Result<()> {
+    let element = format.element_size();
+    if dst.total_size().is_multiple_of(element) {
+        Ok(())
+    } else {
+        Err(FlexError::invalid_argument(
+            call,
+            format!(
+                "fill of {} bytes is not a whole number of {format:?} elements ({element} bytes each)",
+                dst.total_size()
+            ),
+        ))
+    }
+}

@@ -1,0 +1,182 @@
+//! Small enumerations shared by every backend: priority, ordering mode, data format.
+
+use std::fmt;
+
+use flex_sys::bindings as sys;
+
+use crate::{FlexError, Result};
+
+/// Priority of a hardware stream (`flex_stream_priority_t`).
+///
+/// When more streams have work than a device has engines, queued work of
+/// [`StreamPriority::High`] streams starts first. torch-spyre creates its
+/// high-priority pool streams (ids 33–64) as `HIGH` and everything else as
+/// `NORMAL` (`flex::RuntimeStreamPriority`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum StreamPriority {
+    /// `FLEX_STREAM_PRIORITY_NORMAL`.
+    #[default]
+    Normal,
+    /// `FLEX_STREAM_PRIORITY_HIGH`.
+    High,
+}
+
+impl StreamPriority {
+    /// The flex.h value.
+    pub fn to_raw(self) -> i32 {
+        match self {
+            Self::Normal => sys::FLEX_STREAM_PRIORITY_NORMAL,
+            Self::High => sys::FLEX_STREAM_PRIORITY_HIGH,
+        }
+    }
+
+    /// Parses a flex.h value.
+    ///
+    /// # Errors
+    /// [`crate::Status::INVALID_ARGUMENT`] naming `raw` when flex.h defines no such priority.
+    pub fn from_raw(raw: i32) -> Result<Self> {
+        match raw {
+            sys::FLEX_STREAM_PRIORITY_NORMAL => Ok(Self::Normal),
+            sys::FLEX_STREAM_PRIORITY_HIGH => Ok(Self::High),
+            other => Err(FlexError::invalid_argument(
+                "stream priority",
+                format!("unknown stream priority {other}; expected 0 (NORMAL) or 1 (HIGH)"),
+            )),
+        }
+    }
+}
+
+impl fmt::Display for StreamPriority {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Normal => "normal",
+            Self::High => "high",
+        })
+    }
+}
+
+/// Ordering mode of a hardware stream (`flex_stream_mode_t`).
+///
+/// flex.h defines one mode, the one torch-spyre uses for every stream
+/// (`RuntimeStreamMode::STRICT_ORDERING`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum StreamMode {
+    /// Operations start and finish in submission order (FIFO).
+    #[default]
+    StrictOrdering,
+}
+
+impl StreamMode {
+    /// The flex.h value.
+    pub fn to_raw(self) -> i32 {
+        match self {
+            Self::StrictOrdering => sys::FLEX_STREAM_MODE_STRICT_ORDERING,
+        }
+    }
+
+    /// Parses a flex.h value.
+    ///
+    /// # Errors
+    /// [`crate::Status::INVALID_ARGUMENT`] naming `raw` when flex.h defines no such mode.
+    pub fn from_raw(raw: i32) -> Result<Self> {
+        match raw {
+            sys::FLEX_STREAM_MODE_STRICT_ORDERING => Ok(Self::StrictOrdering),
+            other => Err(FlexError::invalid_argument(
+                "stream mode",
+                format!("unknown stream mode {other}; expected 0 (STRICT_ORDERING)"),
+            )),
+        }
+    }
+}
+
+/// Element format of device data (`flex_data_format_t`), used by fill.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DataFormat {
+    /// IEEE 754 binary32, 4 bytes, little-endian.
+    Fp32,
+    /// IEEE 754 binary16, 2 bytes, little-endian.
+    Fp16,
+    /// Signed 32-bit integer, 4 bytes, little-endian.
+    Int32,
+    /// Unsigned 8-bit integer, 1 byte.
+    Uint8,
+}
+
+impl DataFormat {
+    /// Size of one element in bytes.
+    pub fn element_size(self) -> u64 {
+        match self {
+            Self::Fp32 | Self::Int32 => 4,
+            Self::Fp16 => 2,
+            Self::Uint8 => 1,
+        }
+    }
+
+    /// The flex.h value.
+    pub fn to_raw(self) -> i32 {
+        match self {
+            Self::Fp32 => sys::FLEX_DATA_FORMAT_IEEE_FP32,
+            Self::Fp16 => sys::FLEX_DATA_FORMAT_IEEE_FP16,
+            Self::Int32 => sys::FLEX_DATA_FORMAT_INT32,
+            Self::Uint8 => sys::FLEX_DATA_FORMAT_UINT8,
+        }
+    }
+
+    /// Parses a flex.h value.
+    ///
+    /// # Errors
+    /// [`crate::Status::INVALID_ARGUMENT`] naming `raw` when flex.h defines no such format.
+    pub fn from_raw(raw: i32) -> Result<Self> {
+        match raw {
+            sys::FLEX_DATA_FORMAT_IEEE_FP32 => Ok(Self::Fp32),
+            sys::FLEX_DATA_FORMAT_IEEE_FP16 => Ok(Self::Fp16),
+            sys::FLEX_DATA_FORMAT_INT32 => Ok(Self::Int32),
+            sys::FLEX_DATA_FORMAT_UINT8 => Ok(Self::Uint8),
+            other => Err(FlexError::invalid_argument(
+                "data format",
+                format!(
+                    "unknown data format {other}; expected 0 (FP32), 1 (FP16), 2 (INT32) or 3 (UINT8)"
+                ),
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn raw_values_round_trip_and_match_the_header() {
+        assert_eq!(StreamPriority::High.to_raw(), 1);
+        assert_eq!(StreamPriority::from_raw(0).unwrap(), StreamPriority::Normal);
+        assert_eq!(StreamMode::from_raw(0).unwrap(), StreamMode::StrictOrdering);
+        for format in [
+            DataFormat::Fp32,
+            DataFormat::Fp16,
+            DataFormat::Int32,
+            DataFormat::Uint8,
+        ] {
+            assert_eq!(DataFormat::from_raw(format.to_raw()).unwrap(), format);
+        }
+        assert_eq!(DataFormat::Fp16.element_size(), 2);
+    }
+
+    #[test]
+    fn unknown_raw_values_are_errors_naming_the_value() {
+        let err = StreamPriority::from_raw(7).unwrap_err();
+        assert!(err.message().contains("unknown stream priority 7"), "{err}");
+        assert!(
+            StreamMode::from_raw(1)
+                .unwrap_err()
+                .message()
+                .contains("mode 1")
+        );
+        assert!(
+            DataFormat::from_raw(-3)
+                .unwrap_err()
+                .message()
+                .contains("format -3")
+        );
+    }
+}

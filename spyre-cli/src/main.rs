@@ -1,0 +1,2 @@
+//! The `spyre` command.
+fn main() {}

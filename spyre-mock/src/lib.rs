@@ -1,0 +1,1 @@
+//! A software Spyre device.

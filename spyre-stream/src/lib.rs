@@ -1,0 +1,1 @@
+//! The Spyre stream pool.
