@@ -1,0 +1,230 @@
+//! Errors of loading a flex runtime library.
+
+use std::ffi::OsString;
+use std::fmt;
+use std::path::PathBuf;
+
+use crate::version::AbiVersion;
+
+/// Why no usable flex runtime library could be loaded.
+///
+/// Every message says what was tried and what to do about it, so printing
+/// the error with `{}` is enough for a user. The fields carry the same facts
+/// for programs. Errors are plain data (`Clone`, `Eq`) and can be cached.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LoadError {
+    /// The dynamic loader could not open `path`: the file is missing, is a
+    /// directory, is not a shared library for this machine, or one of its
+    /// dependencies (a library, or a symbol one of them must provide) cannot
+    /// be found. The library is opened with immediate binding, so an
+    /// unresolvable dependency is reported here and not at a later call.
+    #[error(
+        "cannot load the flex runtime library {}: {reason}. Check that the file exists, \
+         is a shared library built for this machine, and that every library it needs \
+         can be found (`ldd {}` lists them)",
+        path.display(),
+        path.display()
+    )]
+    Open {
+        /// The path or name that was passed to the dynamic loader.
+        path: PathBuf,
+        /// The dynamic loader's own description (`dlerror()`), or why the
+        /// path was not passed to it (empty, or containing a NUL byte).
+        reason: String,
+    },
+
+    /// `FLEX_RUNTIME_LIB` was set and the library it names cannot be used.
+    /// The variable is used exactly as given: no other library is tried.
+    #[error(
+        "{variable}={value:?} names a library that cannot be used ({variable} is used as \
+         given, nothing else is tried): {error}. Point {variable} at a flex runtime library, \
+         e.g. {variable}=/path/to/libflex.so.{major}, or unset it to search the default names",
+        major = AbiVersion::CURRENT.major
+    )]
+    Env {
+        /// The name of the environment variable: `FLEX_RUNTIME_LIB`.
+        variable: &'static str,
+        /// Its value, as read from the environment.
+        value: OsString,
+        /// Why the library at that path was refused.
+        error: Box<LoadError>,
+    },
+
+    /// `FLEX_RUNTIME_LIB` was not set and the dynamic loader could open none
+    /// of the default names. A default name that opens but is then refused
+    /// (ABI mismatch, missing symbol) is reported as that error instead.
+    #[error(
+        "no flex runtime library found: tried {}. Install the flex runtime so that the dynamic \
+         loader finds libflex.so.{major} (ldconfig, LD_LIBRARY_PATH), or set \
+         FLEX_RUNTIME_LIB=/path/to/libflex.so.{major}",
+        DisplayAttempts(attempts),
+        major = AbiVersion::CURRENT.major
+    )]
+    NotFound {
+        /// Every name tried, in order, with the dynamic loader's reason.
+        attempts: Vec<Attempt>,
+    },
+
+    /// The library implements another major version of the flex ABI.
+    #[error(
+        "{} implements flex ABI {found}, but this program was built for flex ABI {expected}; \
+         a different major version is not compatible. Install a flex runtime with ABI major \
+         version {}, or point FLEX_RUNTIME_LIB at one",
+        path.display(),
+        expected.major
+    )]
+    AbiMismatch {
+        /// The version this crate was built for ([`AbiVersion::CURRENT`]).
+        expected: AbiVersion,
+        /// The version the library reported.
+        found: AbiVersion,
+        /// The file that was loaded.
+        path: PathBuf,
+    },
+
+    /// The library does not export a function that `flex.h` requires.
+    #[error(
+        "{} does not export `{symbol}`, which flex ABI {current} requires, so it is not a \
+         complete flex runtime library (a stub, an older build, or another library). Install \
+         a complete flex runtime, or point FLEX_RUNTIME_LIB at one",
+        path.display(),
+        current = AbiVersion::CURRENT
+    )]
+    MissingSymbol {
+        /// The name of the missing function, one of [`crate::REQUIRED_SYMBOLS`].
+        symbol: &'static str,
+        /// The file that was loaded.
+        path: PathBuf,
+    },
+}
+
+/// One default library name that the loader tried, and why it failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attempt {
+    /// The name passed to the dynamic loader, for example `libflex.so.1`.
+    pub candidate: String,
+    /// The dynamic loader's description of the failure (`dlerror()`).
+    pub reason: String,
+}
+
+impl fmt::Display for Attempt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({})", self.candidate, self.reason)
+    }
+}
+
+/// Formats attempts as `a (reason); b (reason)`.
+struct DisplayAttempts<'a>(&'a [Attempt]);
+
+impl fmt::Display for DisplayAttempts<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, attempt) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{attempt}")?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn open_names_the_path_and_the_reason() {
+        let e = LoadError::Open {
+            path: "/opt/flex/libflex.so.1".into(),
+            reason: "/opt/flex/libflex.so.1: invalid ELF header".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "cannot load the flex runtime library /opt/flex/libflex.so.1: \
+             /opt/flex/libflex.so.1: invalid ELF header. Check that the file exists, is a \
+             shared library built for this machine, and that every library it needs can be \
+             found (`ldd /opt/flex/libflex.so.1` lists them)"
+        );
+    }
+
+    #[test]
+    fn env_names_the_variable_its_value_and_the_cause() {
+        let e = LoadError::Env {
+            variable: "FLEX_RUNTIME_LIB",
+            value: "/nope/libflex.so.1".into(),
+            error: Box::new(LoadError::Open {
+                path: "/nope/libflex.so.1".into(),
+                reason: "no such file".into(),
+            }),
+        };
+        let text = e.to_string();
+        assert!(
+            text.starts_with(
+                "FLEX_RUNTIME_LIB=\"/nope/libflex.so.1\" names a library that cannot be used \
+                 (FLEX_RUNTIME_LIB is used as given, nothing else is tried): cannot load the \
+                 flex runtime library /nope/libflex.so.1: no such file."
+            ),
+            "{text}"
+        );
+        assert!(
+            text.ends_with(
+                "Point FLEX_RUNTIME_LIB at a flex runtime library, e.g. \
+                 FLEX_RUNTIME_LIB=/path/to/libflex.so.1, or unset it to search the default names"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn not_found_lists_every_attempt_and_suggests_the_variable() {
+        let e = LoadError::NotFound {
+            attempts: vec![
+                Attempt {
+                    candidate: "libflex.so.1".into(),
+                    reason: "libflex.so.1: cannot open shared object file".into(),
+                },
+                Attempt {
+                    candidate: "libflex.so".into(),
+                    reason: "libflex.so: cannot open shared object file".into(),
+                },
+            ],
+        };
+        assert_eq!(
+            e.to_string(),
+            "no flex runtime library found: tried libflex.so.1 (libflex.so.1: cannot open \
+             shared object file); libflex.so (libflex.so: cannot open shared object file). \
+             Install the flex runtime so that the dynamic loader finds libflex.so.1 (ldconfig, \
+             LD_LIBRARY_PATH), or set FLEX_RUNTIME_LIB=/path/to/libflex.so.1"
+        );
+    }
+
+    #[test]
+    fn abi_mismatch_shows_both_versions_and_the_path() {
+        let e = LoadError::AbiMismatch {
+            expected: AbiVersion { major: 1, minor: 0 },
+            found: AbiVersion { major: 2, minor: 0 },
+            path: "/usr/lib/libflex.so.2".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "/usr/lib/libflex.so.2 implements flex ABI 2.0, but this program was built for flex \
+             ABI 1.0; a different major version is not compatible. Install a flex runtime with \
+             ABI major version 1, or point FLEX_RUNTIME_LIB at one"
+        );
+    }
+
+    #[test]
+    fn missing_symbol_names_the_symbol_and_the_path() {
+        let e = LoadError::MissingSymbol {
+            symbol: "flex_launch_fill",
+            path: "/usr/lib/libflex.so.1".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "/usr/lib/libflex.so.1 does not export `flex_launch_fill`, which flex ABI 1.0 \
+             requires, so it is not a complete flex runtime library (a stub, an older build, or \
+             another library). Install a complete flex runtime, or point FLEX_RUNTIME_LIB at one"
+        );
+    }
+}

@@ -1,0 +1,439 @@
+//! Opening a flex runtime library at run time and checking it against `flex.h`.
+
+use std::ffi::{CStr, OsStr, OsString, c_char, c_void};
+use std::fmt;
+use std::mem::MaybeUninit;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
+
+use crate::bindings::FlexApi;
+use crate::error::{Attempt, LoadError};
+use crate::symbols::{REQUIRED_SYMBOLS, first_missing};
+use crate::version::AbiVersion;
+
+/// The environment variable that names the flex runtime library to load:
+/// `FLEX_RUNTIME_LIB`. See [`FlexLibrary::load`].
+pub const RUNTIME_LIB_ENV: &str = "FLEX_RUNTIME_LIB";
+
+/// The names [`FlexLibrary::load`] tries when `FLEX_RUNTIME_LIB` is unset,
+/// in order: the soname `libflex.so.<major>`, then `libflex.so`.
+fn default_candidates() -> [String; 2] {
+    [
+        format!("libflex.so.{}", AbiVersion::CURRENT.major),
+        "libflex.so".to_owned(),
+    ]
+}
+
+/// A loaded flex runtime library whose ABI version and symbols have been
+/// checked against `include/flex.h`.
+///
+/// Obtain one with [`FlexLibrary::load`] (the library the environment
+/// selects) or [`FlexLibrary::open`] (an explicit path). Both hand out an
+/// [`Arc`]: the library stays loaded until the last `Arc` is dropped, so
+/// anything that calls into it should hold a clone. Function pointers copied
+/// out of [`FlexLibrary::api`] are valid only while an `Arc` lives.
+///
+/// # Thread safety
+///
+/// `FlexLibrary` is `Send + Sync`. `flex.h` allows every function to be
+/// called from any thread at the same time as any other; the only per-thread
+/// state is the last-error message (see [`FlexLibrary::last_error_message`]).
+///
+/// # Trust
+///
+/// Loading a library runs its initialisation code, and calling it runs its
+/// code: this crate can check that the file reports a compatible ABI version
+/// and exports every function of `flex.h`, but not that those functions
+/// behave as `flex.h` says. Only load files that are flex runtime libraries.
+pub struct FlexLibrary {
+    /// The resolved functions; owns the `dlopen` handle, which is closed when
+    /// this value is dropped (after the last `Arc`).
+    api: FlexApi,
+    /// The file that was loaded, as found by the dynamic loader.
+    path: PathBuf,
+    /// The version the library reported.
+    version: AbiVersion,
+}
+
+// Compile-time proof of the thread-safety promise above.
+const _: fn() = || {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<FlexLibrary>();
+};
+
+impl FlexLibrary {
+    /// Loads the flex runtime library that the environment selects.
+    ///
+    /// - If `FLEX_RUNTIME_LIB` is set (even to an empty value), exactly that
+    ///   path is opened; nothing else is tried. On failure the error is
+    ///   [`LoadError::Env`], which names the variable and its value and
+    ///   carries the underlying error.
+    /// - Otherwise the soname `libflex.so.<major>` (`libflex.so.1` for ABI
+    ///   1.x) is tried first, then `libflex.so`, each searched by the dynamic
+    ///   loader as `dlopen` does (`LD_LIBRARY_PATH`, the `ldconfig` cache,
+    ///   the default directories). The first name the dynamic loader can open
+    ///   decides: if it is then refused (ABI mismatch, missing symbol) that
+    ///   error is returned and later names are not tried. If no name can be
+    ///   opened the error is [`LoadError::NotFound`], listing each name with
+    ///   the dynamic loader's reason.
+    ///
+    /// Each call opens the library afresh (the dynamic loader shares one
+    /// mapping between handles to the same file); nothing is cached.
+    ///
+    /// # Errors
+    ///
+    /// [`LoadError::Env`], [`LoadError::NotFound`], or any error of
+    /// [`FlexLibrary::open`] for the default name that was opened.
+    pub fn load() -> Result<Arc<FlexLibrary>, LoadError> {
+        Self::load_from(std::env::var_os(RUNTIME_LIB_ENV))
+    }
+
+    /// [`FlexLibrary::load`] with the value of `FLEX_RUNTIME_LIB` given
+    /// instead of read from the environment: `Some(path)` loads exactly
+    /// `path`, `None` searches the default names.
+    ///
+    /// For programs that take the value from their own configuration, and
+    /// for tests (changing the environment of a running, threaded process is
+    /// not sound).
+    ///
+    /// # Errors
+    ///
+    /// As [`FlexLibrary::load`]; errors for `Some(path)` are
+    /// [`LoadError::Env`] and name `FLEX_RUNTIME_LIB`.
+    pub fn load_from(env_value: Option<OsString>) -> Result<Arc<FlexLibrary>, LoadError> {
+        if let Some(value) = env_value {
+            return match Self::open_name(&value) {
+                Ok(library) => Ok(Arc::new(library)),
+                Err(error) => Err(LoadError::Env {
+                    variable: RUNTIME_LIB_ENV,
+                    value,
+                    error: Box::new(error),
+                }),
+            };
+        }
+        let mut attempts = Vec::new();
+        for candidate in default_candidates() {
+            match Self::open_name(OsStr::new(&candidate)) {
+                Ok(library) => return Ok(Arc::new(library)),
+                Err(LoadError::Open { reason, .. }) => attempts.push(Attempt { candidate, reason }),
+                Err(refused) => return Err(refused),
+            }
+        }
+        Err(LoadError::NotFound { attempts })
+    }
+
+    /// Opens the flex runtime library at `path` and checks it. Never cached:
+    /// every call opens the file again and returns a new `Arc`.
+    ///
+    /// Steps, each a distinct error:
+    ///
+    /// 1. `dlopen(path, RTLD_NOW | RTLD_LOCAL)`. Immediate binding makes a
+    ///    missing dependency (a library, or a symbol a dependency should
+    ///    provide) fail here rather than at the first call. A `path` without
+    ///    a `/` is searched like any `dlopen` name; write `./name` for a file
+    ///    in the current directory. An empty path, or one with a NUL byte, is
+    ///    refused without calling `dlopen`.
+    /// 2. `flex_get_api_version` is resolved and called before anything else,
+    ///    and its major version must equal [`AbiVersion::CURRENT`]'s. Any
+    ///    minor version, older or newer, is accepted.
+    /// 3. Every function in [`crate::REQUIRED_SYMBOLS`] must resolve.
+    ///
+    /// # Errors
+    ///
+    /// - [`LoadError::Open`]: step 1 failed (missing file, a directory, not a
+    ///   shared library, a wrong architecture, an unresolvable dependency);
+    /// - [`LoadError::MissingSymbol`]: `flex_get_api_version` or another
+    ///   required function is not exported;
+    /// - [`LoadError::AbiMismatch`]: the library reports another major
+    ///   version.
+    pub fn open(path: impl AsRef<Path>) -> Result<Arc<FlexLibrary>, LoadError> {
+        Self::open_name(path.as_ref().as_os_str()).map(Arc::new)
+    }
+
+    /// Implements [`FlexLibrary::open`] for a path or a bare library name.
+    fn open_name(name: &OsStr) -> Result<FlexLibrary, LoadError> {
+        let refuse = |reason: &str| LoadError::Open {
+            path: PathBuf::from(name),
+            reason: reason.to_owned(),
+        };
+        if name.is_empty() {
+            // dlopen("") would return the main program instead of a library.
+            return Err(refuse("the path is empty"));
+        }
+        if name.as_bytes().contains(&0) {
+            return Err(refuse("the path contains a NUL byte"));
+        }
+
+        // SAFETY: `dlopen` is unsafe because it runs the library's
+        // initialisers now and its finalisers at `dlclose`, which may have any
+        // requirement. The contract of this loader, stated on `FlexLibrary`
+        // ("Trust"), is that the file is a flex runtime library, whose
+        // initialisers need nothing from the caller. The handle is owned by
+        // the returned value and, later, by `FlexApi`, so it is closed exactly
+        // once, after the last use of any symbol from it.
+        let library = unsafe { Library::open(Some(name), RTLD_NOW | RTLD_LOCAL) }
+            .map_err(|e| refuse(&e.to_string()))?;
+        let path = loaded_file(&library).unwrap_or_else(|| fallback_path(name));
+
+        // SAFETY: the type is the one `flex.h` declares,
+        // `uint32_t flex_get_api_version(void)`, required in every ABI
+        // version. The function pointer is copied out of the `Symbol` and used
+        // only below, while `library` is still open.
+        let get_version = match unsafe {
+            library.get::<unsafe extern "C" fn() -> u32>(b"flex_get_api_version\0")
+        } {
+            Ok(symbol) => *symbol,
+            Err(_) => {
+                return Err(LoadError::MissingSymbol {
+                    symbol: "flex_get_api_version",
+                    path,
+                });
+            }
+        };
+        // SAFETY: `flex.h`: takes no arguments, has no preconditions, never
+        // fails and needs no runtime. `library` keeps the code mapped.
+        let found = AbiVersion::from_packed(unsafe { get_version() });
+        if !AbiVersion::CURRENT.is_compatible_with(found) {
+            return Err(LoadError::AbiMismatch {
+                expected: AbiVersion::CURRENT,
+                found,
+                path,
+            });
+        }
+
+        // SAFETY: `from_library` resolves every function with the signature
+        // bindgen generated from `flex.h`; it is unsafe because a symbol's
+        // type cannot be checked. The library has just reported the same
+        // major ABI version as that header, which promises those signatures.
+        // The handle moves into `FlexApi`, which keeps it open as long as the
+        // function pointers in it exist.
+        let api = unsafe { FlexApi::from_library(library) }.map_err(|e| LoadError::Open {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+        if let Some(symbol) = first_missing(&api) {
+            return Err(LoadError::MissingSymbol { symbol, path });
+        }
+        Ok(FlexLibrary {
+            api,
+            path,
+            version: found,
+        })
+    }
+
+    /// The file that was loaded, as an absolute path with symbolic links
+    /// resolved: for `libflex.so.1` found through the search path, for
+    /// example `/usr/lib/x86_64-linux-gnu/libflex.so.1.4.2`.
+    ///
+    /// It is the file that defines the library's flex functions, as reported
+    /// by `dladdr`. If the system cannot tell (which does not happen with
+    /// glibc), it is the name that was opened.
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The ABI version the library reported through `flex_get_api_version`.
+    /// Its major version equals [`AbiVersion::CURRENT`]'s; its minor version
+    /// may be older or newer.
+    #[must_use]
+    pub fn version(&self) -> AbiVersion {
+        self.version
+    }
+
+    /// The library's functions.
+    ///
+    /// Every field of the returned [`FlexApi`] is `Ok`: each symbol was
+    /// resolved and checked when the library was loaded. So the generated
+    /// methods (`api.flex_get_device_count(..)` and so on) can never reach
+    /// the `expect` inside them. They remain `unsafe`: each call must follow
+    /// the rules `flex.h` documents for that function (valid pointers and
+    /// handles, thread restrictions, lifetimes of buffers).
+    ///
+    /// The function pointers are valid as long as this `FlexLibrary` is
+    /// alive; keep an `Arc<FlexLibrary>` next to anything that uses them.
+    #[must_use]
+    pub fn api(&self) -> &FlexApi {
+        &self.api
+    }
+
+    /// The calling thread's last-error message from
+    /// `flex_get_last_error_message`, copied at once into a `String`.
+    ///
+    /// The message is per thread and is replaced by the next failing flex call
+    /// on that thread, so call this on the same thread right after the call
+    /// that failed, before any other flex call. A null pointer from the
+    /// library gives an empty string; bytes that are not UTF-8 are replaced
+    /// with U+FFFD.
+    #[must_use]
+    pub fn last_error_message(&self) -> String {
+        let Ok(get_message) = &self.api.flex_get_last_error_message else {
+            return String::new();
+        };
+        // SAFETY: `flex.h`: no arguments, no preconditions, callable from any
+        // thread. The library stays loaded while `self` is borrowed.
+        let message = unsafe { get_message() };
+        // SAFETY: `flex.h` promises a NUL-terminated string that stays valid
+        // until the next flex call on this thread; it is copied here, before
+        // any other flex call.
+        unsafe { copy_c_string(message) }
+    }
+
+    /// The library's name for a status code from `flex_status_string`, for
+    /// example `"FLEX_ERROR_NO_DEVICE"`; an unknown code gives
+    /// `"FLEX_UNKNOWN_STATUS"` (the library's text, copied). A null pointer
+    /// from the library gives an empty string; bytes that are not UTF-8 are
+    /// replaced with U+FFFD. Callable from any thread.
+    #[must_use]
+    pub fn status_string(&self, status: i32) -> String {
+        let Ok(status_string) = &self.api.flex_status_string else {
+            return String::new();
+        };
+        // SAFETY: `flex.h`: any status value is allowed, there are no other
+        // preconditions. The library stays loaded while `self` is borrowed.
+        let name = unsafe { status_string(status) };
+        // SAFETY: `flex.h` promises a static NUL-terminated string that lives
+        // as long as the library is loaded, which it is during the copy.
+        unsafe { copy_c_string(name) }
+    }
+}
+
+impl fmt::Debug for FlexLibrary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FlexLibrary")
+            .field("path", &self.path)
+            .field("version", &self.version)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Copies a C string into a `String`: null gives `""`, invalid UTF-8 is
+/// replaced lossily.
+///
+/// # Safety
+///
+/// `ptr` is null or points to a NUL-terminated string that stays valid and
+/// unchanged during this call.
+unsafe fn copy_c_string(ptr: *const c_char) -> String {
+    if ptr.is_null() {
+        return String::new();
+    }
+    // SAFETY: non-null, and NUL-terminated and valid by this function's
+    // contract.
+    unsafe { CStr::from_ptr(ptr) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// The file that defines the first of the flex functions that `library`
+/// resolves, canonicalized; `None` if the system cannot tell.
+fn loaded_file(library: &Library) -> Option<PathBuf> {
+    REQUIRED_SYMBOLS.iter().find_map(|name| {
+        // SAFETY: the symbol is read as a plain address (`*mut c_void`, the
+        // type `dlsym` itself returns); it is never called or dereferenced.
+        let address = unsafe { library.get::<*mut c_void>(name.as_bytes()) }.ok()?;
+        defining_file(*address)
+    })
+}
+
+/// The file of the loaded object that contains `address`, via `dladdr`.
+fn defining_file(address: *const c_void) -> Option<PathBuf> {
+    let mut info = MaybeUninit::<libc::Dl_info>::zeroed();
+    // SAFETY: `dladdr` only looks the address up in the loader's tables (it
+    // never dereferences it) and writes `*info`, which is valid for writes.
+    let found = unsafe { libc::dladdr(address, info.as_mut_ptr()) };
+    if found == 0 {
+        return None;
+    }
+    // SAFETY: `dladdr` returned non-zero, so it filled in `info`; every field
+    // is a pointer, and all-zero (from `zeroed`) is valid for the rest.
+    let info = unsafe { info.assume_init() };
+    if info.dli_fname.is_null() {
+        return None;
+    }
+    // SAFETY: `dli_fname` is the NUL-terminated name of a loaded object,
+    // owned by the dynamic loader; the object stays loaded (the caller holds
+    // a handle to it) while the name is copied here.
+    let name = unsafe { CStr::from_ptr(info.dli_fname) }
+        .to_bytes()
+        .to_vec();
+    if name.is_empty() {
+        return None;
+    }
+    let name = PathBuf::from(OsString::from_vec(name));
+    Some(std::fs::canonicalize(&name).unwrap_or(name))
+}
+
+/// The best path for `name` when `dladdr` cannot tell: the canonical path of
+/// a name with a `/` that exists, else the name itself.
+fn fallback_path(name: &OsStr) -> PathBuf {
+    let path = PathBuf::from(name);
+    if name.as_bytes().contains(&b'/') {
+        std::fs::canonicalize(&path).unwrap_or(path)
+    } else {
+        path
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_candidates_are_the_soname_then_the_plain_name() {
+        assert_eq!(default_candidates(), ["libflex.so.1", "libflex.so"]);
+    }
+
+    #[test]
+    fn empty_path_is_refused_before_dlopen() {
+        let error = FlexLibrary::open("").unwrap_err();
+        assert_eq!(
+            error,
+            LoadError::Open {
+                path: PathBuf::new(),
+                reason: "the path is empty".to_owned()
+            }
+        );
+    }
+
+    #[test]
+    fn nul_byte_in_path_is_refused_before_dlopen() {
+        let error = FlexLibrary::open("/tmp/lib\0flex.so").unwrap_err();
+        assert_eq!(
+            error,
+            LoadError::Open {
+                path: PathBuf::from("/tmp/lib\0flex.so"),
+                reason: "the path contains a NUL byte".to_owned()
+            }
+        );
+    }
+
+    #[test]
+    fn empty_env_value_is_an_env_error() {
+        let error = FlexLibrary::load_from(Some(OsString::new())).unwrap_err();
+        assert_eq!(
+            error,
+            LoadError::Env {
+                variable: "FLEX_RUNTIME_LIB",
+                value: OsString::new(),
+                error: Box::new(LoadError::Open {
+                    path: PathBuf::new(),
+                    reason: "the path is empty".to_owned()
+                }),
+            }
+        );
+    }
+
+    #[test]
+    fn copy_c_string_handles_null_and_invalid_utf8() {
+        // SAFETY: null is allowed.
+        assert_eq!(unsafe { copy_c_string(std::ptr::null()) }, "");
+        let bytes = b"bad \xff byte\0";
+        // SAFETY: a NUL-terminated array that outlives the call.
+        let copied = unsafe { copy_c_string(bytes.as_ptr().cast()) };
+        assert_eq!(copied, "bad \u{FFFD} byte");
+    }
+}
