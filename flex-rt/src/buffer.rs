@@ -130,7 +130,9 @@ pub struct ReadLease(ArcRwLockReadGuard<RawRwLock, Box<[u8]>>);
 
 impl fmt::Debug for ReadLease {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ReadLease").field("len", &self.len()).finish()
+        f.debug_struct("ReadLease")
+            .field("len", &self.len())
+            .finish()
     }
 }
 
@@ -147,7 +149,9 @@ pub struct WriteLease(ArcRwLockWriteGuard<RawRwLock, Box<[u8]>>);
 
 impl fmt::Debug for WriteLease {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("WriteLease").field("len", &self.len()).finish()
+        f.debug_struct("WriteLease")
+            .field("len", &self.len())
+            .finish()
     }
 }
 

@@ -17,6 +17,7 @@
 mod address;
 mod buffer;
 mod error;
+#[cfg(unix)]
 pub mod ffi;
 mod launch;
 mod status;
@@ -28,7 +29,12 @@ pub use address::{
 };
 pub use buffer::{HostBuffer, ReadLease, WriteLease};
 pub use error::{FlexError, Result};
-pub use ffi::{FlexBackend, RuntimeContext, RuntimeStream};
+#[cfg(unix)]
+pub use ffi::{
+    CloseError, FlexBackend, RuntimeContext, RuntimeStream, TeardownError, TeardownStep,
+};
+#[cfg(unix)]
+pub use flex_sys::{AbiVersion, FlexLibrary, LoadError};
 pub use launch::{Completion, HostCallback, LaunchOptions};
 pub use status::Status;
 pub use traits::{Backend, Runtime, Stream, check_copy_size, check_fill_size};

@@ -21,6 +21,13 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// The runtime's error if it cannot count its devices.
     fn device_count(&self) -> Result<u32>;
 
+    /// Facts about the backend for diagnostics (`spyre info`), as name/value
+    /// pairs: for a loaded library its path and ABI version, for the software
+    /// device its configuration. Empty by default.
+    fn details(&self) -> Vec<(&'static str, String)> {
+        Vec::new()
+    }
+
     /// Creates a runtime bound to `logical_device` (`flex_runtime_create`).
     ///
     /// # Errors

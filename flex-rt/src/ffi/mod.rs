@@ -1,11 +1,60 @@
-//! The FFI backend: the Runtime and Stream traits over a loaded flex library.
+//! The hardware backend: [`Backend`](crate::Backend),
+//! [`Runtime`](crate::Runtime) and [`Stream`](crate::Stream) over a flex
+//! runtime library loaded at run time by flex-sys.
+//!
+//! - [`FlexBackend`] wraps an `Arc<FlexLibrary>`: it counts devices and
+//!   creates runtimes.
+//! - [`RuntimeContext`] is one `flex_runtime_t` (torch-spyre's
+//!   `flex::RuntimeContext`). It owns the default stream and every stream it
+//!   creates, and hands out borrows of them, as the stream-ownership spec
+//!   says: nothing above flex-rt ever destroys a stream, and a stream cannot
+//!   outlive its context (the borrow checker refuses it).
+//! - [`RuntimeStream`] is one `flex_stream_t` (`flex::RuntimeStream`).
+//!
+//! # How calls cross the ABI
+//!
+//! Every flex function returns a status. One helper turns it into a
+//! `Result`: on anything but `FLEX_SUCCESS` it reads the thread-local
+//! last-error message at once, on the same thread, and builds a
+//! [`FlexError`](crate::FlexError) naming the flex function, the status (a
+//! code that `flex.h` does not define is an error like any other, displayed
+//! with its value) and the message. A success that hands back a null handle
+//! is an error too.
+//!
+//! # Launches and completions
+//!
+//! A launch moves everything the operation needs after the call returns —
+//! the caller's [`Completion`](crate::Completion), the lease on a
+//! [`HostBuffer`](crate::HostBuffer), the [`HostCallback`](crate::HostCallback)
+//! — into one heap allocation, passes its address as the completion's
+//! `user_data` with an `extern "C"` trampoline as the completion function
+//! (always, even when the caller asked for no completion, so that the lease
+//! is released), and gives up ownership only if the launch returns
+//! `FLEX_SUCCESS`. `flex.h` promises that the completion is then called
+//! exactly once; the trampoline takes the allocation back, releases the
+//! lease, and runs the caller's completion under `catch_unwind`. A launch
+//! that returns anything else enqueued nothing and never calls its
+//! completion (`flex.h`), so flex-rt takes the allocation back itself and
+//! drops it, without calling the completion. Either way it is freed exactly
+//! once. No Rust panic ever unwinds into the library.
+//!
+//! # Callbacks and the runtime's own thread
+//!
+//! `flex.h` forbids `flex_stream_synchronize` and `flex_runtime_destroy` from
+//! a completion or host function of the same runtime (it would wait for
+//! itself). The trampolines record which runtime's callback the current
+//! thread is running; [`Stream::synchronize`](crate::Stream::synchronize)
+//! then fails with [`Status::UNSUPPORTED`](crate::Status::UNSUPPORTED), and
+//! dropping or closing the runtime there leaks it instead of deadlocking.
+#![allow(unsafe_code)]
 
-/// Placeholder.
-#[derive(Debug)]
-pub struct FlexBackend;
-/// Placeholder.
-#[derive(Debug)]
-pub struct RuntimeContext;
-/// Placeholder.
-#[derive(Debug)]
-pub struct RuntimeStream;
+mod backend;
+mod call;
+mod callback;
+mod context;
+mod handle;
+mod stream;
+
+pub use backend::FlexBackend;
+pub use context::{CloseError, RuntimeContext, TeardownError, TeardownStep};
+pub use stream::RuntimeStream;

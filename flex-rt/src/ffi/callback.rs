@@ -1,0 +1,791 @@
+//! What a launch hands to the library, and the `extern "C"` trampolines the
+//! library calls back.
+//!
+//! # Ownership of one launch
+//!
+//! Everything an operation needs after its launch call returns lives in one
+//! heap allocation, a [`Payload`]: the caller's completion, the lease on a
+//! host buffer, and for host callbacks a [`HostSlot`] with the closure.
+//! [`Submission`] owns that allocation as a raw pointer from the moment the
+//! launch is prepared:
+//!
+//! - the launch passes [`Submission::completion`] (always
+//!   [`completion_trampoline`], even when the caller gave no completion, so
+//!   that the lease is released) and, for host callbacks,
+//!   [`Submission::host_fn`] / [`Submission::host_user_data`];
+//! - if the launch returns `FLEX_SUCCESS`, [`Submission::hand_over`] gives
+//!   ownership to the library, which (`flex.h`) calls the completion exactly
+//!   once; [`completion_trampoline`] takes the allocation back with
+//!   `Box::from_raw` and frees it;
+//! - if the launch returns anything else, `flex.h` says nothing was enqueued
+//!   and the completion is never called: the `Submission` is dropped, and
+//!   its `Drop` takes the allocation back and frees it, without calling the
+//!   caller's completion.
+//!
+//! So the allocation is freed exactly once, by the completion or by the
+//! rejected launch's caller.
+//!
+//! # Why the host function and the completion do not alias
+//!
+//! The host function gets a pointer to the [`HostSlot`] field inside the
+//! payload, never to the payload itself, and only ever makes a shared
+//! reference to it (`&HostSlot`); everything it changes is behind the slot's
+//! mutex. The completion takes unique ownership of the whole payload. `flex.h`
+//! orders the two: the host function is part of the operation and the
+//! completion is called only "when the operation has finished", after the
+//! host function has returned (or when it will never be called). So the
+//! shared borrow has ended before `Box::from_raw` runs, and no `&mut` ever
+//! exists alongside a `&`.
+//!
+//! # Panics
+//!
+//! No Rust panic unwinds into the library: both trampolines run every piece
+//! of user code (closures and the drops of what they captured) under
+//! `catch_unwind` and report a panic with `tracing::error!`.
+
+use std::any::Any;
+use std::cell::Cell;
+use std::ffi::c_void;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::ptr::NonNull;
+
+use flex_sys::bindings as sys;
+use parking_lot::Mutex;
+
+use crate::{Completion, FlexError, HostCallback, ReadLease, Status, WriteLease};
+
+/// The call name of errors handed to a completion.
+const COMPLETION_CALL: &str = "completion";
+
+/// Which operation a payload belongs to, for messages and for recognising
+/// the runtime's own callback threads.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct OpMeta {
+    /// The flex launch function, for example `flex_launch_h2d`.
+    pub(super) call: &'static str,
+    /// The id of the stream the operation was launched on.
+    pub(super) stream_id: u64,
+    /// [`super::handle::RuntimeHandle::key`] of the stream's runtime.
+    pub(super) runtime: usize,
+}
+
+/// The host buffer lease an operation holds until it completes.
+#[expect(
+    dead_code,
+    reason = "a lease is never read; it is held for its Drop, which releases the buffer"
+)]
+pub(super) enum Lease {
+    /// The operation touches no host memory.
+    None,
+    /// An H2D copy reads the buffer.
+    Read(ReadLease),
+    /// A D2H copy writes the buffer.
+    Write(WriteLease),
+}
+
+/// The part of a host-callback payload that the host function may touch.
+pub(super) struct HostSlot {
+    /// The runtime whose thread runs the host function.
+    runtime: usize,
+    /// The closure until it is taken, and a panic message if it panicked.
+    state: Mutex<HostState>,
+}
+
+/// See [`HostSlot::state`].
+#[derive(Default)]
+struct HostState {
+    /// The closure; `None` once the host function has taken it.
+    callback: Option<HostCallback>,
+    /// The closure's panic message, for the completion's error.
+    panic: Option<String>,
+}
+
+/// Everything one launched operation needs until its completion.
+pub(super) struct Payload {
+    meta: OpMeta,
+    /// The caller's completion, if any.
+    completion: Option<Completion>,
+    /// Keeps the host buffer alive and locked until the completion.
+    lease: Lease,
+    /// The host callback, for `flex_launch_host_callback`; empty otherwise.
+    host: HostSlot,
+}
+
+impl Payload {
+    /// A payload for an operation described by `meta`.
+    pub(super) fn new(
+        meta: OpMeta,
+        completion: Option<Completion>,
+        lease: Lease,
+        host_callback: Option<HostCallback>,
+    ) -> Self {
+        Self {
+            meta,
+            completion,
+            lease,
+            host: HostSlot {
+                runtime: meta.runtime,
+                state: Mutex::new(HostState {
+                    callback: host_callback,
+                    panic: None,
+                }),
+            },
+        }
+    }
+
+    /// Finishes the operation with `status`: releases the lease (so the
+    /// completion can read a D2H buffer), drops an unrun host callback, then
+    /// runs the caller's completion. May unwind if user code panics; the
+    /// trampoline catches it.
+    fn complete(self, status: sys::flex_status_t) {
+        let Payload {
+            meta,
+            completion,
+            lease,
+            host,
+        } = self;
+        drop(lease);
+        let HostState { callback, panic } = host.state.into_inner();
+        // A host function that never ran (its stream failed before its turn)
+        // is dropped without running, as the trait documents.
+        drop(callback);
+        if let Some(completion) = completion {
+            completion(completion_result(meta, status, panic));
+        }
+    }
+}
+
+/// What a completion is told for `status`: `Ok` for `FLEX_SUCCESS`, else an
+/// error with `status` (any value, defined by `flex.h` or not) and call
+/// `"completion"`.
+fn completion_result(
+    meta: OpMeta,
+    status: sys::flex_status_t,
+    host_panic: Option<String>,
+) -> Result<(), FlexError> {
+    if status == sys::FLEX_SUCCESS {
+        return Ok(());
+    }
+    let OpMeta {
+        call, stream_id, ..
+    } = meta;
+    let message = match host_panic {
+        Some(panic) => {
+            format!("the host callback launched by {call} on stream {stream_id} panicked: {panic}")
+        }
+        None => format!("the operation launched by {call} on stream {stream_id} did not complete"),
+    };
+    Err(FlexError::new(Status(status), COMPLETION_CALL, message))
+}
+
+/// Owns a [`Payload`] as a raw pointer until the launch decides who frees it.
+/// Dropping it frees the payload (the launch was rejected);
+/// [`Submission::hand_over`] gives it to the library.
+pub(super) struct Submission {
+    raw: NonNull<Payload>,
+}
+
+impl Submission {
+    /// Moves `payload` to the heap, at a stable address.
+    pub(super) fn new(payload: Payload) -> Self {
+        Self {
+            raw: NonNull::from(Box::leak(Box::new(payload))),
+        }
+    }
+
+    /// The completion to pass to the launch: [`completion_trampoline`] with
+    /// the payload as `user_data`.
+    pub(super) fn completion(&self) -> sys::flex_completion_t {
+        sys::flex_completion_t {
+            fn_: Some(completion_trampoline),
+            user_data: self.raw.as_ptr().cast(),
+        }
+    }
+
+    /// The host function to pass to `flex_launch_host_callback`.
+    pub(super) fn host_fn(&self) -> sys::flex_host_fn {
+        Some(host_fn_trampoline)
+    }
+
+    /// The `host_user_data` to pass to `flex_launch_host_callback`: the
+    /// address of the payload's [`HostSlot`].
+    pub(super) fn host_user_data(&self) -> *mut c_void {
+        // SAFETY: `raw` came from `Box::leak`, is owned by `self` and is not
+        // freed before `self` is dropped or handed over; `&raw mut` computes
+        // the field's address without creating a reference.
+        let slot = unsafe { &raw mut (*self.raw.as_ptr()).host };
+        slot.cast()
+    }
+
+    /// The launch returned `FLEX_SUCCESS`: the library now owns the payload
+    /// and will pass it to [`completion_trampoline`] exactly once.
+    pub(super) fn hand_over(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Submission {
+    /// The launch was rejected (or never made): take the payload back and
+    /// drop it, releasing the lease and dropping the completion and host
+    /// callback without calling them.
+    fn drop(&mut self) {
+        // SAFETY: `raw` came from `Box::leak` in `Submission::new`. It was
+        // not handed over (`hand_over` forgets `self`, so this `Drop` does not
+        // run then), and a launch that did not return `FLEX_SUCCESS` never
+        // calls the completion or host function (`flex.h`), so nothing else
+        // uses or frees the allocation: this is its only owner, and it runs
+        // once.
+        let payload = unsafe { Box::from_raw(self.raw.as_ptr()) };
+        drop(payload);
+    }
+}
+
+thread_local! {
+    /// The runtime key whose completion or host function this thread is
+    /// running, or 0.
+    static RUNNING_CALLBACK_OF: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Whether the current thread is inside a completion or host function of the
+/// runtime with this key (`flex.h` forbids synchronizing or destroying that
+/// runtime from there).
+pub(super) fn in_callback_of(runtime: usize) -> bool {
+    RUNNING_CALLBACK_OF
+        .try_with(|running| running.get() == runtime)
+        .unwrap_or(false)
+}
+
+/// Marks the current thread as running a callback of a runtime until dropped.
+struct CallbackScope {
+    previous: usize,
+}
+
+impl CallbackScope {
+    fn enter(runtime: usize) -> Self {
+        let previous = RUNNING_CALLBACK_OF
+            .try_with(|running| running.replace(runtime))
+            .unwrap_or(0);
+        Self { previous }
+    }
+}
+
+impl Drop for CallbackScope {
+    fn drop(&mut self) {
+        // Ignoring the error is right: it only fails while the thread's
+        // locals are being destroyed, when nothing reads them any more.
+        let _ = RUNNING_CALLBACK_OF.try_with(|running| running.set(self.previous));
+    }
+}
+
+/// The `flex_completion_fn` of every launch.
+///
+/// Takes the [`Payload`] back, releases its lease and runs the caller's
+/// completion with `Ok(())` for `FLEX_SUCCESS` or the error for any other
+/// status. A panic in user code is caught and logged with `tracing::error!`;
+/// the payload is freed either way.
+///
+/// # Safety
+///
+/// `user_data` is null (logged and ignored) or the `user_data` of
+/// [`Submission::completion`] of a submission that was handed over, and this
+/// is the one call `flex.h` promises for it: the payload is not used after.
+pub(super) unsafe extern "C" fn completion_trampoline(
+    user_data: *mut c_void,
+    status: sys::flex_status_t,
+) {
+    if user_data.is_null() {
+        tracing::error!(
+            status,
+            "flex called a completion with a null user_data; ignored (the library broke flex.h)"
+        );
+        return;
+    }
+    // SAFETY: by this function's contract `user_data` is the pointer that
+    // `Box::leak` produced in `Submission::new` and handed over to the
+    // library, which calls the completion exactly once; so this is the only
+    // owner now. The host function, if any, has returned (or will never run):
+    // `flex.h` calls the completion after the operation has finished.
+    let payload = unsafe { Box::from_raw(user_data.cast::<Payload>()) };
+    let meta = payload.meta;
+    let _scope = CallbackScope::enter(meta.runtime);
+    if let Err(panic) = catch_unwind(AssertUnwindSafe(move || (*payload).complete(status))) {
+        tracing::error!(
+            call = meta.call,
+            stream = meta.stream_id,
+            "a completion callback panicked: {}; the panic was stopped at the flex boundary",
+            panic_message(&*panic)
+        );
+        drop_panic(panic);
+    }
+}
+
+/// The `flex_host_fn` of `flex_launch_host_callback`.
+///
+/// Takes the closure out of the [`HostSlot`] and runs it under
+/// `catch_unwind`: `FLEX_SUCCESS` when it returns,
+/// `FLEX_ERROR_HOST_CALLBACK_FAILED` when it panics (the panic message is
+/// logged with `tracing::error!` and kept for the completion's error). The
+/// closure is consumed by running it, so it is dropped exactly once, here;
+/// a closure that is never run is dropped by the completion.
+///
+/// # Safety
+///
+/// `user_data` is null (an error status is returned) or the
+/// [`Submission::host_user_data`] of a submission that was handed over and
+/// whose completion has not been called yet.
+pub(super) unsafe extern "C" fn host_fn_trampoline(user_data: *mut c_void) -> sys::flex_status_t {
+    if user_data.is_null() {
+        tracing::error!(
+            "flex called a host function with a null user_data; failing it (the library broke flex.h)"
+        );
+        return sys::FLEX_ERROR_HOST_CALLBACK_FAILED;
+    }
+    // SAFETY: by this function's contract `user_data` points to the
+    // `HostSlot` field of a live payload whose completion has not run, so the
+    // allocation is valid for the whole call. Only a shared reference is made,
+    // and all mutation goes through the slot's mutex; the completion, which
+    // takes ownership, runs only after this function has returned (see the
+    // module documentation).
+    let slot = unsafe { &*user_data.cast::<HostSlot>() };
+    let _scope = CallbackScope::enter(slot.runtime);
+    let taken = slot.state.lock().callback.take();
+    let Some(callback) = taken else {
+        tracing::error!(
+            "flex called a host function a second time; failing it (the library broke flex.h)"
+        );
+        return sys::FLEX_ERROR_HOST_CALLBACK_FAILED;
+    };
+    match catch_unwind(AssertUnwindSafe(callback)) {
+        Ok(()) => sys::FLEX_SUCCESS,
+        Err(panic) => {
+            let message = panic_message(&*panic);
+            tracing::error!(
+                "a host callback panicked: {message}; the panic was stopped at the flex boundary \
+                 and the operation fails with FLEX_ERROR_HOST_CALLBACK_FAILED"
+            );
+            slot.state.lock().panic = Some(message);
+            drop_panic(panic);
+            sys::FLEX_ERROR_HOST_CALLBACK_FAILED
+        }
+    }
+}
+
+/// The text of a panic payload (`&str` or `String`), or a note that it has
+/// none.
+fn panic_message(panic: &(dyn Any + Send)) -> String {
+    if let Some(text) = panic.downcast_ref::<&'static str>() {
+        (*text).to_owned()
+    } else if let Some(text) = panic.downcast_ref::<String>() {
+        text.clone()
+    } else {
+        "(a panic payload that is not a string)".to_owned()
+    }
+}
+
+/// Drops a caught panic payload without letting a panic in its own `Drop`
+/// escape (that payload is leaked instead).
+fn drop_panic(panic: Box<dyn Any + Send>) {
+    if let Err(again) = catch_unwind(AssertUnwindSafe(move || drop(panic))) {
+        std::mem::forget(again);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::HostBuffer;
+
+    static_assertions::assert_impl_all!(Payload: Send);
+    static_assertions::assert_impl_all!(HostSlot: Send, Sync);
+
+    const RUNTIME: usize = 0x5eed;
+
+    fn meta(call: &'static str) -> OpMeta {
+        OpMeta {
+            call,
+            stream_id: 7,
+            runtime: RUNTIME,
+        }
+    }
+
+    /// Counts its drops.
+    struct DropCounter(Arc<AtomicUsize>);
+
+    impl Drop for DropCounter {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// A completion that records every result it gets and owns a drop counter.
+    fn recording_completion(
+        results: &Arc<parking_lot::Mutex<Vec<Result<(), FlexError>>>>,
+        drops: &Arc<AtomicUsize>,
+    ) -> Completion {
+        let results = Arc::clone(results);
+        let guard = DropCounter(Arc::clone(drops));
+        Box::new(move |result| {
+            let _guard = &guard;
+            results.lock().push(result);
+        })
+    }
+
+    /// What the library does after a successful launch: call the completion
+    /// once with `status`.
+    fn launch_then_complete(submission: Submission, status: sys::flex_status_t) {
+        let completion = submission.completion();
+        submission.hand_over();
+        let f = completion.fn_.expect("a completion is always passed");
+        // SAFETY: the submission was handed over and this is its one
+        // completion call.
+        unsafe { f(completion.user_data, status) };
+    }
+
+    #[test]
+    fn success_runs_the_completion_once_with_ok_and_frees_everything() {
+        let results = Arc::default();
+        let drops = Arc::new(AtomicUsize::new(0));
+        let payload = Payload::new(
+            meta("flex_launch_compute"),
+            Some(recording_completion(&results, &drops)),
+            Lease::None,
+            None,
+        );
+        launch_then_complete(Submission::new(payload), sys::FLEX_SUCCESS);
+        assert_eq!(*results.lock(), vec![Ok(())]);
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn failure_statuses_reach_the_completion_as_errors() {
+        for status in [
+            sys::FLEX_ERROR_EXECUTION_FAILED,
+            sys::FLEX_ERROR_STREAM_FAILED,
+            sys::FLEX_ERROR_SHUTDOWN,
+            77,
+            -5,
+        ] {
+            let results = Arc::default();
+            let drops = Arc::new(AtomicUsize::new(0));
+            let payload = Payload::new(
+                meta("flex_launch_fill"),
+                Some(recording_completion(&results, &drops)),
+                Lease::None,
+                None,
+            );
+            launch_then_complete(Submission::new(payload), status);
+            let results = results.lock();
+            assert_eq!(results.len(), 1);
+            let err = results[0].as_ref().unwrap_err();
+            assert_eq!(err.status(), Status(status));
+            assert_eq!(err.call(), "completion");
+            assert_eq!(
+                err.message(),
+                "the operation launched by flex_launch_fill on stream 7 did not complete"
+            );
+            if status == 77 {
+                assert!(
+                    err.to_string()
+                        .contains("undefined status 77 (not in flex.h)"),
+                    "{err}"
+                );
+            }
+            assert_eq!(drops.load(Ordering::SeqCst), 1);
+        }
+    }
+
+    #[test]
+    fn a_launch_without_completion_still_releases_its_lease() {
+        let buffer = HostBuffer::from_vec(vec![1, 2, 3]);
+        let lease = buffer.lease_for_write("launch_d2h").unwrap();
+        let submission = Submission::new(Payload::new(
+            meta("flex_launch_d2h"),
+            None,
+            Lease::Write(lease),
+            None,
+        ));
+        assert!(
+            buffer.lease_for_read("t").is_err(),
+            "leased while in flight"
+        );
+        let completion = submission.completion();
+        assert!(completion.fn_.is_some());
+        launch_then_complete(submission, sys::FLEX_SUCCESS);
+        assert!(
+            buffer.lease_for_read("t").is_ok(),
+            "released by the completion"
+        );
+    }
+
+    #[test]
+    fn the_lease_is_released_before_the_completion_runs() {
+        let buffer = HostBuffer::zeroed(4);
+        let mut lease = buffer.lease_for_write("launch_d2h").unwrap();
+        lease.copy_from_slice(&[4, 3, 2, 1]);
+        let seen = Arc::new(parking_lot::Mutex::new(None));
+        let completion: Completion = {
+            let buffer = buffer.clone();
+            let seen = Arc::clone(&seen);
+            Box::new(move |result| {
+                assert!(result.is_ok());
+                // Would deadlock if the write lease were still held.
+                *seen.lock() = Some(buffer.to_vec());
+            })
+        };
+        let submission = Submission::new(Payload::new(
+            meta("flex_launch_d2h"),
+            Some(completion),
+            Lease::Write(lease),
+            None,
+        ));
+        launch_then_complete(submission, sys::FLEX_SUCCESS);
+        assert_eq!(*seen.lock(), Some(vec![4, 3, 2, 1]));
+    }
+
+    #[test]
+    fn host_pointers_taken_before_the_lease_moves_stay_valid_until_completion() {
+        // What `launch_h2d` / `launch_d2h` do: take the raw pointer from the
+        // lease, move the lease into the payload, and let the "device" use
+        // the pointer until the completion.
+        let source = HostBuffer::from_vec(vec![1, 2, 3, 4]);
+        let read = source.lease_for_read("launch_h2d").unwrap();
+        let src_ptr: *const u8 = read.as_ptr();
+        let h2d = Submission::new(Payload::new(
+            meta("flex_launch_h2d"),
+            None,
+            Lease::Read(read),
+            None,
+        ));
+        let target = HostBuffer::zeroed(4);
+        let mut write = target.lease_for_write("launch_d2h").unwrap();
+        let dst_ptr: *mut u8 = write.as_mut_ptr();
+        let d2h = Submission::new(Payload::new(
+            meta("flex_launch_d2h"),
+            None,
+            Lease::Write(write),
+            None,
+        ));
+        // SAFETY: both leases live inside the submissions, so both buffers
+        // are allocated, 4 bytes long, and not touched by Rust meanwhile.
+        unsafe { std::ptr::copy_nonoverlapping(src_ptr, dst_ptr, 4) };
+        launch_then_complete(d2h, sys::FLEX_SUCCESS);
+        launch_then_complete(h2d, sys::FLEX_SUCCESS);
+        assert_eq!(target.to_vec(), vec![1, 2, 3, 4]);
+        assert!(source.lease_for_write("t").is_ok());
+    }
+
+    #[test]
+    fn a_panicking_completion_does_not_unwind_and_is_freed_once() {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let buffer = HostBuffer::zeroed(8);
+        let lease = buffer.lease_for_read("launch_h2d").unwrap();
+        let completion: Completion = {
+            let guard = DropCounter(Arc::clone(&drops));
+            Box::new(move |_| {
+                let _guard = &guard;
+                panic!("completion boom");
+            })
+        };
+        let submission = Submission::new(Payload::new(
+            meta("flex_launch_h2d"),
+            Some(completion),
+            Lease::Read(lease),
+            None,
+        ));
+        // Returns normally: the panic is caught inside the trampoline.
+        launch_then_complete(submission, sys::FLEX_SUCCESS);
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
+        assert!(buffer.lease_for_write("t").is_ok());
+    }
+
+    #[test]
+    fn a_rejected_launch_is_reclaimed_once_without_calling_the_completion() {
+        let results = Arc::default();
+        let drops = Arc::new(AtomicUsize::new(0));
+        let host_drops = Arc::new(AtomicUsize::new(0));
+        let buffer = HostBuffer::zeroed(2);
+        let lease = buffer.lease_for_read("launch_h2d").unwrap();
+        let host: HostCallback = {
+            let guard = DropCounter(Arc::clone(&host_drops));
+            Box::new(move || {
+                let _guard = &guard;
+                unreachable!("a rejected launch never runs its host callback");
+            })
+        };
+        let submission = Submission::new(Payload::new(
+            meta("flex_launch_host_callback"),
+            Some(recording_completion(&results, &drops)),
+            Lease::Read(lease),
+            Some(host),
+        ));
+        let _passed_to_the_library = (
+            submission.completion(),
+            submission.host_fn(),
+            submission.host_user_data(),
+        );
+        // The launch returned an error: the caller drops the submission.
+        drop(submission);
+        assert!(results.lock().is_empty(), "the completion is never called");
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
+        assert_eq!(host_drops.load(Ordering::SeqCst), 1);
+        assert!(buffer.lease_for_write("t").is_ok());
+    }
+
+    /// Calls the host function the way the library does.
+    fn run_host_fn(submission: &Submission) -> sys::flex_status_t {
+        let f = submission
+            .host_fn()
+            .expect("a host function is always passed");
+        // SAFETY: the submission is alive and its completion has not run.
+        unsafe { f(submission.host_user_data()) }
+    }
+
+    #[test]
+    fn the_host_function_runs_the_closure_once_then_the_completion_frees_it() {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let host_drops = Arc::new(AtomicUsize::new(0));
+        let results = Arc::default();
+        let drops = Arc::new(AtomicUsize::new(0));
+        let host: HostCallback = {
+            let runs = Arc::clone(&runs);
+            let guard = DropCounter(Arc::clone(&host_drops));
+            Box::new(move || {
+                let _guard = &guard;
+                assert!(in_callback_of(RUNTIME));
+                runs.fetch_add(1, Ordering::SeqCst);
+            })
+        };
+        let submission = Submission::new(Payload::new(
+            meta("flex_launch_host_callback"),
+            Some(recording_completion(&results, &drops)),
+            Lease::None,
+            Some(host),
+        ));
+        assert_eq!(run_host_fn(&submission), sys::FLEX_SUCCESS);
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+        assert_eq!(host_drops.load(Ordering::SeqCst), 1, "consumed by running");
+        assert!(!in_callback_of(RUNTIME));
+        // A second call (a broken library) does not run it again.
+        assert_eq!(
+            run_host_fn(&submission),
+            sys::FLEX_ERROR_HOST_CALLBACK_FAILED
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+        launch_then_complete(submission, sys::FLEX_SUCCESS);
+        assert_eq!(*results.lock(), vec![Ok(())]);
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
+        assert_eq!(host_drops.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn a_panicking_host_function_fails_the_operation_and_is_dropped_once() {
+        let host_drops = Arc::new(AtomicUsize::new(0));
+        let results = Arc::default();
+        let drops = Arc::new(AtomicUsize::new(0));
+        let host: HostCallback = {
+            let guard = DropCounter(Arc::clone(&host_drops));
+            Box::new(move || {
+                let _guard = &guard;
+                panic!("host boom {}", 42);
+            })
+        };
+        let submission = Submission::new(Payload::new(
+            meta("flex_launch_host_callback"),
+            Some(recording_completion(&results, &drops)),
+            Lease::None,
+            Some(host),
+        ));
+        assert_eq!(
+            run_host_fn(&submission),
+            sys::FLEX_ERROR_HOST_CALLBACK_FAILED
+        );
+        assert_eq!(host_drops.load(Ordering::SeqCst), 1);
+        assert!(!in_callback_of(RUNTIME), "the scope is left on panic too");
+        // The library then fails the operation.
+        launch_then_complete(submission, sys::FLEX_ERROR_HOST_CALLBACK_FAILED);
+        let results = results.lock();
+        assert_eq!(results.len(), 1);
+        let err = results[0].as_ref().unwrap_err();
+        assert_eq!(err.status(), Status::HOST_CALLBACK_FAILED);
+        assert_eq!(
+            err.message(),
+            "the host callback launched by flex_launch_host_callback on stream 7 panicked: \
+             host boom 42"
+        );
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
+        assert_eq!(host_drops.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn a_host_function_that_never_runs_is_dropped_by_the_completion() {
+        let host_drops = Arc::new(AtomicUsize::new(0));
+        let results = Arc::default();
+        let drops = Arc::new(AtomicUsize::new(0));
+        let host: HostCallback = {
+            let guard = DropCounter(Arc::clone(&host_drops));
+            Box::new(move || {
+                let _guard = &guard;
+                unreachable!("the stream failed before its turn");
+            })
+        };
+        let submission = Submission::new(Payload::new(
+            meta("flex_launch_host_callback"),
+            Some(recording_completion(&results, &drops)),
+            Lease::None,
+            Some(host),
+        ));
+        launch_then_complete(submission, sys::FLEX_ERROR_STREAM_FAILED);
+        assert_eq!(host_drops.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            results.lock()[0].as_ref().unwrap_err().status(),
+            Status::STREAM_FAILED
+        );
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn the_completion_runs_inside_the_runtime_callback_scope() {
+        let inside = Arc::new(parking_lot::Mutex::new(None));
+        let completion: Completion = {
+            let inside = Arc::clone(&inside);
+            Box::new(move |_| {
+                *inside.lock() = Some((in_callback_of(RUNTIME), in_callback_of(RUNTIME + 1)));
+            })
+        };
+        assert!(!in_callback_of(RUNTIME));
+        let submission = Submission::new(Payload::new(
+            meta("flex_launch_compute"),
+            Some(completion),
+            Lease::None,
+            None,
+        ));
+        launch_then_complete(submission, sys::FLEX_SUCCESS);
+        assert_eq!(*inside.lock(), Some((true, false)));
+        assert!(!in_callback_of(RUNTIME));
+    }
+
+    #[test]
+    fn null_user_data_is_ignored_by_both_trampolines() {
+        // SAFETY: null is explicitly allowed by both contracts.
+        unsafe { completion_trampoline(std::ptr::null_mut(), sys::FLEX_SUCCESS) };
+        // SAFETY: as above.
+        let status = unsafe { host_fn_trampoline(std::ptr::null_mut()) };
+        assert_eq!(status, sys::FLEX_ERROR_HOST_CALLBACK_FAILED);
+    }
+
+    #[test]
+    fn panic_messages_are_extracted() {
+        let text: Box<dyn Any + Send> = Box::new("static");
+        assert_eq!(panic_message(&*text), "static");
+        let owned: Box<dyn Any + Send> = Box::new(String::from("owned"));
+        assert_eq!(panic_message(&*owned), "owned");
+        let other: Box<dyn Any + Send> = Box::new(5u8);
+        assert_eq!(
+            panic_message(&*other),
+            "(a panic payload that is not a string)"
+        );
+    }
+}

@@ -1,0 +1,597 @@
+//! `RuntimeContext`: one `flex_runtime_t`, the owner of its streams.
+
+use std::fmt;
+use std::ptr;
+use std::sync::Arc;
+
+use flex_sys::FlexLibrary;
+use flex_sys::bindings as sys;
+use parking_lot::Mutex;
+
+use super::call::{self, check};
+use super::callback;
+use super::handle::{RuntimeHandle, StreamHandle};
+use super::stream::{RawAddress, RuntimeStream};
+use crate::{
+    AddressChunk, CompositeAddress, FlexError, MAX_ADDRESS_CHUNKS, Result, Runtime, Status, Stream,
+    StreamMode, StreamPriority,
+};
+
+/// One device context bound to one logical device: a `flex_runtime_t`
+/// (torch-spyre's `flex::RuntimeContext`, made by
+/// `flex::RuntimeContext::create()`).
+///
+/// # Ownership (the stream-ownership spec)
+///
+/// The context creates and owns every [`RuntimeStream`]: the default stream,
+/// made with the runtime, and each one from
+/// [`RuntimeContext::create_stream`], kept in append-only storage at a
+/// stable address until the context goes away. Callers only borrow them
+/// (`&RuntimeStream`, or `&dyn Stream` through [`Runtime`]), so a stream
+/// cannot outlive its context — the compiler refuses it — and nothing above
+/// flex-rt ever destroys a stream. The context holds an
+/// `Arc<FlexLibrary>`, so the library stays loaded while the context or
+/// any of its streams is alive.
+///
+/// # Teardown
+///
+/// Dropping the context, or [`RuntimeContext::close`], runs the teardown
+/// exactly once:
+///
+/// 1. synchronize every stream (default first, then in creation order), so
+///    every pending completion has run and released what it held;
+/// 2. destroy the created streams in reverse creation order
+///    (`flex_stream_destroy`; the default stream is not passed to it, as
+///    `flex.h` requires);
+/// 3. destroy the runtime (`flex_runtime_destroy`).
+///
+/// Every step runs even if an earlier one failed. `Drop` never panics: it
+/// logs each failure with `tracing::warn!`. [`RuntimeContext::close`]
+/// returns them all instead. The library reference is released last; a
+/// context dropped while its thread is unwinding from a panic keeps the
+/// library loaded rather than unload it during unwinding.
+///
+/// `flex.h` forbids destroying a runtime from one of its own completion or
+/// host callbacks (it would wait for itself). If the last owner drops the
+/// context there, the runtime is leaked instead — its streams keep running
+/// and the library stays loaded for the rest of the process — and the
+/// failure is logged (or returned by `close`).
+///
+/// # Thread-safety
+///
+/// `Send + Sync`; every method may be called from any thread at the same
+/// time (`flex.h`: every function may be called from any thread; handles
+/// are not tied to a thread). Stream creation is serialized inside the
+/// context so that creation order is well defined. Dropping it works on any
+/// thread, including one that never called flex before.
+///
+/// # Panics
+///
+/// No method panics, and neither does `Drop`. A status `flex.h` does not
+/// define, or a success with a null handle, is an error, never a panic.
+pub struct RuntimeContext {
+    /// Keeps the library loaded; released after the teardown.
+    lib: Arc<FlexLibrary>,
+    handle: RuntimeHandle,
+    logical_device: u32,
+    /// The runtime's default stream; destroyed with the runtime.
+    default: RuntimeStream,
+    /// Streams from `create_stream`, in creation order; never moved or
+    /// removed before the teardown.
+    streams: boxcar::Vec<RuntimeStream>,
+    /// Held across `flex_runtime_create_stream` and the push, so index order
+    /// is creation order.
+    create_lock: Mutex<()>,
+    /// Set by the first teardown; a second one does nothing.
+    torn_down: bool,
+}
+
+impl RuntimeContext {
+    /// Creates a runtime bound to `logical_device` (0-based) with
+    /// `flex_runtime_create`, and takes its default stream.
+    ///
+    /// This is `flex::RuntimeContext::create()` in torch-spyre and
+    /// [`Backend::create_runtime`](crate::Backend::create_runtime) of
+    /// [`FlexBackend`](super::FlexBackend). `lib` is kept for the life of
+    /// the context.
+    ///
+    /// # Errors
+    /// - [`Status::NO_DEVICE`] when `logical_device` is above `i32::MAX`, or
+    ///   when the library says the device does not exist;
+    /// - [`Status::RUNTIME_FAILED`] (or another status) when the library
+    ///   cannot create the runtime, with its last-error message;
+    /// - [`Status::INTERNAL`] when the library reports success but hands back
+    ///   a null handle or an undefined default-stream priority; the runtime is
+    ///   destroyed again in that case.
+    pub fn create(lib: Arc<FlexLibrary>, logical_device: u32) -> Result<RuntimeContext> {
+        const CALL: &str = "flex_runtime_create";
+        let raw_device = call::device_to_raw(logical_device, CALL)?;
+        let mut out: *mut sys::flex_runtime_t = ptr::null_mut();
+        // SAFETY: `flex_runtime_create` takes any device index and a valid
+        // `flex_runtime_t **` out pointer, which `out` is for the call.
+        let status = unsafe { lib.api().flex_runtime_create(raw_device, &raw mut out) };
+        check(&lib, status, CALL)?;
+        let handle = RuntimeHandle::new(call::non_null(out, CALL, "runtime handle")?);
+        let default = match Self::open_default_stream(&lib, handle) {
+            Ok(default) => default,
+            Err(error) => {
+                destroy_runtime(&lib, handle).unwrap_or_else(|destroy| {
+                    tracing::warn!(
+                        logical_device,
+                        "destroying a half-created flex runtime failed: {destroy}"
+                    );
+                });
+                return Err(error);
+            }
+        };
+        tracing::debug!(logical_device, path = %lib.path().display(), "created a flex runtime");
+        Ok(RuntimeContext {
+            lib,
+            handle,
+            logical_device,
+            default,
+            streams: boxcar::Vec::new(),
+            create_lock: Mutex::new(()),
+            torn_down: false,
+        })
+    }
+
+    /// Takes the default stream of a runtime that was just created.
+    fn open_default_stream(lib: &Arc<FlexLibrary>, handle: RuntimeHandle) -> Result<RuntimeStream> {
+        const CALL: &str = "flex_runtime_get_default_stream";
+        let mut out: *mut sys::flex_stream_t = ptr::null_mut();
+        // SAFETY: `handle` is the live runtime created just before; `out` is
+        // a valid `flex_stream_t **` out pointer for the call.
+        let status = unsafe {
+            lib.api()
+                .flex_runtime_get_default_stream(handle.as_ptr(), &raw mut out)
+        };
+        check(lib, status, CALL)?;
+        let stream = StreamHandle::new(call::non_null(out, CALL, "default stream handle")?);
+        RuntimeStream::open(Arc::clone(lib), handle, stream, true)
+    }
+
+    /// The default stream: normal priority, strict ordering, no hazard
+    /// tracking, id 0, created with the runtime and destroyed with it
+    /// (`getDefaultStream()` in torch-spyre). Always the same stream; the
+    /// borrow cannot outlive the context.
+    pub fn default_stream(&self) -> &RuntimeStream {
+        &self.default
+    }
+
+    /// Creates a stream with `flex_runtime_create_stream`
+    /// (`createStream(priority, mode, track_hazards)` in torch-spyre). The
+    /// context owns it until the context is dropped; the borrow cannot
+    /// outlive the context. Concurrent calls are serialized.
+    ///
+    /// # Errors
+    /// The library's error when no stream can be made
+    /// ([`Status::RUNTIME_FAILED`]), with its last-error message;
+    /// [`Status::INTERNAL`] when it reports success with a null handle or an
+    /// undefined priority (a stream it did make is destroyed again).
+    pub fn create_stream(
+        &self,
+        priority: StreamPriority,
+        mode: StreamMode,
+        track_hazards: bool,
+    ) -> Result<&RuntimeStream> {
+        const CALL: &str = "flex_runtime_create_stream";
+        let _order = self.create_lock.lock();
+        let mut out: *mut sys::flex_stream_t = ptr::null_mut();
+        // SAFETY: the runtime is alive while `&self` is (it is destroyed only
+        // by the teardown, which needs ownership); the enumerations are
+        // values flex.h defines; `out` is a valid out pointer for the call.
+        let status = unsafe {
+            self.lib.api().flex_runtime_create_stream(
+                self.handle.as_ptr(),
+                priority.to_raw(),
+                mode.to_raw(),
+                i32::from(track_hazards),
+                &raw mut out,
+            )
+        };
+        check(&self.lib, status, CALL)?;
+        let stream = StreamHandle::new(call::non_null(out, CALL, "stream handle")?);
+        let stream = match RuntimeStream::open(Arc::clone(&self.lib), self.handle, stream, false) {
+            Ok(stream) => stream,
+            Err(error) => {
+                self.destroy_stream(stream).unwrap_or_else(|destroy| {
+                    tracing::warn!(
+                        logical_device = self.logical_device,
+                        "destroying a half-created flex stream failed: {destroy}"
+                    );
+                });
+                return Err(error);
+            }
+        };
+        let index = self.streams.push(stream);
+        self.streams.get(index).ok_or_else(|| {
+            FlexError::new(
+                Status::INTERNAL,
+                "create_stream",
+                format!("stream {index} is missing from the context right after it was added"),
+            )
+        })
+    }
+
+    /// The library this context calls into; it stays loaded at least as
+    /// long as the context.
+    pub fn library(&self) -> &Arc<FlexLibrary> {
+        &self.lib
+    }
+
+    /// Closes the runtime now, with the teardown described on
+    /// [`RuntimeContext`], and reports every step that failed (dropping the
+    /// context does the same and only logs them).
+    ///
+    /// # Errors
+    /// [`CloseError`] listing each failed step in order: a stream whose
+    /// synchronize returned its (sticky) error, a stream or the runtime that
+    /// could not be destroyed, or [`Status::UNSUPPORTED`] when called from a
+    /// completion or host callback of this runtime (the runtime is leaked
+    /// then).
+    pub fn close(mut self) -> Result<(), CloseError> {
+        let errors = self.teardown();
+        let logical_device = self.logical_device;
+        // `Drop` sees `torn_down` and does nothing more.
+        drop(self);
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(CloseError {
+                logical_device,
+                errors,
+            })
+        }
+    }
+
+    /// The teardown: runs once, and returns every failure.
+    fn teardown(&mut self) -> Vec<TeardownError> {
+        if std::mem::replace(&mut self.torn_down, true) {
+            return Vec::new();
+        }
+        if callback::in_callback_of(self.handle.key()) {
+            // Destroying would wait for the callback this thread is running.
+            // Leak the runtime, and the library with it: pending callbacks
+            // still run its code.
+            std::mem::forget(Arc::clone(&self.lib));
+            return vec![TeardownError {
+                step: TeardownStep::DestroyRuntime,
+                error: FlexError::new(
+                    Status::UNSUPPORTED,
+                    "close",
+                    "the runtime was dropped or closed inside one of its own completion or host \
+                     callbacks, where flex.h forbids destroying it; it is leaked (its streams keep \
+                     running and the library stays loaded)",
+                ),
+            }];
+        }
+        let mut errors = Vec::new();
+        let created: Vec<&RuntimeStream> = self.streams.iter().map(|(_, stream)| stream).collect();
+        for stream in std::iter::once(&self.default).chain(created.iter().copied()) {
+            if let Err(error) = stream.synchronize_unchecked() {
+                errors.push(TeardownError {
+                    step: TeardownStep::SynchronizeStream { id: stream.id() },
+                    error,
+                });
+            }
+        }
+        for stream in created.iter().rev() {
+            if let Err(error) = self.destroy_stream(stream.handle()) {
+                errors.push(TeardownError {
+                    step: TeardownStep::DestroyStream { id: stream.id() },
+                    error,
+                });
+            }
+        }
+        if let Err(error) = destroy_runtime(&self.lib, self.handle) {
+            errors.push(TeardownError {
+                step: TeardownStep::DestroyRuntime,
+                error,
+            });
+        }
+        tracing::debug!(
+            logical_device = self.logical_device,
+            failures = errors.len(),
+            "closed a flex runtime"
+        );
+        errors
+    }
+
+    /// `flex_stream_destroy` for a stream this context created.
+    fn destroy_stream(&self, stream: StreamHandle) -> Result<()> {
+        // SAFETY: the runtime is alive, `stream` is one of its created
+        // streams (never the default stream), and nothing else uses it:
+        // either it was never handed out (creation failed half-way) or the
+        // teardown runs with exclusive access to the context.
+        let status = unsafe {
+            self.lib
+                .api()
+                .flex_stream_destroy(self.handle.as_ptr(), stream.as_ptr())
+        };
+        check(&self.lib, status, "flex_stream_destroy")
+    }
+}
+
+/// `flex_runtime_destroy`. The caller guarantees exclusive use of the runtime
+/// and that the current thread is not running one of its callbacks.
+fn destroy_runtime(lib: &FlexLibrary, handle: RuntimeHandle) -> Result<()> {
+    // SAFETY: `handle` is a live runtime; the callers (a failed `create`,
+    // which never shared it, and the teardown, which owns the context) make
+    // this the last use of it and of its streams, and neither runs inside
+    // one of its callbacks.
+    let status = unsafe { lib.api().flex_runtime_destroy(handle.as_ptr()) };
+    check(lib, status, "flex_runtime_destroy")
+}
+
+/// Frees device memory the library handed back without a usable address;
+/// failures are only logged (the caller is already reporting an error).
+fn free_raw_chunks(lib: &FlexLibrary, handle: RuntimeHandle, chunks: &[sys::flex_address_chunk_t]) {
+    let raw = sys::flex_composite_address_t {
+        chunks: chunks.as_ptr(),
+        num_chunks: chunks.len(),
+    };
+    // SAFETY: the runtime is alive; `raw` points to `chunks`, alive for the
+    // call, exactly as `flex_memory_allocate` returned them.
+    let status = unsafe { lib.api().flex_memory_free(handle.as_ptr(), &raw const raw) };
+    if let Err(error) = check(lib, status, "flex_memory_free") {
+        tracing::warn!("freeing an allocation with an unusable address failed: {error}");
+    }
+}
+
+impl Runtime for RuntimeContext {
+    fn logical_device(&self) -> u32 {
+        self.logical_device
+    }
+
+    fn default_stream(&self) -> &dyn Stream {
+        RuntimeContext::default_stream(self)
+    }
+
+    fn create_stream(
+        &self,
+        priority: StreamPriority,
+        mode: StreamMode,
+        track_hazards: bool,
+    ) -> Result<&dyn Stream> {
+        RuntimeContext::create_stream(self, priority, mode, track_hazards).map(|s| s as &dyn Stream)
+    }
+
+    fn has_stream_error(&self) -> Result<bool> {
+        let mut has_error = 0i32;
+        // SAFETY: the runtime is alive while `&self` is; `has_error` is a
+        // valid `int32_t` out pointer for the call.
+        let status = unsafe {
+            self.lib
+                .api()
+                .flex_runtime_has_stream_error(self.handle.as_ptr(), &raw mut has_error)
+        };
+        check(&self.lib, status, "flex_runtime_has_stream_error")?;
+        Ok(call::bool_from_raw(has_error))
+    }
+
+    fn allocate(&self, size: u64) -> Result<CompositeAddress> {
+        const CALL: &str = "flex_memory_allocate";
+        let mut chunks = vec![sys::flex_address_chunk_t::default(); MAX_ADDRESS_CHUNKS];
+        let mut count = 0usize;
+        // SAFETY: the runtime is alive while `&self` is; `chunks` has room
+        // for `chunks.len()` entries and `count` is a valid out pointer, both
+        // for the duration of the call.
+        let status = unsafe {
+            self.lib.api().flex_memory_allocate(
+                self.handle.as_ptr(),
+                size,
+                chunks.as_mut_ptr(),
+                chunks.len(),
+                &raw mut count,
+            )
+        };
+        check(&self.lib, status, CALL)?;
+        if count > chunks.len() {
+            return Err(FlexError::new(
+                Status::INTERNAL,
+                CALL,
+                format!(
+                    "returned FLEX_SUCCESS with {count} chunks but had room for {}; the allocation cannot be used or freed",
+                    chunks.len()
+                ),
+            ));
+        }
+        chunks.truncate(count);
+        let parsed: Vec<AddressChunk> =
+            chunks.iter().copied().map(AddressChunk::from_raw).collect();
+        let problem = match CompositeAddress::new(parsed) {
+            Ok(address) if address.total_size() == size => return Ok(address),
+            Ok(address) => format!(
+                "returned FLEX_SUCCESS with chunks of {} bytes in total for a request of {size} bytes",
+                address.total_size()
+            ),
+            Err(invalid) => format!(
+                "returned FLEX_SUCCESS with an invalid address: {}",
+                invalid.message()
+            ),
+        };
+        free_raw_chunks(&self.lib, self.handle, &chunks);
+        Err(FlexError::new(Status::INTERNAL, CALL, problem))
+    }
+
+    fn free(&self, address: &CompositeAddress) -> Result<()> {
+        let chunks = RawAddress::new(address);
+        let raw = chunks.raw();
+        // SAFETY: the runtime is alive while `&self` is; `raw` points into
+        // `chunks`, alive for the call. Freeing memory that operations still
+        // use is defined by flex.h (they fail), and touches no host memory.
+        let status = unsafe {
+            self.lib
+                .api()
+                .flex_memory_free(self.handle.as_ptr(), &raw const raw)
+        };
+        check(&self.lib, status, "flex_memory_free")
+    }
+}
+
+impl Drop for RuntimeContext {
+    /// Runs the teardown (see [`RuntimeContext`]) unless [`RuntimeContext::close`]
+    /// already did; logs each failure with `tracing::warn!`. Never panics.
+    fn drop(&mut self) {
+        let logical_device = self.logical_device;
+        for failure in self.teardown() {
+            tracing::warn!(logical_device, "dropping a flex runtime: {failure}");
+        }
+        if std::thread::panicking() {
+            // Never unload the library while unwinding: keep it loaded for
+            // the rest of the process (the runtime itself is destroyed).
+            std::mem::forget(Arc::clone(&self.lib));
+        }
+    }
+}
+
+impl fmt::Debug for RuntimeContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RuntimeContext")
+            .field("logical_device", &self.logical_device)
+            .field("library", &self.lib.path())
+            .field("handle", &self.handle.as_ptr())
+            .field("created_streams", &self.streams.count())
+            .finish_non_exhaustive()
+    }
+}
+
+/// One step of a [`RuntimeContext`]'s teardown.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TeardownStep {
+    /// `flex_stream_synchronize` on the stream with this id (step 1).
+    SynchronizeStream {
+        /// The stream's id (0 for the default stream).
+        id: u64,
+    },
+    /// `flex_stream_destroy` of the created stream with this id (step 2).
+    DestroyStream {
+        /// The stream's id.
+        id: u64,
+    },
+    /// `flex_runtime_destroy` (step 3), or the runtime being leaked because
+    /// the teardown ran inside one of its own callbacks.
+    DestroyRuntime,
+}
+
+impl fmt::Display for TeardownStep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::SynchronizeStream { id } => write!(f, "synchronizing stream {id}"),
+            Self::DestroyStream { id } => write!(f, "destroying stream {id}"),
+            Self::DestroyRuntime => f.write_str("destroying the runtime"),
+        }
+    }
+}
+
+/// A step of a [`RuntimeContext`]'s teardown that failed, and its error.
+/// Displays as `<step>: <error>`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{step}: {error}")]
+pub struct TeardownError {
+    step: TeardownStep,
+    error: FlexError,
+}
+
+impl TeardownError {
+    /// The step that failed.
+    pub fn step(&self) -> TeardownStep {
+        self.step
+    }
+
+    /// Its error, with the flex call, status and the library's message.
+    pub fn error(&self) -> &FlexError {
+        &self.error
+    }
+}
+
+/// Every failure of [`RuntimeContext::close`], in teardown order. The
+/// teardown still ran every step.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "closing the flex runtime of logical device {logical_device} failed in {} step(s): {}",
+    errors.len(),
+    DisplayList(errors)
+)]
+pub struct CloseError {
+    logical_device: u32,
+    errors: Vec<TeardownError>,
+}
+
+impl CloseError {
+    /// The logical device of the runtime that was closed.
+    pub fn logical_device(&self) -> u32 {
+        self.logical_device
+    }
+
+    /// The failed steps, in the order they ran; never empty.
+    pub fn errors(&self) -> &[TeardownError] {
+        &self.errors
+    }
+}
+
+/// Formats a list as `a; b; c`.
+struct DisplayList<'a>(&'a [TeardownError]);
+
+impl fmt::Display for DisplayList<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, error) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{error}")?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    static_assertions::assert_impl_all!(RuntimeContext: Send, Sync, fmt::Debug, Runtime);
+    static_assertions::assert_impl_all!(CloseError: Send, Sync, std::error::Error);
+
+    #[test]
+    fn close_error_lists_every_step_in_order() {
+        let error = CloseError {
+            logical_device: 1,
+            errors: vec![
+                TeardownError {
+                    step: TeardownStep::SynchronizeStream { id: 3 },
+                    error: FlexError::new(
+                        Status::EXECUTION_FAILED,
+                        "flex_stream_synchronize",
+                        "bad program",
+                    ),
+                },
+                TeardownError {
+                    step: TeardownStep::DestroyStream { id: 3 },
+                    error: FlexError::new(Status::INVALID_HANDLE, "flex_stream_destroy", "gone"),
+                },
+                TeardownError {
+                    step: TeardownStep::DestroyRuntime,
+                    error: FlexError::new(Status(42), "flex_runtime_destroy", "odd"),
+                },
+            ],
+        };
+        assert_eq!(error.logical_device(), 1);
+        assert_eq!(error.errors().len(), 3);
+        assert_eq!(
+            error.errors()[1].step(),
+            TeardownStep::DestroyStream { id: 3 }
+        );
+        assert_eq!(error.errors()[2].error().status(), Status(42));
+        assert_eq!(
+            error.to_string(),
+            "closing the flex runtime of logical device 1 failed in 3 step(s): \
+             synchronizing stream 3: flex_stream_synchronize failed with \
+             FLEX_ERROR_EXECUTION_FAILED (9): bad program; \
+             destroying stream 3: flex_stream_destroy failed with \
+             FLEX_ERROR_INVALID_HANDLE (3): gone; \
+             destroying the runtime: flex_runtime_destroy failed with \
+             undefined status 42 (not in flex.h): odd"
+        );
+    }
+}

@@ -1,0 +1,431 @@
+//! `RuntimeStream`: one `flex_stream_t`, borrowed from its `RuntimeContext`.
+
+use std::ffi::c_void;
+use std::fmt;
+use std::sync::Arc;
+
+use flex_sys::FlexLibrary;
+use flex_sys::bindings as sys;
+use parking_lot::Mutex;
+
+use super::call::{self, check};
+use super::callback::{self, Lease, OpMeta, Payload, Submission};
+use super::handle::{RuntimeHandle, StreamHandle};
+use crate::{
+    CompositeAddress, DataFormat, FlexError, HostBuffer, HostCallback, LaunchOptions, Result,
+    Status, Stream, StreamPriority, check_copy_size, check_fill_size,
+};
+
+/// One hardware queue of a [`RuntimeContext`](super::RuntimeContext): a
+/// `flex_stream_t` (torch-spyre's `flex::RuntimeStream`).
+///
+/// Obtained only as a borrow of its context —
+/// [`RuntimeContext::default_stream`](super::RuntimeContext::default_stream)
+/// or [`RuntimeContext::create_stream`](super::RuntimeContext::create_stream)
+/// — so it cannot outlive it, and nothing but the context destroys it (the
+/// stream-ownership spec: "torch-spyre never destroys a
+/// flex::RuntimeStream"). All behaviour is the [`Stream`] trait's; this type
+/// adds [`RuntimeStream::is_default`].
+///
+/// # Launches
+///
+/// Each launch checks what flex-rt can check first ([`check_copy_size`],
+/// [`check_fill_size`], the lease on a [`HostBuffer`]), then calls the flex
+/// launch function with a completion that always releases what the
+/// operation holds. On `Err` nothing was enqueued and the completion was
+/// dropped without being called; on `Ok` it is called exactly once, on a
+/// runtime thread. See the [module documentation](super) for the ownership
+/// of each launch.
+///
+/// # Thread-safety
+///
+/// `Send + Sync`. `flex.h` lets every function be called from any thread,
+/// except that launches on one stream from several threads at once "are not
+/// serialized by the runtime: the caller must serialize them". This stream
+/// does: a mutex per stream is held across each launch call (the spec leaves
+/// it to the caller; here safe code cannot get it wrong). `query`,
+/// `synchronize` and `needs_shutdown` take no lock.
+/// [`Stream::synchronize`] from a completion or host callback of the same
+/// runtime is refused with [`Status::UNSUPPORTED`], as `flex.h` forbids it
+/// (it would wait for itself).
+///
+/// # Panics
+///
+/// No method panics. A panic in a completion or host callback is caught at
+/// the flex boundary: a host callback's panic fails the operation (and the
+/// stream) with [`Status::HOST_CALLBACK_FAILED`].
+pub struct RuntimeStream {
+    /// Keeps the library loaded; the context holds it too.
+    lib: Arc<FlexLibrary>,
+    /// The runtime this stream belongs to.
+    runtime: RuntimeHandle,
+    handle: StreamHandle,
+    /// From `flex_stream_get_id`, read once at creation.
+    id: u64,
+    /// From `flex_stream_get_priority`, read once at creation.
+    priority: StreamPriority,
+    /// Whether this is the runtime's default stream.
+    is_default: bool,
+    /// Held across every launch call: serializes submissions to this stream.
+    submit: Mutex<()>,
+}
+
+impl RuntimeStream {
+    /// Wraps a stream handle of `runtime`, reading its id and priority.
+    ///
+    /// # Errors
+    /// The error of `flex_stream_get_id` or `flex_stream_get_priority`, or
+    /// [`Status::INTERNAL`] for a priority `flex.h` does not define. The
+    /// caller still owns the handle then.
+    pub(super) fn open(
+        lib: Arc<FlexLibrary>,
+        runtime: RuntimeHandle,
+        handle: StreamHandle,
+        is_default: bool,
+    ) -> Result<Self> {
+        let api = lib.api();
+        let mut id = 0u64;
+        // SAFETY: `handle` is a live stream of a live runtime (the caller got
+        // it from the library just now); `id` is a valid `uint64_t` out
+        // pointer for the duration of the call.
+        let status = unsafe { api.flex_stream_get_id(handle.as_ptr(), &raw mut id) };
+        check(&lib, status, "flex_stream_get_id")?;
+        let mut raw_priority = sys::FLEX_STREAM_PRIORITY_NORMAL;
+        // SAFETY: as above, with a valid `flex_stream_priority_t` out pointer.
+        let status =
+            unsafe { api.flex_stream_get_priority(handle.as_ptr(), &raw mut raw_priority) };
+        check(&lib, status, "flex_stream_get_priority")?;
+        let priority = StreamPriority::from_raw(raw_priority).map_err(|_| {
+            FlexError::new(
+                Status::INTERNAL,
+                "flex_stream_get_priority",
+                format!("returned FLEX_SUCCESS with priority {raw_priority}, which flex.h does not define"),
+            )
+        })?;
+        Ok(Self {
+            lib,
+            runtime,
+            handle,
+            id,
+            priority,
+            is_default,
+            submit: Mutex::new(()),
+        })
+    }
+
+    /// Whether this is the runtime's default stream (id 0 in `flex.h`),
+    /// which lives as long as the runtime and is never destroyed on its own.
+    pub fn is_default(&self) -> bool {
+        self.is_default
+    }
+
+    /// The handle, for the owning context's teardown.
+    pub(super) fn handle(&self) -> StreamHandle {
+        self.handle
+    }
+
+    /// `flex_stream_synchronize` without the callback-thread check; for the
+    /// context's teardown, which makes that check itself.
+    pub(super) fn synchronize_unchecked(&self) -> Result<()> {
+        // SAFETY: the stream and its runtime are alive (the context is not
+        // torn down while `&self` exists, and teardown calls this before
+        // destroying anything). The callers have checked that this thread is
+        // not running a callback of this runtime.
+        let status = unsafe { self.lib.api().flex_stream_synchronize(self.handle.as_ptr()) };
+        check(&self.lib, status, "flex_stream_synchronize")
+    }
+
+    /// The payload of one operation on this stream.
+    fn payload(
+        &self,
+        call: &'static str,
+        options: LaunchOptions,
+        lease: Lease,
+        host_callback: Option<HostCallback>,
+    ) -> (Submission, i32) {
+        let meta = OpMeta {
+            call,
+            stream_id: self.id,
+            runtime: self.runtime.key(),
+        };
+        let barrier = i32::from(options.pipeline_barrier);
+        let payload = Payload::new(meta, options.completion, lease, host_callback);
+        (Submission::new(payload), barrier)
+    }
+
+    /// Makes one launch call under the submission lock, then settles who
+    /// owns the payload: the library on `FLEX_SUCCESS`, else this function,
+    /// which reads the error message first and then frees the payload
+    /// without calling its completion.
+    fn submit(
+        &self,
+        call: &'static str,
+        submission: Submission,
+        launch: impl FnOnce(&Submission) -> sys::flex_status_t,
+    ) -> Result<()> {
+        let status = {
+            let _serialized = self.submit.lock();
+            launch(&submission)
+        };
+        if status == sys::FLEX_SUCCESS {
+            submission.hand_over();
+            return Ok(());
+        }
+        // Read the thread-local message before dropping the payload: its
+        // drop runs user code, which could make other flex calls.
+        let error = call::failure(Status(status), call, self.lib.last_error_message());
+        drop(submission);
+        Err(error)
+    }
+}
+
+/// A `flex_composite_address_t` and the chunk array it points into; the
+/// array lives as long as this value, so keep it alive across the call.
+pub(super) struct RawAddress {
+    chunks: Vec<sys::flex_address_chunk_t>,
+}
+
+impl RawAddress {
+    pub(super) fn new(address: &CompositeAddress) -> Self {
+        Self {
+            chunks: address.to_raw_chunks(),
+        }
+    }
+
+    /// The struct to pass by pointer; valid while `self` is alive and
+    /// unchanged.
+    pub(super) fn raw(&self) -> sys::flex_composite_address_t {
+        sys::flex_composite_address_t {
+            chunks: self.chunks.as_ptr(),
+            num_chunks: self.chunks.len(),
+        }
+    }
+}
+
+impl Stream for RuntimeStream {
+    fn id(&self) -> u64 {
+        self.id
+    }
+
+    fn priority(&self) -> StreamPriority {
+        self.priority
+    }
+
+    fn query(&self) -> Result<bool> {
+        // SAFETY: the stream is alive while `&self` is (its context outlives
+        // the borrow). `flex_stream_query` does not block and may be called
+        // from any thread, callbacks included.
+        let status = unsafe { self.lib.api().flex_stream_query(self.handle.as_ptr()) };
+        call::query_result(status, "flex_stream_query", || {
+            self.lib.last_error_message()
+        })
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        if callback::in_callback_of(self.runtime.key()) {
+            return Err(FlexError::new(
+                Status::UNSUPPORTED,
+                "synchronize",
+                "synchronize was called from a completion or host callback of the same runtime; it would wait for itself",
+            ));
+        }
+        self.synchronize_unchecked()
+    }
+
+    fn needs_shutdown(&self) -> Result<bool> {
+        let mut needs = 0i32;
+        // SAFETY: the stream is alive while `&self` is; `needs` is a valid
+        // `int32_t` out pointer for the call.
+        let status = unsafe {
+            self.lib
+                .api()
+                .flex_stream_needs_shutdown(self.handle.as_ptr(), &raw mut needs)
+        };
+        check(&self.lib, status, "flex_stream_needs_shutdown")?;
+        Ok(call::bool_from_raw(needs))
+    }
+
+    fn launch_h2d(
+        &self,
+        src: &HostBuffer,
+        dst: &CompositeAddress,
+        options: LaunchOptions,
+    ) -> Result<()> {
+        const CALL: &str = "flex_launch_h2d";
+        check_copy_size("launch_h2d", src.len(), dst)?;
+        let lease = src.lease_for_read("launch_h2d")?;
+        let host_src: *const c_void = lease.as_ptr().cast();
+        let dst = RawAddress::new(dst);
+        let dst_raw = dst.raw();
+        let (submission, barrier) = self.payload(CALL, options, Lease::Read(lease), None);
+        self.submit(CALL, submission, |submission| {
+            // SAFETY: the stream is alive while `&self` is, and the submission
+            // lock is held. `host_src` points to `src.len()` bytes, which
+            // equals the total size of `dst` (checked above); the read lease
+            // inside the payload keeps those bytes allocated and unmodified
+            // until the completion, which is the lifetime `flex.h` requires.
+            // `dst_raw` points into `dst`'s chunk array, alive for the call.
+            // The completion takes ownership of the payload only if this
+            // returns FLEX_SUCCESS (see `submit`).
+            unsafe {
+                self.lib.api().flex_launch_h2d(
+                    self.handle.as_ptr(),
+                    host_src,
+                    &raw const dst_raw,
+                    barrier,
+                    submission.completion(),
+                )
+            }
+        })
+    }
+
+    fn launch_d2h(
+        &self,
+        src: &CompositeAddress,
+        dst: &HostBuffer,
+        options: LaunchOptions,
+    ) -> Result<()> {
+        const CALL: &str = "flex_launch_d2h";
+        check_copy_size("launch_d2h", dst.len(), src)?;
+        let mut lease = dst.lease_for_write("launch_d2h")?;
+        let host_dst: *mut c_void = lease.as_mut_ptr().cast();
+        let src = RawAddress::new(src);
+        let src_raw = src.raw();
+        let (submission, barrier) = self.payload(CALL, options, Lease::Write(lease), None);
+        self.submit(CALL, submission, |submission| {
+            // SAFETY: the stream is alive while `&self` is, and the submission
+            // lock is held. `host_dst` points to `dst.len()` writable bytes,
+            // the total size of `src` (checked above). The exclusive write
+            // lease inside the payload keeps them allocated and keeps every
+            // Rust reader and writer out until the completion, as `flex.h`
+            // requires. `src_raw` points into `src`'s chunk array, alive for
+            // the call.
+            unsafe {
+                self.lib.api().flex_launch_d2h(
+                    self.handle.as_ptr(),
+                    &raw const src_raw,
+                    host_dst,
+                    barrier,
+                    submission.completion(),
+                )
+            }
+        })
+    }
+
+    fn launch_compute(&self, program: &CompositeAddress, options: LaunchOptions) -> Result<()> {
+        const CALL: &str = "flex_launch_compute";
+        let program = RawAddress::new(program);
+        let program_raw = program.raw();
+        let (submission, barrier) = self.payload(CALL, options, Lease::None, None);
+        self.submit(CALL, submission, |submission| {
+            // SAFETY: the stream is alive while `&self` is, and the submission
+            // lock is held. `program_raw` points into `program`'s chunk array,
+            // alive for the call (flex.h reads it only during the call).
+            unsafe {
+                self.lib.api().flex_launch_compute(
+                    self.handle.as_ptr(),
+                    &raw const program_raw,
+                    barrier,
+                    submission.completion(),
+                )
+            }
+        })
+    }
+
+    fn launch_host_callback(&self, callback: HostCallback, options: LaunchOptions) -> Result<()> {
+        const CALL: &str = "flex_launch_host_callback";
+        let (submission, barrier) = self.payload(CALL, options, Lease::None, Some(callback));
+        self.submit(CALL, submission, |submission| {
+            // SAFETY: the stream is alive while `&self` is, and the submission
+            // lock is held. `host_user_data` points into the payload, which
+            // stays allocated until the completion is called (the lifetime
+            // `flex.h` requires); the host trampoline only takes a shared
+            // reference to it, and the completion runs after the host
+            // function (see the `callback` module).
+            unsafe {
+                self.lib.api().flex_launch_host_callback(
+                    self.handle.as_ptr(),
+                    submission.host_fn(),
+                    submission.host_user_data(),
+                    barrier,
+                    submission.completion(),
+                )
+            }
+        })
+    }
+
+    fn launch_fill(
+        &self,
+        dst: &CompositeAddress,
+        value: f64,
+        format: DataFormat,
+        options: LaunchOptions,
+    ) -> Result<()> {
+        const CALL: &str = "flex_launch_fill";
+        check_fill_size("launch_fill", dst, format)?;
+        let dst = RawAddress::new(dst);
+        let dst_raw = dst.raw();
+        let (submission, barrier) = self.payload(CALL, options, Lease::None, None);
+        self.submit(CALL, submission, |submission| {
+            // SAFETY: the stream is alive while `&self` is, and the submission
+            // lock is held. `dst_raw` points into `dst`'s chunk array, alive
+            // for the call.
+            unsafe {
+                self.lib.api().flex_launch_fill(
+                    self.handle.as_ptr(),
+                    &raw const dst_raw,
+                    value,
+                    format.to_raw(),
+                    barrier,
+                    submission.completion(),
+                )
+            }
+        })
+    }
+}
+
+impl fmt::Debug for RuntimeStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RuntimeStream")
+            .field("id", &self.id)
+            .field("priority", &self.priority)
+            .field("is_default", &self.is_default)
+            .field("handle", &self.handle.as_ptr())
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{AddressChunk, LogicalAddress};
+
+    static_assertions::assert_impl_all!(RuntimeStream: Send, Sync, fmt::Debug);
+
+    #[test]
+    fn raw_addresses_point_at_their_chunks() {
+        let address = CompositeAddress::new(vec![
+            AddressChunk {
+                address: LogicalAddress {
+                    region_id: 1,
+                    offset: 128,
+                },
+                size: 10,
+            },
+            AddressChunk {
+                address: LogicalAddress {
+                    region_id: 2,
+                    offset: 0,
+                },
+                size: 20,
+            },
+        ])
+        .unwrap();
+        let holder = RawAddress::new(&address);
+        let raw = holder.raw();
+        assert_eq!(raw.num_chunks, 2);
+        assert_eq!(raw.chunks, holder.chunks.as_ptr());
+        assert_eq!(holder.chunks[1].address.region_id, 2);
+        assert_eq!(holder.chunks[1].size, 20);
+    }
+}
