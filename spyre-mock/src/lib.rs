@@ -1,1 +1,137 @@
 //! A software Spyre device.
+//!
+//! spyre-mock implements flex-rt's [`Backend`](flex_rt::Backend),
+//! [`Runtime`](flex_rt::Runtime) and [`Stream`](flex_rt::Stream) traits in
+//! safe Rust, so that everything above flex-rt builds, runs and is tested
+//! on any machine without a Spyre card. It keeps the semantics of flex.h:
+//! per-stream FIFO execution, concurrency across streams, priorities, sticky
+//! errors, completions called exactly once, and device memory with
+//! composite addresses. Compute runs a small set of built-in `f32` kernels,
+//! so results are checkable numbers.
+//!
+//! ```
+//! use flex_rt::{Backend, HostBuffer, LaunchOptions};
+//! use spyre_mock::MockSystem;
+//!
+//! let system = MockSystem::builder().memory_bytes(1 << 20).region_bytes(1 << 18).build()?;
+//! let runtime = system.create_runtime(0)?;
+//! let stream = runtime.default_stream();
+//! let device = runtime.allocate(4)?;
+//! let out = HostBuffer::zeroed(4);
+//! stream.launch_h2d(&HostBuffer::from_vec(vec![1, 2, 3, 4]), &device, LaunchOptions::new())?;
+//! stream.launch_d2h(&device, &out, LaunchOptions::new())?;
+//! stream.synchronize()?;
+//! assert_eq!(out.to_vec(), vec![1, 2, 3, 4]);
+//! # Ok::<(), flex_rt::FlexError>(())
+//! ```
+//!
+//! # The device
+//!
+//! A [`MockSystem`] has `devices` logical devices (default 1). Every
+//! [`MockRuntime`] created on one gets fresh state: its own device memory,
+//! streams and engine threads; runtimes share nothing.
+//!
+//! # Execution model
+//!
+//! - Each stream is a FIFO. It runs at most one operation at a time, and an
+//!   operation counts as running until its completion has returned.
+//! - A runtime has `engines` engine threads (default 2), named
+//!   `spyre-mock-d<device>-e<n>`. Different streams run concurrently, up to
+//!   one per engine. When more streams have work than there are engines,
+//!   queued work of [`High`](flex_rt::StreamPriority::High) streams starts
+//!   first, then the stream whose next operation was enqueued earliest.
+//! - Completions and host callbacks run on engine threads, never inside the
+//!   launch call, with no lock held, in FIFO order per stream. A host
+//!   callback holds its stream and its engine until it returns. A panic in
+//!   a host callback or completion is caught and fails the stream with
+//!   [`HOST_CALLBACK_FAILED`](flex_rt::Status::HOST_CALLBACK_FAILED); the
+//!   engine keeps running.
+//! - Errors are sticky: after an operation fails, the stream's later
+//!   operations complete with `STREAM_FAILED` (or `SHUTDOWN` once the stream
+//!   needs shutdown) without running, later launches are refused with it,
+//!   and `query` / `synchronize` return the first error.
+//! - Launch-time checks: sizes, host-buffer leases, stream state, injected
+//!   faults; a refused launch enqueues nothing and drops its completion.
+//!   Run-time checks: every chunk of a device address must lie inside a live
+//!   allocation of the runtime, else the operation fails with
+//!   `EXECUTION_FAILED` and moves no byte.
+//! - `pipeline_barrier` has no observable effect: a stream never overlaps
+//!   its operations anyway.
+//! - Dropping a runtime lets pending work finish, then joins its engines;
+//!   [`live_engine_threads`] counts the engine threads alive in the process.
+//!
+//! The one entry point for launches is [`MockStream::enqueue`] with an
+//! [`Op`]: the [`Stream`](flex_rt::Stream) methods use it, and so can a
+//! C-ABI layer with its own [`HostSource`] / [`HostSink`] over raw pointers
+//! and [`HostFn`]s wrapping C host functions.
+//!
+//! # Memory
+//!
+//! `memory_bytes` per runtime (default 1 GiB) in regions of `region_bytes`
+//! (default 256 MiB), backed lazily. Allocations are 128-byte aligned and
+//! may span several chunks; see [`Runtime::allocate`](flex_rt::Runtime::allocate).
+//!
+//! # Compute
+//!
+//! The program at a compute address is a 128-byte [`kernel::KernelDescriptor`]
+//! naming one of the kernels copy, fill, add, mul, axpy and matmul; results
+//! equal the host functions in [`reference`](mod@reference) bit for bit.
+//!
+//! # Timing and faults
+//!
+//! Optional per-operation latency and copy bandwidth make work take time
+//! (default: as fast as the host allows). For tests, [`SystemFaults`],
+//! [`RuntimeFaults`] and the fault methods of [`MockStream`] make runtime
+//! creation, stream creation or a chosen launch fail, put a stream into the
+//! needs-shutdown state, or slow a stream down.
+//!
+//! # Environment
+//!
+//! [`MockSystem::from_env`] reads (all decimal; unset or empty keeps the
+//! default):
+//!
+//! | variable                    | meaning                                   | default   |
+//! |-----------------------------|-------------------------------------------|-----------|
+//! | `SPYRE_MOCK_DEVICES`        | number of logical devices                 | 1         |
+//! | `SPYRE_MOCK_MEMORY_BYTES`   | device memory per runtime, bytes          | 1073741824 |
+//! | `SPYRE_MOCK_REGION_BYTES`   | size of one memory region, bytes          | 268435456 |
+//! | `SPYRE_MOCK_ENGINES`        | engine threads per runtime                | 2         |
+//! | `SPYRE_MOCK_OP_LATENCY_US`  | extra time per operation, microseconds    | 0         |
+//! | `SPYRE_MOCK_COPY_BANDWIDTH` | H2D/D2H bandwidth, bytes per second       | unlimited |
+#![deny(unsafe_code)]
+
+pub mod config;
+mod engine;
+mod faults;
+pub mod kernel;
+mod memory;
+mod op;
+pub mod reference;
+mod runtime;
+mod scheduler;
+mod stream;
+mod system;
+
+#[cfg(test)]
+mod tests;
+
+pub use config::{MockConfig, MockSystemBuilder};
+pub use engine::live_engine_threads;
+pub use faults::{RuntimeFaults, SystemFaults};
+pub use op::{HostFn, HostSink, HostSource, Op, encode_fill_value};
+pub use runtime::MockRuntime;
+pub use stream::MockStream;
+pub use system::MockSystem;
+
+#[cfg(test)]
+mod assertions {
+    use super::*;
+
+    static_assertions::assert_impl_all!(MockSystem: Send, Sync, Clone, flex_rt::Backend);
+    static_assertions::assert_impl_all!(MockRuntime: Send, Sync, flex_rt::Runtime);
+    static_assertions::assert_impl_all!(MockStream: Send, Sync, flex_rt::Stream);
+    static_assertions::assert_impl_all!(SystemFaults: Send, Sync);
+    static_assertions::assert_impl_all!(RuntimeFaults: Send, Sync);
+    static_assertions::assert_impl_all!(Op: Send);
+    static_assertions::assert_impl_all!(kernel::KernelDescriptor: Send, Sync, Copy);
+}

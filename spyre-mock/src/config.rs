@@ -1,0 +1,514 @@
+//! Configuration of the software device: defaults, the builder and its
+//! checks, and parsing of the `SPYRE_MOCK_*` environment variables.
+#![forbid(unsafe_code)]
+
+use std::fmt;
+use std::time::Duration;
+
+use flex_rt::{ADDRESS_ALIGNMENT, FlexError, Result};
+
+use crate::MockSystem;
+
+/// Number of devices a system has unless configured otherwise.
+pub const DEFAULT_DEVICES: u32 = 1;
+/// Device memory per runtime unless configured otherwise: 1 GiB.
+pub const DEFAULT_MEMORY_BYTES: u64 = 1 << 30;
+/// Size of one memory region unless configured otherwise: 256 MiB.
+pub const DEFAULT_REGION_BYTES: u64 = 256 << 20;
+/// Engine threads per runtime unless configured otherwise.
+pub const DEFAULT_ENGINES: u32 = 2;
+/// Most engine threads one runtime may have.
+pub const MAX_ENGINES: u32 = 256;
+/// Most memory regions one runtime may have (`memory_bytes / region_bytes`,
+/// rounded up).
+pub const MAX_REGIONS: u64 = 65_536;
+
+/// Environment variable: number of devices (decimal, ≥ 1).
+pub const ENV_DEVICES: &str = "SPYRE_MOCK_DEVICES";
+/// Environment variable: device memory per runtime in bytes (decimal, a
+/// positive multiple of 128).
+pub const ENV_MEMORY_BYTES: &str = "SPYRE_MOCK_MEMORY_BYTES";
+/// Environment variable: size of one memory region in bytes (decimal, a
+/// positive multiple of 128, not above the memory size).
+pub const ENV_REGION_BYTES: &str = "SPYRE_MOCK_REGION_BYTES";
+/// Environment variable: engine threads per runtime (decimal, 1..=256).
+pub const ENV_ENGINES: &str = "SPYRE_MOCK_ENGINES";
+/// Environment variable: extra latency of every operation in microseconds
+/// (decimal, 0 for none).
+pub const ENV_OP_LATENCY_US: &str = "SPYRE_MOCK_OP_LATENCY_US";
+/// Environment variable: bandwidth of H2D and D2H copies in bytes per second
+/// (decimal, ≥ 1; unset for as fast as the host allows).
+pub const ENV_COPY_BANDWIDTH: &str = "SPYRE_MOCK_COPY_BANDWIDTH";
+
+/// Every environment variable [`MockConfig::from_lookup`] reads, in the order
+/// it reads them.
+pub const ENV_VARS: [&str; 6] = [
+    ENV_DEVICES,
+    ENV_MEMORY_BYTES,
+    ENV_REGION_BYTES,
+    ENV_ENGINES,
+    ENV_OP_LATENCY_US,
+    ENV_COPY_BANDWIDTH,
+];
+
+/// A checked configuration of the software device. Made by
+/// [`MockSystemBuilder::build_config`] or [`MockConfig::from_lookup`]; every
+/// value in it has passed the builder's checks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MockConfig {
+    devices: u32,
+    memory_bytes: u64,
+    region_bytes: u64,
+    engines: u32,
+    op_latency: Duration,
+    copy_bandwidth: Option<u64>,
+}
+
+impl Default for MockConfig {
+    fn default() -> Self {
+        Self {
+            devices: DEFAULT_DEVICES,
+            memory_bytes: DEFAULT_MEMORY_BYTES,
+            region_bytes: DEFAULT_REGION_BYTES,
+            engines: DEFAULT_ENGINES,
+            op_latency: Duration::ZERO,
+            copy_bandwidth: None,
+        }
+    }
+}
+
+impl MockConfig {
+    /// Number of logical devices.
+    pub fn devices(&self) -> u32 {
+        self.devices
+    }
+
+    /// Device memory of each runtime, in bytes.
+    pub fn memory_bytes(&self) -> u64 {
+        self.memory_bytes
+    }
+
+    /// Size of one memory region in bytes; the last region of a runtime is
+    /// smaller when it does not divide [`MockConfig::memory_bytes`].
+    pub fn region_bytes(&self) -> u64 {
+        self.region_bytes
+    }
+
+    /// Number of memory regions of each runtime.
+    pub fn region_count(&self) -> u64 {
+        self.memory_bytes.div_ceil(self.region_bytes)
+    }
+
+    /// Engine threads of each runtime.
+    pub fn engines(&self) -> u32 {
+        self.engines
+    }
+
+    /// Time added to every operation that runs.
+    pub fn op_latency(&self) -> Duration {
+        self.op_latency
+    }
+
+    /// Bandwidth of H2D and D2H copies in bytes per second, or `None` for as
+    /// fast as the host allows.
+    pub fn copy_bandwidth(&self) -> Option<u64> {
+        self.copy_bandwidth
+    }
+
+    /// Reads the configuration from `lookup`, which maps an environment
+    /// variable name (one of [`ENV_VARS`]) to its value or `None` when unset.
+    /// Values are trimmed; an empty value counts as unset; unset variables
+    /// keep their defaults. Pure: [`MockSystem::from_env`] passes a closure
+    /// over the process environment, tests pass a map.
+    ///
+    /// # Errors
+    /// [`flex_rt::Status::INVALID_ARGUMENT`] naming the variable and its raw
+    /// value when a value is not a decimal number of the right range, or when
+    /// the values together fail the builder's checks (then the message names
+    /// every variable that was set).
+    pub fn from_lookup<F>(mut lookup: F) -> Result<Self>
+    where
+        F: FnMut(&str) -> Option<String>,
+    {
+        const CALL: &str = "MockSystem::from_env";
+        let mut builder = MockSystemBuilder::new();
+        let mut used = Vec::new();
+        for name in ENV_VARS {
+            let Some(raw) = lookup(name) else { continue };
+            let value = raw.trim();
+            if value.is_empty() {
+                continue;
+            }
+            let number = value.parse::<u64>().map_err(|_| {
+                FlexError::invalid_argument(
+                    CALL,
+                    format!("{name}={raw:?} is not valid: expected a decimal whole number"),
+                )
+            })?;
+            let narrow = |number: u64| {
+                u32::try_from(number).map_err(|_| {
+                    FlexError::invalid_argument(
+                        CALL,
+                        format!(
+                            "{name}={raw:?} is not valid: it must be at most {}",
+                            u32::MAX
+                        ),
+                    )
+                })
+            };
+            builder = match name {
+                ENV_DEVICES => builder.devices(narrow(number)?),
+                ENV_MEMORY_BYTES => builder.memory_bytes(number),
+                ENV_REGION_BYTES => builder.region_bytes(number),
+                ENV_ENGINES => builder.engines(narrow(number)?),
+                ENV_OP_LATENCY_US => builder.op_latency(Duration::from_micros(number)),
+                _ => builder.copy_bandwidth(number),
+            };
+            used.push(format!("{name}={raw:?}"));
+        }
+        builder.build_config().map_err(|err| {
+            FlexError::invalid_argument(
+                CALL,
+                format!("{} (from {})", err.message(), used.join(", ")),
+            )
+        })
+    }
+}
+
+impl fmt::Display for MockConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} device(s), {} bytes of memory in {} region(s) of {} bytes, {} engine(s), op latency {:?}, copy bandwidth ",
+            self.devices,
+            self.memory_bytes,
+            self.region_count(),
+            self.region_bytes,
+            self.engines,
+            self.op_latency
+        )?;
+        match self.copy_bandwidth {
+            Some(bw) => write!(f, "{bw} B/s"),
+            None => write!(f, "unlimited"),
+        }
+    }
+}
+
+/// Builds a [`MockSystem`] (or only its [`MockConfig`]). Every setter is
+/// optional; unset values keep the `DEFAULT_*` constants of this module.
+///
+/// ```
+/// # use spyre_mock::MockSystem;
+/// # use std::time::Duration;
+/// let system = MockSystem::builder()
+///     .devices(2)
+///     .memory_bytes(64 << 20)
+///     .region_bytes(16 << 20)
+///     .engines(4)
+///     .op_latency(Duration::from_micros(10))
+///     .copy_bandwidth(10 << 30)
+///     .build()?;
+/// assert_eq!(system.config().devices(), 2);
+/// # Ok::<(), flex_rt::FlexError>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct MockSystemBuilder {
+    devices: u32,
+    memory_bytes: u64,
+    region_bytes: u64,
+    engines: u32,
+    op_latency: Duration,
+    copy_bandwidth: Option<u64>,
+}
+
+impl Default for MockSystemBuilder {
+    fn default() -> Self {
+        let defaults = MockConfig::default();
+        Self {
+            devices: defaults.devices,
+            memory_bytes: defaults.memory_bytes,
+            region_bytes: defaults.region_bytes,
+            engines: defaults.engines,
+            op_latency: defaults.op_latency,
+            copy_bandwidth: defaults.copy_bandwidth,
+        }
+    }
+}
+
+impl MockSystemBuilder {
+    /// A builder with every value at its default.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Number of logical devices (≥ 1, at most `i32::MAX` because flex.h
+    /// counts devices in `int32_t`). Default 1.
+    pub fn devices(mut self, devices: u32) -> Self {
+        self.devices = devices;
+        self
+    }
+
+    /// Device memory of each runtime in bytes (a positive multiple of 128).
+    /// Default 1 GiB. Memory is backed lazily: a region takes host memory
+    /// only when first written, and the OS maps its pages on first touch.
+    pub fn memory_bytes(mut self, bytes: u64) -> Self {
+        self.memory_bytes = bytes;
+        self
+    }
+
+    /// Size of one memory region in bytes (a positive multiple of 128, at
+    /// most the memory size, at most [`MAX_REGIONS`] regions). Default
+    /// 256 MiB. A chunk of an allocation never crosses a region, so an
+    /// allocation larger than the free space of one region gets several
+    /// chunks.
+    pub fn region_bytes(mut self, bytes: u64) -> Self {
+        self.region_bytes = bytes;
+        self
+    }
+
+    /// Engine threads of each runtime (1..=[`MAX_ENGINES`]): how many streams
+    /// run an operation at the same time. Default 2.
+    pub fn engines(mut self, engines: u32) -> Self {
+        self.engines = engines;
+        self
+    }
+
+    /// Time added to every operation that runs (the engine sleeps it).
+    /// Default zero.
+    pub fn op_latency(mut self, latency: Duration) -> Self {
+        self.op_latency = latency;
+        self
+    }
+
+    /// Bandwidth of H2D and D2H copies in bytes per second (≥ 1): a copy of
+    /// `n` bytes holds its engine for an extra `n / bandwidth` seconds.
+    /// Default: unlimited.
+    pub fn copy_bandwidth(mut self, bytes_per_sec: u64) -> Self {
+        self.copy_bandwidth = Some(bytes_per_sec);
+        self
+    }
+
+    /// Checks the values and returns the configuration.
+    ///
+    /// # Errors
+    /// [`flex_rt::Status::INVALID_ARGUMENT`] naming the value: devices 0 or
+    /// above `i32::MAX`; engines outside 1..=[`MAX_ENGINES`]; a memory or
+    /// region size that is 0 or not a multiple of 128; a region larger than
+    /// the memory; more than [`MAX_REGIONS`] regions; copy bandwidth 0.
+    pub fn build_config(self) -> Result<MockConfig> {
+        const CALL: &str = "MockSystemBuilder::build";
+        let fail = |message: String| Err(FlexError::invalid_argument(CALL, message));
+        if self.devices == 0 {
+            return fail("devices must be at least 1, got 0".into());
+        }
+        if i32::try_from(self.devices).is_err() {
+            return fail(format!(
+                "devices must be at most {} (flex.h counts devices in int32_t), got {}",
+                i32::MAX,
+                self.devices
+            ));
+        }
+        if self.engines == 0 || self.engines > MAX_ENGINES {
+            return fail(format!(
+                "engines must be between 1 and {MAX_ENGINES}, got {}",
+                self.engines
+            ));
+        }
+        for (name, value) in [
+            ("memory_bytes", self.memory_bytes),
+            ("region_bytes", self.region_bytes),
+        ] {
+            if value == 0 || !value.is_multiple_of(ADDRESS_ALIGNMENT) {
+                return fail(format!(
+                    "{name} must be a positive multiple of {ADDRESS_ALIGNMENT} (the address alignment), got {value}"
+                ));
+            }
+        }
+        if self.region_bytes > self.memory_bytes {
+            return fail(format!(
+                "region_bytes ({}) must not exceed memory_bytes ({})",
+                self.region_bytes, self.memory_bytes
+            ));
+        }
+        if usize::try_from(self.region_bytes).is_err() {
+            return fail(format!(
+                "region_bytes ({}) does not fit in this host's address space",
+                self.region_bytes
+            ));
+        }
+        let regions = self.memory_bytes.div_ceil(self.region_bytes);
+        if regions > MAX_REGIONS {
+            return fail(format!(
+                "memory_bytes ({}) / region_bytes ({}) makes {regions} regions; at most {MAX_REGIONS} are supported, so use larger regions",
+                self.memory_bytes, self.region_bytes
+            ));
+        }
+        if self.copy_bandwidth == Some(0) {
+            return fail(
+                "copy_bandwidth must be at least 1 byte per second, got 0 (leave it unset for unlimited)"
+                    .into(),
+            );
+        }
+        Ok(MockConfig {
+            devices: self.devices,
+            memory_bytes: self.memory_bytes,
+            region_bytes: self.region_bytes,
+            engines: self.engines,
+            op_latency: self.op_latency,
+            copy_bandwidth: self.copy_bandwidth,
+        })
+    }
+
+    /// Checks the values and makes the system.
+    ///
+    /// # Errors
+    /// As [`MockSystemBuilder::build_config`].
+    pub fn build(self) -> Result<MockSystem> {
+        Ok(MockSystem::with_config(self.build_config()?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use flex_rt::Status;
+
+    use super::*;
+
+    fn lookup<'a>(vars: &'a [(&'a str, &'a str)]) -> impl FnMut(&str) -> Option<String> + 'a {
+        let map: HashMap<&str, &str> = vars.iter().copied().collect();
+        move |name| map.get(name).map(|v| v.to_string())
+    }
+
+    #[test]
+    fn defaults_match_the_documented_values() {
+        let config = MockConfig::from_lookup(|_| None).unwrap();
+        assert_eq!(config, MockConfig::default());
+        assert_eq!(config.devices(), 1);
+        assert_eq!(config.memory_bytes(), 1 << 30);
+        assert_eq!(config.region_bytes(), 256 << 20);
+        assert_eq!(config.region_count(), 4);
+        assert_eq!(config.engines(), 2);
+        assert_eq!(config.op_latency(), Duration::ZERO);
+        assert_eq!(config.copy_bandwidth(), None);
+        assert!(config.to_string().contains("unlimited"), "{config}");
+    }
+
+    #[test]
+    fn every_variable_is_read() {
+        let config = MockConfig::from_lookup(lookup(&[
+            (ENV_DEVICES, "3"),
+            (ENV_MEMORY_BYTES, " 4096 "),
+            (ENV_REGION_BYTES, "1024"),
+            (ENV_ENGINES, "5"),
+            (ENV_OP_LATENCY_US, "250"),
+            (ENV_COPY_BANDWIDTH, "1000000"),
+        ]))
+        .unwrap();
+        assert_eq!(config.devices(), 3);
+        assert_eq!(config.memory_bytes(), 4096);
+        assert_eq!(config.region_bytes(), 1024);
+        assert_eq!(config.engines(), 5);
+        assert_eq!(config.op_latency(), Duration::from_micros(250));
+        assert_eq!(config.copy_bandwidth(), Some(1_000_000));
+    }
+
+    #[test]
+    fn empty_values_count_as_unset() {
+        let config = MockConfig::from_lookup(lookup(&[(ENV_DEVICES, "  ")])).unwrap();
+        assert_eq!(config.devices(), DEFAULT_DEVICES);
+    }
+
+    #[test]
+    fn bad_values_name_the_variable_and_raw_value() {
+        for (name, raw, needle) in [
+            (ENV_DEVICES, "two", "SPYRE_MOCK_DEVICES=\"two\""),
+            (ENV_ENGINES, "-1", "SPYRE_MOCK_ENGINES=\"-1\""),
+            (ENV_ENGINES, "99999999999", "at most 4294967295"),
+            (ENV_MEMORY_BYTES, "1GiB", "SPYRE_MOCK_MEMORY_BYTES=\"1GiB\""),
+            (ENV_OP_LATENCY_US, "1.5", "SPYRE_MOCK_OP_LATENCY_US=\"1.5\""),
+        ] {
+            let err = MockConfig::from_lookup(lookup(&[(name, raw)])).unwrap_err();
+            assert_eq!(err.status(), Status::INVALID_ARGUMENT);
+            assert!(err.message().contains(needle), "{err}");
+        }
+    }
+
+    #[test]
+    fn values_that_fail_the_checks_name_the_variables() {
+        let err = MockConfig::from_lookup(lookup(&[(ENV_DEVICES, "0")])).unwrap_err();
+        assert!(
+            err.message().contains("devices must be at least 1"),
+            "{err}"
+        );
+        assert!(err.message().contains("SPYRE_MOCK_DEVICES=\"0\""), "{err}");
+
+        let err = MockConfig::from_lookup(lookup(&[
+            (ENV_MEMORY_BYTES, "1024"),
+            (ENV_REGION_BYTES, "2048"),
+        ]))
+        .unwrap_err();
+        assert!(err.message().contains("must not exceed"), "{err}");
+        assert!(err.message().contains("SPYRE_MOCK_MEMORY_BYTES=\"1024\""));
+        assert!(err.message().contains("SPYRE_MOCK_REGION_BYTES=\"2048\""));
+
+        let err = MockConfig::from_lookup(lookup(&[(ENV_COPY_BANDWIDTH, "0")])).unwrap_err();
+        assert!(err.message().contains("copy_bandwidth"), "{err}");
+    }
+
+    #[test]
+    fn builder_checks_name_the_value() {
+        let cases: Vec<(MockSystemBuilder, &str)> = vec![
+            (
+                MockSystemBuilder::new().devices(0),
+                "devices must be at least 1, got 0",
+            ),
+            (MockSystemBuilder::new().devices(u32::MAX), "got 4294967295"),
+            (
+                MockSystemBuilder::new().engines(0),
+                "engines must be between 1 and 256, got 0",
+            ),
+            (MockSystemBuilder::new().engines(257), "got 257"),
+            (
+                MockSystemBuilder::new().memory_bytes(0),
+                "memory_bytes must be a positive multiple of 128 (the address alignment), got 0",
+            ),
+            (MockSystemBuilder::new().memory_bytes(1000), "got 1000"),
+            (
+                MockSystemBuilder::new().region_bytes(100),
+                "region_bytes must be a positive multiple of 128 (the address alignment), got 100",
+            ),
+            (
+                MockSystemBuilder::new().memory_bytes(256).region_bytes(512),
+                "region_bytes (512) must not exceed memory_bytes (256)",
+            ),
+            (
+                MockSystemBuilder::new()
+                    .memory_bytes(1 << 30)
+                    .region_bytes(128),
+                "makes 8388608 regions",
+            ),
+            (
+                MockSystemBuilder::new().copy_bandwidth(0),
+                "copy_bandwidth must be at least 1",
+            ),
+        ];
+        for (builder, needle) in cases {
+            let err = builder.build_config().unwrap_err();
+            assert_eq!(err.status(), Status::INVALID_ARGUMENT);
+            assert_eq!(err.call(), "MockSystemBuilder::build");
+            assert!(err.message().contains(needle), "{needle:?} not in {err}");
+        }
+    }
+
+    #[test]
+    fn last_region_may_be_smaller() {
+        let config = MockSystemBuilder::new()
+            .memory_bytes(1280)
+            .region_bytes(512)
+            .build_config()
+            .unwrap();
+        assert_eq!(config.region_count(), 3);
+    }
+}

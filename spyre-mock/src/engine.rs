@@ -1,0 +1,239 @@
+//! Engine threads: the shared state of one runtime's device and the threads
+//! that run its operations.
+//!
+//! Each runtime has `engines` threads named `spyre-mock-d<device>-e<n>`. An
+//! engine takes the next job from the [`Scheduler`], releases the lock, runs
+//! the operation (catching any panic), sleeps the timing model's delay,
+//! records a failure as the stream's sticky error, calls the completion
+//! (catching any panic), and marks the operation complete. No lock is held
+//! while user code runs, so completions and host functions may launch more
+//! work. Engines stop when the runtime is dropped and nothing is ready.
+#![forbid(unsafe_code)]
+
+use std::cell::Cell;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use flex_rt::{FlexError, Result, Status};
+use parking_lot::{Condvar, Mutex, MutexGuard};
+
+use crate::MockConfig;
+use crate::memory::DeviceMemory;
+use crate::op::{Op, panic_message};
+use crate::scheduler::{Job, Scheduler, Verdict};
+
+static LIVE_ENGINE_THREADS: AtomicUsize = AtomicUsize::new(0);
+static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    /// The token of the device whose engine this thread is, or 0.
+    static ENGINE_OF: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Number of engine threads of all runtimes in the process that are alive
+/// right now. Counted up before an engine is spawned and down as its last
+/// action, so once every runtime has been dropped (from a thread that is not
+/// one of its engines) it is back to its earlier value.
+pub fn live_engine_threads() -> usize {
+    LIVE_ENGINE_THREADS.load(Ordering::SeqCst)
+}
+
+/// Counts one engine thread as alive while it exists.
+struct LiveThread;
+
+impl LiveThread {
+    fn new() -> Self {
+        LIVE_ENGINE_THREADS.fetch_add(1, Ordering::SeqCst);
+        Self
+    }
+}
+
+impl Drop for LiveThread {
+    fn drop(&mut self) {
+        LIVE_ENGINE_THREADS.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The timing model: how long an operation holds its engine beyond the work.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Timing {
+    op_latency: Duration,
+    copy_bandwidth: Option<u64>,
+}
+
+impl Timing {
+    fn delay(&self, op: &Op) -> Duration {
+        let copy = match self.copy_bandwidth {
+            Some(bw) if op.copy_bytes() > 0 => {
+                Duration::try_from_secs_f64(op.copy_bytes() as f64 / bw as f64)
+                    .unwrap_or(Duration::MAX)
+            }
+            _ => Duration::ZERO,
+        };
+        self.op_latency.saturating_add(copy)
+    }
+}
+
+/// State one runtime shares with its streams and engine threads.
+pub(crate) struct Device {
+    /// Logical device index.
+    pub(crate) index: u32,
+    /// Unique per runtime in the process; marks its engine threads.
+    token: u64,
+    pub(crate) memory: DeviceMemory,
+    timing: Timing,
+    pub(crate) scheduler: Mutex<Scheduler>,
+    /// Engines wait here for work.
+    pub(crate) work: Condvar,
+    /// `synchronize` waits here for completions.
+    pub(crate) done: Condvar,
+}
+
+impl Device {
+    /// Fresh device state: empty memory, no streams.
+    pub(crate) fn new(index: u32, config: &MockConfig) -> Self {
+        Self {
+            index,
+            token: NEXT_TOKEN.fetch_add(1, Ordering::Relaxed),
+            memory: DeviceMemory::new(config),
+            timing: Timing {
+                op_latency: config.op_latency(),
+                copy_bandwidth: config.copy_bandwidth(),
+            },
+            scheduler: Mutex::new(Scheduler::default()),
+            work: Condvar::new(),
+            done: Condvar::new(),
+        }
+    }
+
+    /// Whether the calling thread is one of this device's engines.
+    pub(crate) fn is_engine_thread(&self) -> bool {
+        ENGINE_OF.with(Cell::get) == self.token
+    }
+
+    /// Tells the engines to stop once nothing is ready.
+    pub(crate) fn begin_shutdown(&self) {
+        self.scheduler.lock().shutting_down = true;
+        self.work.notify_all();
+    }
+}
+
+/// Starts `count` engine threads on `device`.
+///
+/// # Errors
+/// [`Status::RUNTIME_FAILED`] if a thread cannot be spawned; the threads
+/// already started are stopped and joined first.
+pub(crate) fn spawn_engines(device: &Arc<Device>, count: u32) -> Result<Vec<JoinHandle<()>>> {
+    let mut handles = Vec::with_capacity(count as usize);
+    for engine in 0..count {
+        let name = format!("spyre-mock-d{}-e{engine}", device.index);
+        let live = LiveThread::new();
+        let shared = Arc::clone(device);
+        let spawned = std::thread::Builder::new()
+            .name(name.clone())
+            .spawn(move || {
+                let _live = live;
+                engine_main(shared);
+            });
+        match spawned {
+            Ok(handle) => handles.push(handle),
+            Err(err) => {
+                device.begin_shutdown();
+                for handle in handles {
+                    let _ = handle.join();
+                }
+                return Err(FlexError::new(
+                    Status::RUNTIME_FAILED,
+                    "create_runtime",
+                    format!("cannot start engine thread {name}: {err}"),
+                ));
+            }
+        }
+    }
+    Ok(handles)
+}
+
+fn engine_main(device: Arc<Device>) {
+    ENGINE_OF.with(|t| t.set(device.token));
+    let mut scheduler = device.scheduler.lock();
+    loop {
+        match scheduler.next_job() {
+            Some(job) => {
+                if scheduler.has_ready() {
+                    // More streams are waiting: make sure an idle engine
+                    // looks, whoever was woken for them before.
+                    device.work.notify_one();
+                }
+                run_job(&device, &mut scheduler, job);
+            }
+            None if scheduler.shutting_down => break,
+            None => device.work.wait(&mut scheduler),
+        }
+    }
+}
+
+/// Runs one job; `scheduler` is locked on entry and on return, and unlocked
+/// while user code runs.
+fn run_job(device: &Device, scheduler: &mut MutexGuard<'_, Scheduler>, job: Job) {
+    let Job {
+        stream,
+        pending,
+        verdict,
+    } = job;
+    let call = pending.op.call();
+    let completion = pending.completion;
+    let op = pending.op;
+    let result = MutexGuard::unlocked(scheduler, || match verdict {
+        Verdict::Skip(err) => {
+            // Dropping releases host leases and closures; their Drop is user code.
+            let _ = catch_unwind(AssertUnwindSafe(move || drop(op)));
+            Err(err)
+        }
+        Verdict::Run { slowdown } => {
+            let delay = device.timing.delay(&op).saturating_add(slowdown);
+            let result = catch_unwind(AssertUnwindSafe(|| op.execute(&device.memory)))
+                .unwrap_or_else(|payload| {
+                    Err(FlexError::new(
+                        Status::INTERNAL,
+                        call,
+                        format!(
+                            "the operation panicked on the device: {}",
+                            panic_message(payload.as_ref())
+                        ),
+                    ))
+                });
+            if !delay.is_zero() {
+                std::thread::sleep(delay);
+            }
+            result
+        }
+    });
+    if let Err(err) = &result {
+        scheduler.record_error(stream, err.clone());
+    }
+    if let Some(completion) = completion {
+        let outcome = MutexGuard::unlocked(scheduler, || {
+            catch_unwind(AssertUnwindSafe(|| completion(result)))
+        });
+        if let Err(payload) = outcome {
+            scheduler.record_error(
+                stream,
+                FlexError::new(
+                    Status::HOST_CALLBACK_FAILED,
+                    call,
+                    format!(
+                        "the completion callback panicked: {}",
+                        panic_message(payload.as_ref())
+                    ),
+                ),
+            );
+        }
+    }
+    // If the stream has more work, this engine takes it (or something more
+    // urgent) on its next turn; no other engine needs waking.
+    scheduler.finish(stream);
+    device.done.notify_all();
+}

@@ -1,0 +1,361 @@
+//! Operations a stream runs, and the small traits through which they reach
+//! host memory.
+//!
+//! [`Op`] with [`crate::MockStream::enqueue`] is the one entry point for
+//! every launch: the [`flex_rt::Stream`] methods of [`crate::MockStream`]
+//! build an `Op` from leases on [`flex_rt::HostBuffer`]s and a boxed closure,
+//! and a C-ABI layer builds one from raw host pointers (its own
+//! [`HostSource`] / [`HostSink`] types) and C host functions (a [`HostFn`]
+//! that maps the C status to `Err`). Both get the same validation,
+//! scheduling, completion and error rules.
+#![forbid(unsafe_code)]
+
+use std::fmt;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use flex_rt::{
+    CompositeAddress, DataFormat, FlexError, ReadLease, Result, Status, WriteLease,
+    check_copy_size, check_fill_size,
+};
+
+use crate::kernel;
+use crate::memory::DeviceMemory;
+
+/// Host memory an H2D copy reads from. The operation owns the source until
+/// it has run (or is dropped unrun), and drops it before calling the
+/// operation's completion.
+///
+/// `bytes` is called once when the operation is enqueued (to check the
+/// size) and once on an engine thread when it runs; it must return the same
+/// length both times.
+pub trait HostSource: Send {
+    /// The bytes to copy to the device.
+    fn bytes(&self) -> &[u8];
+}
+
+/// Host memory a D2H copy writes into. The operation owns the sink until it
+/// has run (or is dropped unrun), and drops it before calling the
+/// operation's completion, so the completion may read the bytes.
+///
+/// `bytes_mut` is called once when the operation is enqueued (to check the
+/// size) and once on an engine thread when it runs; it must return the same
+/// length both times.
+pub trait HostSink: Send {
+    /// The bytes the device data is copied into.
+    fn bytes_mut(&mut self) -> &mut [u8];
+}
+
+impl HostSource for ReadLease {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+}
+
+impl HostSource for Vec<u8> {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+}
+
+impl HostSource for Box<[u8]> {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+}
+
+impl HostSink for WriteLease {
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        self
+    }
+}
+
+/// A host function run in stream order. `Err(message)` fails the operation
+/// (and the stream) with [`Status::HOST_CALLBACK_FAILED`] and the message; a
+/// panic inside is caught and does the same.
+pub type HostFn = Box<dyn FnOnce() -> Result<(), String> + Send + 'static>;
+
+/// One operation for [`crate::MockStream::enqueue`].
+///
+/// Sizes are checked at enqueue ([`Status::INVALID_ARGUMENT`]); device
+/// addresses are checked when the operation runs: every chunk must lie
+/// inside a live allocation of the stream's runtime, else the operation
+/// fails with [`Status::EXECUTION_FAILED`] and moves no byte.
+pub enum Op {
+    /// Copies all of `src` to `dst`; the sizes must be equal.
+    H2d {
+        /// Host bytes to read.
+        src: Box<dyn HostSource>,
+        /// Device destination.
+        dst: CompositeAddress,
+    },
+    /// Copies all of `src` into `dst`; the sizes must be equal.
+    D2h {
+        /// Device source.
+        src: CompositeAddress,
+        /// Host bytes to write.
+        dst: Box<dyn HostSink>,
+    },
+    /// Runs the kernel descriptor stored at `program` (see [`crate::kernel`]).
+    Compute {
+        /// Device address of a [`crate::kernel::KernelDescriptor`].
+        program: CompositeAddress,
+    },
+    /// Fills `dst` with `value` converted to `format` (see
+    /// [`encode_fill_value`]); the size must be a whole number of elements.
+    Fill {
+        /// Device destination.
+        dst: CompositeAddress,
+        /// Value before conversion.
+        value: f64,
+        /// Element format.
+        format: DataFormat,
+    },
+    /// Runs a host function on an engine thread in stream order.
+    HostFn(HostFn),
+}
+
+impl Op {
+    /// An H2D copy from `src`.
+    pub fn h2d(src: impl HostSource + 'static, dst: CompositeAddress) -> Self {
+        Self::H2d {
+            src: Box::new(src),
+            dst,
+        }
+    }
+
+    /// A D2H copy into `dst`.
+    pub fn d2h(src: CompositeAddress, dst: impl HostSink + 'static) -> Self {
+        Self::D2h {
+            src,
+            dst: Box::new(dst),
+        }
+    }
+
+    /// A compute operation running the descriptor at `program`.
+    pub fn compute(program: CompositeAddress) -> Self {
+        Self::Compute { program }
+    }
+
+    /// A fill of `dst`.
+    pub fn fill(dst: CompositeAddress, value: f64, format: DataFormat) -> Self {
+        Self::Fill { dst, value, format }
+    }
+
+    /// A host function.
+    pub fn host_fn(f: impl FnOnce() -> Result<(), String> + Send + 'static) -> Self {
+        Self::HostFn(Box::new(f))
+    }
+
+    /// The name of the [`flex_rt::Stream`] method this operation belongs to
+    /// (`launch_h2d`, `launch_d2h`, `launch_compute`, `launch_fill`,
+    /// `launch_host_callback`); errors of the operation carry it as their call.
+    pub fn call(&self) -> &'static str {
+        match self {
+            Self::H2d { .. } => "launch_h2d",
+            Self::D2h { .. } => "launch_d2h",
+            Self::Compute { .. } => "launch_compute",
+            Self::Fill { .. } => "launch_fill",
+            Self::HostFn(_) => "launch_host_callback",
+        }
+    }
+
+    /// Launch-time checks of the operation's own arguments.
+    pub(crate) fn validate(&mut self) -> Result<()> {
+        let call = self.call();
+        match self {
+            Self::H2d { src, dst } => check_copy_size(call, src.bytes().len(), dst),
+            Self::D2h { src, dst } => check_copy_size(call, dst.bytes_mut().len(), src),
+            Self::Fill { dst, format, .. } => check_fill_size(call, dst, *format),
+            Self::Compute { .. } | Self::HostFn(_) => Ok(()),
+        }
+    }
+
+    /// Bytes moved between host and device (0 for anything but a copy), for
+    /// the bandwidth model.
+    pub(crate) fn copy_bytes(&self) -> u64 {
+        match self {
+            Self::H2d { dst, .. } => dst.total_size(),
+            Self::D2h { src, .. } => src.total_size(),
+            _ => 0,
+        }
+    }
+
+    /// Runs the operation on an engine thread; consumes it, so its host
+    /// memory is released when this returns.
+    pub(crate) fn execute(self, memory: &DeviceMemory) -> Result<()> {
+        let call = self.call();
+        let failed = |message: String| FlexError::new(Status::EXECUTION_FAILED, call, message);
+        match self {
+            Self::H2d { src, dst } => {
+                let view = memory.view();
+                let spans = view.spans(&dst).map_err(failed)?;
+                view.write(&spans, src.bytes());
+                Ok(())
+            }
+            Self::D2h { src, mut dst } => {
+                let view = memory.view();
+                let spans = view.spans(&src).map_err(failed)?;
+                view.read(&spans, dst.bytes_mut());
+                Ok(())
+            }
+            Self::Fill { dst, value, format } => {
+                let view = memory.view();
+                let spans = view.spans(&dst).map_err(failed)?;
+                view.fill(&spans, &encode_fill_value(value, format));
+                Ok(())
+            }
+            Self::Compute { program } => kernel::execute(&memory.view(), &program).map_err(failed),
+            Self::HostFn(f) => match catch_unwind(AssertUnwindSafe(f)) {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(message)) => Err(FlexError::new(
+                    Status::HOST_CALLBACK_FAILED,
+                    call,
+                    format!("host callback returned an error: {message}"),
+                )),
+                Err(payload) => Err(FlexError::new(
+                    Status::HOST_CALLBACK_FAILED,
+                    call,
+                    format!(
+                        "host callback panicked: {}",
+                        panic_message(payload.as_ref())
+                    ),
+                )),
+            },
+        }
+    }
+}
+
+impl fmt::Debug for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::H2d { src, dst } => f
+                .debug_struct("H2d")
+                .field("src_len", &src.bytes().len())
+                .field("dst", dst)
+                .finish(),
+            Self::D2h { src, .. } => f.debug_struct("D2h").field("src", src).finish(),
+            Self::Compute { program } => {
+                f.debug_struct("Compute").field("program", program).finish()
+            }
+            Self::Fill { dst, value, format } => f
+                .debug_struct("Fill")
+                .field("dst", dst)
+                .field("value", value)
+                .field("format", format)
+                .finish(),
+            Self::HostFn(_) => f.write_str("HostFn"),
+        }
+    }
+}
+
+/// The bytes of one fill element: `value` converted to `format`,
+/// little-endian, as flex.h's `flex_launch_fill` defines it.
+///
+/// - `Fp32`, `Fp16`: rounded to nearest, ties to even; out-of-range values
+///   become ±infinity, NaN stays NaN.
+/// - `Int32`, `Uint8`: truncated toward zero and saturated to the type's
+///   range; NaN becomes 0.
+pub fn encode_fill_value(value: f64, format: DataFormat) -> Vec<u8> {
+    match format {
+        DataFormat::Fp32 => (value as f32).to_le_bytes().to_vec(),
+        DataFormat::Fp16 => half::f16::from_f64(value).to_le_bytes().to_vec(),
+        DataFormat::Int32 => (value as i32).to_le_bytes().to_vec(),
+        DataFormat::Uint8 => vec![value as u8],
+    }
+}
+
+/// The message of a caught panic payload.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic with a non-string payload".to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fill_values_are_converted_as_flex_h_says() {
+        assert_eq!(
+            encode_fill_value(1.5, DataFormat::Fp32),
+            1.5f32.to_le_bytes()
+        );
+        assert_eq!(
+            encode_fill_value(0.1, DataFormat::Fp32),
+            0.1f32.to_le_bytes()
+        );
+        assert_eq!(encode_fill_value(1.5, DataFormat::Fp16), [0x00, 0x3E]);
+        assert_eq!(encode_fill_value(-2.0, DataFormat::Fp16), [0x00, 0xC0]);
+        assert_eq!(encode_fill_value(1e6, DataFormat::Fp16), [0x00, 0x7C]); // +inf
+        assert_eq!(
+            encode_fill_value(-2.7, DataFormat::Int32),
+            (-2i32).to_le_bytes()
+        );
+        assert_eq!(
+            encode_fill_value(2.7, DataFormat::Int32),
+            2i32.to_le_bytes()
+        );
+        assert_eq!(
+            encode_fill_value(1e20, DataFormat::Int32),
+            i32::MAX.to_le_bytes()
+        );
+        assert_eq!(
+            encode_fill_value(-1e20, DataFormat::Int32),
+            i32::MIN.to_le_bytes()
+        );
+        assert_eq!(
+            encode_fill_value(f64::NAN, DataFormat::Int32),
+            0i32.to_le_bytes()
+        );
+        assert_eq!(encode_fill_value(3.9, DataFormat::Uint8), [3]);
+        assert_eq!(encode_fill_value(300.0, DataFormat::Uint8), [255]);
+        assert_eq!(encode_fill_value(-5.0, DataFormat::Uint8), [0]);
+    }
+
+    #[test]
+    fn panic_messages_are_extracted() {
+        let payload = catch_unwind(|| panic!("plain")).unwrap_err();
+        assert_eq!(panic_message(payload.as_ref()), "plain");
+        let payload = catch_unwind(|| panic!("formatted {}", 7)).unwrap_err();
+        assert_eq!(panic_message(payload.as_ref()), "formatted 7");
+        let payload = catch_unwind(|| std::panic::panic_any(5u8)).unwrap_err();
+        assert!(panic_message(payload.as_ref()).contains("non-string"));
+    }
+
+    #[test]
+    fn sizes_are_checked_at_launch() {
+        let dst = CompositeAddress::single(
+            flex_rt::LogicalAddress {
+                region_id: 0,
+                offset: 0,
+            },
+            8,
+        )
+        .unwrap();
+        let mut op = Op::h2d(vec![0u8; 7], dst.clone());
+        let err = op.validate().unwrap_err();
+        assert_eq!(err.call(), "launch_h2d");
+        assert!(err.message().contains("7 bytes"), "{err}");
+        assert!(Op::h2d(vec![0u8; 8], dst.clone()).validate().is_ok());
+        let mut fill = Op::fill(dst.clone(), 1.0, DataFormat::Fp32);
+        assert!(fill.validate().is_ok());
+        let odd = CompositeAddress::single(
+            flex_rt::LogicalAddress {
+                region_id: 0,
+                offset: 0,
+            },
+            6,
+        )
+        .unwrap();
+        let err = Op::fill(odd, 1.0, DataFormat::Int32)
+            .validate()
+            .unwrap_err();
+        assert_eq!(err.status(), Status::INVALID_ARGUMENT);
+        assert_eq!(Op::compute(dst).call(), "launch_compute");
+    }
+}

@@ -1,0 +1,217 @@
+//! One runtime of the software device: its memory, streams and engines.
+#![forbid(unsafe_code)]
+
+use std::fmt;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use flex_rt::{
+    CompositeAddress, FlexError, Result, Runtime, Status, Stream, StreamMode, StreamPriority,
+};
+
+use crate::MockConfig;
+use crate::engine::{Device, spawn_engines};
+use crate::faults::RuntimeFaults;
+use crate::stream::MockStream;
+
+/// A runtime of the software device, bound to one logical device;
+/// implements [`flex_rt::Runtime`]. Made by
+/// [`crate::MockSystem::create_mock_runtime`] or through
+/// [`flex_rt::Backend::create_runtime`].
+///
+/// Every runtime has fresh state of its own: its own device memory (all
+/// free), its own streams (the default stream has id 0, created streams get
+/// 1, 2, 3, …) and its own engine threads. Two runtimes on the same logical
+/// device share nothing.
+///
+/// Streams are stored append-only at stable addresses and live until the
+/// runtime is dropped. Dropping the runtime lets all enqueued work finish
+/// (every completion is called), then stops and joins its engine threads and
+/// frees its memory. If the last owner drops it on one of its own engine
+/// threads (inside a callback), the engines are told to stop but not joined;
+/// they exit once the queued work is done.
+///
+/// Thread-safety: `Send + Sync`; every method may be called from any thread.
+pub struct MockRuntime {
+    device: Arc<Device>,
+    streams: boxcar::Vec<MockStream>,
+    engines: Vec<JoinHandle<()>>,
+    faults: RuntimeFaults,
+}
+
+impl MockRuntime {
+    /// Fresh state for logical device `index` with `config`'s memory and
+    /// engines, and the default stream.
+    pub(crate) fn start(index: u32, config: &MockConfig) -> Result<Self> {
+        let device = Arc::new(Device::new(index, config));
+        let streams = boxcar::Vec::new();
+        let default = device.scheduler.lock().add_stream(StreamPriority::Normal);
+        streams.push(MockStream::new(
+            default,
+            StreamPriority::Normal,
+            false,
+            Arc::clone(&device),
+        ));
+        let engines = spawn_engines(&device, config.engines())?;
+        tracing::debug!(
+            device = index,
+            engines = config.engines(),
+            "mock runtime started"
+        );
+        Ok(Self {
+            device,
+            streams,
+            engines,
+            faults: RuntimeFaults::default(),
+        })
+    }
+
+    /// The default stream as a [`MockStream`].
+    pub fn default_mock_stream(&self) -> &MockStream {
+        // Stream 0 is pushed in `start`, before the runtime exists.
+        &self.streams[0]
+    }
+
+    /// The stream with id `id`, or `None` if the runtime has no such stream.
+    pub fn mock_stream(&self, id: u64) -> Option<&MockStream> {
+        self.streams.get(usize::try_from(id).ok()?)
+    }
+
+    /// [`Runtime::create_stream`], returning the concrete stream.
+    ///
+    /// # Errors
+    /// [`Status::RUNTIME_FAILED`] while a
+    /// [`RuntimeFaults::fail_next_stream_creations`] fault is pending.
+    pub fn create_mock_stream(
+        &self,
+        priority: StreamPriority,
+        mode: StreamMode,
+        track_hazards: bool,
+    ) -> Result<&MockStream> {
+        let StreamMode::StrictOrdering = mode;
+        if self.faults.take_stream_creation_failure() {
+            return Err(FlexError::new(
+                Status::RUNTIME_FAILED,
+                "create_stream",
+                "no more streams can be made (fault injected by RuntimeFaults::fail_next_stream_creations)",
+            ));
+        }
+        let mut scheduler = self.device.scheduler.lock();
+        let index = scheduler.add_stream(priority);
+        // Streams are only added under the scheduler lock, so the two
+        // sequences stay in step.
+        let pushed = self.streams.push(MockStream::new(
+            index,
+            priority,
+            track_hazards,
+            Arc::clone(&self.device),
+        ));
+        drop(scheduler);
+        match self.streams.get(index) {
+            Some(stream) if pushed == index => Ok(stream),
+            _ => Err(FlexError::new(
+                Status::INTERNAL,
+                "create_stream",
+                format!("stream table out of step: stored at {pushed}, scheduled as {index}"),
+            )),
+        }
+    }
+
+    /// Number of streams, the default stream included.
+    pub fn stream_count(&self) -> usize {
+        self.streams.count()
+    }
+
+    /// Fault injection switches of this runtime.
+    pub fn faults(&self) -> &RuntimeFaults {
+        &self.faults
+    }
+
+    /// Device memory of the runtime in bytes.
+    pub fn memory_bytes(&self) -> u64 {
+        self.device.memory.capacity()
+    }
+
+    /// Device memory not taken by live allocations, in bytes (allocations
+    /// count in whole 128-byte units).
+    pub fn free_memory_bytes(&self) -> u64 {
+        self.device.memory.free_bytes()
+    }
+
+    /// Number of memory regions that hold host memory so far (regions are
+    /// backed when first written).
+    pub fn backed_regions(&self) -> usize {
+        self.device.memory.backed_regions()
+    }
+
+    /// Number of engine threads of the runtime.
+    pub fn engines(&self) -> usize {
+        self.engines.len()
+    }
+
+    #[cfg(test)]
+    pub(crate) fn device_weak(&self) -> std::sync::Weak<Device> {
+        Arc::downgrade(&self.device)
+    }
+}
+
+impl fmt::Debug for MockRuntime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MockRuntime")
+            .field("device", &self.device.index)
+            .field("streams", &self.streams.count())
+            .field("engines", &self.engines.len())
+            .field("memory_bytes", &self.device.memory.capacity())
+            .finish()
+    }
+}
+
+impl Runtime for MockRuntime {
+    fn logical_device(&self) -> u32 {
+        self.device.index
+    }
+
+    fn default_stream(&self) -> &dyn Stream {
+        self.default_mock_stream()
+    }
+
+    fn create_stream(
+        &self,
+        priority: StreamPriority,
+        mode: StreamMode,
+        track_hazards: bool,
+    ) -> Result<&dyn Stream> {
+        Ok(self.create_mock_stream(priority, mode, track_hazards)?)
+    }
+
+    fn has_stream_error(&self) -> Result<bool> {
+        Ok(self.device.scheduler.lock().any_stream_error())
+    }
+
+    fn allocate(&self, size: u64) -> Result<CompositeAddress> {
+        self.device.memory.allocate(size)
+    }
+
+    fn free(&self, address: &CompositeAddress) -> Result<()> {
+        self.device.memory.free(address)
+    }
+}
+
+impl Drop for MockRuntime {
+    fn drop(&mut self) {
+        self.device.begin_shutdown();
+        if self.device.is_engine_thread() {
+            tracing::warn!(
+                device = self.device.index,
+                "mock runtime dropped on one of its own engine threads; its engines stop once their work is done"
+            );
+            return;
+        }
+        for engine in self.engines.drain(..) {
+            if engine.join().is_err() {
+                tracing::error!(device = self.device.index, "a mock engine thread panicked");
+            }
+        }
+        tracing::debug!(device = self.device.index, "mock runtime stopped");
+    }
+}

@@ -1,0 +1,312 @@
+//! Which operation runs next: per-stream FIFO queues and the ready order.
+//!
+//! This is plain data, always used under the runtime's scheduler mutex. A
+//! stream is *ready* when it has queued work and is not running an
+//! operation. Engines take the ready stream with the highest priority, and
+//! among those the one whose front operation was enqueued first. A stream
+//! runs at most one operation at a time: from taking it until its
+//! completion has returned, the stream is *running* and not ready.
+#![forbid(unsafe_code)]
+
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, VecDeque};
+use std::time::Duration;
+
+use flex_rt::{Completion, FlexError, Status, StreamPriority};
+
+use crate::op::Op;
+
+/// An enqueued operation.
+pub(crate) struct Pending {
+    /// Position in the runtime-wide enqueue order.
+    seq: u64,
+    pub(crate) op: Op,
+    pub(crate) completion: Option<Completion>,
+}
+
+impl Pending {
+    /// An operation not yet numbered; [`Scheduler::admit`] numbers it.
+    pub(crate) fn new(op: Op, completion: Option<Completion>) -> Self {
+        Self {
+            seq: 0,
+            op,
+            completion,
+        }
+    }
+}
+
+/// Scheduling state of one stream.
+pub(crate) struct StreamState {
+    priority: StreamPriority,
+    queue: VecDeque<Pending>,
+    running: bool,
+    /// Operations enqueued so far.
+    pub(crate) submitted: u64,
+    /// Operations whose completion has returned.
+    pub(crate) completed: u64,
+    /// The first error (sticky).
+    pub(crate) error: Option<FlexError>,
+    pub(crate) needs_shutdown: bool,
+    /// The launch that many launches from now is refused (1 = the next).
+    pub(crate) fail_launch_in: Option<u64>,
+    /// Extra time every operation of the stream takes.
+    pub(crate) slowdown: Duration,
+}
+
+/// What an engine does with the operation it took.
+pub(crate) enum Verdict {
+    /// Run it, then sleep the stream's slowdown.
+    Run { slowdown: Duration },
+    /// Do not run it: complete it with this error.
+    Skip(FlexError),
+}
+
+/// An operation taken by an engine.
+pub(crate) struct Job {
+    pub(crate) stream: usize,
+    pub(crate) pending: Pending,
+    pub(crate) verdict: Verdict,
+}
+
+type ReadyKey = (Reverse<StreamPriority>, u64, usize);
+
+/// Streams, their queues, and the ready order of one runtime.
+#[derive(Default)]
+pub(crate) struct Scheduler {
+    streams: Vec<StreamState>,
+    ready: BTreeSet<ReadyKey>,
+    next_seq: u64,
+    /// Set when the runtime is dropped: engines exit once nothing is ready.
+    pub(crate) shutting_down: bool,
+}
+
+impl Scheduler {
+    /// Adds a stream and returns its index.
+    pub(crate) fn add_stream(&mut self, priority: StreamPriority) -> usize {
+        self.streams.push(StreamState {
+            priority,
+            queue: VecDeque::new(),
+            running: false,
+            submitted: 0,
+            completed: 0,
+            error: None,
+            needs_shutdown: false,
+            fail_launch_in: None,
+            slowdown: Duration::ZERO,
+        });
+        self.streams.len() - 1
+    }
+
+    /// The state of stream `index` (an index from [`Self::add_stream`]).
+    pub(crate) fn stream(&self, index: usize) -> &StreamState {
+        &self.streams[index]
+    }
+
+    /// The state of stream `index`, mutably.
+    pub(crate) fn stream_mut(&mut self, index: usize) -> &mut StreamState {
+        &mut self.streams[index]
+    }
+
+    /// Whether any stream has failed or needs shutdown.
+    pub(crate) fn any_stream_error(&self) -> bool {
+        self.streams
+            .iter()
+            .any(|s| s.error.is_some() || s.needs_shutdown)
+    }
+
+    /// Whether some stream is ready.
+    pub(crate) fn has_ready(&self) -> bool {
+        !self.ready.is_empty()
+    }
+
+    /// Enqueues `pending` on stream `index`, or refuses it: with
+    /// [`Status::SHUTDOWN`] if the stream needs shutdown, with
+    /// [`Status::STREAM_FAILED`] if it has failed, with
+    /// [`Status::LAUNCH_FAILED`] if a `fail_nth_launch` fault is due. A
+    /// refused operation is handed back so the caller drops it after
+    /// releasing the lock. `Ok(true)` when the stream became ready.
+    pub(crate) fn admit(
+        &mut self,
+        index: usize,
+        mut pending: Pending,
+    ) -> Result<bool, (FlexError, Pending)> {
+        let call = pending.op.call();
+        let seq = self.next_seq;
+        let state = &mut self.streams[index];
+        if state.needs_shutdown {
+            let err = FlexError::new(
+                Status::SHUTDOWN,
+                call,
+                "the stream needs a shutdown of its runtime and accepts no more work",
+            );
+            return Err((err, pending));
+        }
+        if let Some(first) = &state.error {
+            let err = FlexError::new(
+                Status::STREAM_FAILED,
+                call,
+                format!("the stream has failed and accepts no more work; its first error: {first}"),
+            );
+            return Err((err, pending));
+        }
+        if let Some(n) = state.fail_launch_in {
+            state.fail_launch_in = n.checked_sub(1).filter(|&left| left > 0);
+            if n <= 1 {
+                let err = FlexError::new(
+                    Status::LAUNCH_FAILED,
+                    call,
+                    "the runtime refused the launch (fault injected by MockStream::fail_nth_launch)",
+                );
+                return Err((err, pending));
+            }
+        }
+        self.next_seq += 1;
+        pending.seq = seq;
+        state.submitted += 1;
+        state.queue.push_back(pending);
+        let became_ready = !state.running && state.queue.len() == 1;
+        if became_ready {
+            self.ready.insert((Reverse(state.priority), seq, index));
+        }
+        Ok(became_ready)
+    }
+
+    /// Takes the next operation to run, if any stream is ready, and marks
+    /// its stream running.
+    pub(crate) fn next_job(&mut self) -> Option<Job> {
+        let (_, _, index) = self.ready.pop_first()?;
+        let state = &mut self.streams[index];
+        let pending = state.queue.pop_front()?;
+        state.running = true;
+        let verdict = match &state.error {
+            None => Verdict::Run {
+                slowdown: state.slowdown,
+            },
+            Some(first) => {
+                let call = pending.op.call();
+                Verdict::Skip(if state.needs_shutdown {
+                    FlexError::new(
+                        Status::SHUTDOWN,
+                        call,
+                        "the stream needs a shutdown of its runtime; the operation did not run",
+                    )
+                } else {
+                    FlexError::new(
+                        Status::STREAM_FAILED,
+                        call,
+                        format!("the stream failed earlier ({first}); the operation did not run"),
+                    )
+                })
+            }
+        };
+        Some(Job {
+            stream: index,
+            pending,
+            verdict,
+        })
+    }
+
+    /// Records `error` as the stream's error unless it already has one.
+    pub(crate) fn record_error(&mut self, index: usize, error: FlexError) {
+        let state = &mut self.streams[index];
+        if state.error.is_none() {
+            tracing::debug!(stream = index, %error, "stream failed");
+            state.error = Some(error);
+        }
+    }
+
+    /// Marks the running operation of stream `index` complete (its
+    /// completion has returned) and makes the stream ready again if it has
+    /// more work. Returns whether it did.
+    pub(crate) fn finish(&mut self, index: usize) -> bool {
+        let state = &mut self.streams[index];
+        state.running = false;
+        state.completed += 1;
+        match state.queue.front() {
+            Some(front) => {
+                self.ready
+                    .insert((Reverse(state.priority), front.seq, index));
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn noop() -> Pending {
+        Pending::new(Op::host_fn(|| Ok(())), None)
+    }
+
+    fn take(s: &mut Scheduler) -> usize {
+        let job = s.next_job().unwrap();
+        job.stream
+    }
+
+    #[test]
+    fn high_priority_first_then_oldest() {
+        let mut s = Scheduler::default();
+        let a = s.add_stream(StreamPriority::Normal);
+        let b = s.add_stream(StreamPriority::Normal);
+        let h = s.add_stream(StreamPriority::High);
+        assert!(s.admit(b, noop()).is_ok());
+        assert!(s.admit(a, noop()).is_ok());
+        assert!(s.admit(h, noop()).is_ok());
+        assert_eq!(take(&mut s), h);
+        assert_eq!(take(&mut s), b);
+        assert_eq!(take(&mut s), a);
+        assert!(s.next_job().is_none());
+    }
+
+    #[test]
+    fn one_operation_at_a_time_per_stream() {
+        let mut s = Scheduler::default();
+        let a = s.add_stream(StreamPriority::Normal);
+        assert_eq!(s.admit(a, noop()).ok(), Some(true));
+        assert_eq!(s.admit(a, noop()).ok(), Some(false));
+        assert_eq!(take(&mut s), a);
+        assert!(s.next_job().is_none(), "the stream is running");
+        assert!(s.finish(a));
+        assert_eq!(take(&mut s), a);
+        assert!(!s.finish(a));
+        assert_eq!(s.stream(a).submitted, 2);
+        assert_eq!(s.stream(a).completed, 2);
+        assert!(!s.has_ready());
+    }
+
+    #[test]
+    fn failed_streams_skip_and_refuse() {
+        let mut s = Scheduler::default();
+        let a = s.add_stream(StreamPriority::Normal);
+        s.admit(a, noop()).ok().unwrap();
+        s.record_error(a, FlexError::new(Status::EXECUTION_FAILED, "x", "boom"));
+        s.record_error(a, FlexError::new(Status::INTERNAL, "y", "later"));
+        assert_eq!(
+            s.stream(a).error.as_ref().unwrap().status(),
+            Status::EXECUTION_FAILED
+        );
+        let job = s.next_job().unwrap();
+        assert!(
+            matches!(&job.verdict, Verdict::Skip(e) if e.status() == Status::STREAM_FAILED && e.message().contains("boom"))
+        );
+        let (err, _) = s.admit(a, noop()).unwrap_err();
+        assert_eq!(err.status(), Status::STREAM_FAILED);
+        assert!(s.any_stream_error());
+    }
+
+    #[test]
+    fn nth_launch_fault_counts_down() {
+        let mut s = Scheduler::default();
+        let a = s.add_stream(StreamPriority::Normal);
+        s.stream_mut(a).fail_launch_in = Some(2);
+        assert!(s.admit(a, noop()).is_ok());
+        let (err, _) = s.admit(a, noop()).unwrap_err();
+        assert_eq!(err.status(), Status::LAUNCH_FAILED);
+        assert!(s.admit(a, noop()).is_ok());
+        assert_eq!(s.stream(a).fail_launch_in, None);
+        assert_eq!(s.stream(a).submitted, 2);
+    }
+}

@@ -1,0 +1,269 @@
+//! One stream of the software device: a FIFO queue of operations.
+#![forbid(unsafe_code)]
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use flex_rt::{
+    CompositeAddress, DataFormat, FlexError, HostBuffer, HostCallback, LaunchOptions, Result,
+    Status, Stream, StreamMode, StreamPriority, check_copy_size,
+};
+
+use crate::engine::Device;
+use crate::op::Op;
+use crate::scheduler::Pending;
+
+/// A stream of a [`crate::MockRuntime`]; implements [`flex_rt::Stream`].
+///
+/// Operations run in submission order, one at a time; different streams run
+/// concurrently on the runtime's engines (see the [crate docs](crate)). Every
+/// launch goes through [`MockStream::enqueue`].
+///
+/// `pipeline_barrier` is accepted and has no observable effect: a stream
+/// already starts an operation only after the previous one has completed,
+/// with no overlap. `track_hazards` is recorded ([`MockStream::tracks_hazards`])
+/// but orders nothing across streams.
+///
+/// Thread-safety: `Send + Sync`. Launches from several threads are
+/// serialized by the runtime's scheduler lock; their order is the order in
+/// which they take it.
+pub struct MockStream {
+    id: u64,
+    index: usize,
+    priority: StreamPriority,
+    track_hazards: bool,
+    device: Arc<Device>,
+}
+
+impl MockStream {
+    pub(crate) fn new(
+        index: usize,
+        priority: StreamPriority,
+        track_hazards: bool,
+        device: Arc<Device>,
+    ) -> Self {
+        Self {
+            id: index as u64,
+            index,
+            priority,
+            track_hazards,
+            device,
+        }
+    }
+
+    /// Enqueues `op` at the end of the stream: the entry point of every
+    /// launch, also for a C-ABI layer that builds [`Op`]s from raw pointers.
+    ///
+    /// Checks, in order: the operation's sizes ([`Status::INVALID_ARGUMENT`]);
+    /// whether the stream needs shutdown ([`Status::SHUTDOWN`]) or has failed
+    /// ([`Status::STREAM_FAILED`]); a due [`MockStream::fail_nth_launch`]
+    /// fault ([`Status::LAUNCH_FAILED`]). On `Err` nothing is enqueued and
+    /// `op` and the completion are dropped on the calling thread, after the
+    /// scheduler lock is released. On `Ok` the completion is called exactly
+    /// once on an engine thread, never inside this call; the operation's host
+    /// memory (`op`'s source or sink) is dropped before it.
+    ///
+    /// # Errors
+    /// As listed above.
+    pub fn enqueue(&self, mut op: Op, options: LaunchOptions) -> Result<()> {
+        op.validate()?;
+        let LaunchOptions {
+            pipeline_barrier: _,
+            completion,
+        } = options;
+        let admitted = self
+            .device
+            .scheduler
+            .lock()
+            .admit(self.index, Pending::new(op, completion));
+        match admitted {
+            Ok(became_ready) => {
+                if became_ready {
+                    self.device.work.notify_one();
+                }
+                Ok(())
+            }
+            Err((err, rejected)) => {
+                drop(rejected);
+                Err(err)
+            }
+        }
+    }
+
+    /// Whether the stream was created with hazard tracking.
+    pub fn tracks_hazards(&self) -> bool {
+        self.track_hazards
+    }
+
+    /// The ordering mode; always [`StreamMode::StrictOrdering`].
+    pub fn mode(&self) -> StreamMode {
+        StreamMode::StrictOrdering
+    }
+
+    /// The logical device of the stream's runtime.
+    pub fn logical_device(&self) -> u32 {
+        self.device.index
+    }
+
+    /// Operations enqueued and not yet complete (completion returned).
+    pub fn pending_operations(&self) -> u64 {
+        let scheduler = self.device.scheduler.lock();
+        let state = scheduler.stream(self.index);
+        state.submitted - state.completed
+    }
+
+    /// Fault injection: the `n`th launch from now (1 = the next one) that
+    /// passes the size and stream-state checks is refused with
+    /// [`Status::LAUNCH_FAILED`]; nothing is enqueued and its completion is
+    /// dropped uncalled. Launches before and after it are unaffected.
+    /// Replaces an earlier setting; `n = 0` clears it.
+    pub fn fail_nth_launch(&self, n: u64) {
+        self.device
+            .scheduler
+            .lock()
+            .stream_mut(self.index)
+            .fail_launch_in = (n > 0).then_some(n);
+    }
+
+    /// Fault injection: puts the stream into the needs-shutdown state, which
+    /// only dropping the runtime clears. From then on
+    /// [`Stream::needs_shutdown`] is true, launches are refused with
+    /// [`Status::SHUTDOWN`], queued operations that have not started complete
+    /// with [`Status::SHUTDOWN`] without running (the one running, if any,
+    /// finishes normally), and the stream counts as failed: `query` and
+    /// `synchronize` return its first error, which is this `SHUTDOWN` unless
+    /// the stream had failed before.
+    pub fn set_needs_shutdown(&self) {
+        let mut scheduler = self.device.scheduler.lock();
+        scheduler.stream_mut(self.index).needs_shutdown = true;
+        scheduler.record_error(
+            self.index,
+            FlexError::new(
+                Status::SHUTDOWN,
+                "needs_shutdown",
+                "the stream needs a shutdown of its runtime (fault injected by MockStream::set_needs_shutdown)",
+            ),
+        );
+    }
+
+    /// Fault injection: every operation of the stream that runs from now on
+    /// holds its engine for `per_op` longer. [`Duration::ZERO`] restores
+    /// normal speed.
+    pub fn set_slowdown(&self, per_op: Duration) {
+        self.device.scheduler.lock().stream_mut(self.index).slowdown = per_op;
+    }
+}
+
+impl fmt::Debug for MockStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MockStream")
+            .field("device", &self.device.index)
+            .field("id", &self.id)
+            .field("priority", &self.priority)
+            .field("track_hazards", &self.track_hazards)
+            .finish()
+    }
+}
+
+impl Stream for MockStream {
+    fn id(&self) -> u64 {
+        self.id
+    }
+
+    fn priority(&self) -> StreamPriority {
+        self.priority
+    }
+
+    fn query(&self) -> Result<bool> {
+        let scheduler = self.device.scheduler.lock();
+        let state = scheduler.stream(self.index);
+        match &state.error {
+            Some(err) => Err(err.clone()),
+            None => Ok(state.completed == state.submitted),
+        }
+    }
+
+    /// Blocks until everything enqueued before the call has completed.
+    ///
+    /// # Errors
+    /// The stream's first error if it has failed (sticky);
+    /// [`Status::UNSUPPORTED`] when called on an engine thread of the same
+    /// runtime (from a completion or host callback), where waiting could
+    /// never end.
+    fn synchronize(&self) -> Result<()> {
+        if self.device.is_engine_thread() {
+            return Err(FlexError::new(
+                Status::UNSUPPORTED,
+                "synchronize",
+                "synchronize was called from a completion or host callback of the same runtime; it would wait for itself",
+            ));
+        }
+        let mut scheduler = self.device.scheduler.lock();
+        let target = scheduler.stream(self.index).submitted;
+        while scheduler.stream(self.index).completed < target {
+            self.device.done.wait(&mut scheduler);
+        }
+        match &scheduler.stream(self.index).error {
+            Some(err) => Err(err.clone()),
+            None => Ok(()),
+        }
+    }
+
+    fn needs_shutdown(&self) -> Result<bool> {
+        Ok(self
+            .device
+            .scheduler
+            .lock()
+            .stream(self.index)
+            .needs_shutdown)
+    }
+
+    fn launch_h2d(
+        &self,
+        src: &HostBuffer,
+        dst: &CompositeAddress,
+        options: LaunchOptions,
+    ) -> Result<()> {
+        const CALL: &str = "launch_h2d";
+        check_copy_size(CALL, src.len(), dst)?;
+        let lease = src.lease_for_read(CALL)?;
+        self.enqueue(Op::h2d(lease, dst.clone()), options)
+    }
+
+    fn launch_d2h(
+        &self,
+        src: &CompositeAddress,
+        dst: &HostBuffer,
+        options: LaunchOptions,
+    ) -> Result<()> {
+        const CALL: &str = "launch_d2h";
+        check_copy_size(CALL, dst.len(), src)?;
+        let lease = dst.lease_for_write(CALL)?;
+        self.enqueue(Op::d2h(src.clone(), lease), options)
+    }
+
+    fn launch_compute(&self, program: &CompositeAddress, options: LaunchOptions) -> Result<()> {
+        self.enqueue(Op::compute(program.clone()), options)
+    }
+
+    fn launch_host_callback(&self, callback: HostCallback, options: LaunchOptions) -> Result<()> {
+        self.enqueue(
+            Op::host_fn(move || {
+                callback();
+                Ok(())
+            }),
+            options,
+        )
+    }
+
+    fn launch_fill(
+        &self,
+        dst: &CompositeAddress,
+        value: f64,
+        format: DataFormat,
+        options: LaunchOptions,
+    ) -> Result<()> {
+        self.enqueue(Op::fill(dst.clone(), value, format), options)
+    }
+}

@@ -1,0 +1,513 @@
+//! Execution semantics of streams: order, concurrency, priority, query and
+//! synchronize, sticky errors, completions, callbacks.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, mpsc};
+
+use flex_rt::{HostBuffer, LaunchOptions, Runtime, Status, Stream, StreamMode, StreamPriority};
+
+use super::*;
+use crate::kernel::KernelDescriptor;
+
+#[test]
+fn one_stream_is_fifo_for_operations_and_completions() {
+    let rt = runtime(4);
+    let s = stream(&rt);
+    let log = Log::default();
+    for i in 0..100 {
+        let (run, done) = (log.clone(), log.clone());
+        s.launch_host_callback(
+            Box::new(move || run.push(format!("run {i}"))),
+            LaunchOptions::new().on_complete(move |r| {
+                assert!(r.is_ok());
+                done.push(format!("done {i}"));
+            }),
+        )
+        .unwrap();
+    }
+    s.synchronize().unwrap();
+    let expected: Vec<String> = (0..100)
+        .flat_map(|i| [format!("run {i}"), format!("done {i}")])
+        .collect();
+    assert_eq!(log.take(), expected);
+}
+
+#[test]
+fn copies_and_callbacks_keep_their_order() {
+    let rt = runtime(2);
+    let s = rt.default_mock_stream();
+    let address = rt.allocate(4).unwrap();
+    let seen = HostBuffer::zeroed(4);
+    for value in 1..=20u8 {
+        s.launch_h2d(
+            &HostBuffer::from_vec(vec![value; 4]),
+            &address,
+            LaunchOptions::new(),
+        )
+        .unwrap();
+    }
+    s.launch_d2h(&address, &seen, LaunchOptions::new()).unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(seen.to_vec(), vec![20; 4]);
+}
+
+/// Largest number of host functions ever running at once.
+fn max_concurrency(engines: u32, streams: usize, ops_per_stream: usize) -> usize {
+    let rt = runtime(engines);
+    let running = Arc::new(AtomicUsize::new(0));
+    let peak = Arc::new(AtomicUsize::new(0));
+    let all: Vec<&MockStream> = (0..streams).map(|_| stream(&rt)).collect();
+    for _ in 0..ops_per_stream {
+        for s in &all {
+            let (running, peak) = (Arc::clone(&running), Arc::clone(&peak));
+            s.launch_host_callback(
+                Box::new(move || {
+                    let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                    peak.fetch_max(now, Ordering::SeqCst);
+                    std::thread::yield_now();
+                    running.fetch_sub(1, Ordering::SeqCst);
+                }),
+                LaunchOptions::new(),
+            )
+            .unwrap();
+        }
+    }
+    for s in &all {
+        s.synchronize().unwrap();
+    }
+    peak.load(Ordering::SeqCst)
+}
+
+#[test]
+fn a_stream_runs_one_operation_at_a_time() {
+    assert_eq!(max_concurrency(4, 1, 200), 1);
+}
+
+#[test]
+fn engines_bound_how_many_streams_run_at_once() {
+    assert_eq!(max_concurrency(1, 4, 20), 1);
+    assert!(max_concurrency(2, 4, 20) <= 2);
+}
+
+#[test]
+fn different_streams_run_concurrently() {
+    let rt = runtime(2);
+    let (a, b) = (stream(&rt), stream(&rt));
+    let (a_tx, a_rx) = mpsc::channel::<()>();
+    let (b_tx, b_rx) = mpsc::channel::<()>();
+    // Each host function waits for the other to start: only possible if
+    // both run at the same time.
+    a.enqueue(
+        Op::host_fn(move || {
+            a_tx.send(()).map_err(|e| e.to_string())?;
+            b_rx.recv_timeout(DEADLOCK)
+                .map_err(|e| format!("b never ran alongside: {e}"))
+        }),
+        LaunchOptions::new(),
+    )
+    .unwrap();
+    b.enqueue(
+        Op::host_fn(move || {
+            b_tx.send(()).map_err(|e| e.to_string())?;
+            a_rx.recv_timeout(DEADLOCK)
+                .map_err(|e| format!("a never ran alongside: {e}"))
+        }),
+        LaunchOptions::new(),
+    )
+    .unwrap();
+    a.synchronize().unwrap();
+    b.synchronize().unwrap();
+}
+
+#[test]
+fn high_priority_work_starts_first_under_contention() {
+    let rt = runtime(1);
+    let normal = rt
+        .create_mock_stream(StreamPriority::Normal, StreamMode::StrictOrdering, false)
+        .unwrap();
+    let high = rt
+        .create_mock_stream(StreamPriority::High, StreamMode::StrictOrdering, false)
+        .unwrap();
+    assert_eq!(high.priority(), StreamPriority::High);
+    let release = block(rt.default_mock_stream());
+    let log = Log::default();
+    let l = log.clone();
+    normal
+        .launch_host_callback(Box::new(move || l.push("normal")), LaunchOptions::new())
+        .unwrap();
+    let l = log.clone();
+    high.launch_host_callback(Box::new(move || l.push("high")), LaunchOptions::new())
+        .unwrap();
+    release.send(()).unwrap();
+    normal.synchronize().unwrap();
+    high.synchronize().unwrap();
+    assert_eq!(log.take(), vec!["high", "normal"]);
+}
+
+#[test]
+fn equal_priority_work_starts_oldest_first() {
+    let rt = runtime(1);
+    let streams: Vec<&MockStream> = (0..3).map(|_| stream(&rt)).collect();
+    let release = block(rt.default_mock_stream());
+    let log = Log::default();
+    for index in [2, 0, 1] {
+        let l = log.clone();
+        streams[index]
+            .launch_host_callback(
+                Box::new(move || l.push(format!("s{index}"))),
+                LaunchOptions::new(),
+            )
+            .unwrap();
+    }
+    release.send(()).unwrap();
+    for s in &streams {
+        s.synchronize().unwrap();
+    }
+    assert_eq!(log.take(), vec!["s2", "s0", "s1"]);
+}
+
+#[test]
+fn query_reports_completion_of_earlier_work() {
+    let rt = runtime(2);
+    let s = stream(&rt);
+    assert_eq!(s.query(), Ok(true), "an idle stream is done");
+    let release = block(s);
+    let counters = Counters::default();
+    s.launch_host_callback(Box::new(|| {}), counters.options())
+        .unwrap();
+    assert_eq!(s.query(), Ok(false));
+    assert_eq!(s.pending_operations(), 2);
+    release.send(()).unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(counters.calls(), 1, "synchronize waits for completions");
+    assert_eq!(s.query(), Ok(true));
+    assert_eq!(s.pending_operations(), 0);
+}
+
+#[test]
+fn query_is_false_while_a_completion_runs() {
+    let rt = runtime(2);
+    let rt = Arc::new(rt);
+    let s = rt.default_mock_stream();
+    let (tx, rx) = mpsc::channel();
+    let inner = Arc::clone(&rt);
+    s.launch_host_callback(
+        Box::new(|| {}),
+        LaunchOptions::new().on_complete(move |_| {
+            let _ = tx.send(inner.default_mock_stream().query());
+        }),
+    )
+    .unwrap();
+    assert_eq!(rx.recv_timeout(DEADLOCK).unwrap(), Ok(false));
+    s.synchronize().unwrap();
+    assert_eq!(s.query(), Ok(true));
+}
+
+#[test]
+fn synchronize_waits_only_for_work_enqueued_before_it() {
+    let rt = runtime(2);
+    let s = stream(&rt);
+    s.launch_host_callback(Box::new(|| {}), LaunchOptions::new())
+        .unwrap();
+    s.synchronize().unwrap();
+    // Idle stream: returns at once, repeatedly.
+    s.synchronize().unwrap();
+    s.synchronize().unwrap();
+}
+
+fn bad_program(rt: &MockRuntime, s: &dyn Stream) -> flex_rt::CompositeAddress {
+    let mut bytes = KernelDescriptor::fill(1, 0.0, rt.allocate(4).unwrap().start()).to_bytes();
+    bytes[0] = b'X';
+    upload(rt, s, bytes.to_vec())
+}
+
+#[test]
+fn errors_are_sticky() {
+    let rt = runtime(2);
+    let s = stream(&rt);
+    let program = bad_program(&rt, s);
+    let counters = Counters::default();
+    let release = block(s);
+    s.launch_compute(&program, counters.options()).unwrap();
+    s.launch_host_callback(Box::new(|| panic!("must not run")), counters.options())
+        .unwrap();
+    s.launch_fill(&program, 1.0, flex_rt::DataFormat::Fp32, counters.options())
+        .unwrap();
+    release.send(()).unwrap();
+    let err = s.synchronize().unwrap_err();
+    assert_eq!(err.status(), Status::EXECUTION_FAILED);
+    assert_eq!(err.call(), "launch_compute");
+    assert!(err.message().contains("bad magic"), "{err}");
+    assert_eq!(
+        counters.statuses(),
+        vec![
+            Status::EXECUTION_FAILED,
+            Status::STREAM_FAILED,
+            Status::STREAM_FAILED
+        ]
+    );
+    // Sticky: the same first error from every later call.
+    assert_eq!(s.synchronize().unwrap_err(), err);
+    assert_eq!(s.query().unwrap_err(), err);
+    let refused = s
+        .launch_host_callback(Box::new(|| {}), counters.options())
+        .unwrap_err();
+    assert_eq!(refused.status(), Status::STREAM_FAILED);
+    assert!(refused.message().contains("bad magic"), "{refused}");
+    assert_eq!(counters.calls(), 3);
+    assert!(rt.has_stream_error().unwrap());
+    // Other streams are unaffected.
+    let other = stream(&rt);
+    other
+        .launch_host_callback(Box::new(|| {}), LaunchOptions::new())
+        .unwrap();
+    other.synchronize().unwrap();
+}
+
+#[test]
+fn completions_are_called_exactly_once_and_refusals_drop_them() {
+    let rt = runtime(2);
+    let s = stream(&rt);
+    let counters = Counters::default();
+    let host_fn_drops = Arc::new(AtomicUsize::new(0));
+
+    // 1. succeeds
+    s.launch_host_callback(Box::new(|| {}), counters.options())
+        .unwrap();
+    // refused at launch: size mismatch
+    let address = rt.allocate(8).unwrap();
+    let wrong = HostBuffer::zeroed(7);
+    let err = s
+        .launch_h2d(&wrong, &address, counters.options())
+        .unwrap_err();
+    assert_eq!(err.status(), Status::INVALID_ARGUMENT);
+    // refused at launch: injected fault
+    s.fail_nth_launch(1);
+    let err = s
+        .launch_host_callback(Box::new(|| {}), counters.options())
+        .unwrap_err();
+    assert_eq!(err.status(), Status::LAUNCH_FAILED);
+    // 2. fails on the device (the stream is held so that 3. is queued
+    // before 2. runs)
+    let program = bad_program(&rt, s);
+    let release = block(s);
+    s.launch_compute(&program, counters.options()).unwrap();
+    // 3. skipped: its host function is dropped without running
+    let guard = super::DropCount(Arc::clone(&host_fn_drops));
+    s.launch_host_callback(
+        Box::new(move || {
+            let _guard = guard;
+            panic!("must not run");
+        }),
+        counters.options(),
+    )
+    .unwrap();
+    release.send(()).unwrap();
+    assert!(s.synchronize().is_err());
+    // refused at launch: stream failed
+    assert!(
+        s.launch_host_callback(Box::new(|| {}), counters.options())
+            .is_err()
+    );
+
+    assert_eq!(counters.calls(), 3);
+    assert_eq!(
+        counters.statuses(),
+        vec![
+            Status::SUCCESS,
+            Status::EXECUTION_FAILED,
+            Status::STREAM_FAILED
+        ]
+    );
+    assert_eq!(
+        counters.drops(),
+        6,
+        "every completion closure is dropped once"
+    );
+    assert_eq!(host_fn_drops.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn panicking_host_callback_fails_the_stream_not_the_engine() {
+    let rt = runtime(1);
+    let s = stream(&rt);
+    let counters = Counters::default();
+    s.launch_host_callback(Box::new(|| panic!("callback exploded")), counters.options())
+        .unwrap();
+    let err = s.synchronize().unwrap_err();
+    assert_eq!(err.status(), Status::HOST_CALLBACK_FAILED);
+    assert!(err.message().contains("callback exploded"), "{err}");
+    assert_eq!(counters.statuses(), vec![Status::HOST_CALLBACK_FAILED]);
+    // The only engine still runs work.
+    let other = stream(&rt);
+    let ran = Arc::new(AtomicUsize::new(0));
+    let r = Arc::clone(&ran);
+    other
+        .launch_host_callback(
+            Box::new(move || {
+                r.fetch_add(1, Ordering::SeqCst);
+            }),
+            LaunchOptions::new(),
+        )
+        .unwrap();
+    other.synchronize().unwrap();
+    assert_eq!(ran.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn host_fn_errors_fail_the_stream() {
+    let rt = runtime(1);
+    let s = stream(&rt);
+    s.enqueue(
+        Op::host_fn(|| Err("status 42".into())),
+        LaunchOptions::new(),
+    )
+    .unwrap();
+    let err = s.synchronize().unwrap_err();
+    assert_eq!(err.status(), Status::HOST_CALLBACK_FAILED);
+    assert!(err.message().contains("status 42"), "{err}");
+}
+
+#[test]
+fn panicking_completion_fails_the_stream_not_the_engine() {
+    let rt = runtime(1);
+    let s = stream(&rt);
+    s.launch_host_callback(
+        Box::new(|| {}),
+        LaunchOptions::new().on_complete(|_| panic!("completion exploded")),
+    )
+    .unwrap();
+    let err = s.synchronize().unwrap_err();
+    assert_eq!(err.status(), Status::HOST_CALLBACK_FAILED);
+    assert!(err.message().contains("completion exploded"), "{err}");
+    let other = stream(&rt);
+    other
+        .launch_host_callback(Box::new(|| {}), LaunchOptions::new())
+        .unwrap();
+    other.synchronize().unwrap();
+}
+
+#[test]
+fn callbacks_may_launch_but_not_synchronize_their_runtime() {
+    let rt = Arc::new(runtime(1));
+    let target = stream(&rt).id();
+    let (tx, rx) = mpsc::channel();
+    let inner = Arc::clone(&rt);
+    let log = Log::default();
+    let l = log.clone();
+    rt.default_mock_stream()
+        .launch_host_callback(
+            Box::new(move || {
+                let stream = inner.mock_stream(target).unwrap();
+                let launched = stream
+                    .launch_host_callback(Box::new(move || l.push("nested")), LaunchOptions::new());
+                let sync = inner.default_mock_stream().synchronize();
+                let _ = tx.send((launched, sync));
+            }),
+            LaunchOptions::new(),
+        )
+        .unwrap();
+    let (launched, sync) = rx.recv_timeout(DEADLOCK).unwrap();
+    launched.unwrap();
+    assert_eq!(sync.unwrap_err().status(), Status::UNSUPPORTED);
+    rt.default_mock_stream().synchronize().unwrap();
+    rt.mock_stream(target).unwrap().synchronize().unwrap();
+    assert_eq!(log.take(), vec!["nested"]);
+}
+
+#[test]
+fn a_completion_can_read_the_buffer_its_copy_wrote() {
+    let rt = runtime(2);
+    let s = rt.default_mock_stream();
+    let address = upload(&rt, s, vec![7, 8, 9]);
+    let out = HostBuffer::zeroed(3);
+    let (tx, rx) = mpsc::channel();
+    let seen = out.clone();
+    s.launch_d2h(
+        &address,
+        &out,
+        LaunchOptions::new().on_complete(move |r| {
+            let _ = tx.send((r, seen.to_vec()));
+        }),
+    )
+    .unwrap();
+    let (result, bytes) = rx.recv_timeout(DEADLOCK).unwrap();
+    result.unwrap();
+    assert_eq!(bytes, vec![7, 8, 9]);
+}
+
+#[test]
+fn leases_are_held_until_the_copy_completes() {
+    let rt = runtime(2);
+    let s = stream(&rt);
+    let address = rt.allocate(4).unwrap();
+    let release = block(s);
+    let out = HostBuffer::zeroed(4);
+    s.launch_d2h(&address, &out, LaunchOptions::new()).unwrap();
+    let err = s
+        .launch_d2h(&address, &out, LaunchOptions::new())
+        .unwrap_err();
+    assert_eq!(err.status(), Status::INVALID_ARGUMENT);
+    assert!(err.message().contains("cannot be written"), "{err}");
+    assert_eq!(
+        s.pending_operations(),
+        2,
+        "the refused launch enqueued nothing"
+    );
+    release.send(()).unwrap();
+    s.synchronize().unwrap();
+    assert!(out.lease_for_write("test").is_ok());
+}
+
+#[test]
+fn launches_from_many_threads_are_serialized() {
+    let rt = runtime(2);
+    let s = stream(&rt);
+    let log = Log::default();
+    std::thread::scope(|scope| {
+        for thread in 0..4 {
+            let log = log.clone();
+            scope.spawn(move || {
+                for i in 0..100 {
+                    let l = log.clone();
+                    s.launch_host_callback(
+                        Box::new(move || l.push(format!("{thread} {i}"))),
+                        LaunchOptions::new(),
+                    )
+                    .unwrap();
+                }
+            });
+        }
+    });
+    s.synchronize().unwrap();
+    let events = log.take();
+    assert_eq!(events.len(), 400);
+    for thread in 0..4 {
+        let mine: Vec<&String> = events
+            .iter()
+            .filter(|e| e.starts_with(&format!("{thread} ")))
+            .collect();
+        let expected: Vec<String> = (0..100).map(|i| format!("{thread} {i}")).collect();
+        assert_eq!(mine, expected.iter().collect::<Vec<_>>());
+    }
+}
+
+#[test]
+fn pipeline_barrier_changes_nothing_observable() {
+    let rt = runtime(2);
+    let s = stream(&rt);
+    let log = Log::default();
+    for i in 0..10 {
+        let l = log.clone();
+        s.launch_host_callback(
+            Box::new(move || l.push(i.to_string())),
+            LaunchOptions::new().pipeline_barrier(i % 2 == 0),
+        )
+        .unwrap();
+    }
+    s.synchronize().unwrap();
+    assert_eq!(
+        log.take(),
+        (0..10).map(|i| i.to_string()).collect::<Vec<_>>()
+    );
+}
