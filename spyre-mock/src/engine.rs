@@ -90,6 +90,8 @@ pub(crate) struct Device {
     pub(crate) work: Condvar,
     /// `synchronize` waits here for completions.
     pub(crate) done: Condvar,
+    /// Ids of the streams `synchronize` was called on, in call order.
+    pub(crate) synchronize_log: Mutex<Vec<u64>>,
 }
 
 impl Device {
@@ -104,6 +106,7 @@ impl Device {
                 copy_bandwidth: config.copy_bandwidth(),
             },
             scheduler: Mutex::new(Scheduler::default()),
+            synchronize_log: Mutex::new(Vec::new()),
             work: Condvar::new(),
             done: Condvar::new(),
         }

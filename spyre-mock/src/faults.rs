@@ -7,7 +7,9 @@
 //! [`crate::MockStream::set_slowdown`].
 #![forbid(unsafe_code)]
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use parking_lot::Mutex;
 
 /// Faults of a [`crate::MockSystem`]. Shared through an `Arc` by the system
 /// and its clones, so a test can set a fault, hand the system to the code
@@ -40,7 +42,8 @@ impl SystemFaults {
 /// Thread-safety: `Send + Sync`; every method is a single atomic operation.
 #[derive(Debug, Default)]
 pub struct RuntimeFaults {
-    failing_stream_creations: AtomicU64,
+    /// (creations that still succeed first, creations that fail after them).
+    stream_creations: Mutex<(u64, u64)>,
 }
 
 impl RuntimeFaults {
@@ -48,19 +51,35 @@ impl RuntimeFaults {
     /// [`flex_rt::Status::RUNTIME_FAILED`] (no stream is made, no id is
     /// used). Replaces any count set before; 0 clears the fault.
     pub fn fail_next_stream_creations(&self, count: u64) {
-        self.failing_stream_creations.store(count, Ordering::SeqCst);
+        self.fail_stream_creations_after(0, count);
     }
 
-    /// How many of the next stream creations will still fail.
+    /// Lets the next `succeed_first` stream creations succeed, then makes
+    /// the `count` after them fail with [`flex_rt::Status::RUNTIME_FAILED`].
+    /// Replaces any setting made before.
+    pub fn fail_stream_creations_after(&self, succeed_first: u64, count: u64) {
+        *self.stream_creations.lock() = (succeed_first, count);
+    }
+
+    /// How many of the coming stream creations will still fail.
     pub fn pending_stream_creation_failures(&self) -> u64 {
-        self.failing_stream_creations.load(Ordering::SeqCst)
+        self.stream_creations.lock().1
     }
 
-    /// Uses up one pending failure: true when this stream creation must fail.
+    /// Decides one stream creation: true when it must fail.
     pub(crate) fn take_stream_creation_failure(&self) -> bool {
-        self.failing_stream_creations
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
+        let mut state = self.stream_creations.lock();
+        match *state {
+            (_, 0) => false,
+            (0, ref mut failures) => {
+                *failures -= 1;
+                true
+            }
+            (ref mut successes, _) => {
+                *successes -= 1;
+                false
+            }
+        }
     }
 }
 
@@ -78,6 +97,13 @@ mod tests {
         assert!(faults.take_stream_creation_failure());
         assert!(!faults.take_stream_creation_failure());
         assert_eq!(faults.pending_stream_creation_failures(), 0);
+        faults.fail_stream_creations_after(2, 1);
+        assert_eq!(
+            (0..4)
+                .map(|_| faults.take_stream_creation_failure())
+                .collect::<Vec<_>>(),
+            vec![false, false, true, false]
+        );
     }
 
     #[test]

@@ -122,6 +122,12 @@ impl MockRuntime {
         self.streams.count()
     }
 
+    /// Ids of the streams `synchronize` was called on, in call order (for
+    /// tests of who synchronizes what, and in which order).
+    pub fn synchronize_log(&self) -> Vec<u64> {
+        self.device.synchronize_log.lock().clone()
+    }
+
     /// Fault injection switches of this runtime.
     pub fn faults(&self) -> &RuntimeFaults {
         &self.faults

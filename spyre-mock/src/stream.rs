@@ -199,6 +199,7 @@ impl Stream for MockStream {
                 "synchronize was called from a completion or host callback of the same runtime; it would wait for itself",
             ));
         }
+        self.device.synchronize_log.lock().push(self.id);
         let mut scheduler = self.device.scheduler.lock();
         let target = scheduler.stream(self.index).submitted;
         while scheduler.stream(self.index).completed < target {

@@ -1,1 +1,145 @@
-//! The Spyre stream pool.
+//! The Spyre stream pool: torch-spyre's stream layer, in Rust.
+//!
+//! A process-wide pool of device streams over a flex runtime: the default
+//! stream, 32 normal- and 32 high-priority streams handed out round robin,
+//! host-compute streams, a thread-local current stream, and device-wide
+//! synchronization, guarded by a reader-writer lock with the discipline of
+//! the spec (`stream-ownership-and-synchronization`).
+//!
+//! ```
+//! # fn main() -> spyre_stream::Result<()> {
+//! use spyre_stream::{Device, HostBuffer, LaunchOptions};
+//!
+//! // Run on the software device whatever the features and SPYRE_BACKEND say.
+//! spyre_stream::set_backend(Box::new(spyre_mock::MockSystem::default()))?;
+//! let stream = spyre_stream::stream_from_pool(Device::CURRENT, 0)?;
+//! let _guard = spyre_stream::StreamGuard::new(stream)?;
+//! let current = spyre_stream::current_stream(Device::CURRENT)?;
+//! assert_eq!(current, stream);
+//! current.launch_host_callback(|| println!("ran in stream order"), LaunchOptions::new())?;
+//! current.synchronize()?;
+//! # let _ = HostBuffer::zeroed(0);
+//! # Ok(()) }
+//! ```
+//!
+//! # Ownership
+//!
+//! The runtime (a [`flex_rt::Runtime`]) creates and owns every stream. The
+//! [`StreamPool`] stores borrowed handles keyed by [`StreamId`]; it never
+//! creates a handle twice for one id and never destroys one. A
+//! [`SpyreStream`] is a `Copy` value of (device, id) and holds no handle: each
+//! operation resolves the handle through the pool. The process-wide runtime
+//! is leaked on purpose, so handles stay valid for the life of the process,
+//! even after [`free_runtime`].
+//!
+//! # Invariants, and why they hold
+//!
+//! - **The handle table is append-only.** A slot goes from empty to a handle
+//!   at most once, under the write lock, and no code path clears or
+//!   overwrites a filled slot; readers under the read lock therefore never see
+//!   a partial update or a removed entry.
+//! - **Ids are never reassigned.** Ids map to slots of a fixed table (0,
+//!   1–32, 33–64, 65..65+N-1), so an id always names the same handle.
+//! - **A handle is created at most once per id.** Creation happens only under
+//!   the write lock, after checking that the slot is empty.
+//! - **Initialization is atomic.** The default-stream mapping, the
+//!   host-compute streams and the cursors are built in locals and published
+//!   in one step under the write lock; on error nothing is published and a
+//!   later call retries.
+//! - **No lock is held while waiting on the device.** `resolve` copies the
+//!   handle out and drops the read lock before `query`, `synchronize` or a
+//!   launch; [`synchronize_device`] snapshots the handles, releases the lock,
+//!   then waits.
+//! - **One device per process.** The pool is bound to the runtime's logical
+//!   device; asking for another fails with an error naming both.
+//! - **The runtime starts once.** A failed start leaves nothing behind and can
+//!   be retried; after [`free_runtime`] a start is an explicit error, never a
+//!   silent no-op.
+//!
+//! # Locking discipline (the spec's table)
+//!
+//! | operation | lock |
+//! |---|---|
+//! | [`StreamPool::resolve`] (every stream operation) | read |
+//! | [`StreamPool::default_stream_handle`] | read |
+//! | [`StreamPool::synchronize_device`] | read, only while collecting handles |
+//! | pool initialization | write |
+//! | [`StreamPool::stream_from_pool`], [`StreamPool::host_compute_stream`] | write; the cursor is written on every assignment |
+//!
+//! # torch-spyre names
+//!
+//! | torch-spyre (C++) | here |
+//! |---|---|
+//! | `getStreamFromPool(device, priority)` | [`stream_from_pool`], [`StreamPool::stream_from_pool`] |
+//! | `getDefaultStream(device)` | [`default_stream`], [`StreamPool::default_stream`] |
+//! | `getCurrentStream(device)` | [`current_stream`] |
+//! | `setCurrentStream(stream)` | [`set_current_stream`], [`StreamGuard`] |
+//! | `getHostComputeStream(device)` | [`host_compute_stream`], [`StreamPool::host_compute_stream`] |
+//! | `getHostComputeStreamById(id, device)` | [`host_compute_stream_by_id`], [`StreamPool::host_compute_stream_by_id`] |
+//! | `getDefaultStreamRuntimeHandle(device)` | [`default_stream_handle`], [`StreamPool::default_stream_handle`] |
+//! | `synchronizeDevice(device)` | [`synchronize_device`], [`StreamPool::synchronize_device`] |
+//! | `startRuntime()` | [`start_runtime`] |
+//! | `freeRuntime()` | [`free_runtime`] |
+//! | `SpyreStream::resolveRuntimeHandle()` | [`StreamPool::resolve`] |
+//! | `SpyreStreamGetError(stream)` | [`SpyreStream::error`], [`StreamPool::stream_error`] |
+//! | `SpyreGetDeviceState()` | [`device_state`] |
+//! | `SpyreStreamGetErrorString(err)` | [`StreamErrorState::as_str`] |
+//! | `SpyreStream::query()` / `synchronize()` | [`SpyreStream::query`] / [`SpyreStream::synchronize`] |
+//! | `launchH2D` / `launchD2H` / `launchCompute` / `launchHostCallback` / `fillAsync` | [`SpyreStream::launch_h2d`] / [`SpyreStream::launch_d2h`] / [`SpyreStream::launch_compute`] / [`SpyreStream::launch_host_callback`] / [`SpyreStream::launch_fill`] |
+//! | `SpyreGuardImpl::tls_idx`, `set_device` | [`current_device`], [`set_device`] |
+//! | `get/set_hazard_tracker_enabled` | [`hazard_tracker_enabled`], [`set_hazard_tracker_enabled`] |
+//!
+//! # Where this differs from torch-spyre, on purpose
+//!
+//! - A positive priority asks for a normal-priority stream (PyTorch's
+//!   convention), and the runtime priority always matches the id's pool;
+//!   torch-spyre sends any non-zero priority to the high pool and creates
+//!   NORMAL runtime streams for host-compute ids.
+//! - [`free_runtime`] makes a later start an explicit error.
+//! - A failed pool initialization publishes nothing and can be retried.
+//! - `TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS` is parsed strictly and read once.
+//!
+//! # Environment
+//!
+//! `LOCAL_RANK`, `TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS`,
+//! `SPYRE_HAZARD_TRACKER`, `SPYRE_BACKEND` (see [`env`]); the software device
+//! reads `SPYRE_MOCK_*`, the hardware backend `FLEX_RUNTIME_LIB`.
+//!
+//! # Backends
+//!
+//! Feature `mock` (default) runs on the software device; feature `hardware`
+//! loads a flex library at run time. With both, `SPYRE_BACKEND=mock|hardware`
+//! chooses and the default is hardware; a missing library is an error, never
+//! a silent fallback to the mock.
+#![forbid(unsafe_code)]
+
+mod backend;
+mod current;
+mod device;
+pub mod env;
+mod error;
+mod global;
+mod id;
+mod pool;
+mod state;
+mod stream;
+mod sync;
+
+pub use backend::{BackendKind, parse_backend};
+pub use current::{StreamGuard, current_stream, set_current_stream};
+pub use device::{Device, current_device, set_device};
+pub use error::{Error, Result};
+pub use flex_rt::{CompositeAddress, DataFormat, FlexError, HostBuffer, LaunchOptions};
+pub use global::{
+    DeviceSource, RuntimeInfo, default_stream, default_stream_handle, device_count, device_state,
+    free_runtime, global_pool, hazard_tracker_enabled, host_compute_stream,
+    host_compute_stream_by_id, runtime_info, selected_backend, set_backend,
+    set_hazard_tracker_enabled, start_runtime, stream_from_pool, synchronize_device,
+};
+pub use id::{
+    DEFAULT_HOST_COMPUTE_STREAMS, HIGH_POOL_END, HIGH_POOL_START, HOST_COMPUTE_START,
+    MAX_HOST_COMPUTE_STREAMS, NORMAL_POOL_END, NORMAL_POOL_START, STREAMS_PER_POOL, StreamId,
+};
+pub use pool::{PoolConfig, StreamPool};
+pub use state::{DeviceState, StreamErrorState};
+pub use stream::SpyreStream;

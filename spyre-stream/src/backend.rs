@@ -1,0 +1,134 @@
+//! Which backend the process-wide runtime uses: chosen by cargo feature and
+//! `SPYRE_BACKEND`, never by silent fallback.
+
+use std::fmt;
+
+use flex_rt::Backend;
+
+use crate::env::BACKEND;
+use crate::{Error, Result};
+
+/// A backend this crate can be built with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BackendKind {
+    /// The software device (`spyre-mock`), feature `mock`.
+    Mock,
+    /// A flex runtime library loaded at run time (flex-rt's FFI backend), feature `hardware`.
+    Hardware,
+}
+
+impl BackendKind {
+    /// `"mock"` or `"hardware"`, the values of `SPYRE_BACKEND`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Mock => "mock",
+            Self::Hardware => "hardware",
+        }
+    }
+
+    /// Whether this build includes the backend.
+    pub fn is_compiled(self) -> bool {
+        match self {
+            Self::Mock => cfg!(feature = "mock"),
+            Self::Hardware => cfg!(feature = "hardware"),
+        }
+    }
+
+    /// The backend used when `SPYRE_BACKEND` is unset: hardware when it is
+    /// compiled in, else mock.
+    pub fn default_for_build() -> Option<Self> {
+        [Self::Hardware, Self::Mock]
+            .into_iter()
+            .find(|k| k.is_compiled())
+    }
+}
+
+impl fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Parses `SPYRE_BACKEND`: `mock` or `hardware` (exactly), or unset for the
+/// build's default ([`BackendKind::default_for_build`]).
+///
+/// # Errors
+/// [`Error::InvalidEnv`] naming the raw value when it is neither;
+/// [`Error::BackendUnavailable`] when it names a backend this build lacks, or
+/// when no backend is compiled in.
+pub fn parse_backend(raw: Option<&str>) -> Result<BackendKind> {
+    let kind = match raw {
+        None => BackendKind::default_for_build().ok_or_else(|| {
+            Error::BackendUnavailable(
+                "spyre-stream was built without a backend: enable the cargo feature `mock` or `hardware`".into(),
+            )
+        })?,
+        Some("mock") => BackendKind::Mock,
+        Some("hardware") => BackendKind::Hardware,
+        Some(other) => {
+            return Err(Error::InvalidEnv {
+                variable: BACKEND,
+                value: other.to_owned(),
+                reason: "expected `mock` or `hardware`".into(),
+            });
+        }
+    };
+    if !kind.is_compiled() {
+        return Err(Error::BackendUnavailable(format!(
+            "SPYRE_BACKEND={kind} but this build has no `{kind}` backend: rebuild with `--features {kind}`"
+        )));
+    }
+    Ok(kind)
+}
+
+/// Creates the backend of `kind`: the software device configured from its
+/// `SPYRE_MOCK_*` variables, or the flex library found through
+/// `FLEX_RUNTIME_LIB` and the default library names.
+///
+/// # Errors
+/// The mock's configuration error, or the library's load error.
+pub(crate) fn create(kind: BackendKind) -> Result<Box<dyn Backend>> {
+    match kind {
+        #[cfg(feature = "mock")]
+        BackendKind::Mock => Ok(Box::new(spyre_mock::MockSystem::from_env()?)),
+        #[cfg(feature = "hardware")]
+        BackendKind::Hardware => Ok(Box::new(
+            flex_rt::FlexBackend::load().map_err(|e| Error::Load(std::sync::Arc::new(e)))?,
+        )),
+        #[allow(unreachable_patterns)]
+        other => Err(Error::BackendUnavailable(format!(
+            "this build has no `{other}` backend"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_values_name_the_value() {
+        for raw in ["", " mock", "MOCK", "abc", "-1", "0", "9"] {
+            let message = parse_backend(Some(raw)).unwrap_err().to_string();
+            assert_eq!(
+                message,
+                format!("SPYRE_BACKEND={raw:?} is invalid: expected `mock` or `hardware`")
+            );
+        }
+    }
+
+    #[test]
+    fn default_and_explicit_choices_follow_the_features() {
+        let default = parse_backend(None);
+        match (cfg!(feature = "mock"), cfg!(feature = "hardware")) {
+            (_, true) => assert_eq!(default.unwrap(), BackendKind::Hardware),
+            (true, false) => assert_eq!(default.unwrap(), BackendKind::Mock),
+            (false, false) => assert!(matches!(default, Err(Error::BackendUnavailable(_)))),
+        }
+        assert_eq!(parse_backend(Some("mock")).is_ok(), cfg!(feature = "mock"));
+        assert_eq!(
+            parse_backend(Some("hardware")).is_ok(),
+            cfg!(feature = "hardware")
+        );
+    }
+}

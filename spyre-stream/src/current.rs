@@ -1,0 +1,98 @@
+//! The thread-local current stream and its RAII guard.
+
+use std::cell::RefCell;
+use std::marker::PhantomData;
+
+use crate::{Device, Result, SpyreStream, StreamId, global};
+
+thread_local! {
+    /// Current stream id per device index, for this thread (torch-spyre's
+    /// `current_streams`). Unset means the default stream.
+    static CURRENT_STREAMS: RefCell<Vec<(u8, StreamId)>> = const { RefCell::new(Vec::new()) };
+}
+
+fn lookup(device: u8) -> Option<StreamId> {
+    CURRENT_STREAMS.with(|c| {
+        c.borrow()
+            .iter()
+            .find(|(d, _)| *d == device)
+            .map(|(_, id)| *id)
+    })
+}
+
+fn store(stream: SpyreStream) {
+    CURRENT_STREAMS.with(|c| {
+        let mut current = c.borrow_mut();
+        match current
+            .iter_mut()
+            .find(|(d, _)| *d == stream.device_index())
+        {
+            Some(entry) => entry.1 = stream.id(),
+            None => current.push((stream.device_index(), stream.id())),
+        }
+    });
+}
+
+/// The calling thread's current stream on `device` (`getCurrentStream`):
+/// the stream last made current on this thread, else the default stream. A
+/// new thread starts at the default stream. Starts the runtime and
+/// initializes the pool when it falls back to the default stream.
+///
+/// # Errors
+/// As [`crate::default_stream`].
+pub fn current_stream(device: Device) -> Result<SpyreStream> {
+    let index = device.resolve();
+    match lookup(index) {
+        Some(id) => Ok(SpyreStream::from_parts(index, id)),
+        None => global::default_stream(Device::from_index(index)?),
+    }
+}
+
+/// Makes `stream` the calling thread's current stream on its device
+/// (`setCurrentStream`) and returns the previous one.
+///
+/// # Errors
+/// [`crate::Error::PoolAlreadyInitialized`] for a stream of a device other
+/// than the process's; the runtime's start error.
+pub fn set_current_stream(stream: SpyreStream) -> Result<SpyreStream> {
+    global::pool_for(Device::from_index(stream.device_index())?)?;
+    let previous = current_stream(Device::from_index(stream.device_index())?)?;
+    store(stream);
+    Ok(previous)
+}
+
+/// Makes a stream current for a scope and restores the previous one on drop
+/// (the Python `with torch.spyre.Stream(...)` block). Guards nest: drop them in
+/// reverse order of creation, as scopes do.
+///
+/// Not `Send`: the current stream is per thread.
+#[must_use = "the stream is current only while the guard lives"]
+#[derive(Debug)]
+pub struct StreamGuard {
+    previous: SpyreStream,
+    _not_send: PhantomData<*const ()>,
+}
+
+impl StreamGuard {
+    /// Makes `stream` current on its device.
+    ///
+    /// # Errors
+    /// As [`set_current_stream`].
+    pub fn new(stream: SpyreStream) -> Result<Self> {
+        Ok(Self {
+            previous: set_current_stream(stream)?,
+            _not_send: PhantomData,
+        })
+    }
+
+    /// The stream that is restored when the guard drops.
+    pub fn previous(&self) -> SpyreStream {
+        self.previous
+    }
+}
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        store(self.previous);
+    }
+}

@@ -1,0 +1,224 @@
+//! The environment variables the stream layer reads, each parsed by a pure
+//! function of the raw value so that every rule is testable in-process.
+
+use std::num::IntErrorKind;
+
+use crate::id::{DEFAULT_HOST_COMPUTE_STREAMS, MAX_HOST_COMPUTE_STREAMS};
+use crate::{Error, Result};
+
+/// Logical device of the process when no thread-local device is set (torchrun sets it).
+pub const LOCAL_RANK: &str = "LOCAL_RANK";
+/// Number of host-compute streams (ids 65..65+N-1).
+pub const NUM_HOST_COMPUTE_STREAMS: &str = "TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS";
+/// `1` (exactly) makes every stream created afterwards track hazards.
+pub const HAZARD_TRACKER: &str = "SPYRE_HAZARD_TRACKER";
+/// `mock` or `hardware`: the backend, when both are compiled in.
+pub const BACKEND: &str = "SPYRE_BACKEND";
+
+/// Largest logical device index (`c10::DeviceIndex` is an `i8`).
+pub const MAX_DEVICE_INDEX: u8 = 127;
+
+/// Reads a variable; a value that is not Unicode is kept lossily so that the
+/// parser can name it in its error.
+pub(crate) fn var(name: &str) -> Option<String> {
+    std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
+}
+
+fn invalid(variable: &'static str, value: &str, reason: impl Into<String>) -> Error {
+    Error::InvalidEnv {
+        variable,
+        value: value.to_owned(),
+        reason: reason.into(),
+    }
+}
+
+/// Parses `LOCAL_RANK` (torch-spyre's strict `parse_local_rank`): unset or
+/// empty gives 0; otherwise a base-10 integer in 0..=127 with nothing else
+/// around it.
+///
+/// # Errors
+/// [`Error::InvalidEnv`] naming the raw value when it is not an integer, is
+/// negative, or exceeds 127.
+pub fn parse_local_rank(raw: Option<&str>) -> Result<u8> {
+    let Some(raw) = raw.filter(|r| !r.is_empty()) else {
+        return Ok(0);
+    };
+    match raw.parse::<i64>() {
+        Ok(v) if v < 0 => Err(invalid(
+            LOCAL_RANK,
+            raw,
+            "LOCAL_RANK value is out of range: a device index cannot be negative",
+        )),
+        Ok(v) if v > i64::from(MAX_DEVICE_INDEX) => Err(invalid(
+            LOCAL_RANK,
+            raw,
+            format!(
+                "LOCAL_RANK value {v} exceeds the maximum supported device index ({MAX_DEVICE_INDEX})"
+            ),
+        )),
+        Ok(v) => Ok(v as u8),
+        Err(e)
+            if matches!(
+                e.kind(),
+                IntErrorKind::PosOverflow | IntErrorKind::NegOverflow
+            ) =>
+        {
+            Err(invalid(
+                LOCAL_RANK,
+                raw,
+                "LOCAL_RANK value is out of range: expected 0..=127",
+            ))
+        }
+        Err(_) => Err(invalid(
+            LOCAL_RANK,
+            raw,
+            "LOCAL_RANK is not a valid integer: expected 0..=127",
+        )),
+    }
+}
+
+/// Parses `TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS`: unset gives 4; 1–8 are
+/// taken as they are; larger values are capped at 8 with a warning.
+///
+/// Stricter than torch-spyre's `atoi`: trailing junk, spaces and the empty
+/// string are errors rather than silently read as a number or as 0.
+///
+/// # Errors
+/// [`Error::InvalidEnv`] naming the variable and raw value for 0, negative
+/// numbers, the empty string, or anything that is not an integer.
+pub fn parse_host_compute_streams(raw: Option<&str>) -> Result<usize> {
+    let Some(raw) = raw else {
+        return Ok(DEFAULT_HOST_COMPUTE_STREAMS);
+    };
+    let count = match raw.parse::<i64>() {
+        Ok(v) => v,
+        Err(e) if *e.kind() == IntErrorKind::PosOverflow => i64::MAX,
+        Err(_) => {
+            return Err(invalid(
+                NUM_HOST_COMPUTE_STREAMS,
+                raw,
+                format!("expected an integer from 1 to {MAX_HOST_COMPUTE_STREAMS}"),
+            ));
+        }
+    };
+    if count < 1 {
+        return Err(invalid(
+            NUM_HOST_COMPUTE_STREAMS,
+            raw,
+            format!(
+                "TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS must be at least 1 (and at most {MAX_HOST_COMPUTE_STREAMS})"
+            ),
+        ));
+    }
+    if count > MAX_HOST_COMPUTE_STREAMS as i64 {
+        tracing::warn!(
+            variable = NUM_HOST_COMPUTE_STREAMS,
+            value = raw,
+            "capping host-compute streams at {MAX_HOST_COMPUTE_STREAMS}"
+        );
+        return Ok(MAX_HOST_COMPUTE_STREAMS);
+    }
+    Ok(count as usize)
+}
+
+/// Parses `SPYRE_HAZARD_TRACKER`: on only for exactly `"1"`; anything else,
+/// or unset, is off (torch-spyre's rule).
+pub fn parse_hazard_tracker(raw: Option<&str>) -> bool {
+    raw == Some("1")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reason(err: Error) -> (String, String) {
+        match err {
+            Error::InvalidEnv { value, reason, .. } => (value, reason),
+            other => panic!("expected InvalidEnv, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn local_rank_unset_or_empty_is_zero() {
+        assert_eq!(parse_local_rank(None).unwrap(), 0);
+        assert_eq!(parse_local_rank(Some("")).unwrap(), 0);
+    }
+
+    #[test]
+    fn local_rank_accepts_0_to_127() {
+        assert_eq!(parse_local_rank(Some("0")).unwrap(), 0);
+        assert_eq!(parse_local_rank(Some("3")).unwrap(), 3);
+        assert_eq!(parse_local_rank(Some("127")).unwrap(), 127);
+    }
+
+    #[test]
+    fn local_rank_rejects_garbage_negative_and_large_values() {
+        let (value, why) = reason(parse_local_rank(Some("abc")).unwrap_err());
+        assert_eq!(value, "abc");
+        assert!(why.contains("not a valid integer"), "{why}");
+        assert!(
+            reason(parse_local_rank(Some(" 1")).unwrap_err())
+                .1
+                .contains("not a valid integer")
+        );
+        assert!(
+            reason(parse_local_rank(Some("1x")).unwrap_err())
+                .1
+                .contains("not a valid integer")
+        );
+        assert!(
+            reason(parse_local_rank(Some("-1")).unwrap_err())
+                .1
+                .contains("out of range")
+        );
+        assert!(
+            reason(parse_local_rank(Some("128")).unwrap_err())
+                .1
+                .contains("128 exceeds the maximum supported device index (127)")
+        );
+        assert!(
+            reason(parse_local_rank(Some("99999999999999999999")).unwrap_err())
+                .1
+                .contains("out of range")
+        );
+        let message = parse_local_rank(Some("abc")).unwrap_err().to_string();
+        assert!(
+            message.starts_with("LOCAL_RANK=\"abc\" is invalid"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn host_compute_default_range_and_cap() {
+        assert_eq!(parse_host_compute_streams(None).unwrap(), 4);
+        assert_eq!(parse_host_compute_streams(Some("1")).unwrap(), 1);
+        assert_eq!(parse_host_compute_streams(Some("8")).unwrap(), 8);
+        assert_eq!(parse_host_compute_streams(Some("9")).unwrap(), 8);
+        assert_eq!(
+            parse_host_compute_streams(Some("99999999999999999999999")).unwrap(),
+            8
+        );
+    }
+
+    #[test]
+    fn host_compute_rejects_zero_negative_empty_and_junk() {
+        for raw in ["0", "-1", "", " ", "abc", "3abc", " 3"] {
+            let err = parse_host_compute_streams(Some(raw)).unwrap_err();
+            let message = err.to_string();
+            assert!(
+                message.starts_with(&format!(
+                    "TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS={raw:?} is invalid"
+                )),
+                "{message}"
+            );
+        }
+    }
+
+    #[test]
+    fn hazard_tracker_is_on_only_for_exactly_one() {
+        assert!(parse_hazard_tracker(Some("1")));
+        for raw in [None, Some("0"), Some("true"), Some(" 1"), Some("")] {
+            assert!(!parse_hazard_tracker(raw), "{raw:?}");
+        }
+    }
+}

@@ -1,0 +1,130 @@
+//! The crate's error type.
+
+use flex_rt::FlexError;
+
+use crate::StreamId;
+
+/// Everything that can go wrong in the stream layer. Each variant carries the
+/// facts a caller needs: the id, the device indices, the variable and its raw
+/// value, the valid range. Messages follow torch-spyre's texts where it has one.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An operation on a stream id that has no runtime handle: an id never
+    /// handed out by the pool, or a pool that was never initialized.
+    #[error(
+        "SpyreStream: no flex handle for stream id {id} on device {device} — was the stream pool initialized for this device?"
+    )]
+    NoHandle {
+        /// The id that has no handle.
+        id: StreamId,
+        /// The stream's device index.
+        device: u8,
+    },
+
+    /// A stream of one device was used with the pool of another.
+    #[error(
+        "stream of device {stream_device} used with the stream pool of device {pool_device}; one Spyre device per process is supported"
+    )]
+    WrongDevice {
+        /// The device index of the stream.
+        stream_device: u8,
+        /// The device the process's pool is bound to.
+        pool_device: u8,
+    },
+
+    /// The pool is bound to one device and another was asked for.
+    #[error(
+        "the stream pool is already initialized with device_index {initialized}; cannot reinitialize with device_index {requested} (one Spyre device per process)"
+    )]
+    PoolAlreadyInitialized {
+        /// The device the pool is bound to.
+        initialized: u8,
+        /// The device that was asked for.
+        requested: u8,
+    },
+
+    /// `host_compute_stream_by_id` with an id outside the host-compute range.
+    #[error("stream id {id} is not a host compute stream id (valid range [{start}, {end}))")]
+    NotHostComputeStream {
+        /// The id asked for.
+        id: i64,
+        /// First host-compute id (65).
+        start: i64,
+        /// One past the last host-compute id (65 + N).
+        end: i64,
+    },
+
+    /// A host-compute stream count outside 1..=8 given to [`crate::PoolConfig::new`].
+    #[error("host-compute stream count {count} is out of range: expected 1..=8")]
+    InvalidHostComputeStreams {
+        /// The count given.
+        count: usize,
+    },
+
+    /// A device index outside -1 (current device) and 0..=127.
+    #[error("device index {index} is out of range: expected -1 (the current device) or 0..=127")]
+    InvalidDeviceIndex {
+        /// The index given.
+        index: i64,
+    },
+
+    /// The logical device is not below the number of visible devices.
+    #[error(
+        "Device index out of bounds: logical_device_id={device}, number of visible devices={count}"
+    )]
+    DeviceOutOfRange {
+        /// The logical device asked for.
+        device: u8,
+        /// How many devices the backend sees.
+        count: u32,
+    },
+
+    /// An environment variable holds a value that cannot be used.
+    #[error("{variable}={value:?} is invalid: {reason}")]
+    InvalidEnv {
+        /// The variable's name.
+        variable: &'static str,
+        /// Its raw value.
+        value: String,
+        /// What was expected.
+        reason: String,
+    },
+
+    /// `start_runtime` (or an entry point that needs it) after `free_runtime`.
+    #[error(
+        "the Spyre runtime was freed by free_runtime(); runtime reset is not supported: restart the process to start a new runtime"
+    )]
+    RuntimeReset,
+
+    /// A backend was installed after the runtime had started.
+    #[error(
+        "the Spyre runtime has already started; install a backend before the first stream operation"
+    )]
+    RuntimeAlreadyStarted,
+
+    /// `SPYRE_BACKEND` names a backend this build does not have, or none was compiled in.
+    #[error("{0}")]
+    BackendUnavailable(String),
+
+    /// The runtime library could not be loaded.
+    #[error(transparent)]
+    Load(#[from] std::sync::Arc<flex_rt::LoadError>),
+
+    /// `synchronize_device` failed on one stream (the first that failed; the
+    /// others were still synchronized).
+    #[error("synchronize_device: stream {id} failed: {source}")]
+    DeviceSynchronize {
+        /// The id of the first stream that failed.
+        id: StreamId,
+        /// Its error.
+        source: FlexError,
+    },
+
+    /// An error of the flex runtime, unchanged.
+    #[error(transparent)]
+    Flex(#[from] FlexError),
+}
+
+/// Result with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

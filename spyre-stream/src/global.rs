@@ -1,0 +1,356 @@
+//! The process-wide runtime and pool (torch-spyre's `GlobalRuntime`,
+//! `startRuntime`/`freeRuntime` and the free functions over the pool).
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use flex_rt::{Backend, Runtime, Stream};
+use parking_lot::Mutex;
+
+use crate::backend::{self, BackendKind};
+use crate::device::thread_device;
+use crate::env;
+use crate::{Device, DeviceState, Error, PoolConfig, Result, SpyreStream, StreamPool};
+
+/// The started runtime. Leaked on purpose: handles must stay valid for the
+/// life of the process, even after [`free_runtime`], as the spec says.
+struct Running {
+    backend: &'static dyn Backend,
+    pool: StreamPool<'static>,
+    device_source: DeviceSource,
+}
+
+/// Where the process's logical device came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceSource {
+    /// The starting thread's current device, set with [`crate::set_device`].
+    ThreadDevice,
+    /// The `LOCAL_RANK` environment variable.
+    LocalRank,
+    /// Neither was set: device 0.
+    Default,
+}
+
+impl DeviceSource {
+    /// A short description for diagnostics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ThreadDevice => "the thread's current device (set_device)",
+            Self::LocalRank => "LOCAL_RANK",
+            Self::Default => "default (no current device, LOCAL_RANK unset)",
+        }
+    }
+}
+
+/// Set once, by the first successful start; never replaced.
+static RUNNING: OnceLock<Running> = OnceLock::new();
+/// Set by [`free_runtime`]; never cleared.
+static FREED: AtomicBool = AtomicBool::new(false);
+/// Serializes start/free and holds the backend until the runtime starts.
+static LIFECYCLE: Mutex<Option<Box<dyn Backend>>> = Mutex::new(None);
+
+/// Installs the backend the runtime will start on, instead of the one chosen
+/// by features and `SPYRE_BACKEND` (for example a software device with
+/// custom settings, or a library opened from a known path).
+///
+/// # Errors
+/// [`Error::RuntimeAlreadyStarted`] once the runtime has started;
+/// [`Error::RuntimeReset`] after [`free_runtime`].
+pub fn set_backend(backend: Box<dyn Backend>) -> Result<()> {
+    let mut slot = LIFECYCLE.lock();
+    check_not_freed()?;
+    if RUNNING.get().is_some() {
+        return Err(Error::RuntimeAlreadyStarted);
+    }
+    *slot = Some(backend);
+    Ok(())
+}
+
+fn check_not_freed() -> Result<()> {
+    if FREED.load(Ordering::Acquire) {
+        Err(Error::RuntimeReset)
+    } else {
+        Ok(())
+    }
+}
+
+/// The backend to start on: the installed one, else the one the features and
+/// `SPYRE_BACKEND` select (created and kept for later calls).
+fn backend_slot(slot: &mut Option<Box<dyn Backend>>) -> Result<&dyn Backend> {
+    if slot.is_none() {
+        let kind = backend::parse_backend(env::var(env::BACKEND).as_deref())?;
+        *slot = Some(backend::create(kind)?);
+    }
+    Ok(slot.as_deref().expect("the slot was filled above"))
+}
+
+/// The logical device to start on and why: the thread's device, else
+/// `LOCAL_RANK` (strictly parsed), else 0.
+fn startup_device() -> Result<(u8, DeviceSource)> {
+    if let Some(device) = thread_device() {
+        return Ok((device, DeviceSource::ThreadDevice));
+    }
+    match env::var(env::LOCAL_RANK).filter(|v| !v.is_empty()) {
+        Some(raw) => Ok((env::parse_local_rank(Some(&raw))?, DeviceSource::LocalRank)),
+        None => Ok((0, DeviceSource::Default)),
+    }
+}
+
+/// Starts the process-wide runtime (`startRuntime`): once per process; later
+/// calls return at once. A failed start leaves nothing behind and may be
+/// retried.
+///
+/// It reads the environment once: the logical device (the thread's current
+/// device, else `LOCAL_RANK`, else 0), `TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS`
+/// and `SPYRE_HAZARD_TRACKER`; then chooses the backend, checks the device
+/// against the visible device count, creates the runtime and the pool (which
+/// initializes on first use).
+///
+/// # Errors
+/// [`Error::RuntimeReset`] after [`free_runtime`]; [`Error::InvalidEnv`] for
+/// a malformed variable; [`Error::DeviceOutOfRange`]; the backend's load or
+/// configuration error; the runtime's creation error.
+pub fn start_runtime() -> Result<()> {
+    check_not_freed()?;
+    if RUNNING.get().is_some() {
+        return Ok(());
+    }
+    let mut slot = LIFECYCLE.lock();
+    check_not_freed()?;
+    if RUNNING.get().is_some() {
+        return Ok(());
+    }
+    let (device, device_source) = startup_device()?;
+    let host_compute =
+        env::parse_host_compute_streams(env::var(env::NUM_HOST_COMPUTE_STREAMS).as_deref())?;
+    let track_hazards = env::parse_hazard_tracker(env::var(env::HAZARD_TRACKER).as_deref());
+    let config = PoolConfig::new(host_compute, track_hazards)?;
+
+    let backend = backend_slot(&mut slot)?;
+    let count = backend.device_count()?;
+    if u32::from(device) >= count {
+        return Err(Error::DeviceOutOfRange { device, count });
+    }
+    let runtime: &'static dyn Runtime = Box::leak(backend.create_runtime(u32::from(device))?);
+    let pool = StreamPool::new(runtime, config)?;
+    let backend: &'static dyn Backend =
+        Box::leak(slot.take().expect("backend_slot filled the slot"));
+    tracing::info!(
+        backend = backend.name(),
+        device,
+        source = device_source.as_str(),
+        host_compute_streams = host_compute,
+        track_hazards,
+        "Spyre runtime started"
+    );
+    let started = RUNNING.set(Running {
+        backend,
+        pool,
+        device_source,
+    });
+    debug_assert!(started.is_ok(), "RUNNING is only set under LIFECYCLE");
+    Ok(())
+}
+
+/// Drops the process's use of the runtime (`freeRuntime`). Afterwards
+/// [`device_state`] is [`DeviceState::NotInitialized`], streams already
+/// resolved keep working (the runtime and its streams are never destroyed:
+/// their handles stay valid), and [`start_runtime`] and everything that needs
+/// it fail with [`Error::RuntimeReset`] instead of silently doing nothing.
+/// Before any start it does nothing.
+pub fn free_runtime() {
+    let _slot = LIFECYCLE.lock();
+    if RUNNING.get().is_some() {
+        FREED.store(true, Ordering::Release);
+        tracing::info!("Spyre runtime freed; runtime reset is not supported in this process");
+    }
+}
+
+/// The pool for `device`, starting the runtime first if needed.
+pub(crate) fn pool_for(device: Device) -> Result<&'static StreamPool<'static>> {
+    start_runtime()?;
+    let running = RUNNING.get().expect("start_runtime succeeded");
+    let requested = device.resolve();
+    if requested != running.pool.device() {
+        return Err(Error::PoolAlreadyInitialized {
+            initialized: running.pool.device(),
+            requested,
+        });
+    }
+    Ok(&running.pool)
+}
+
+/// The pool that resolves `stream`'s handle. Does not start anything: a
+/// stream can only have a handle if the pool exists.
+#[inline]
+pub(crate) fn pool_of(stream: SpyreStream) -> Result<&'static StreamPool<'static>> {
+    RUNNING.get().map(|r| &r.pool).ok_or(Error::NoHandle {
+        id: stream.id(),
+        device: stream.device_index(),
+    })
+}
+
+/// The process-wide pool, if the runtime has started.
+pub fn global_pool() -> Option<&'static StreamPool<'static>> {
+    RUNNING.get().map(|r| &r.pool)
+}
+
+/// The next stream of a pool on `device`, round robin (`getStreamFromPool`):
+/// `priority < 0` picks the high-priority pool (ids 33–64), otherwise the
+/// normal pool (ids 1–32). Starts the runtime if needed.
+///
+/// # Errors
+/// The start error; [`Error::PoolAlreadyInitialized`] for another device;
+/// the runtime's error if the stream cannot be created.
+pub fn stream_from_pool(device: Device, priority: i32) -> Result<SpyreStream> {
+    pool_for(device)?.stream_from_pool(priority)
+}
+
+/// The default stream of `device` (id 0, `getDefaultStream`). Starts the runtime if needed.
+///
+/// # Errors
+/// As [`stream_from_pool`].
+pub fn default_stream(device: Device) -> Result<SpyreStream> {
+    pool_for(device)?.default_stream()
+}
+
+/// The runtime handle of the default stream (`getDefaultStreamRuntimeHandle`),
+/// for code that talks to the runtime directly (a collective-communication
+/// backend, say).
+///
+/// # Errors
+/// As [`stream_from_pool`].
+pub fn default_stream_handle(device: Device) -> Result<&'static dyn Stream> {
+    pool_for(device)?.default_stream_handle()
+}
+
+/// The next host-compute stream, round robin (`getHostComputeStream`).
+///
+/// # Errors
+/// As [`stream_from_pool`].
+pub fn host_compute_stream(device: Device) -> Result<SpyreStream> {
+    pool_for(device)?.host_compute_stream()
+}
+
+/// The host-compute stream `id` (`getHostComputeStreamById`).
+///
+/// # Errors
+/// [`Error::NotHostComputeStream`] outside 65..65+N; otherwise as [`stream_from_pool`].
+pub fn host_compute_stream_by_id(id: i64, device: Device) -> Result<SpyreStream> {
+    pool_for(device)?.host_compute_stream_by_id(id)
+}
+
+/// Synchronizes every stream of `device` (`synchronizeDevice`); see
+/// [`StreamPool::synchronize_device`]. Before the runtime has started there is
+/// nothing to synchronize and it returns `Ok` without starting it.
+///
+/// # Errors
+/// [`Error::PoolAlreadyInitialized`] for another device;
+/// [`Error::DeviceSynchronize`] naming the first stream that failed.
+pub fn synchronize_device(device: Device) -> Result<()> {
+    let Some(running) = RUNNING.get() else {
+        return Ok(());
+    };
+    let requested = device.resolve();
+    if requested != running.pool.device() {
+        return Err(Error::PoolAlreadyInitialized {
+            initialized: running.pool.device(),
+            requested,
+        });
+    }
+    running.pool.synchronize_device()
+}
+
+/// The state of the process's device (`SpyreGetDeviceState`):
+/// [`DeviceState::NotInitialized`] before start and after [`free_runtime`];
+/// [`DeviceState::StreamError`] when some stream has failed or needs shutdown
+/// (or the runtime cannot tell); [`DeviceState::Ok`] otherwise.
+pub fn device_state() -> DeviceState {
+    match RUNNING.get() {
+        Some(_) if FREED.load(Ordering::Acquire) => DeviceState::NotInitialized,
+        None => DeviceState::NotInitialized,
+        Some(running) => match running.pool.runtime().has_stream_error() {
+            Ok(false) => DeviceState::Ok,
+            Ok(true) => DeviceState::StreamError,
+            Err(e) => {
+                tracing::warn!(error = %e, "has_stream_error failed; reporting StreamError");
+                DeviceState::StreamError
+            }
+        },
+    }
+}
+
+/// Number of logical devices the backend sees (`device_count`). Loads the
+/// backend if it is not loaded yet; does not start the runtime.
+///
+/// # Errors
+/// The backend's load, configuration or counting error.
+pub fn device_count() -> Result<u32> {
+    if let Some(running) = RUNNING.get() {
+        return Ok(running.backend.device_count()?);
+    }
+    let mut slot = LIFECYCLE.lock();
+    match RUNNING.get() {
+        Some(running) => Ok(running.backend.device_count()?),
+        None => Ok(backend_slot(&mut slot)?.device_count()?),
+    }
+}
+
+/// Whether streams created from now on track hazards (`get_hazard_tracker_enabled`).
+/// `false` before the runtime starts.
+pub fn hazard_tracker_enabled() -> bool {
+    global_pool().is_some_and(|p| p.hazard_tracker_enabled())
+}
+
+/// Sets whether streams created from now on track hazards
+/// (`set_hazard_tracker_enabled`, a testing and tuning hook). Starts the runtime if needed.
+///
+/// # Errors
+/// The start error.
+pub fn set_hazard_tracker_enabled(enabled: bool) -> Result<()> {
+    start_runtime()?;
+    if let Some(pool) = global_pool() {
+        pool.set_hazard_tracker_enabled(enabled);
+    }
+    Ok(())
+}
+
+/// Facts about the started runtime for diagnostics, or `None` before start.
+#[derive(Clone, Debug)]
+pub struct RuntimeInfo {
+    /// The backend's name (`mock` or `hardware`).
+    pub backend: &'static str,
+    /// The backend's details (library path and ABI version, or mock settings).
+    pub backend_details: Vec<(&'static str, String)>,
+    /// The logical device the process is bound to.
+    pub device: u8,
+    /// Why that device.
+    pub device_source: DeviceSource,
+    /// Number of host-compute streams.
+    pub host_compute_streams: usize,
+    /// Whether new streams track hazards.
+    pub track_hazards: bool,
+    /// Whether [`free_runtime`] has been called.
+    pub freed: bool,
+}
+
+/// Facts about the started runtime, or `None` before [`start_runtime`].
+pub fn runtime_info() -> Option<RuntimeInfo> {
+    RUNNING.get().map(|r| RuntimeInfo {
+        backend: r.backend.name(),
+        backend_details: r.backend.details(),
+        device: r.pool.device(),
+        device_source: r.device_source,
+        host_compute_streams: r.pool.config().host_compute_streams(),
+        track_hazards: r.pool.hazard_tracker_enabled(),
+        freed: FREED.load(Ordering::Acquire),
+    })
+}
+
+/// The backend the build would choose with the current `SPYRE_BACKEND`.
+///
+/// # Errors
+/// As [`backend::parse_backend`].
+pub fn selected_backend() -> Result<BackendKind> {
+    backend::parse_backend(env::var(env::BACKEND).as_deref())
+}

@@ -1,0 +1,481 @@
+//! `StreamPool`: the id → handle table and round-robin assignment of the spec.
+
+use std::fmt;
+use std::sync::atomic::Ordering;
+
+use flex_rt::{
+    CompositeAddress, DataFormat, HostBuffer, LaunchOptions, Runtime, Stream, StreamMode,
+    StreamPriority,
+};
+
+use crate::id::{
+    HIGH_POOL_START, HOST_COMPUTE_START, MAX_HOST_COMPUTE_STREAMS, MAX_STREAM_SLOTS,
+    NORMAL_POOL_START, STREAMS_PER_POOL,
+};
+use crate::sync::{AtomicBool, RwLock};
+use crate::{Error, Result, SpyreStream, StreamErrorState, StreamId};
+
+/// Configuration fixed when a pool is made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolConfig {
+    host_compute_streams: usize,
+    track_hazards: bool,
+}
+
+impl PoolConfig {
+    /// `host_compute_streams` host-compute streams (ids 65..65+N-1, N in
+    /// 1..=8); `track_hazards` is the initial value of the hazard tracker,
+    /// latched into every stream the pool creates.
+    ///
+    /// # Errors
+    /// [`Error::InvalidHostComputeStreams`] when N is outside 1..=8.
+    pub fn new(host_compute_streams: usize, track_hazards: bool) -> Result<Self> {
+        if !(1..=MAX_HOST_COMPUTE_STREAMS).contains(&host_compute_streams) {
+            return Err(Error::InvalidHostComputeStreams {
+                count: host_compute_streams,
+            });
+        }
+        Ok(Self {
+            host_compute_streams,
+            track_hazards,
+        })
+    }
+
+    /// Number of host-compute streams.
+    pub fn host_compute_streams(&self) -> usize {
+        self.host_compute_streams
+    }
+
+    /// Initial hazard-tracker setting.
+    pub fn track_hazards(&self) -> bool {
+        self.track_hazards
+    }
+}
+
+impl Default for PoolConfig {
+    /// Four host-compute streams, no hazard tracking: torch-spyre's defaults.
+    fn default() -> Self {
+        Self {
+            host_compute_streams: crate::id::DEFAULT_HOST_COMPUTE_STREAMS,
+            track_hazards: false,
+        }
+    }
+}
+
+/// Everything the lock guards (`stream_handle_map`, the round-robin cursors
+/// and the init flag of the spec).
+struct PoolState<'rt> {
+    initialized: bool,
+    /// Slot `i` holds the handle of stream id `i`. Append-only: a slot goes
+    /// from `None` to `Some` at most once and never changes again.
+    handles: [Option<&'rt dyn Stream>; MAX_STREAM_SLOTS],
+    next_normal: usize,
+    next_high: usize,
+    next_host_compute: usize,
+}
+
+/// The stream pool of one device over one runtime (torch-spyre's `StreamPool`).
+///
+/// The pool owns no stream: it stores borrowed handles, keyed by stream id, in
+/// an append-only table. Ids 0 (default stream) and the host-compute streams
+/// are mapped when the pool initializes; ids 1–64 get a handle the first time
+/// the round robin hands them out, at most once per id; no id is ever
+/// remapped or removed, and the pool never destroys a stream.
+///
+/// Locking, exactly as the spec's table: [`StreamPool::resolve`],
+/// [`StreamPool::default_stream_handle`] and the snapshot of
+/// [`StreamPool::synchronize_device`] take the read lock; initialization and
+/// every assignment ([`StreamPool::stream_from_pool`],
+/// [`StreamPool::host_compute_stream`]) take the write lock and write the
+/// cursor. No lock is held while waiting on the device: query, synchronize and
+/// launches resolve the handle, drop the lock, then call the runtime.
+///
+/// Initialization is atomic: the default-stream mapping, the host-compute
+/// streams and the cursors are built first and published together under the
+/// write lock, or not at all (a later call retries).
+///
+/// This is a value; the process-wide pool of the spec is one of them, behind
+/// the crate's free functions. Tests and embedders may build their own.
+///
+/// Thread-safety: `Send + Sync`; every method may be called from any thread.
+pub struct StreamPool<'rt> {
+    runtime: &'rt dyn Runtime,
+    device: u8,
+    config: PoolConfig,
+    track_hazards: AtomicBool,
+    state: RwLock<PoolState<'rt>>,
+}
+
+impl<'rt> StreamPool<'rt> {
+    /// A pool over `runtime`, bound to the runtime's logical device. Cheap:
+    /// no stream is created until the pool initializes.
+    ///
+    /// # Errors
+    /// [`Error::InvalidDeviceIndex`] if the runtime's device is above 127.
+    pub fn new(runtime: &'rt dyn Runtime, config: PoolConfig) -> Result<Self> {
+        let device = u8::try_from(runtime.logical_device())
+            .ok()
+            .filter(|d| *d <= crate::env::MAX_DEVICE_INDEX)
+            .ok_or(Error::InvalidDeviceIndex {
+                index: i64::from(runtime.logical_device()),
+            })?;
+        Ok(Self {
+            runtime,
+            device,
+            config,
+            track_hazards: AtomicBool::new(config.track_hazards),
+            state: RwLock::new(PoolState {
+                initialized: false,
+                handles: [None; MAX_STREAM_SLOTS],
+                next_normal: 0,
+                next_high: 0,
+                next_host_compute: 0,
+            }),
+        })
+    }
+
+    /// The logical device the pool serves.
+    pub fn device(&self) -> u8 {
+        self.device
+    }
+
+    /// The runtime the pool's streams belong to.
+    pub fn runtime(&self) -> &'rt dyn Runtime {
+        self.runtime
+    }
+
+    /// The configuration the pool was made with.
+    pub fn config(&self) -> PoolConfig {
+        self.config
+    }
+
+    /// Whether streams created from now on track hazards.
+    pub fn hazard_tracker_enabled(&self) -> bool {
+        self.track_hazards.load(Ordering::Relaxed)
+    }
+
+    /// Sets whether streams created from now on track hazards; streams that
+    /// exist keep the setting they were created with (torch-spyre latches it
+    /// per stream). The default stream never tracks hazards.
+    pub fn set_hazard_tracker_enabled(&self, enabled: bool) {
+        self.track_hazards.store(enabled, Ordering::Relaxed);
+    }
+
+    /// Whether the pool has been initialized (read lock).
+    pub fn is_initialized(&self) -> bool {
+        self.state.read().initialized
+    }
+
+    /// Initializes the pool if it is not (`initializeStreamPoolImpl`): maps
+    /// id 0 to the runtime's default stream, creates the host-compute streams,
+    /// resets the cursors. Idempotent.
+    ///
+    /// # Errors
+    /// The runtime's error if a host-compute stream cannot be created; then
+    /// nothing is published and the next call retries.
+    pub fn initialize(&self) -> Result<()> {
+        if self.state.read().initialized {
+            return Ok(());
+        }
+        self.initialize_locked(&mut self.state.write())
+    }
+
+    fn initialize_locked(&self, state: &mut PoolState<'rt>) -> Result<()> {
+        if state.initialized {
+            return Ok(());
+        }
+        let default = self.runtime.default_stream();
+        let mut host_compute: [Option<&'rt dyn Stream>; MAX_HOST_COMPUTE_STREAMS] =
+            [None; MAX_HOST_COMPUTE_STREAMS];
+        for slot in host_compute
+            .iter_mut()
+            .take(self.config.host_compute_streams)
+        {
+            *slot = Some(self.create_stream(StreamPriority::High)?);
+        }
+        state.handles[0] = Some(default);
+        let first = HOST_COMPUTE_START as usize;
+        state.handles[first..first + MAX_HOST_COMPUTE_STREAMS].copy_from_slice(&host_compute);
+        state.next_normal = 0;
+        state.next_high = 0;
+        state.next_host_compute = 0;
+        state.initialized = true;
+        Ok(())
+    }
+
+    fn create_stream(&self, priority: StreamPriority) -> Result<&'rt dyn Stream> {
+        Ok(self.runtime.create_stream(
+            priority,
+            StreamMode::StrictOrdering,
+            self.hazard_tracker_enabled(),
+        )?)
+    }
+
+    /// Hands out the next stream of a pool, round robin (`getStreamFromPool`):
+    /// a negative `priority` picks the high-priority pool (ids 33–64), zero
+    /// or positive the normal pool (ids 1–32) — PyTorch's convention. The
+    /// cursor advances on every assignment. The first time an id is handed
+    /// out its handle is created, with the runtime priority of its pool.
+    /// Initializes the pool first if needed. Write lock.
+    ///
+    /// # Errors
+    /// The runtime's error if the pool cannot initialize or the stream cannot
+    /// be created; then nothing is inserted, the cursor stays, and the next
+    /// assignment retries the same id.
+    pub fn stream_from_pool(&self, priority: i32) -> Result<SpyreStream> {
+        let high = priority < 0;
+        let mut state = self.state.write();
+        self.initialize_locked(&mut state)?;
+        let (cursor, start, runtime_priority) = if high {
+            (state.next_high, HIGH_POOL_START, StreamPriority::High)
+        } else {
+            (state.next_normal, NORMAL_POOL_START, StreamPriority::Normal)
+        };
+        let id = start + cursor as i64;
+        let slot = id as usize;
+        if state.handles[slot].is_none() {
+            state.handles[slot] = Some(self.create_stream(runtime_priority)?);
+        }
+        let next = (cursor + 1) % STREAMS_PER_POOL;
+        if high {
+            state.next_high = next;
+        } else {
+            state.next_normal = next;
+        }
+        Ok(SpyreStream::from_parts(self.device, StreamId(id)))
+    }
+
+    /// The default stream (id 0), initializing the pool if needed (`getDefaultStream`).
+    ///
+    /// # Errors
+    /// As [`StreamPool::initialize`].
+    pub fn default_stream(&self) -> Result<SpyreStream> {
+        self.initialize()?;
+        Ok(SpyreStream::from_parts(self.device, StreamId::DEFAULT))
+    }
+
+    /// The default stream's runtime handle (`getDefaultStreamRuntimeHandle`),
+    /// for code that talks to the runtime directly. Read lock.
+    ///
+    /// # Errors
+    /// As [`StreamPool::initialize`].
+    pub fn default_stream_handle(&self) -> Result<&'rt dyn Stream> {
+        let stream = self.default_stream()?;
+        self.resolve(stream)
+    }
+
+    /// The next host-compute stream, round robin over ids 65..65+N-1
+    /// (`getHostComputeStream`). Write lock; initializes the pool if needed.
+    ///
+    /// # Errors
+    /// As [`StreamPool::initialize`].
+    pub fn host_compute_stream(&self) -> Result<SpyreStream> {
+        let mut state = self.state.write();
+        self.initialize_locked(&mut state)?;
+        let index = state.next_host_compute;
+        state.next_host_compute = (index + 1) % self.config.host_compute_streams;
+        Ok(SpyreStream::from_parts(
+            self.device,
+            StreamId(HOST_COMPUTE_START + index as i64),
+        ))
+    }
+
+    /// The host-compute stream with `id` (`getHostComputeStreamById`). The
+    /// range uses N as read when the pool was configured, never re-read.
+    ///
+    /// # Errors
+    /// [`Error::NotHostComputeStream`] naming `id` and the valid range; or as
+    /// [`StreamPool::initialize`].
+    pub fn host_compute_stream_by_id(&self, id: i64) -> Result<SpyreStream> {
+        let end = HOST_COMPUTE_START + self.config.host_compute_streams as i64;
+        if !(HOST_COMPUTE_START..end).contains(&id) {
+            return Err(Error::NotHostComputeStream {
+                id,
+                start: HOST_COMPUTE_START,
+                end,
+            });
+        }
+        self.initialize()?;
+        Ok(SpyreStream::from_parts(self.device, StreamId(id)))
+    }
+
+    /// The runtime handle of `stream` (`resolveRuntimeHandle`). Read lock,
+    /// released before the handle is returned; the handle stays valid because
+    /// the table is append-only and the runtime outlives the pool.
+    ///
+    /// # Errors
+    /// [`Error::WrongDevice`] for a stream of another device;
+    /// [`Error::NoHandle`] when the id has no handle.
+    #[inline]
+    pub fn resolve(&self, stream: SpyreStream) -> Result<&'rt dyn Stream> {
+        if stream.device_index() != self.device {
+            return Err(Error::WrongDevice {
+                stream_device: stream.device_index(),
+                pool_device: self.device,
+            });
+        }
+        let handle = stream
+            .id()
+            .slot()
+            .and_then(|slot| self.state.read().handles[slot]);
+        handle.ok_or(Error::NoHandle {
+            id: stream.id(),
+            device: stream.device_index(),
+        })
+    }
+
+    /// Synchronizes every stream of the device (`synchronizeDevice`): the
+    /// default stream, each assigned normal and high-priority stream, then
+    /// each host-compute stream, in that order, each once; ids never assigned
+    /// are skipped. The handles are collected under the read lock, which is
+    /// released before the first wait. If a stream fails, the others are
+    /// still synchronized. An uninitialized pool has nothing to synchronize.
+    ///
+    /// # Errors
+    /// [`Error::DeviceSynchronize`] with the id and error of the first stream that failed.
+    pub fn synchronize_device(&self) -> Result<()> {
+        let snapshot: Vec<(StreamId, &'rt dyn Stream)> = {
+            let state = self.state.read();
+            state
+                .handles
+                .iter()
+                .enumerate()
+                .filter_map(|(slot, handle)| handle.map(|h| (StreamId(slot as i64), h)))
+                .collect()
+        };
+        let mut first_error = None;
+        for (id, handle) in snapshot {
+            if let Err(source) = handle.synchronize() {
+                tracing::warn!(stream = id.get(), error = %source, "synchronize_device: stream failed");
+                first_error.get_or_insert(Error::DeviceSynchronize { id, source });
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Whether all work on `stream` has completed (`SpyreStream::query`).
+    ///
+    /// # Errors
+    /// As [`StreamPool::resolve`]; the runtime's error, unchanged.
+    pub fn query(&self, stream: SpyreStream) -> Result<bool> {
+        Ok(self.resolve(stream)?.query()?)
+    }
+
+    /// Blocks until all work on `stream` has completed (`SpyreStream::synchronize`).
+    ///
+    /// # Errors
+    /// As [`StreamPool::resolve`]; the runtime's error, unchanged.
+    pub fn synchronize(&self, stream: SpyreStream) -> Result<()> {
+        Ok(self.resolve(stream)?.synchronize()?)
+    }
+
+    /// The stream's error state (`SpyreStream::getError`): `Shutdown` when the
+    /// runtime says the stream needs shutdown, else `Success`.
+    ///
+    /// # Errors
+    /// As [`StreamPool::resolve`]; the runtime's error, unchanged.
+    pub fn stream_error(&self, stream: SpyreStream) -> Result<StreamErrorState> {
+        Ok(if self.resolve(stream)?.needs_shutdown()? {
+            StreamErrorState::Shutdown
+        } else {
+            StreamErrorState::Success
+        })
+    }
+
+    /// Enqueues a host-to-device copy of all of `src` into `dst` on `stream`
+    /// (`SpyreStream::launchH2D`); see [`Stream::launch_h2d`].
+    ///
+    /// # Errors
+    /// As [`StreamPool::resolve`]; the runtime's error, unchanged.
+    pub fn launch_h2d(
+        &self,
+        stream: SpyreStream,
+        src: &HostBuffer,
+        dst: &CompositeAddress,
+        options: LaunchOptions,
+    ) -> Result<()> {
+        Ok(self.resolve(stream)?.launch_h2d(src, dst, options)?)
+    }
+
+    /// Enqueues a device-to-host copy of all of `src` into `dst` on `stream`
+    /// (`SpyreStream::launchD2H`); see [`Stream::launch_d2h`].
+    ///
+    /// # Errors
+    /// As [`StreamPool::resolve`]; the runtime's error, unchanged.
+    pub fn launch_d2h(
+        &self,
+        stream: SpyreStream,
+        src: &CompositeAddress,
+        dst: &HostBuffer,
+        options: LaunchOptions,
+    ) -> Result<()> {
+        Ok(self.resolve(stream)?.launch_d2h(src, dst, options)?)
+    }
+
+    /// Enqueues the compute program at `program` on `stream`
+    /// (`SpyreStream::launchCompute`); see [`Stream::launch_compute`].
+    ///
+    /// # Errors
+    /// As [`StreamPool::resolve`]; the runtime's error, unchanged.
+    pub fn launch_compute(
+        &self,
+        stream: SpyreStream,
+        program: &CompositeAddress,
+        options: LaunchOptions,
+    ) -> Result<()> {
+        Ok(self.resolve(stream)?.launch_compute(program, options)?)
+    }
+
+    /// Enqueues `callback` to run in stream order on `stream`
+    /// (`SpyreStream::launchHostCallback`); see [`Stream::launch_host_callback`].
+    ///
+    /// # Errors
+    /// As [`StreamPool::resolve`]; the runtime's error, unchanged.
+    pub fn launch_host_callback(
+        &self,
+        stream: SpyreStream,
+        callback: impl FnOnce() + Send + 'static,
+        options: LaunchOptions,
+    ) -> Result<()> {
+        Ok(self
+            .resolve(stream)?
+            .launch_host_callback(Box::new(callback), options)?)
+    }
+
+    /// Enqueues a fill of `dst` with `value` on `stream` (`SpyreStream::fillAsync`);
+    /// see [`Stream::launch_fill`].
+    ///
+    /// # Errors
+    /// As [`StreamPool::resolve`]; the runtime's error, unchanged.
+    pub fn launch_fill(
+        &self,
+        stream: SpyreStream,
+        dst: &CompositeAddress,
+        value: f64,
+        format: DataFormat,
+        options: LaunchOptions,
+    ) -> Result<()> {
+        Ok(self
+            .resolve(stream)?
+            .launch_fill(dst, value, format, options)?)
+    }
+
+    /// The ids that have a handle, in table order (for diagnostics and tests). Read lock.
+    pub fn mapped_ids(&self) -> Vec<StreamId> {
+        let state = self.state.read();
+        (0..MAX_STREAM_SLOTS)
+            .filter(|&slot| state.handles[slot].is_some())
+            .map(|slot| StreamId(slot as i64))
+            .collect()
+    }
+}
+
+impl fmt::Debug for StreamPool<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StreamPool")
+            .field("device", &self.device)
+            .field("config", &self.config)
+            .field("initialized", &self.is_initialized())
+            .finish_non_exhaustive()
+    }
+}
