@@ -15,11 +15,14 @@ cd "$repo_root"
 have_libclang() {
     local f
     if [[ -n "${LIBCLANG_PATH:-}" ]]; then
-        for f in "$LIBCLANG_PATH"/libclang*.so*; do
+        for f in "$LIBCLANG_PATH"/libclang.so* "$LIBCLANG_PATH"/libclang-[0-9]*.so*; do
             [[ -e "$f" ]] && return 0
         done
     fi
-    for f in /usr/lib/llvm-*/lib/libclang*.so* /usr/lib/*/libclang*.so* /usr/lib/libclang*.so*; do
+    # libclang.so or libclang-<version>.so, not libclang-cpp (a different library
+    # that some images ship without libclang itself).
+    for f in /usr/lib/llvm-*/lib/libclang.so* /usr/lib/llvm-*/lib/libclang-[0-9]*.so* \
+        /usr/lib/*/libclang.so* /usr/lib/*/libclang-[0-9]*.so* /usr/lib/libclang.so*; do
         [[ -e "$f" ]] && return 0
     done
     local ldconfig
@@ -29,7 +32,7 @@ have_libclang() {
         # exit of grep would make ldconfig die of SIGPIPE and the test fail.
         local listing
         listing="$("$ldconfig" -p 2>/dev/null || true)"
-        [[ "$listing" == *libclang* ]] && return 0
+        [[ "$listing" == *"libclang.so"* || "$listing" == *libclang-[0-9]* ]] && return 0
     fi
     return 1
 }
