@@ -1,0 +1,275 @@
+//! Live handles: which `flex_runtime_t *` and `flex_stream_t *` values this
+//! library handed out and has not destroyed, and the state behind them.
+//!
+//! A runtime handle is the address of a [`RuntimeHandle`] box
+//! (`Box::into_raw`); a stream handle is the address of a [`MockStream`]
+//! owned by its runtime (streams never move). Neither is ever dereferenced
+//! to validate it: every call looks the address up in one process-wide
+//! table, and a null, foreign or destroyed address is
+//! `FLEX_ERROR_INVALID_HANDLE`. The lookup hands out an `Arc` of the
+//! runtime's state, so the state stays alive for the call even if another
+//! thread breaks flex.h and destroys the runtime meanwhile.
+//!
+//! A destroyed stream (`flex_stream_destroy`) leaves the table and is
+//! recorded as retired in its runtime; its memory lives until the runtime
+//! is destroyed, as the device's streams are append-only. An address freed
+//! by `flex_runtime_destroy` may be reused by a later runtime or stream of
+//! this library, like any pointer handle; until then it is rejected.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use flex_rt::Stream;
+use flex_sys::bindings::{flex_runtime_t, flex_stream_t};
+use parking_lot::Mutex;
+
+use super::boundary::Failure;
+use super::late::LateThread;
+use super::switches::Switches;
+use crate::{MockRuntime, MockStream};
+
+/// Everything behind one runtime handle.
+///
+/// Fields drop in order: the device first (its drop waits for queued work
+/// and joins the engines, whose completions may still go to the delivery
+/// thread), then the delivery thread (stopped after it has delivered
+/// everything, and joined).
+pub(super) struct RuntimeState {
+    pub(super) runtime: MockRuntime,
+    pub(super) late: Option<LateThread>,
+    pub(super) switches: Switches,
+    /// Ids of streams destroyed with `flex_stream_destroy`.
+    pub(super) retired: Mutex<BTreeSet<u64>>,
+}
+
+impl RuntimeState {
+    /// A number that identifies this runtime while it lives (the address of
+    /// its state), for recognising its callbacks on a thread.
+    pub(super) fn key(self: &Arc<Self>) -> usize {
+        Arc::as_ptr(self) as usize
+    }
+
+    /// Fails with [`super::UNDEFINED_STATUS`] when the switches name `call`.
+    pub(super) fn check_switch(&self, call: &str) -> Result<(), Failure> {
+        undefined_status_check(&self.switches, call)
+    }
+
+    /// Blocks until stream `id` has no queued operation and no pending late
+    /// completion. Errors of the stream are not this wait's business.
+    pub(super) fn drain_stream(&self, stream: &MockStream) {
+        let _ = stream.synchronize();
+        if let Some(late) = &self.late {
+            late.queue().wait_idle(Some(stream.id()));
+        }
+    }
+
+    /// Blocks until every stream is idle and no completion is pending,
+    /// including work that completions launched meanwhile.
+    pub(super) fn drain_all(&self) {
+        loop {
+            for id in 0..self.runtime.stream_count() as u64 {
+                if let Some(stream) = self.runtime.mock_stream(id) {
+                    self.drain_stream(stream);
+                }
+            }
+            let streams_idle = (0..self.runtime.stream_count() as u64)
+                .filter_map(|id| self.runtime.mock_stream(id))
+                .all(|stream| stream.pending_operations() == 0);
+            let late_idle = self
+                .late
+                .as_ref()
+                .is_none_or(|late| late.queue().pending(None) == 0);
+            if streams_idle && late_idle {
+                return;
+            }
+        }
+    }
+}
+
+/// `Err` with [`super::UNDEFINED_STATUS`] when `switches` name `call`.
+pub(super) fn undefined_status_check(switches: &Switches, call: &str) -> Result<(), Failure> {
+    if switches.undefined_status_for(call) {
+        Err(Failure::new(
+            super::UNDEFINED_STATUS,
+            format!(
+                "{call} returned status {} on purpose ({}={})",
+                super::UNDEFINED_STATUS,
+                super::ENV_UNDEFINED_STATUS,
+                switches.undefined_status.join(",")
+            ),
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+/// What a `flex_runtime_t *` points to.
+pub(super) struct RuntimeHandle {
+    /// Owned by the handle; the table holds another reference.
+    _state: Arc<RuntimeState>,
+}
+
+/// A live stream handle: its runtime and its id there.
+pub(super) struct StreamRef {
+    pub(super) state: Arc<RuntimeState>,
+    pub(super) id: u64,
+}
+
+impl StreamRef {
+    /// The device stream.
+    ///
+    /// # Errors
+    /// `FLEX_ERROR_INTERNAL` if the runtime has no such stream (the table
+    /// is out of step with the device, which does not happen).
+    pub(super) fn mock(&self) -> Result<&MockStream, Failure> {
+        self.state.runtime.mock_stream(self.id).ok_or_else(|| {
+            Failure::internal(format!("stream {} is missing from its runtime", self.id))
+        })
+    }
+}
+
+struct Entry {
+    runtime: Arc<RuntimeState>,
+    id: u64,
+}
+
+struct Registry {
+    /// Runtime handle address → state.
+    runtimes: BTreeMap<usize, Arc<RuntimeState>>,
+    /// Stream handle address → runtime and id.
+    streams: BTreeMap<usize, Entry>,
+}
+
+static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
+    runtimes: BTreeMap::new(),
+    streams: BTreeMap::new(),
+});
+
+/// The handle of a device stream.
+pub(super) fn stream_handle(stream: &MockStream) -> *mut flex_stream_t {
+    std::ptr::from_ref(stream).cast_mut().cast()
+}
+
+/// Registers a new runtime and its default stream; returns the runtime
+/// handle.
+pub(super) fn register_runtime(state: Arc<RuntimeState>) -> *mut flex_runtime_t {
+    let default = stream_handle(state.runtime.default_mock_stream()) as usize;
+    let handle = Box::into_raw(Box::new(RuntimeHandle {
+        _state: Arc::clone(&state),
+    }));
+    let mut registry = REGISTRY.lock();
+    registry.streams.insert(
+        default,
+        Entry {
+            runtime: Arc::clone(&state),
+            id: 0,
+        },
+    );
+    registry.runtimes.insert(handle as usize, state);
+    handle.cast()
+}
+
+/// Registers stream `id` of `state`; returns its handle.
+pub(super) fn register_stream(
+    state: &Arc<RuntimeState>,
+    stream: &MockStream,
+) -> *mut flex_stream_t {
+    let handle = stream_handle(stream);
+    REGISTRY.lock().streams.insert(
+        handle as usize,
+        Entry {
+            runtime: Arc::clone(state),
+            id: stream.id(),
+        },
+    );
+    handle
+}
+
+/// The state of a live runtime handle.
+///
+/// # Errors
+/// `FLEX_ERROR_INVALID_HANDLE` for NULL or an address that is not a live
+/// runtime of this library.
+pub(super) fn runtime(handle: *mut flex_runtime_t) -> Result<Arc<RuntimeState>, Failure> {
+    if handle.is_null() {
+        return Err(Failure::invalid_handle("the runtime handle is NULL"));
+    }
+    REGISTRY
+        .lock()
+        .runtimes
+        .get(&(handle as usize))
+        .cloned()
+        .ok_or_else(|| {
+            Failure::invalid_handle(format!(
+                "{handle:p} is not a live runtime of this library (never created by it, or destroyed)"
+            ))
+        })
+}
+
+/// The runtime and id of a live stream handle.
+///
+/// # Errors
+/// `FLEX_ERROR_INVALID_HANDLE` for NULL or an address that is not a live
+/// stream of this library.
+pub(super) fn stream(handle: *mut flex_stream_t) -> Result<StreamRef, Failure> {
+    if handle.is_null() {
+        return Err(Failure::invalid_handle("the stream handle is NULL"));
+    }
+    REGISTRY
+        .lock()
+        .streams
+        .get(&(handle as usize))
+        .map(|entry| StreamRef {
+            state: Arc::clone(&entry.runtime),
+            id: entry.id,
+        })
+        .ok_or_else(|| {
+            Failure::invalid_handle(format!(
+                "{handle:p} is not a live stream of this library (never created by it, destroyed, or its runtime was destroyed)"
+            ))
+        })
+}
+
+/// Removes a stream handle from the table and records the stream as
+/// retired in its runtime. `false` if it was not there.
+pub(super) fn retire_stream(handle: *mut flex_stream_t) -> bool {
+    let removed = REGISTRY.lock().streams.remove(&(handle as usize));
+    match removed {
+        Some(entry) => {
+            entry.runtime.retired.lock().insert(entry.id);
+            true
+        }
+        None => false,
+    }
+}
+
+/// Removes a runtime handle and all its streams from the table, frees the
+/// handle box, and returns the state. `None` if the handle was not live.
+pub(super) fn unregister_runtime(handle: *mut flex_runtime_t) -> Option<Arc<RuntimeState>> {
+    let state = {
+        let mut registry = REGISTRY.lock();
+        let state = registry.runtimes.remove(&(handle as usize))?;
+        registry
+            .streams
+            .retain(|_, entry| !Arc::ptr_eq(&entry.runtime, &state));
+        state
+    };
+    // SAFETY: the address was in the table, and only `register_runtime`
+    // puts one there: the value of `Box::into_raw` of a `RuntimeHandle`.
+    // Removing it under the table's lock (above) is the only way to get
+    // here, so this reclaims the box exactly once; no other code
+    // dereferences handle addresses.
+    drop(unsafe { Box::from_raw(handle.cast::<RuntimeHandle>()) });
+    Some(state)
+}
+
+/// The stream handles of a live runtime (for tests).
+#[cfg(test)]
+pub(super) fn live_streams_of(state: &Arc<RuntimeState>) -> usize {
+    REGISTRY
+        .lock()
+        .streams
+        .values()
+        .filter(|entry| Arc::ptr_eq(&entry.runtime, state))
+        .count()
+}

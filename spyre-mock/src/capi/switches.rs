@@ -1,0 +1,161 @@
+//! The environment variables the shared library reads: the device
+//! configuration and the misbehaviour switches. Parsing is pure (a lookup
+//! closure), so tests need not touch the process environment.
+
+use std::time::Duration;
+
+use flex_sys::bindings::{FLEX_API_VERSION_MAJOR, FLEX_API_VERSION_MINOR};
+use flex_sys::make_api_version;
+
+use crate::MockConfig;
+
+/// `SPYRE_MOCK_ABI_VERSION=M.m`: the version `flex_get_api_version` reports.
+pub const ENV_ABI_VERSION: &str = "SPYRE_MOCK_ABI_VERSION";
+/// `SPYRE_MOCK_UNDEFINED_STATUS=<call>[,<call>...]`: these calls return
+/// [`UNDEFINED_STATUS`] and do nothing else.
+pub const ENV_UNDEFINED_STATUS: &str = "SPYRE_MOCK_UNDEFINED_STATUS";
+/// `SPYRE_MOCK_FAIL_LAUNCH=N`: the `N`th launch on each stream is refused.
+pub const ENV_FAIL_LAUNCH: &str = "SPYRE_MOCK_FAIL_LAUNCH";
+/// `SPYRE_MOCK_LATE_COMPLETIONS_MS=N`: completions are delivered `N` ms late
+/// from a thread of the runtime.
+pub const ENV_LATE_COMPLETIONS_MS: &str = "SPYRE_MOCK_LATE_COMPLETIONS_MS";
+/// `SPYRE_MOCK_FAIL_RUNTIME_CREATE=1`: `flex_runtime_create` fails.
+pub const ENV_FAIL_RUNTIME_CREATE: &str = "SPYRE_MOCK_FAIL_RUNTIME_CREATE";
+
+/// The status a call named in `SPYRE_MOCK_UNDEFINED_STATUS` returns: a value
+/// flex.h does not define.
+pub const UNDEFINED_STATUS: i32 = 977;
+
+/// The misbehaviour switches a runtime (or a call without one) follows.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(super) struct Switches {
+    /// Calls that return [`UNDEFINED_STATUS`] and do nothing else.
+    pub(super) undefined_status: Vec<&'static str>,
+    /// The launch on each stream that is refused (1 = the first).
+    pub(super) fail_launch: Option<u64>,
+    /// Delay of every completion, delivered from the runtime's delivery thread.
+    pub(super) late_completions: Option<Duration>,
+    /// Whether `flex_runtime_create` fails.
+    pub(super) fail_runtime_create: bool,
+}
+
+impl Switches {
+    /// Reads the switches through `lookup` (name → value, `None` when
+    /// unset). Values are trimmed; empty counts as unset.
+    ///
+    /// # Errors
+    /// A message naming the variable and its raw value when a value is
+    /// malformed.
+    pub(super) fn from_lookup(
+        mut lookup: impl FnMut(&str) -> Option<String>,
+    ) -> Result<Self, String> {
+        let mut value = |name: &str| {
+            lookup(name)
+                .map(|raw| raw.trim().to_owned())
+                .filter(|v| !v.is_empty())
+        };
+        let mut switches = Self::default();
+        if let Some(raw) = value(ENV_UNDEFINED_STATUS) {
+            for name in raw.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+                let Some(&known) = STATUS_CALLS.iter().find(|&&call| call == name) else {
+                    return Err(format!(
+                        "{ENV_UNDEFINED_STATUS}={raw:?} is not valid: {name:?} is not a flex.h function that returns a status (one of {})",
+                        STATUS_CALLS.join(", ")
+                    ));
+                };
+                switches.undefined_status.push(known);
+            }
+        }
+        if let Some(raw) = value(ENV_FAIL_LAUNCH) {
+            let n: u64 = raw.parse().map_err(|_| {
+                format!("{ENV_FAIL_LAUNCH}={raw:?} is not valid: expected a decimal whole number (1 = the first launch of each stream, 0 = off)")
+            })?;
+            switches.fail_launch = (n > 0).then_some(n);
+        }
+        if let Some(raw) = value(ENV_LATE_COMPLETIONS_MS) {
+            let ms: u64 = raw.parse().map_err(|_| {
+                format!("{ENV_LATE_COMPLETIONS_MS}={raw:?} is not valid: expected a decimal number of milliseconds")
+            })?;
+            switches.late_completions = Some(Duration::from_millis(ms));
+        }
+        if let Some(raw) = value(ENV_FAIL_RUNTIME_CREATE) {
+            switches.fail_runtime_create = match raw.as_str() {
+                "1" => true,
+                "0" => false,
+                _ => {
+                    return Err(format!(
+                        "{ENV_FAIL_RUNTIME_CREATE}={raw:?} is not valid: expected 1 (fail) or 0 (off)"
+                    ));
+                }
+            };
+        }
+        Ok(switches)
+    }
+
+    /// Whether `call` is set to return [`UNDEFINED_STATUS`].
+    pub(super) fn undefined_status_for(&self, call: &str) -> bool {
+        self.undefined_status.contains(&call)
+    }
+}
+
+/// Every flex.h function that returns a `flex_status_t`: all of them but
+/// the three that return a version or a string.
+pub(super) const STATUS_CALLS: [&str; 20] = [
+    "flex_get_device_count",
+    "flex_runtime_create",
+    "flex_runtime_destroy",
+    "flex_runtime_get_logical_device",
+    "flex_runtime_get_default_stream",
+    "flex_runtime_create_stream",
+    "flex_stream_destroy",
+    "flex_runtime_has_stream_error",
+    "flex_memory_allocate",
+    "flex_memory_free",
+    "flex_stream_get_id",
+    "flex_stream_get_priority",
+    "flex_stream_query",
+    "flex_stream_synchronize",
+    "flex_stream_needs_shutdown",
+    "flex_launch_h2d",
+    "flex_launch_d2h",
+    "flex_launch_compute",
+    "flex_launch_host_callback",
+    "flex_launch_fill",
+];
+
+/// The packed version `flex_get_api_version` reports: `SPYRE_MOCK_ABI_VERSION`
+/// (`M.m`, both 0..=65535) when set and well formed, the header's version
+/// when unset or empty, and `0.0` (which every loader refuses) when malformed.
+pub(super) fn abi_version(mut lookup: impl FnMut(&str) -> Option<String>) -> u32 {
+    let current = make_api_version(FLEX_API_VERSION_MAJOR as u32, FLEX_API_VERSION_MINOR as u32);
+    let Some(raw) = lookup(ENV_ABI_VERSION) else {
+        return current;
+    };
+    let raw = raw.trim();
+    if raw.is_empty() {
+        return current;
+    }
+    let parse = |part: &str| part.parse::<u16>().ok().map(u32::from);
+    match raw.split_once('.') {
+        Some((major, minor)) => match (parse(major), parse(minor)) {
+            (Some(major), Some(minor)) => make_api_version(major, minor),
+            _ => 0,
+        },
+        None => 0,
+    }
+}
+
+/// The device configuration from the `SPYRE_MOCK_*` variables of
+/// [`MockConfig::from_lookup`].
+///
+/// # Errors
+/// Its message, naming the variable and value.
+pub(super) fn config(lookup: impl FnMut(&str) -> Option<String>) -> Result<MockConfig, String> {
+    MockConfig::from_lookup(lookup).map_err(|err| err.message().to_owned())
+}
+
+/// Reads a variable of the process environment (`None` when unset; a value
+/// that is not Unicode is converted lossily).
+pub(super) fn process_env(name: &str) -> Option<String> {
+    std::env::var_os(name).map(|value| value.to_string_lossy().into_owned())
+}

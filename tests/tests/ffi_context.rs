@@ -1,0 +1,224 @@
+//! flex-rt's `RuntimeContext` and `RuntimeStream` over the mock shared
+//! library: teardown, `close`, concurrent submission to one stream, and no
+//! library thread outliving its runtime. Each test runs in a fresh process
+//! (`isolated`), so the thread counts see no other test.
+
+mod ffi_support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use ffi_support::{backend, isolated, live_threads, settle_threads};
+use flex_rt::{
+    DataFormat, HostBuffer, LaunchOptions, Runtime, RuntimeContext, Status, Stream, StreamMode,
+    StreamPriority, TeardownStep,
+};
+use spyre_tests::conformance::Completions;
+
+fn context() -> RuntimeContext {
+    RuntimeContext::create(Arc::clone(backend().library()), 0).expect("RuntimeContext::create")
+}
+
+#[test]
+fn dropping_the_context_waits_for_pending_work() {
+    isolated("dropping_the_context_waits_for_pending_work", &[], || {
+        let context = context();
+        let completions = Completions::new();
+        let ran = Arc::new(AtomicUsize::new(0));
+        let out = HostBuffer::zeroed(128);
+        let address = context.allocate(128).expect("allocate");
+        for stream in [
+            context.default_stream() as &dyn Stream,
+            context
+                .create_stream(StreamPriority::Normal, StreamMode::StrictOrdering, false)
+                .expect("create_stream"),
+        ] {
+            let r = Arc::clone(&ran);
+            stream
+                .launch_host_callback(
+                    Box::new(move || {
+                        std::thread::sleep(Duration::from_millis(50));
+                        r.fetch_add(1, Ordering::SeqCst);
+                    }),
+                    completions.options(),
+                )
+                .expect("launch_host_callback");
+        }
+        let stream = context.default_stream();
+        stream
+            .launch_fill(&address, 6.0, DataFormat::Uint8, completions.options())
+            .expect("launch_fill");
+        stream
+            .launch_d2h(&address, &out, completions.options())
+            .expect("launch_d2h");
+        assert_eq!(
+            completions.calls(),
+            0,
+            "the host callbacks are still sleeping"
+        );
+        drop(context);
+        assert_eq!(ran.load(Ordering::SeqCst), 2);
+        assert_eq!(completions.results(), vec![Ok(()); 4]);
+        assert_eq!(completions.drops(), 4);
+        assert_eq!(out.to_vec(), vec![6u8; 128]);
+    });
+}
+
+#[test]
+fn close_is_ok_on_a_clean_context_and_lists_what_failed_otherwise() {
+    isolated(
+        "close_is_ok_on_a_clean_context_and_lists_what_failed_otherwise",
+        &[],
+        || {
+            let clean = context();
+            let stream = clean
+                .create_stream(StreamPriority::High, StreamMode::StrictOrdering, false)
+                .expect("create_stream");
+            let address = clean.allocate(64).expect("allocate");
+            stream
+                .launch_fill(&address, 1.0, DataFormat::Fp32, LaunchOptions::new())
+                .unwrap();
+            assert_eq!(clean.close(), Ok(()));
+
+            // A stream that failed reports its sticky error from the
+            // teardown's synchronize; the rest of the teardown still runs.
+            let failed = context();
+            let stream = failed
+                .create_stream(StreamPriority::Normal, StreamMode::StrictOrdering, false)
+                .expect("create_stream");
+            let program = failed.allocate(128).expect("allocate");
+            stream
+                .launch_h2d(
+                    &HostBuffer::from_vec(vec![0xEE; 128]),
+                    &program,
+                    LaunchOptions::new(),
+                )
+                .unwrap();
+            stream
+                .launch_compute(&program, LaunchOptions::new())
+                .unwrap();
+            let err = failed.close().unwrap_err();
+            assert_eq!(err.logical_device(), 0);
+            let steps: Vec<(TeardownStep, Status)> = err
+                .errors()
+                .iter()
+                .map(|e| (e.step(), e.error().status()))
+                .collect();
+            assert_eq!(
+                steps,
+                vec![(
+                    TeardownStep::SynchronizeStream { id: 1 },
+                    Status::EXECUTION_FAILED
+                )]
+            );
+        },
+    );
+}
+
+/// What the host callbacks of one stream record: whether one is running,
+/// how often two ran at once, and how many ran.
+#[derive(Default)]
+struct HostRecord {
+    busy: AtomicBool,
+    overlaps: AtomicUsize,
+    ran: AtomicUsize,
+}
+
+#[test]
+fn eight_threads_submit_to_one_stream() {
+    const THREADS: usize = 8;
+    const EACH: usize = 100;
+    isolated("eight_threads_submit_to_one_stream", &[], || {
+        let context = context();
+        let stream = context
+            .create_stream(StreamPriority::Normal, StreamMode::StrictOrdering, false)
+            .expect("create_stream");
+        let completions = Completions::new();
+        let record = Arc::new(HostRecord::default());
+        let address = context.allocate(256).expect("allocate");
+        std::thread::scope(|scope| {
+            for t in 0..THREADS {
+                let (completions, record, address) = (&completions, &record, &address);
+                scope.spawn(move || {
+                    for i in 0..EACH {
+                        if (t + i) % 2 == 0 {
+                            let record = Arc::clone(record);
+                            stream
+                                .launch_host_callback(
+                                    Box::new(move || {
+                                        if record.busy.swap(true, Ordering::SeqCst) {
+                                            record.overlaps.fetch_add(1, Ordering::SeqCst);
+                                        }
+                                        record.ran.fetch_add(1, Ordering::SeqCst);
+                                        record.busy.store(false, Ordering::SeqCst);
+                                    }),
+                                    completions.options(),
+                                )
+                                .expect("launch_host_callback");
+                        } else {
+                            stream
+                                .launch_fill(
+                                    address,
+                                    i as f64,
+                                    DataFormat::Uint8,
+                                    completions.options(),
+                                )
+                                .expect("launch_fill");
+                        }
+                    }
+                });
+            }
+        });
+        stream.synchronize().expect("synchronize");
+        assert_eq!(
+            record.overlaps.load(Ordering::SeqCst),
+            0,
+            "operations of one stream never overlap"
+        );
+        assert_eq!(record.ran.load(Ordering::SeqCst), THREADS * EACH / 2);
+        assert_eq!(completions.results(), vec![Ok(()); THREADS * EACH]);
+        assert_eq!(completions.drops(), THREADS * EACH);
+        assert_eq!(context.close(), Ok(()));
+    });
+}
+
+#[test]
+fn no_library_thread_outlives_its_runtime() {
+    isolated(
+        "no_library_thread_outlives_its_runtime",
+        &[
+            ("SPYRE_MOCK_ENGINES", "3"),
+            ("SPYRE_MOCK_LATE_COMPLETIONS_MS", "5"),
+        ],
+        || {
+            let backend = backend();
+            let baseline = live_threads();
+            let first = RuntimeContext::create(Arc::clone(backend.library()), 0).expect("create");
+            // Three engines and the completion delivery thread.
+            assert_eq!(live_threads(), baseline + 4);
+            let second = RuntimeContext::create(Arc::clone(backend.library()), 0).expect("create");
+            assert_eq!(live_threads(), baseline + 8);
+            let completions = Completions::new();
+            for context in [&first, &second] {
+                let stream = context
+                    .create_stream(StreamPriority::Normal, StreamMode::StrictOrdering, false)
+                    .expect("create_stream");
+                for _ in 0..10 {
+                    stream
+                        .launch_host_callback(Box::new(|| {}), completions.options())
+                        .expect("launch");
+                }
+            }
+            drop(first);
+            assert_eq!(settle_threads(baseline + 4), baseline + 4);
+            assert_eq!(second.close(), Ok(()));
+            assert_eq!(
+                settle_threads(baseline),
+                baseline,
+                "every library thread was joined"
+            );
+            assert_eq!(completions.results(), vec![Ok(()); 20]);
+        },
+    );
+}

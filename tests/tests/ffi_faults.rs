@@ -1,0 +1,286 @@
+//! flex-rt's FFI backend against a misbehaving library: the mock shared
+//! library with its `SPYRE_MOCK_*` switches (see `spyre_mock::capi`). Each
+//! test runs in a fresh process (`isolated`) with only the switches it names.
+//!
+//! What is checked is what flex.h promises and flex-rt builds on: a status
+//! flex.h does not define is an error naming it, never a crash; a launch
+//! that does not return `FLEX_SUCCESS` never calls its completion, so
+//! flex-rt frees what it handed over exactly once; completions that arrive
+//! late, from another thread, still arrive exactly once, and none arrives
+//! after the runtime is gone.
+
+mod ffi_support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use ffi_support::{backend, isolated, live_threads, settle_threads};
+use flex_rt::{Backend, DataFormat, HostBuffer, LaunchOptions, Status, StreamMode, StreamPriority};
+use spyre_tests::conformance::Completions;
+
+/// Counts its drops; captured by a host callback to see when it goes.
+struct DropCount(Arc<AtomicUsize>);
+
+impl Drop for DropCount {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// The calling thread's name as the kernel has it. The library's threads
+/// were started by its own copy of std, so `std::thread::current()` here
+/// does not know their names.
+fn os_thread_name() -> String {
+    std::fs::read_to_string("/proc/thread-self/comm")
+        .expect("/proc/thread-self/comm names this thread")
+        .trim_end()
+        .to_owned()
+}
+
+#[test]
+fn an_undefined_status_from_query_is_an_error_naming_it() {
+    isolated(
+        "an_undefined_status_from_query_is_an_error_naming_it",
+        &[("SPYRE_MOCK_UNDEFINED_STATUS", "flex_stream_query")],
+        || {
+            let runtime = backend().create_runtime(0).expect("create_runtime");
+            let stream = runtime.default_stream();
+            let err = stream.query().unwrap_err();
+            assert_eq!(err.status(), Status(977));
+            assert!(!err.status().is_known());
+            assert_eq!(err.call(), "flex_stream_query");
+            assert_eq!(
+                err.to_string(),
+                "flex_stream_query failed with undefined status 977 (not in flex.h): \
+                 flex_stream_query returned status 977 on purpose \
+                 (SPYRE_MOCK_UNDEFINED_STATUS=flex_stream_query)"
+            );
+            // Nothing else is affected.
+            let address = runtime.allocate(16).expect("allocate");
+            let out = HostBuffer::zeroed(16);
+            stream
+                .launch_fill(&address, 3.0, DataFormat::Uint8, LaunchOptions::new())
+                .unwrap();
+            stream
+                .launch_d2h(&address, &out, LaunchOptions::new())
+                .unwrap();
+            stream.synchronize().expect("synchronize");
+            assert_eq!(out.to_vec(), vec![3u8; 16]);
+        },
+    );
+}
+
+#[test]
+fn an_undefined_status_from_a_launch_releases_what_it_carried_once() {
+    isolated(
+        "an_undefined_status_from_a_launch_releases_what_it_carried_once",
+        &[(
+            "SPYRE_MOCK_UNDEFINED_STATUS",
+            "flex_launch_h2d,flex_launch_host_callback",
+        )],
+        || {
+            let runtime = backend().create_runtime(0).expect("create_runtime");
+            let stream = runtime.default_stream();
+            let address = runtime.allocate(64).expect("allocate");
+            let completions = Completions::new();
+
+            let source = HostBuffer::from_vec(vec![1; 64]);
+            let err = stream
+                .launch_h2d(&source, &address, completions.options())
+                .unwrap_err();
+            assert_eq!((err.status(), err.call()), (Status(977), "flex_launch_h2d"));
+            assert!(
+                source.lease_for_write("test").is_ok(),
+                "the read lease was released"
+            );
+
+            let host_drops = Arc::new(AtomicUsize::new(0));
+            let guard = DropCount(Arc::clone(&host_drops));
+            let ran = Arc::new(AtomicUsize::new(0));
+            let r = Arc::clone(&ran);
+            let err = stream
+                .launch_host_callback(
+                    Box::new(move || {
+                        let _guard = guard;
+                        r.fetch_add(1, Ordering::SeqCst);
+                    }),
+                    completions.options(),
+                )
+                .unwrap_err();
+            assert_eq!(err.status(), Status(977));
+            assert_eq!(
+                host_drops.load(Ordering::SeqCst),
+                1,
+                "the host callback was dropped once"
+            );
+
+            // A launch the switch does not name goes through.
+            stream
+                .launch_fill(&address, 2.0, DataFormat::Uint8, completions.options())
+                .expect("launch_fill");
+            stream.synchronize().expect("synchronize");
+            assert_eq!(
+                ran.load(Ordering::SeqCst),
+                0,
+                "the refused host callback never ran"
+            );
+            assert_eq!(
+                completions.results(),
+                vec![Ok(())],
+                "only the fill completed"
+            );
+            assert_eq!(completions.drops(), 3, "each completion released once");
+        },
+    );
+}
+
+#[test]
+fn an_undefined_status_without_a_runtime_is_an_error() {
+    isolated(
+        "an_undefined_status_without_a_runtime_is_an_error",
+        &[(
+            "SPYRE_MOCK_UNDEFINED_STATUS",
+            "flex_get_device_count, flex_runtime_create",
+        )],
+        || {
+            let backend = backend();
+            let err = backend.device_count().unwrap_err();
+            assert_eq!(
+                (err.status(), err.call()),
+                (Status(977), "flex_get_device_count")
+            );
+            let err = backend.create_runtime(0).unwrap_err();
+            assert_eq!(
+                (err.status(), err.call()),
+                (Status(977), "flex_runtime_create")
+            );
+        },
+    );
+}
+
+#[test]
+fn a_refused_launch_is_launch_failed_and_released_once() {
+    isolated(
+        "a_refused_launch_is_launch_failed_and_released_once",
+        &[("SPYRE_MOCK_FAIL_LAUNCH", "3")],
+        || {
+            let runtime = backend().create_runtime(0).expect("create_runtime");
+            let created = runtime
+                .create_stream(StreamPriority::High, StreamMode::StrictOrdering, false)
+                .expect("create_stream");
+            let address = runtime.allocate(32).expect("allocate");
+            for stream in [runtime.default_stream(), created] {
+                let completions = Completions::new();
+                let out = HostBuffer::zeroed(32);
+                let mut statuses = Vec::new();
+                for value in 1..=5u8 {
+                    let result = if value == 3 {
+                        // The third launch is a D2H: its write lease must be
+                        // released when it is refused.
+                        stream.launch_d2h(&address, &out, completions.options())
+                    } else {
+                        stream.launch_fill(
+                            &address,
+                            f64::from(value),
+                            DataFormat::Uint8,
+                            completions.options(),
+                        )
+                    };
+                    statuses.push(result.map_err(|err| err.status()));
+                }
+                assert_eq!(
+                    statuses,
+                    vec![Ok(()), Ok(()), Err(Status::LAUNCH_FAILED), Ok(()), Ok(())]
+                );
+                assert!(
+                    out.lease_for_write("test").is_ok(),
+                    "the write lease was released"
+                );
+                stream.synchronize().expect("synchronize");
+                assert_eq!(completions.results(), vec![Ok(()); 4]);
+                assert_eq!(completions.drops(), 5);
+            }
+        },
+    );
+}
+
+#[test]
+fn late_completions_arrive_once_and_never_after_the_runtime() {
+    const DELAY: Duration = Duration::from_millis(150);
+    isolated(
+        "late_completions_arrive_once_and_never_after_the_runtime",
+        &[("SPYRE_MOCK_LATE_COMPLETIONS_MS", "150")],
+        || {
+            let backend = backend();
+            let baseline = live_threads();
+            let runtime = backend.create_runtime(0).expect("create_runtime");
+            // Two engines and the delivery thread.
+            assert_eq!(live_threads(), baseline + 3);
+            let stream = runtime
+                .create_stream(StreamPriority::Normal, StreamMode::StrictOrdering, false)
+                .expect("create_stream");
+            let completions = Completions::new();
+            let threads = Arc::new(std::sync::Mutex::new(Vec::new()));
+            let address = runtime.allocate(256).expect("allocate");
+            let outs: Vec<HostBuffer> = (0..4).map(|_| HostBuffer::zeroed(256)).collect();
+            let start = Instant::now();
+            for (i, out) in outs.iter().enumerate() {
+                stream
+                    .launch_fill(&address, i as f64, DataFormat::Uint8, LaunchOptions::new())
+                    .unwrap();
+                let names = Arc::clone(&threads);
+                let counted = completions.options().completion.unwrap();
+                stream
+                    .launch_d2h(
+                        &address,
+                        out,
+                        LaunchOptions::new().on_complete(move |result| {
+                            names.lock().unwrap().push(os_thread_name());
+                            counted(result);
+                        }),
+                    )
+                    .unwrap();
+            }
+            // The device is done long before the completions arrive: the
+            // buffers stay leased to the operations until then.
+            assert!(outs[0].lease_for_write("test").is_err(), "still leased");
+            stream.synchronize().expect("synchronize");
+            assert!(
+                start.elapsed() >= DELAY,
+                "synchronize waited for the completions"
+            );
+            assert_eq!(completions.results(), vec![Ok(()); 4]);
+            for (i, out) in outs.iter().enumerate() {
+                assert_eq!(out.to_vec(), vec![i as u8; 256], "buffer {i}");
+            }
+            // The kernel keeps 15 bytes of "spyre-mock-d0-late".
+            assert_eq!(
+                *threads.lock().unwrap(),
+                vec!["spyre-mock-d0-l".to_owned(); 4],
+                "called from the runtime's delivery thread"
+            );
+
+            // Dropping the runtime with completions pending waits for them.
+            let late = Completions::new();
+            for _ in 0..3 {
+                stream
+                    .launch_fill(&address, 1.0, DataFormat::Uint8, late.options())
+                    .unwrap();
+            }
+            assert_eq!(late.calls(), 0, "not delivered yet");
+            drop(runtime);
+            assert_eq!(late.results(), vec![Ok(()); 3]);
+            assert_eq!(late.drops(), 3);
+            assert_eq!(
+                settle_threads(baseline),
+                baseline,
+                "every library thread is gone"
+            );
+            // Nothing arrives afterwards.
+            std::thread::sleep(2 * DELAY);
+            assert_eq!((late.calls(), late.drops()), (3, 3));
+            assert_eq!(completions.calls(), 4);
+        },
+    );
+}

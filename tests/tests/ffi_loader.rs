@@ -1,0 +1,237 @@
+//! flex-sys's loader and flex-rt's backend against the real mock shared
+//! library: the ABI check, the symbols, the configuration the library reads
+//! from the environment, and runtime-creation failures. Every test runs in a
+//! fresh process (`isolated`) with the `SPYRE_MOCK_*` variables it names and
+//! no others.
+
+mod ffi_support;
+
+use std::path::PathBuf;
+
+use ffi_support::{backend, isolated};
+use flex_rt::{Backend, DataFormat, FlexBackend, HostBuffer, LaunchOptions, Status};
+use flex_sys::{AbiVersion, FlexLibrary, LoadError};
+use spyre_tests::mock_cdylib;
+
+/// The file the dynamic loader maps for the mock library.
+fn canonical_library() -> PathBuf {
+    std::fs::canonicalize(mock_cdylib()).expect("the library exists")
+}
+
+const V1_0: AbiVersion = AbiVersion { major: 1, minor: 0 };
+
+#[test]
+fn the_library_exports_flex_h_at_the_header_version() {
+    isolated(
+        "the_library_exports_flex_h_at_the_header_version",
+        &[],
+        || {
+            // `open` checks every symbol of flex.h (flex_sys::REQUIRED_SYMBOLS).
+            let library = FlexLibrary::open(mock_cdylib()).expect("open");
+            assert_eq!(library.version(), V1_0);
+            assert_eq!(library.path(), canonical_library());
+            assert_eq!(library.status_string(4), "FLEX_ERROR_OUT_OF_MEMORY");
+            assert_eq!(library.status_string(977), "FLEX_UNKNOWN_STATUS");
+            let fresh = std::sync::Arc::clone(&library);
+            let message = std::thread::spawn(move || fresh.last_error_message());
+            assert_eq!(
+                message.join().unwrap(),
+                "",
+                "no call has failed on a new thread"
+            );
+            // The same file through FLEX_RUNTIME_LIB's code path.
+            let by_env = FlexLibrary::load_from(Some(mock_cdylib().into())).expect("load_from");
+            assert_eq!(by_env.path(), library.path());
+            let backend = FlexBackend::from_library(library);
+            assert_eq!(backend.device_count(), Ok(1));
+            assert_eq!(
+                backend.details(),
+                vec![
+                    ("library", canonical_library().display().to_string()),
+                    ("abi version", "1.0".to_owned()),
+                ]
+            );
+        },
+    );
+}
+
+#[test]
+fn another_major_version_is_refused_naming_both_versions() {
+    isolated(
+        "another_major_version_is_refused_naming_both_versions",
+        &[("SPYRE_MOCK_ABI_VERSION", "2.0")],
+        || {
+            let err = FlexBackend::open(mock_cdylib()).unwrap_err();
+            assert_eq!(
+                err,
+                LoadError::AbiMismatch {
+                    expected: V1_0,
+                    found: AbiVersion { major: 2, minor: 0 },
+                    path: canonical_library(),
+                }
+            );
+            let text = err.to_string();
+            assert!(text.contains("implements flex ABI 2.0"), "{text}");
+            assert!(text.contains("built for flex ABI 1.0"), "{text}");
+            // Through FLEX_RUNTIME_LIB, the error also names the variable.
+            let err = FlexLibrary::load_from(Some(mock_cdylib().into())).unwrap_err();
+            assert!(
+                matches!(
+                    &err,
+                    LoadError::Env {
+                        variable: "FLEX_RUNTIME_LIB",
+                        ..
+                    }
+                ),
+                "{err}"
+            );
+            assert!(err.to_string().contains("flex ABI 2.0"), "{err}");
+        },
+    );
+}
+
+#[test]
+fn a_newer_minor_version_is_accepted() {
+    isolated(
+        "a_newer_minor_version_is_accepted",
+        &[("SPYRE_MOCK_ABI_VERSION", "1.7")],
+        || {
+            let backend = backend();
+            assert_eq!(
+                backend.library().version(),
+                AbiVersion { major: 1, minor: 7 }
+            );
+            assert!(
+                backend
+                    .details()
+                    .contains(&("abi version", "1.7".to_owned()))
+            );
+            let runtime = backend.create_runtime(0).expect("create_runtime");
+            let stream = runtime.default_stream();
+            let address = runtime.allocate(64).expect("allocate");
+            let out = HostBuffer::zeroed(64);
+            stream
+                .launch_fill(&address, 5.0, DataFormat::Uint8, LaunchOptions::new())
+                .unwrap();
+            stream
+                .launch_d2h(&address, &out, LaunchOptions::new())
+                .unwrap();
+            stream.synchronize().unwrap();
+            assert_eq!(out.to_vec(), vec![5u8; 64]);
+        },
+    );
+}
+
+#[test]
+fn a_malformed_version_switch_reports_0_0_which_is_refused() {
+    isolated(
+        "a_malformed_version_switch_reports_0_0_which_is_refused",
+        &[("SPYRE_MOCK_ABI_VERSION", "two")],
+        || {
+            let err = FlexBackend::open(mock_cdylib()).unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    LoadError::AbiMismatch {
+                        found: AbiVersion { major: 0, minor: 0 },
+                        ..
+                    }
+                ),
+                "{err}"
+            );
+        },
+    );
+}
+
+#[test]
+fn the_device_configuration_comes_from_the_environment() {
+    isolated(
+        "the_device_configuration_comes_from_the_environment",
+        &[
+            ("SPYRE_MOCK_DEVICES", "3"),
+            ("SPYRE_MOCK_MEMORY_BYTES", "1048576"),
+            ("SPYRE_MOCK_REGION_BYTES", "262144"),
+        ],
+        || {
+            let backend = backend();
+            assert_eq!(backend.device_count(), Ok(3));
+            let runtime = backend.create_runtime(2).expect("device 2 exists");
+            assert_eq!(runtime.logical_device(), 2);
+            let err = backend.create_runtime(3).unwrap_err();
+            assert_eq!(err.status(), Status::NO_DEVICE, "{err}");
+            assert_eq!(err.call(), "flex_runtime_create");
+            // 1 MiB of memory: one byte more does not fit, all of it does,
+            // in four chunks of 256 KiB.
+            let err = runtime.allocate((1 << 20) + 1).unwrap_err();
+            assert_eq!(err.status(), Status::OUT_OF_MEMORY, "{err}");
+            let all = runtime.allocate(1 << 20).expect("allocate all");
+            let sizes: Vec<u64> = all.chunks().iter().map(|c| c.size).collect();
+            assert_eq!(sizes, vec![262_144; 4]);
+        },
+    );
+}
+
+#[test]
+fn runtime_creation_can_be_made_to_fail() {
+    isolated(
+        "runtime_creation_can_be_made_to_fail",
+        &[("SPYRE_MOCK_FAIL_RUNTIME_CREATE", "1")],
+        || {
+            let backend = backend();
+            assert_eq!(backend.device_count(), Ok(1));
+            let err = backend.create_runtime(0).unwrap_err();
+            assert_eq!(err.status(), Status::RUNTIME_FAILED, "{err}");
+            assert_eq!(err.call(), "flex_runtime_create");
+            assert_eq!(
+                err.message(),
+                "device 0 could not be opened (fault injected by SPYRE_MOCK_FAIL_RUNTIME_CREATE=1)"
+            );
+            // A device that does not exist is still NO_DEVICE.
+            assert_eq!(
+                backend.create_runtime(1).unwrap_err().status(),
+                Status::NO_DEVICE
+            );
+        },
+    );
+}
+
+#[test]
+fn a_malformed_switch_fails_runtime_creation_naming_it() {
+    isolated(
+        "a_malformed_switch_fails_runtime_creation_naming_it",
+        &[("SPYRE_MOCK_FAIL_LAUNCH", "often")],
+        || {
+            let err = backend().create_runtime(0).unwrap_err();
+            assert_eq!(err.status(), Status::RUNTIME_FAILED, "{err}");
+            assert!(
+                err.message()
+                    .contains("SPYRE_MOCK_FAIL_LAUNCH=\"often\" is not valid"),
+                "{err}"
+            );
+        },
+    );
+}
+
+#[test]
+fn a_malformed_device_setting_fails_the_device_count_naming_it() {
+    isolated(
+        "a_malformed_device_setting_fails_the_device_count_naming_it",
+        &[("SPYRE_MOCK_ENGINES", "0")],
+        || {
+            let backend = backend();
+            let err = backend.device_count().unwrap_err();
+            assert_eq!(err.status(), Status::RUNTIME_FAILED, "{err}");
+            assert_eq!(err.call(), "flex_get_device_count");
+            assert!(
+                err.message()
+                    .contains("engines must be between 1 and 256, got 0"),
+                "{err}"
+            );
+            assert!(err.message().contains("SPYRE_MOCK_ENGINES=\"0\""), "{err}");
+            assert_eq!(
+                backend.create_runtime(0).unwrap_err().status(),
+                Status::RUNTIME_FAILED
+            );
+        },
+    );
+}
