@@ -1,0 +1,314 @@
+//! `spyre bench`: quick measurements a user can run on a host.
+//!
+//! Each measurement runs one untimed warm-up batch, then whole batches until
+//! its time budget (`--budget-ms`, default 250 ms) is spent, and reports the
+//! mean. With the default three transfer sizes that is nine measurements,
+//! about 2.5 s. These are spot checks; the criterion benchmarks in the
+//! crates' `benches/` directories are the careful measurements.
+
+use std::fmt::Write as _;
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use flex_rt::{HostBuffer, LaunchOptions, Status};
+use serde::Serialize;
+use spyre_stream::{Device, SpyreStream, StreamPool};
+
+use crate::cli::BenchArgs;
+use crate::error::CliError;
+use crate::size::format_size;
+
+/// Host memory the bandwidth measurements use at most per batch.
+const BATCH_BYTES: u64 = 64 << 20;
+/// Most copies per bandwidth batch.
+const MAX_COPIES_PER_BATCH: u64 = 8;
+
+/// One measurement.
+#[derive(Clone, Debug, Serialize)]
+pub struct BenchResult {
+    /// What was measured.
+    pub name: &'static str,
+    /// Transfer size in bytes, for bandwidth measurements.
+    pub size_bytes: Option<u64>,
+    /// The mean.
+    pub value: f64,
+    /// Unit of `value`: `ns/op`, `us/op` or `GB/s`.
+    pub unit: &'static str,
+    /// Operations timed.
+    pub operations: u64,
+    /// Time they took, in seconds.
+    pub seconds: f64,
+}
+
+/// Everything `spyre bench` reports; `--json` prints it as one object.
+#[derive(Clone, Debug, Serialize)]
+pub struct BenchReport {
+    /// The backend measured.
+    pub backend: &'static str,
+    /// Time budget of each measurement, in milliseconds.
+    pub budget_ms: u64,
+    /// The measurements, in the order they ran.
+    pub results: Vec<BenchResult>,
+}
+
+/// Runs batches of `batch` operations until `budget` is spent, after one
+/// untimed warm-up batch. Returns the operations timed and their time.
+fn measure(
+    budget: Duration,
+    batch: u64,
+    mut run_batch: impl FnMut(u64) -> Result<(), CliError>,
+) -> Result<(u64, Duration), CliError> {
+    run_batch(batch)?;
+    let start = Instant::now();
+    let mut operations = 0;
+    loop {
+        run_batch(batch)?;
+        operations += batch;
+        let elapsed = start.elapsed();
+        if elapsed >= budget {
+            return Ok((operations, elapsed));
+        }
+    }
+}
+
+/// A latency result in `unit` (`ns/op` or `us/op`).
+fn latency(
+    name: &'static str,
+    unit: &'static str,
+    (operations, elapsed): (u64, Duration),
+) -> BenchResult {
+    let per_op = elapsed.as_secs_f64() / operations as f64;
+    BenchResult {
+        name,
+        size_bytes: None,
+        value: if unit == "ns/op" {
+            per_op * 1e9
+        } else {
+            per_op * 1e6
+        },
+        unit,
+        operations,
+        seconds: elapsed.as_secs_f64(),
+    }
+}
+
+/// A stream-layer error of the benchmark.
+fn stream_error(context: &'static str) -> impl Fn(spyre_stream::Error) -> CliError {
+    move |e| CliError::stream(context, e)
+}
+
+/// Runs every measurement.
+///
+/// # Errors
+/// The stream layer's error; [`CliError::Usage`] for a transfer size the
+/// device cannot hold.
+pub fn bench(args: &BenchArgs) -> Result<BenchReport, CliError> {
+    spyre_stream::start_runtime().map_err(stream_error("starting the Spyre runtime"))?;
+    let backend = spyre_stream::runtime_info()
+        .map(|info| info.backend)
+        .ok_or_else(|| CliError::Failed("the Spyre runtime did not start".into()))?;
+    let pool = spyre_stream::global_pool()
+        .ok_or_else(|| CliError::Failed("the Spyre runtime has no stream pool".into()))?;
+    let budget = Duration::from_millis(args.budget_ms);
+    let stream = spyre_stream::stream_from_pool(Device::CURRENT, 0)
+        .map_err(stream_error("taking a stream from the pool"))?;
+    let mut results = Vec::new();
+
+    let timed = measure(budget, 10_000, |batch| {
+        for _ in 0..batch {
+            black_box(
+                pool.resolve(black_box(stream))
+                    .map_err(stream_error("resolving a handle"))?,
+            );
+        }
+        Ok(())
+    })?;
+    results.push(latency("handle resolution", "ns/op", timed));
+
+    let mut priority = 0;
+    let timed = measure(budget, 1_000, |batch| {
+        for _ in 0..batch {
+            priority = if priority == 0 { -1 } else { 0 };
+            black_box(
+                spyre_stream::stream_from_pool(Device::CURRENT, priority)
+                    .map_err(stream_error("taking a stream from the pool"))?,
+            );
+        }
+        Ok(())
+    })?;
+    results.push(latency("pool assignment", "ns/op", timed));
+
+    let timed = measure(budget, 100, |batch| {
+        for _ in 0..batch {
+            stream
+                .launch_host_callback(|| {}, LaunchOptions::new())
+                .map_err(stream_error("launching a host callback"))?;
+            stream
+                .synchronize()
+                .map_err(stream_error("synchronizing the stream"))?;
+        }
+        Ok(())
+    })?;
+    results.push(latency("empty op round trip", "us/op", timed));
+
+    for &size in &args.sizes {
+        results.push(bandwidth(
+            pool,
+            stream,
+            budget,
+            size,
+            Direction::HostToDevice,
+        )?);
+        results.push(bandwidth(
+            pool,
+            stream,
+            budget,
+            size,
+            Direction::DeviceToHost,
+        )?);
+    }
+    Ok(BenchReport {
+        backend,
+        budget_ms: args.budget_ms,
+        results,
+    })
+}
+
+/// A copy direction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Direction {
+    HostToDevice,
+    DeviceToHost,
+}
+
+/// Copies of `size` bytes in batches (each batch enqueued, then one
+/// synchronize), reported in GB/s.
+fn bandwidth(
+    pool: &StreamPool<'static>,
+    stream: SpyreStream,
+    budget: Duration,
+    size: u64,
+    direction: Direction,
+) -> Result<BenchResult, CliError> {
+    let len = usize::try_from(size)
+        .map_err(|_| CliError::Usage(format!("--sizes {size} is too large for this host")))?;
+    let runtime = pool.runtime();
+    let device = runtime.allocate(size).map_err(|e| {
+        if e.status() == Status::OUT_OF_MEMORY {
+            CliError::Usage(format!(
+                "--sizes {size} ({}) does not fit in device memory: {e}",
+                format_size(size)
+            ))
+        } else {
+            CliError::stream("allocating device memory", e.into())
+        }
+    })?;
+    let copies = (BATCH_BYTES / size).clamp(1, MAX_COPIES_PER_BATCH);
+    // A D2H copy holds its host buffer exclusively until it completes, so
+    // each copy of a batch gets its own buffer; H2D copies may share one.
+    let buffers: Vec<HostBuffer> = match direction {
+        Direction::HostToDevice => vec![HostBuffer::from_vec(vec![0x5a; len])],
+        Direction::DeviceToHost => (0..copies).map(|_| HostBuffer::zeroed(len)).collect(),
+    };
+    let timed = measure(budget, copies, |batch| {
+        for i in 0..batch {
+            let buffer = &buffers[i as usize % buffers.len()];
+            match direction {
+                Direction::HostToDevice => stream.launch_h2d(buffer, &device, LaunchOptions::new()),
+                Direction::DeviceToHost => stream.launch_d2h(&device, buffer, LaunchOptions::new()),
+            }
+            .map_err(stream_error("launching a copy"))?;
+        }
+        stream
+            .synchronize()
+            .map_err(stream_error("synchronizing the stream"))
+    });
+    let freed = runtime.free(&device);
+    let (operations, elapsed) = timed?;
+    freed.map_err(|e| CliError::stream("freeing device memory", e.into()))?;
+    let seconds = elapsed.as_secs_f64();
+    Ok(BenchResult {
+        name: match direction {
+            Direction::HostToDevice => "H2D bandwidth",
+            Direction::DeviceToHost => "D2H bandwidth",
+        },
+        size_bytes: Some(size),
+        value: (operations * size) as f64 / seconds / 1e9,
+        unit: "GB/s",
+        operations,
+        seconds,
+    })
+}
+
+impl BenchReport {
+    /// The report as a table for people.
+    pub fn to_text(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "spyre bench on the {} backend ({} ms per measurement)",
+            self.backend, self.budget_ms
+        );
+        let _ = writeln!(
+            out,
+            "{:<22} {:>10} {:>12} {:<6} {:>10}",
+            "measurement", "size", "mean", "unit", "ops"
+        );
+        for r in &self.results {
+            let size = r.size_bytes.map_or_else(|| "-".to_string(), format_size);
+            let _ = writeln!(
+                out,
+                "{:<22} {:>10} {:>12.3} {:<6} {:>10}",
+                r.name, size, r.value, r.unit, r.operations
+            );
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn measure_runs_whole_batches_until_the_budget() {
+        let mut calls = 0;
+        let (operations, elapsed) = measure(Duration::from_millis(5), 3, |batch| {
+            calls += 1;
+            assert_eq!(batch, 3);
+            std::thread::sleep(Duration::from_millis(1));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(operations, 3 * (calls - 1));
+        assert!(elapsed >= Duration::from_millis(5));
+    }
+
+    #[test]
+    fn latency_units() {
+        let r = latency("x", "ns/op", (1000, Duration::from_micros(1)));
+        assert!((r.value - 1.0).abs() < 1e-9);
+        let r = latency("x", "us/op", (10, Duration::from_micros(50)));
+        assert!((r.value - 5.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn table_has_a_row_per_result() {
+        let report = BenchReport {
+            backend: "mock",
+            budget_ms: 1,
+            results: vec![BenchResult {
+                name: "H2D bandwidth",
+                size_bytes: Some(4096),
+                value: 1.5,
+                unit: "GB/s",
+                operations: 8,
+                seconds: 0.1,
+            }],
+        };
+        let text = report.to_text();
+        assert!(text.contains("H2D bandwidth"), "{text}");
+        assert!(text.contains("4 KiB"), "{text}");
+        assert!(text.contains("1.500 GB/s"), "{text}");
+    }
+}

@@ -1,0 +1,272 @@
+//! Command-line arguments (clap derive).
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::size::parse_positive_size;
+
+/// Most host threads `spyre run` accepts.
+pub const MAX_THREADS: usize = 1024;
+/// Most iterations in flight per thread `spyre run` accepts.
+pub const MAX_IN_FLIGHT: usize = 1024;
+
+/// The top-level command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "spyre",
+    version,
+    about = "Inspect, exercise and measure the Spyre stream pool",
+    long_about = "Inspect, exercise and measure the Spyre stream pool.\n\n\
+        The backend follows the build and SPYRE_BACKEND (mock or hardware); the \
+        hardware backend loads the flex library named by FLEX_RUNTIME_LIB. \
+        Log output goes to stderr and follows RUST_LOG (default: warn).\n\n\
+        Exit codes: 0 success; 1 the work failed (device error or a result that \
+        differs from the host reference); 2 bad arguments or environment."
+)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Show the backend, devices, the logical device of this process, the pool
+    /// layout, hazard tracking and the environment in effect.
+    Info(InfoArgs),
+    /// Run the verified workload: many iterations of H2D, compute and D2H on
+    /// pool streams of both priorities, every result checked bitwise against a
+    /// host reference.
+    Run(RunArgs),
+    /// Quick measurements: handle resolution, pool assignment, empty-op round
+    /// trip, H2D and D2H bandwidth.
+    Bench(BenchArgs),
+}
+
+/// Arguments of `spyre info`.
+#[derive(Debug, Args)]
+pub struct InfoArgs {
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The compute kernel of `spyre run`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum KernelArg {
+    /// `out[i] = alpha * x[i] + y[i]` over vectors.
+    Axpy,
+    /// `C = A · B` over square row-major matrices.
+    Matmul,
+}
+
+impl KernelArg {
+    /// The kernel's name, as on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Axpy => "axpy",
+            Self::Matmul => "matmul",
+        }
+    }
+}
+
+/// Arguments of `spyre run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Host threads submitting work.
+    #[arg(long, value_name = "T", default_value = "2", value_parser = parse_threads)]
+    pub threads: usize,
+    /// Iterations per thread.
+    #[arg(long, value_name = "N", default_value = "200", value_parser = parse_iterations)]
+    pub iterations: u64,
+    /// Bytes of operands per iteration: both inputs and the output together
+    /// (axpy: three vectors of SIZE/12 f32 each; matmul: three n×n f32
+    /// matrices with n = floor(sqrt(SIZE/12))). Plain bytes or with a unit:
+    /// 4096, 4KiB, 1MiB, 2MB.
+    #[arg(long, value_name = "BYTES", default_value = "1MiB", value_parser = parse_positive_size)]
+    pub size: u64,
+    /// Compute kernel. matmul costs n³ per iteration: at the default size
+    /// (n = 295) a run takes about a minute on the software device; --size
+    /// 64KiB takes a second.
+    #[arg(long, value_enum, default_value_t = KernelArg::Axpy)]
+    pub kernel: KernelArg,
+    /// Iterations each thread keeps in flight; it waits for the oldest before
+    /// starting another.
+    #[arg(long, value_name = "K", default_value = "4", value_parser = parse_in_flight)]
+    pub in_flight: usize,
+    /// Seed of the input generator; each iteration derives its own seed from
+    /// it, its thread and its index.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Default transfer sizes of `spyre bench`.
+pub const DEFAULT_BENCH_SIZES: &str = "4KiB,1MiB,16MiB";
+
+/// Arguments of `spyre bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Time spent on each measurement, in milliseconds.
+    #[arg(long, value_name = "MS", default_value = "250", value_parser = parse_budget)]
+    pub budget_ms: u64,
+    /// Transfer sizes for the H2D and D2H bandwidth, comma-separated.
+    #[arg(
+        long,
+        value_name = "BYTES,...",
+        value_delimiter = ',',
+        default_value = DEFAULT_BENCH_SIZES,
+        value_parser = parse_positive_size
+    )]
+    pub sizes: Vec<u64>,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Parses a whole number in `1..=max`, naming `what` and the text on error.
+fn parse_count(text: &str, what: &str, max: u64) -> Result<u64, String> {
+    let expected = format!("expected a whole number from 1 to {max}");
+    match text.trim().parse::<u64>() {
+        Ok(0) => Err(format!(
+            "{what} must be at least 1, got {text:?}; {expected}"
+        )),
+        Ok(value) if value > max => Err(format!(
+            "{what} must be at most {max}, got {text:?}; {expected}"
+        )),
+        Ok(value) => Ok(value),
+        Err(_) => Err(format!("{text:?} is not a whole number; {expected}")),
+    }
+}
+
+/// Value parser of `--threads`.
+fn parse_threads(text: &str) -> Result<usize, String> {
+    parse_count(text, "the thread count", MAX_THREADS as u64).map(|v| v as usize)
+}
+
+/// Value parser of `--iterations`.
+fn parse_iterations(text: &str) -> Result<u64, String> {
+    parse_count(text, "the iteration count", u64::MAX)
+}
+
+/// Value parser of `--in-flight`.
+fn parse_in_flight(text: &str) -> Result<usize, String> {
+    parse_count(text, "the in-flight count", MAX_IN_FLIGHT as u64).map(|v| v as usize)
+}
+
+/// Value parser of `--budget-ms`.
+fn parse_budget(text: &str) -> Result<u64, String> {
+    parse_count(text, "the time budget", 60_000)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+    use clap::error::ErrorKind;
+
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("spyre").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn run_defaults() {
+        let Command::Run(run) = parse(&["run"]).unwrap().command else {
+            panic!("not run");
+        };
+        assert_eq!(run.threads, 2);
+        assert_eq!(run.iterations, 200);
+        assert_eq!(run.size, 1 << 20);
+        assert_eq!(run.kernel, KernelArg::Axpy);
+        assert_eq!(run.in_flight, 4);
+        assert_eq!(run.seed, 1);
+        assert!(!run.json);
+    }
+
+    #[test]
+    fn run_arguments() {
+        let cli = parse(&[
+            "run",
+            "--threads",
+            "3",
+            "--iterations",
+            "5",
+            "--size",
+            "4KiB",
+            "--kernel",
+            "matmul",
+            "--in-flight",
+            "2",
+            "--seed",
+            "9",
+            "--json",
+        ])
+        .unwrap();
+        let Command::Run(run) = cli.command else {
+            panic!("not run");
+        };
+        assert_eq!(
+            (
+                run.threads,
+                run.iterations,
+                run.size,
+                run.in_flight,
+                run.seed
+            ),
+            (3, 5, 4096, 2, 9)
+        );
+        assert_eq!(run.kernel, KernelArg::Matmul);
+        assert!(run.json);
+    }
+
+    #[test]
+    fn zero_and_junk_are_refused_with_the_value() {
+        for (flag, value, needle) in [
+            (
+                "--threads",
+                "0",
+                "the thread count must be at least 1, got \"0\"",
+            ),
+            ("--threads", "1025", "at most 1024"),
+            (
+                "--threads",
+                "x",
+                "\"x\" is not a whole number; expected a whole number from 1 to 1024",
+            ),
+            (
+                "--iterations",
+                "0",
+                "the iteration count must be at least 1",
+            ),
+            ("--in-flight", "0", "the in-flight count must be at least 1"),
+            ("--size", "0", "the size must be at least 1 byte, got \"0\""),
+            ("--size", "1XB", "unknown unit"),
+        ] {
+            let err = parse(&["run", flag, value]).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::ValueValidation, "{flag} {value}");
+            assert_eq!(err.exit_code(), 2);
+            let text = err.to_string();
+            assert!(text.contains(needle), "{needle:?} not in {text}");
+        }
+        let err = parse(&["run", "--kernel", "conv"]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidValue);
+    }
+
+    #[test]
+    fn bench_sizes_are_a_list() {
+        let Command::Bench(bench) = parse(&["bench", "--sizes", "1KiB,2MiB"]).unwrap().command
+        else {
+            panic!("not bench");
+        };
+        assert_eq!(bench.sizes, vec![1024, 2 << 20]);
+        assert_eq!(bench.budget_ms, 250);
+    }
+}

@@ -1,0 +1,271 @@
+//! Errors of the command and its exit codes.
+//!
+//! | code | meaning |
+//! |---:|---|
+//! | 0 | success |
+//! | 1 | the work failed: a device or runtime error, a result that differs from the host reference |
+//! | 2 | the invocation is wrong: a bad argument (clap's own errors use 2 too), a value the device cannot take, a malformed environment variable |
+
+use std::fmt;
+use std::process::ExitCode;
+
+use flex_rt::{FlexError, Status};
+
+/// Exit code for success.
+pub const EXIT_OK: u8 = 0;
+/// Exit code when the work failed.
+pub const EXIT_FAILURE: u8 = 1;
+/// Exit code when the invocation (arguments or environment) is wrong.
+pub const EXIT_USAGE: u8 = 2;
+
+/// Everything that makes `spyre` exit with a non-zero code.
+#[derive(Debug)]
+pub enum CliError {
+    /// An argument or a combination of arguments that cannot be used; the
+    /// message names the value and what was expected.
+    Usage(String),
+    /// An error of the stream layer outside any iteration (starting the
+    /// runtime, counting devices, ...), with what was being done.
+    Stream {
+        /// What the command was doing.
+        context: &'static str,
+        /// The stream layer's error.
+        source: spyre_stream::Error,
+    },
+    /// An iteration of `spyre run` failed.
+    Iteration(Box<IterationFailure>),
+    /// Anything else that failed, described.
+    Failed(String),
+}
+
+impl CliError {
+    /// A [`CliError::Stream`] with `context`.
+    pub fn stream(context: &'static str, source: spyre_stream::Error) -> Self {
+        Self::Stream { context, source }
+    }
+
+    /// The process exit code for this error (see the [module docs](self)).
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::Usage(_) => EXIT_USAGE,
+            Self::Stream { source, .. } if is_configuration_error(source) => EXIT_USAGE,
+            Self::Iteration(failure) if failure.is_out_of_memory() => EXIT_USAGE,
+            Self::Stream { .. } | Self::Iteration(_) | Self::Failed(_) => EXIT_FAILURE,
+        }
+    }
+
+    /// [`CliError::exit_code`] as a process exit code.
+    pub fn process_exit_code(&self) -> ExitCode {
+        ExitCode::from(self.exit_code())
+    }
+}
+
+/// Whether a stream-layer error means the environment is set up wrong (a
+/// malformed variable, a backend this build lacks, a device that does not
+/// exist, a bad `SPYRE_MOCK_*` value) rather than that the device failed.
+fn is_configuration_error(error: &spyre_stream::Error) -> bool {
+    use spyre_stream::Error;
+    match error {
+        Error::InvalidEnv { .. }
+        | Error::BackendUnavailable(_)
+        | Error::DeviceOutOfRange { .. }
+        | Error::InvalidHostComputeStreams { .. }
+        | Error::InvalidDeviceIndex { .. } => true,
+        Error::Flex(flex) => {
+            flex.status() == Status::INVALID_ARGUMENT && flex.call() == "MockSystem::from_env"
+        }
+        _ => false,
+    }
+}
+
+impl fmt::Display for CliError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Usage(message) | Self::Failed(message) => f.write_str(message),
+            Self::Stream { context, source } => write!(f, "{context}: {source}"),
+            Self::Iteration(failure) => failure.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for CliError {}
+
+/// Where a failed iteration ran.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IterationPlace {
+    /// Host thread index, from 0.
+    pub thread: usize,
+    /// Iteration index within the thread, from 0.
+    pub iteration: u64,
+    /// The stream id, once the iteration had a stream.
+    pub stream_id: Option<i64>,
+}
+
+impl fmt::Display for IterationPlace {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "thread {}, iteration {}", self.thread, self.iteration)?;
+        match self.stream_id {
+            Some(id) => write!(f, ", stream {id} ({} pool)", pool_name(id)),
+            None => write!(f, ", before a stream was assigned"),
+        }
+    }
+}
+
+/// `normal` for ids 1–32, `high` for 33–64, else `default` (0) or `host-compute`.
+pub fn pool_name(id: i64) -> &'static str {
+    use spyre_stream::{HIGH_POOL_END, HIGH_POOL_START, NORMAL_POOL_END, NORMAL_POOL_START};
+    if (NORMAL_POOL_START..=NORMAL_POOL_END).contains(&id) {
+        "normal"
+    } else if (HIGH_POOL_START..=HIGH_POOL_END).contains(&id) {
+        "high"
+    } else if id == 0 {
+        "default"
+    } else {
+        "host-compute"
+    }
+}
+
+/// One iteration of `spyre run` that failed, and how.
+#[derive(Debug)]
+pub struct IterationFailure {
+    /// Where it ran.
+    pub place: IterationPlace,
+    /// What went wrong.
+    pub kind: FailureKind,
+}
+
+impl IterationFailure {
+    /// Whether the device ran out of memory (an invocation that asks for too much).
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(self.kind, FailureKind::OutOfMemory { .. })
+    }
+}
+
+/// How an iteration failed.
+#[derive(Debug)]
+pub enum FailureKind {
+    /// The stream layer or the device returned an error.
+    Device {
+        /// The step, for example `H2D of x` or `compute (axpy)`.
+        step: String,
+        /// The error.
+        source: spyre_stream::Error,
+    },
+    /// Device memory ran out.
+    OutOfMemory {
+        /// Bytes that were asked for.
+        bytes: u64,
+        /// The runtime's error.
+        source: FlexError,
+    },
+    /// The result read back differs from the host reference.
+    Mismatch(Mismatch),
+}
+
+/// The first element where a result differs from the host reference.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Mismatch {
+    /// Index of the first differing element.
+    pub index: usize,
+    /// The reference value.
+    pub expected: f32,
+    /// The value read from the device.
+    pub got: f32,
+    /// How many elements differ in all.
+    pub differing: usize,
+    /// Elements compared.
+    pub len: usize,
+}
+
+impl fmt::Display for Mismatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "result differs from the host reference at element {} of {}: expected {:e} ({:#010x}), got {:e} ({:#010x}); {} element(s) differ",
+            self.index,
+            self.len,
+            self.expected,
+            self.expected.to_bits(),
+            self.got,
+            self.got.to_bits(),
+            self.differing
+        )
+    }
+}
+
+impl fmt::Display for IterationFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "iteration failed ({}): ", self.place)?;
+        match &self.kind {
+            FailureKind::Device { step, source } => write!(f, "{step}: {source}"),
+            FailureKind::OutOfMemory { bytes, source } => write!(
+                f,
+                "the device has no room for {bytes} more bytes ({source}); lower --size, --in-flight or --threads"
+            ),
+            FailureKind::Mismatch(mismatch) => mismatch.fmt(f),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn place() -> IterationPlace {
+        IterationPlace {
+            thread: 1,
+            iteration: 7,
+            stream_id: Some(35),
+        }
+    }
+
+    #[test]
+    fn exit_codes() {
+        assert_eq!(CliError::Usage("x".into()).exit_code(), EXIT_USAGE);
+        assert_eq!(CliError::Failed("x".into()).exit_code(), EXIT_FAILURE);
+        let env = spyre_stream::Error::InvalidEnv {
+            variable: "LOCAL_RANK",
+            value: "abc".into(),
+            reason: "r".into(),
+        };
+        assert_eq!(CliError::stream("starting", env).exit_code(), EXIT_USAGE);
+        let device = spyre_stream::Error::Flex(FlexError::new(
+            Status::EXECUTION_FAILED,
+            "launch_compute",
+            "boom",
+        ));
+        assert_eq!(CliError::stream("x", device).exit_code(), EXIT_FAILURE);
+        let oom = IterationFailure {
+            place: place(),
+            kind: FailureKind::OutOfMemory {
+                bytes: 10,
+                source: FlexError::new(Status::OUT_OF_MEMORY, "allocate", "full"),
+            },
+        };
+        assert_eq!(CliError::Iteration(Box::new(oom)).exit_code(), EXIT_USAGE);
+    }
+
+    #[test]
+    fn mismatch_message_names_everything() {
+        let failure = IterationFailure {
+            place: place(),
+            kind: FailureKind::Mismatch(Mismatch {
+                index: 3,
+                expected: 1.5,
+                got: 2.0,
+                differing: 2,
+                len: 10,
+            }),
+        };
+        let message = failure.to_string();
+        assert_eq!(
+            message,
+            "iteration failed (thread 1, iteration 7, stream 35 (high pool)): result differs from the host reference at element 3 of 10: expected 1.5e0 (0x3fc00000), got 2e0 (0x40000000); 2 element(s) differ"
+        );
+        assert_eq!(pool_name(1), "normal");
+        assert_eq!(pool_name(32), "normal");
+        assert_eq!(pool_name(64), "high");
+        assert_eq!(pool_name(0), "default");
+        assert_eq!(pool_name(65), "host-compute");
+    }
+}

@@ -1,0 +1,272 @@
+//! `spyre info`: what this process would run on, and why.
+//!
+//! The environment is shown even when the runtime cannot start (a missing
+//! library, a malformed variable): the report then carries the error, and
+//! the command exits with that error's code after printing it.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+use spyre_stream::{
+    BackendKind, DeviceSource, HIGH_POOL_END, HIGH_POOL_START, HOST_COMPUTE_START, NORMAL_POOL_END,
+    NORMAL_POOL_START, StreamId, env,
+};
+
+use crate::error::CliError;
+use crate::report::OrderedMap;
+
+/// The pool's id layout.
+#[derive(Clone, Debug, Serialize)]
+pub struct PoolLayout {
+    /// The default stream's id (0).
+    pub default_stream: i64,
+    /// First and last id of the normal-priority pool.
+    pub normal: [i64; 2],
+    /// First and last id of the high-priority pool.
+    pub high: [i64; 2],
+    /// First and last id of the host-compute streams.
+    pub host_compute: [i64; 2],
+    /// Number of host-compute streams.
+    pub host_compute_streams: usize,
+}
+
+impl PoolLayout {
+    /// The layout with `host_compute_streams` host-compute streams.
+    pub fn new(host_compute_streams: usize) -> Self {
+        let last_host_compute = HOST_COMPUTE_START + host_compute_streams as i64 - 1;
+        Self {
+            default_stream: StreamId::DEFAULT.get(),
+            normal: [NORMAL_POOL_START, NORMAL_POOL_END],
+            high: [HIGH_POOL_START, HIGH_POOL_END],
+            host_compute: [HOST_COMPUTE_START, last_host_compute],
+            host_compute_streams,
+        }
+    }
+}
+
+/// Everything `spyre info` reports; `--json` prints it as one object.
+#[derive(Clone, Debug, Serialize)]
+pub struct InfoReport {
+    /// Version of this command.
+    pub version: &'static str,
+    /// Backends compiled into this build.
+    pub compiled_backends: Vec<&'static str>,
+    /// The backend the build and `SPYRE_BACKEND` select, when valid.
+    pub selected_backend: Option<&'static str>,
+    /// The backend the runtime started on.
+    pub backend: Option<&'static str>,
+    /// The backend's details: for hardware the library path and ABI
+    /// version, for the software device its configuration.
+    pub backend_details: OrderedMap<String>,
+    /// Logical devices the backend sees.
+    pub device_count: Option<u32>,
+    /// The logical device this process binds.
+    pub device: Option<u8>,
+    /// Why that device: `current device`, `LOCAL_RANK` or `default`.
+    pub device_source: Option<&'static str>,
+    /// A longer description of the source.
+    pub device_source_detail: Option<&'static str>,
+    /// The pool's id layout.
+    pub pool: Option<PoolLayout>,
+    /// Whether new streams track hazards (`SPYRE_HAZARD_TRACKER=1`).
+    pub hazard_tracking: Option<bool>,
+    /// The environment variables the stream layer and its backends read:
+    /// the value, or `null` when unset.
+    pub environment: OrderedMap<Option<String>>,
+    /// Why the runtime could not start, if it could not.
+    pub error: Option<String>,
+}
+
+/// The environment variables shown: the stream layer's, the hardware
+/// backend's and the software device's.
+pub fn environment_variables() -> Vec<&'static str> {
+    let mut names = vec![
+        env::LOCAL_RANK,
+        env::NUM_HOST_COMPUTE_STREAMS,
+        env::HAZARD_TRACKER,
+        env::BACKEND,
+        "FLEX_RUNTIME_LIB",
+    ];
+    names.extend(spyre_mock::config::ENV_VARS);
+    names.push("RUST_LOG");
+    names
+}
+
+/// Short name of a device source.
+fn source_name(source: DeviceSource) -> &'static str {
+    match source {
+        DeviceSource::ThreadDevice => "current device",
+        DeviceSource::LocalRank => "LOCAL_RANK",
+        DeviceSource::Default => "default",
+    }
+}
+
+/// Gathers the report, starting the runtime. Returns the report and, when
+/// the runtime could not start, the error (already described in the report).
+pub fn gather() -> (InfoReport, Option<CliError>) {
+    let environment = OrderedMap(
+        environment_variables()
+            .into_iter()
+            .map(|name| {
+                let value = std::env::var_os(name).map(|v| v.to_string_lossy().into_owned());
+                (name.to_string(), value)
+            })
+            .collect(),
+    );
+    let mut report = InfoReport {
+        version: env!("CARGO_PKG_VERSION"),
+        compiled_backends: [BackendKind::Mock, BackendKind::Hardware]
+            .into_iter()
+            .filter(|k| k.is_compiled())
+            .map(BackendKind::as_str)
+            .collect(),
+        selected_backend: spyre_stream::selected_backend()
+            .ok()
+            .map(BackendKind::as_str),
+        backend: None,
+        backend_details: OrderedMap::default(),
+        device_count: None,
+        device: None,
+        device_source: None,
+        device_source_detail: None,
+        pool: None,
+        hazard_tracking: None,
+        environment,
+        error: None,
+    };
+    let started = spyre_stream::start_runtime()
+        .map_err(|e| CliError::stream("starting the Spyre runtime", e))
+        .and_then(|()| {
+            spyre_stream::device_count().map_err(|e| CliError::stream("counting devices", e))
+        });
+    let count = match started {
+        Ok(count) => count,
+        Err(error) => {
+            report.error = Some(error.to_string());
+            return (report, Some(error));
+        }
+    };
+    report.device_count = Some(count);
+    if let Some(info) = spyre_stream::runtime_info() {
+        report.backend = Some(info.backend);
+        report.backend_details = OrderedMap(
+            info.backend_details
+                .into_iter()
+                .map(|(name, value)| (name.to_string(), value))
+                .collect(),
+        );
+        report.device = Some(info.device);
+        report.device_source = Some(source_name(info.device_source));
+        report.device_source_detail = Some(info.device_source.as_str());
+        report.pool = Some(PoolLayout::new(info.host_compute_streams));
+        report.hazard_tracking = Some(info.track_hazards);
+    }
+    (report, None)
+}
+
+impl InfoReport {
+    /// The report as text for people.
+    pub fn to_text(&self) -> String {
+        let mut out = String::new();
+        let unknown = || "unknown".to_string();
+        let _ = writeln!(out, "spyre {}", self.version);
+        let _ = writeln!(
+            out,
+            "backend           {} (compiled: {}; selected by build and SPYRE_BACKEND: {})",
+            self.backend.unwrap_or("not started"),
+            self.compiled_backends.join(", "),
+            self.selected_backend.unwrap_or("invalid")
+        );
+        for (name, value) in &self.backend_details.0 {
+            let _ = writeln!(out, "  {name:<16}{value}");
+        }
+        let _ = writeln!(
+            out,
+            "devices           {}",
+            self.device_count.map_or_else(unknown, |c| c.to_string())
+        );
+        let _ = writeln!(
+            out,
+            "this process      device {} (from {})",
+            self.device.map_or_else(unknown, |d| d.to_string()),
+            self.device_source_detail.unwrap_or("unknown")
+        );
+        if let Some(pool) = &self.pool {
+            let _ = writeln!(out, "pool layout");
+            let _ = writeln!(out, "  {:<16}{}", "default stream", pool.default_stream);
+            let _ = writeln!(
+                out,
+                "  {:<16}{}–{} (priority 0, round robin)",
+                "normal", pool.normal[0], pool.normal[1]
+            );
+            let _ = writeln!(
+                out,
+                "  {:<16}{}–{} (priority -1, round robin)",
+                "high", pool.high[0], pool.high[1]
+            );
+            let _ = writeln!(
+                out,
+                "  {:<16}{}–{} ({} stream(s))",
+                "host compute",
+                pool.host_compute[0],
+                pool.host_compute[1],
+                pool.host_compute_streams
+            );
+        }
+        let _ = writeln!(
+            out,
+            "hazard tracking   {}",
+            match self.hazard_tracking {
+                Some(true) => "on",
+                Some(false) => "off",
+                None => "unknown",
+            }
+        );
+        let _ = writeln!(out, "environment");
+        for (name, value) in &self.environment.0 {
+            match value {
+                Some(value) => {
+                    let _ = writeln!(out, "  {name:<37}= {value:?}");
+                }
+                None => {
+                    let _ = writeln!(out, "  {name:<37}(unset)");
+                }
+            }
+        }
+        if let Some(error) = &self.error {
+            let _ = writeln!(out, "error             {error}");
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_follows_the_host_compute_count() {
+        let layout = PoolLayout::new(4);
+        assert_eq!(layout.default_stream, 0);
+        assert_eq!(layout.normal, [1, 32]);
+        assert_eq!(layout.high, [33, 64]);
+        assert_eq!(layout.host_compute, [65, 68]);
+        assert_eq!(PoolLayout::new(8).host_compute, [65, 72]);
+    }
+
+    #[test]
+    fn every_variable_is_listed_once() {
+        let names = environment_variables();
+        for name in [
+            "LOCAL_RANK",
+            "TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS",
+            "SPYRE_HAZARD_TRACKER",
+            "SPYRE_BACKEND",
+            "FLEX_RUNTIME_LIB",
+            "SPYRE_MOCK_DEVICES",
+            "SPYRE_MOCK_COPY_BANDWIDTH",
+        ] {
+            assert_eq!(names.iter().filter(|n| **n == name).count(), 1, "{name}");
+        }
+    }
+}

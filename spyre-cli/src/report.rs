@@ -1,0 +1,318 @@
+//! Output of `spyre run`: the report as text and as JSON, and writing to
+//! stdout.
+
+use std::fmt::Write as _;
+use std::io::{self, Write as _};
+
+use serde::Serialize;
+use serde::ser::SerializeMap;
+
+use crate::cli::RunArgs;
+use crate::error::{CliError, pool_name};
+use crate::run::{H2D_PER_ITERATION, LAUNCHES_PER_ITERATION, RunOutcome};
+use crate::size::format_size;
+
+/// Launches on one stream during a run.
+#[derive(Clone, Debug, Serialize)]
+pub struct StreamCount {
+    /// The stream id.
+    pub id: i64,
+    /// `normal` (ids 1–32) or `high` (ids 33–64).
+    pub pool: &'static str,
+    /// Launches enqueued on it.
+    pub operations: u64,
+}
+
+/// Everything `spyre run` reports; `--json` prints it as one object.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunReport {
+    /// The backend (`mock` or `hardware`).
+    pub backend: &'static str,
+    /// The kernel (`axpy` or `matmul`).
+    pub kernel: &'static str,
+    /// Host threads.
+    pub threads: usize,
+    /// Iterations per thread.
+    pub iterations_per_thread: u64,
+    /// Iterations in flight per thread.
+    pub in_flight: usize,
+    /// `--size`, in bytes.
+    pub size_bytes: u64,
+    /// `--seed`.
+    pub seed: u64,
+    /// The kernel's dims: `[n]` for axpy, `[m, k, n]` for matmul.
+    pub dims: Vec<u64>,
+    /// `f32` elements in each operand.
+    pub elements_per_operand: usize,
+    /// Bytes of each operand.
+    pub operand_bytes: u64,
+    /// threads × iterations.
+    pub iterations_total: u64,
+    /// Iterations whose result matched the host reference bit for bit.
+    pub iterations_verified: u64,
+    /// Launches: H2D + compute + D2H.
+    pub operations: u64,
+    /// H2D launches (inputs and kernel descriptors).
+    pub operations_h2d: u64,
+    /// Compute launches.
+    pub operations_compute: u64,
+    /// D2H launches.
+    pub operations_d2h: u64,
+    /// Bytes copied host to device.
+    pub bytes_h2d: u64,
+    /// Bytes copied device to host.
+    pub bytes_d2h: u64,
+    /// `bytes_h2d + bytes_d2h`.
+    pub bytes_moved: u64,
+    /// Wall time of the run, in seconds.
+    pub wall_seconds: f64,
+    /// `bytes_moved / wall_seconds / 1e9`.
+    pub gb_per_s: f64,
+    /// Distinct streams used.
+    pub streams_used: usize,
+    /// Distinct normal-priority streams used.
+    pub streams_used_normal: usize,
+    /// Distinct high-priority streams used.
+    pub streams_used_high: usize,
+    /// Launches on normal-priority streams.
+    pub operations_normal: u64,
+    /// Launches on high-priority streams.
+    pub operations_high: u64,
+    /// Launches per stream, by id.
+    pub streams: Vec<StreamCount>,
+}
+
+impl RunReport {
+    /// The report of a successful run.
+    pub fn new(args: &RunArgs, outcome: &RunOutcome) -> Self {
+        let plan = &outcome.plan;
+        let total = args.threads as u64 * args.iterations;
+        let iterations_run = outcome.verified;
+        let operations: u64 = outcome.launches_by_stream.values().sum();
+        let bytes_h2d = iterations_run * plan.h2d_bytes();
+        let bytes_d2h = iterations_run * plan.d2h_bytes();
+        let bytes_moved = bytes_h2d + bytes_d2h;
+        let wall_seconds = outcome.wall.as_secs_f64();
+        let streams: Vec<StreamCount> = outcome
+            .launches_by_stream
+            .iter()
+            .map(|(&id, &operations)| StreamCount {
+                id,
+                pool: pool_name(id),
+                operations,
+            })
+            .collect();
+        let in_pool = |pool: &'static str| streams.iter().filter(move |s| s.pool == pool);
+        Self {
+            backend: outcome.backend,
+            kernel: plan.kernel.name(),
+            threads: args.threads,
+            iterations_per_thread: args.iterations,
+            in_flight: args.in_flight,
+            size_bytes: args.size,
+            seed: args.seed,
+            dims: plan.dims(),
+            elements_per_operand: plan.elements,
+            operand_bytes: plan.operand_bytes,
+            iterations_total: total,
+            iterations_verified: outcome.verified,
+            operations,
+            operations_h2d: iterations_run * H2D_PER_ITERATION,
+            operations_compute: iterations_run,
+            operations_d2h: iterations_run,
+            bytes_h2d,
+            bytes_d2h,
+            bytes_moved,
+            wall_seconds,
+            gb_per_s: if wall_seconds > 0.0 {
+                bytes_moved as f64 / wall_seconds / 1e9
+            } else {
+                0.0
+            },
+            streams_used: streams.len(),
+            streams_used_normal: in_pool("normal").count(),
+            streams_used_high: in_pool("high").count(),
+            operations_normal: in_pool("normal").map(|s| s.operations).sum(),
+            operations_high: in_pool("high").map(|s| s.operations).sum(),
+            streams,
+        }
+    }
+
+    /// The report as text for people.
+    pub fn to_text(&self) -> String {
+        let mut out = String::new();
+        let dims = self
+            .dims
+            .iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join("×");
+        let _ = writeln!(
+            out,
+            "spyre run: {} ({dims}, {} per operand) on the {} backend",
+            self.kernel,
+            format_size(self.operand_bytes),
+            self.backend
+        );
+        let _ = writeln!(
+            out,
+            "  {} threads × {} iterations, {} in flight per thread, --size {}, seed {}",
+            self.threads,
+            self.iterations_per_thread,
+            self.in_flight,
+            format_size(self.size_bytes),
+            self.seed
+        );
+        let _ = writeln!(
+            out,
+            "verified     {} / {} iterations (bitwise against the host reference)",
+            self.iterations_verified, self.iterations_total
+        );
+        let _ = writeln!(
+            out,
+            "operations   {} launches ({} H2D, {} compute, {} D2H; {LAUNCHES_PER_ITERATION} per iteration)",
+            self.operations, self.operations_h2d, self.operations_compute, self.operations_d2h
+        );
+        let _ = writeln!(
+            out,
+            "bytes moved  {} bytes ({}): H2D {} bytes, D2H {} bytes",
+            self.bytes_moved,
+            format_size(self.bytes_moved),
+            self.bytes_h2d,
+            self.bytes_d2h
+        );
+        let _ = writeln!(out, "throughput   {:.3} GB/s", self.gb_per_s);
+        let _ = writeln!(out, "wall time    {:.3} s", self.wall_seconds);
+        let _ = writeln!(
+            out,
+            "streams      {} used: {} normal ({} launches), {} high ({} launches)",
+            self.streams_used,
+            self.streams_used_normal,
+            self.operations_normal,
+            self.streams_used_high,
+            self.operations_high
+        );
+        for (pool, range) in [("normal", "ids 1–32"), ("high", "ids 33–64")] {
+            let entries: Vec<String> = self
+                .streams
+                .iter()
+                .filter(|s| s.pool == pool)
+                .map(|s| format!("{:>2}:{:<4}", s.id, s.operations))
+                .collect();
+            if entries.is_empty() {
+                continue;
+            }
+            let _ = writeln!(out, "  {pool} ({range}), id:launches");
+            for line in entries.chunks(8) {
+                let _ = writeln!(out, "    {}", line.join(" ").trim_end());
+            }
+        }
+        out
+    }
+}
+
+/// Writes `text` to stdout. A closed pipe (`spyre info | head -1`) is not an
+/// error.
+///
+/// # Errors
+/// [`CliError::Failed`] when stdout cannot be written for another reason.
+pub fn emit(text: &str) -> Result<(), CliError> {
+    let mut stdout = io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Err(e) if e.kind() != io::ErrorKind::BrokenPipe => {
+            Err(CliError::Failed(format!("cannot write to stdout: {e}")))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// `value` as one line of JSON.
+///
+/// # Errors
+/// [`CliError::Failed`] if it cannot be serialized.
+pub fn to_json_line<T: Serialize>(value: &T) -> Result<String, CliError> {
+    serde_json::to_string(value)
+        .map(|mut line| {
+            line.push('\n');
+            line
+        })
+        .map_err(|e| CliError::Failed(format!("cannot serialize the report as JSON: {e}")))
+}
+
+/// Name/value pairs that serialize as a JSON object in their given order.
+#[derive(Clone, Debug, Default)]
+pub struct OrderedMap<V>(pub Vec<(String, V)>);
+
+impl<V: Serialize> Serialize for OrderedMap<V> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(self.0.len()))?;
+        for (key, value) in &self.0 {
+            map.serialize_entry(key, value)?;
+        }
+        map.end()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::cli::KernelArg;
+    use crate::run::Plan;
+
+    fn args() -> RunArgs {
+        RunArgs {
+            threads: 2,
+            iterations: 3,
+            size: 4096,
+            kernel: KernelArg::Axpy,
+            in_flight: 2,
+            seed: 5,
+            json: false,
+        }
+    }
+
+    #[test]
+    fn totals_follow_from_the_plan() {
+        let plan = Plan::new(KernelArg::Axpy, 4096).unwrap();
+        let outcome = RunOutcome {
+            backend: "mock",
+            plan,
+            verified: 6,
+            launches_by_stream: BTreeMap::from([(1, 10), (2, 5), (33, 10), (34, 5)]),
+            wall: Duration::from_millis(500),
+        };
+        let report = RunReport::new(&args(), &outcome);
+        assert_eq!(report.iterations_total, 6);
+        assert_eq!(report.operations, 30);
+        assert_eq!(report.operations_h2d, 18);
+        assert_eq!(report.bytes_h2d, 6 * (2 * 1364 + 128));
+        assert_eq!(report.bytes_d2h, 6 * 1364);
+        assert_eq!(report.bytes_moved, report.bytes_h2d + report.bytes_d2h);
+        assert_eq!(
+            (report.streams_used_normal, report.streams_used_high),
+            (2, 2)
+        );
+        assert_eq!((report.operations_normal, report.operations_high), (15, 15));
+        assert!((report.gb_per_s - report.bytes_moved as f64 / 0.5e9).abs() < 1e-12);
+        let text = report.to_text();
+        assert!(text.contains("verified     6 / 6 iterations"), "{text}");
+        assert!(text.contains("normal (ids 1–32)"), "{text}");
+        assert!(text.contains(" 1:10"), "{text}");
+        let json: serde_json::Value =
+            serde_json::from_str(&to_json_line(&report).unwrap()).unwrap();
+        assert_eq!(json["iterations_verified"], 6);
+        assert_eq!(json["streams"][2]["pool"], "high");
+    }
+
+    #[test]
+    fn ordered_map_keeps_order() {
+        let map = OrderedMap(vec![("b".to_string(), 1), ("a".to_string(), 2)]);
+        assert_eq!(serde_json::to_string(&map).unwrap(), r#"{"b":1,"a":2}"#);
+    }
+}

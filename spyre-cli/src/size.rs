@@ -1,0 +1,151 @@
+//! Byte sizes on the command line (`4096`, `4KiB`, `1MiB`, `2GB`) and in
+//! reports.
+//!
+//! Accepted forms: a whole decimal number of bytes, optionally followed
+//! (after optional spaces) by a unit, case-insensitive:
+//!
+//! | unit | factor |
+//! |---|---|
+//! | none, `B` | 1 |
+//! | `K`, `KiB` | 1024 |
+//! | `M`, `MiB` | 1024² |
+//! | `G`, `GiB` | 1024³ |
+//! | `T`, `TiB` | 1024⁴ |
+//! | `KB`, `MB`, `GB`, `TB` | 1000, 1000², 1000³, 1000⁴ |
+
+/// What a valid size looks like, for error messages.
+const EXPECTED: &str =
+    "expected a whole number of bytes, optionally with a unit: for example 4096, 4KiB, 1MiB, 2GB";
+
+/// Parses a byte size; see the [module docs](self). Zero is accepted here;
+/// callers that need a positive size use [`parse_positive_size`].
+///
+/// # Errors
+/// A message naming the text when it is empty, not a whole number, has an
+/// unknown unit, or does not fit in 64 bits.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let trimmed = text.trim();
+    let digits_end = trimmed
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(trimmed.len());
+    let (digits, unit) = trimmed.split_at(digits_end);
+    if digits.is_empty() {
+        return Err(format!("{text:?} is not a size: {EXPECTED}"));
+    }
+    let factor: u64 = match unit.trim_start().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        "t" | "tib" => 1 << 40,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        _ => {
+            return Err(format!(
+                "{text:?} has an unknown unit {:?}: {EXPECTED}",
+                unit.trim()
+            ));
+        }
+    };
+    digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(factor))
+        .ok_or_else(|| format!("{text:?} is too large: a size must be below 2^64 bytes"))
+}
+
+/// Parses a byte size that must be at least one byte (the value parser of
+/// `--size`).
+///
+/// # Errors
+/// As [`parse_size`], and for zero.
+pub fn parse_positive_size(text: &str) -> Result<u64, String> {
+    match parse_size(text)? {
+        0 => Err(format!(
+            "the size must be at least 1 byte, got {text:?} (0 bytes)"
+        )),
+        bytes => Ok(bytes),
+    }
+}
+
+/// A size for people: `512 B`, `4 KiB`, `1.33 MiB`.
+pub fn format_size(bytes: u64) -> String {
+    const UNITS: [(&str, u64); 4] = [
+        ("TiB", 1 << 40),
+        ("GiB", 1 << 30),
+        ("MiB", 1 << 20),
+        ("KiB", 1 << 10),
+    ];
+    for (unit, factor) in UNITS {
+        if bytes >= factor {
+            return if bytes.is_multiple_of(factor) {
+                format!("{} {unit}", bytes / factor)
+            } else {
+                format!("{:.2} {unit}", bytes as f64 / factor as f64)
+            };
+        }
+    }
+    format!("{bytes} B")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_bytes_and_units() {
+        assert_eq!(parse_size("0"), Ok(0));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("12B"), Ok(12));
+        assert_eq!(parse_size("4KiB"), Ok(4096));
+        assert_eq!(parse_size("4k"), Ok(4096));
+        assert_eq!(parse_size("1MiB"), Ok(1 << 20));
+        assert_eq!(parse_size("1mib"), Ok(1 << 20));
+        assert_eq!(parse_size("2 GiB"), Ok(2 << 30));
+        assert_eq!(parse_size("1T"), Ok(1 << 40));
+        assert_eq!(parse_size("3KB"), Ok(3000));
+        assert_eq!(parse_size("2MB"), Ok(2_000_000));
+        assert_eq!(parse_size("1GB"), Ok(1_000_000_000));
+        assert_eq!(parse_size(" 7 "), Ok(7));
+    }
+
+    #[test]
+    fn bad_sizes_name_the_text() {
+        for bad in ["", "abc", "-1", "1.5MiB", "MiB", "4XB", "4 K iB"] {
+            let message = parse_size(bad).unwrap_err();
+            assert!(message.contains(&format!("{bad:?}")), "{message}");
+        }
+        assert!(
+            parse_size("4XB")
+                .unwrap_err()
+                .contains("unknown unit \"XB\"")
+        );
+        assert!(
+            parse_size("99999999999999999999")
+                .unwrap_err()
+                .contains("too large")
+        );
+        assert!(parse_size("17TiB").is_ok());
+        assert!(parse_size("16777216TiB").unwrap_err().contains("too large"));
+    }
+
+    #[test]
+    fn zero_is_refused_where_a_positive_size_is_needed() {
+        let message = parse_positive_size("0KiB").unwrap_err();
+        assert!(message.contains("\"0KiB\""), "{message}");
+        assert!(message.contains("at least 1 byte"), "{message}");
+        assert_eq!(parse_positive_size("1"), Ok(1));
+    }
+
+    #[test]
+    fn formatting() {
+        assert_eq!(format_size(0), "0 B");
+        assert_eq!(format_size(1023), "1023 B");
+        assert_eq!(format_size(4096), "4 KiB");
+        assert_eq!(format_size(1 << 20), "1 MiB");
+        assert_eq!(format_size(1536), "1.50 KiB");
+        assert_eq!(format_size(3 << 30), "3 GiB");
+    }
+}

@@ -1,0 +1,511 @@
+//! Runs the `spyre` binary with small arguments and checks what is right by
+//! construction: counts, bytes, stream ids, exit codes and messages.
+//!
+//! Every child runs on the software device: `SPYRE_BACKEND=mock` is set
+//! because `cargo test --workspace` may build the stream layer with both
+//! backends, and then the default would be hardware. A build without the
+//! software device (`--no-default-features --features hardware`) has nothing
+//! to run these on, so the file is empty there.
+#![cfg(feature = "mock")]
+
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+/// Variables of the stream layer and its backends that must not leak in
+/// from the test's own environment.
+const CLEARED: [&str; 13] = [
+    "LOCAL_RANK",
+    "TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS",
+    "SPYRE_HAZARD_TRACKER",
+    "SPYRE_BACKEND",
+    "FLEX_RUNTIME_LIB",
+    "SPYRE_MOCK_DEVICES",
+    "SPYRE_MOCK_MEMORY_BYTES",
+    "SPYRE_MOCK_REGION_BYTES",
+    "SPYRE_MOCK_ENGINES",
+    "SPYRE_MOCK_OP_LATENCY_US",
+    "SPYRE_MOCK_COPY_BANDWIDTH",
+    "RUST_LOG",
+    "RUST_BACKTRACE",
+];
+
+/// `spyre` on the software device, with a clean environment plus `env`.
+fn spyre(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_spyre"));
+    command.args(args);
+    for name in CLEARED {
+        command.env_remove(name);
+    }
+    command.env("SPYRE_BACKEND", "mock");
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    command.output().expect("the spyre binary runs")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// Runs `spyre`, expects success and one JSON object on stdout.
+fn json(args: &[&str], env: &[(&str, &str)]) -> Value {
+    let output = spyre(args, env);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "spyre {args:?} failed\nstdout: {}\nstderr: {}",
+        stdout(&output),
+        stderr(&output)
+    );
+    let text = stdout(&output);
+    assert_eq!(text.lines().count(), 1, "one line of JSON: {text}");
+    serde_json::from_str(&text).expect("stdout is JSON")
+}
+
+fn u64_of(value: &Value, key: &str) -> u64 {
+    value[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{key} is not a number in {value}"))
+}
+
+/// Checks the per-stream counts of a run report.
+fn check_streams(report: &Value, normal_iterations: u64, high_iterations: u64) {
+    let streams = report["streams"].as_array().expect("streams is an array");
+    let mut sum = 0;
+    let (mut normal, mut high) = (0, 0);
+    for stream in streams {
+        let id = stream["id"].as_i64().expect("id");
+        let operations = stream["operations"].as_u64().expect("operations");
+        assert!(operations > 0 && operations % 5 == 0, "{stream}");
+        sum += operations;
+        match id {
+            1..=32 => {
+                assert_eq!(stream["pool"], "normal", "{stream}");
+                normal += 1;
+            }
+            33..=64 => {
+                assert_eq!(stream["pool"], "high", "{stream}");
+                high += 1;
+            }
+            other => panic!("stream id {other} is outside the normal and high pools"),
+        }
+    }
+    assert_eq!(
+        sum,
+        u64_of(report, "operations"),
+        "per-stream counts sum to the total"
+    );
+    assert!(normal > 0, "a normal-priority stream (1–32) was used");
+    assert!(high > 0, "a high-priority stream (33–64) was used");
+    assert_eq!(u64_of(report, "streams_used"), streams.len() as u64);
+    assert_eq!(u64_of(report, "streams_used_normal"), normal);
+    assert_eq!(u64_of(report, "streams_used_high"), high);
+    assert_eq!(u64_of(report, "operations_normal"), 5 * normal_iterations);
+    assert_eq!(u64_of(report, "operations_high"), 5 * high_iterations);
+}
+
+#[test]
+fn axpy_run_reports_exact_counts() {
+    let report = json(
+        &[
+            "run",
+            "--threads",
+            "2",
+            "--iterations",
+            "5",
+            "--size",
+            "4KiB",
+            "--json",
+        ],
+        &[],
+    );
+    let (threads, iterations) = (2, 5);
+    let total = threads * iterations;
+    // --size covers both inputs and the output: 4096 / 12 = 341 f32 each.
+    let n = 4096 / 12;
+    let operand = 4 * n;
+    assert_eq!(report["backend"], "mock");
+    assert_eq!(report["kernel"], "axpy");
+    assert_eq!(report["dims"], serde_json::json!([n]));
+    assert_eq!(u64_of(&report, "operand_bytes"), operand);
+    assert_eq!(u64_of(&report, "size_bytes"), 4096);
+    assert_eq!(u64_of(&report, "iterations_total"), total);
+    assert_eq!(u64_of(&report, "iterations_verified"), total);
+    assert_eq!(u64_of(&report, "operations"), 5 * total);
+    assert_eq!(u64_of(&report, "operations_h2d"), 3 * total);
+    assert_eq!(u64_of(&report, "operations_compute"), total);
+    assert_eq!(u64_of(&report, "operations_d2h"), total);
+    // H2D: x, y and the 128-byte descriptor; D2H: out.
+    assert_eq!(u64_of(&report, "bytes_h2d"), total * (2 * operand + 128));
+    assert_eq!(u64_of(&report, "bytes_d2h"), total * operand);
+    assert_eq!(u64_of(&report, "bytes_moved"), total * (3 * operand + 128));
+    assert!(report["wall_seconds"].as_f64().expect("wall_seconds") > 0.0);
+    assert!(report["gb_per_s"].as_f64().expect("gb_per_s") > 0.0);
+    // Priorities alternate per iteration, starting at 0 on even threads and
+    // at -1 on odd ones: 5 iterations on each pool, each on a fresh stream
+    // of the 32-stream round robin.
+    check_streams(&report, 5, 5);
+    assert_eq!(u64_of(&report, "streams_used"), 10);
+}
+
+#[test]
+fn matmul_run_reports_exact_counts() {
+    let report = json(
+        &[
+            "run",
+            "--kernel",
+            "matmul",
+            "--threads",
+            "2",
+            "--iterations",
+            "3",
+            "--in-flight",
+            "2",
+            "--size",
+            "4KiB",
+            "--seed",
+            "99",
+            "--json",
+        ],
+        &[],
+    );
+    // 4096 / 12 = 341 f32 per matrix; floor(sqrt(341)) = 18.
+    let n = 18;
+    let operand = 4 * n * n;
+    let total = 6;
+    assert_eq!(report["kernel"], "matmul");
+    assert_eq!(report["dims"], serde_json::json!([n, n, n]));
+    assert_eq!(u64_of(&report, "elements_per_operand"), n * n);
+    assert_eq!(u64_of(&report, "seed"), 99);
+    assert_eq!(u64_of(&report, "in_flight"), 2);
+    assert_eq!(u64_of(&report, "iterations_verified"), total);
+    assert_eq!(u64_of(&report, "operations"), 5 * total);
+    assert_eq!(u64_of(&report, "bytes_moved"), total * (3 * operand + 128));
+    // Thread 0: 0, -1, 0; thread 1: -1, 0, -1.
+    check_streams(&report, 3, 3);
+}
+
+#[test]
+fn many_iterations_wrap_both_round_robins() {
+    let report = json(
+        &[
+            "run",
+            "--threads",
+            "2",
+            "--iterations",
+            "40",
+            "--size",
+            "1KiB",
+            "--in-flight",
+            "8",
+            "--json",
+        ],
+        &[],
+    );
+    assert_eq!(u64_of(&report, "iterations_verified"), 80);
+    assert_eq!(u64_of(&report, "streams_used_normal"), 32);
+    assert_eq!(u64_of(&report, "streams_used_high"), 32);
+    check_streams(&report, 40, 40);
+}
+
+#[test]
+fn text_report_names_the_totals() {
+    let output = spyre(
+        &[
+            "run",
+            "--threads",
+            "1",
+            "--iterations",
+            "4",
+            "--size",
+            "1KiB",
+        ],
+        &[],
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let text = stdout(&output);
+    for needle in [
+        "verified     4 / 4 iterations",
+        "operations   20 launches (12 H2D, 4 compute, 4 D2H",
+        "wall time",
+        "GB/s",
+        "normal (ids 1–32)",
+        "high (ids 33–64)",
+    ] {
+        assert!(text.contains(needle), "{needle:?} not in\n{text}");
+    }
+    // stderr is not a terminal here: no progress bar.
+    assert_eq!(stderr(&output), "");
+}
+
+/// Runs `spyre` with bad input: exit code 2, the message names `needles`,
+/// and nothing panicked.
+fn refused(args: &[&str], env: &[(&str, &str)], needles: &[&str]) {
+    let output = spyre(args, env);
+    let err = stderr(&output);
+    assert_eq!(output.status.code(), Some(2), "spyre {args:?}: {err}");
+    for needle in needles {
+        assert!(err.contains(needle), "{needle:?} not in: {err}");
+    }
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn bad_counts_exit_2_naming_the_value() {
+    refused(
+        &["run", "--threads", "0"],
+        &[],
+        &["'0'", "--threads", "must be at least 1"],
+    );
+    refused(
+        &["run", "--iterations", "0"],
+        &[],
+        &["'0'", "--iterations", "must be at least 1"],
+    );
+    refused(
+        &["run", "--in-flight", "0"],
+        &[],
+        &["'0'", "--in-flight", "must be at least 1"],
+    );
+    refused(
+        &["run", "--threads", "many"],
+        &[],
+        &["'many'", "not a whole number"],
+    );
+    refused(
+        &["run", "--kernel", "conv"],
+        &[],
+        &["'conv'", "axpy", "matmul"],
+    );
+    refused(&["run", "--bogus"], &[], &["--bogus"]);
+    refused(&[], &[], &["Usage"]);
+}
+
+#[test]
+fn bad_sizes_exit_2_naming_the_value() {
+    refused(
+        &["run", "--size", "0"],
+        &[],
+        &["'0'", "--size", "at least 1 byte"],
+    );
+    refused(&["run", "--size", "4XB"], &[], &["'4XB'", "unknown unit"]);
+    refused(
+        &["run", "--size", "8"],
+        &[],
+        &["--size 8 is too small for axpy", "at least 12 bytes"],
+    );
+    // Larger than the software device's memory (1 GiB by default).
+    refused(
+        &[
+            "run",
+            "--size",
+            "2GiB",
+            "--threads",
+            "1",
+            "--in-flight",
+            "1",
+        ],
+        &[],
+        &["--size 2147483648", "268435456 bytes"],
+    );
+    refused(
+        &[
+            "run",
+            "--size",
+            "1100MiB",
+            "--threads",
+            "1",
+            "--in-flight",
+            "1",
+        ],
+        &[("SPYRE_MOCK_REGION_BYTES", "1073741824")],
+        &[
+            "--size 1153433600",
+            "per iteration",
+            "the device has 1073741824 bytes",
+        ],
+    );
+    // Fits once, but not four times over two threads.
+    refused(
+        &["run", "--size", "1MiB"],
+        &[
+            ("SPYRE_MOCK_MEMORY_BYTES", "4194304"),
+            ("SPYRE_MOCK_REGION_BYTES", "4194304"),
+        ],
+        &[
+            "--threads 2 and --in-flight 4",
+            "the device has 4194304 bytes",
+        ],
+    );
+}
+
+#[test]
+fn bad_environment_exits_2_naming_the_value() {
+    refused(
+        &["run", "--iterations", "1"],
+        &[("SPYRE_BACKEND", "gpu")],
+        &["SPYRE_BACKEND=\"gpu\""],
+    );
+    refused(
+        &["run", "--iterations", "1"],
+        &[("LOCAL_RANK", "abc")],
+        &["LOCAL_RANK=\"abc\""],
+    );
+    refused(
+        &["run", "--iterations", "1"],
+        &[("SPYRE_MOCK_ENGINES", "0")],
+        &["SPYRE_MOCK_ENGINES=\"0\""],
+    );
+}
+
+#[test]
+fn info_json_describes_the_process() {
+    let info = json(&["info", "--json"], &[]);
+    assert_eq!(info["backend"], "mock");
+    assert_eq!(info["selected_backend"], "mock");
+    assert!(
+        info["compiled_backends"]
+            .as_array()
+            .expect("compiled_backends")
+            .contains(&Value::from("mock"))
+    );
+    assert_eq!(info["device_count"], 1);
+    assert_eq!(info["device"], 0);
+    assert_eq!(info["device_source"], "default");
+    assert_eq!(info["pool"]["default_stream"], 0);
+    assert_eq!(info["pool"]["normal"], serde_json::json!([1, 32]));
+    assert_eq!(info["pool"]["high"], serde_json::json!([33, 64]));
+    assert_eq!(info["pool"]["host_compute"], serde_json::json!([65, 68]));
+    assert_eq!(info["pool"]["host_compute_streams"], 4);
+    assert_eq!(info["hazard_tracking"], false);
+    assert_eq!(info["backend_details"]["memory_bytes"], "1073741824");
+    assert_eq!(info["environment"]["SPYRE_BACKEND"], "mock");
+    assert_eq!(info["environment"]["LOCAL_RANK"], Value::Null);
+    assert_eq!(info["environment"]["FLEX_RUNTIME_LIB"], Value::Null);
+    assert_eq!(info["error"], Value::Null);
+}
+
+#[test]
+fn info_follows_the_environment() {
+    let info = json(
+        &["info", "--json"],
+        &[
+            ("LOCAL_RANK", "1"),
+            ("SPYRE_MOCK_DEVICES", "2"),
+            ("TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS", "2"),
+            ("SPYRE_HAZARD_TRACKER", "1"),
+            ("SPYRE_MOCK_MEMORY_BYTES", "536870912"),
+        ],
+    );
+    assert_eq!(info["device_count"], 2);
+    assert_eq!(info["device"], 1);
+    assert_eq!(info["device_source"], "LOCAL_RANK");
+    assert_eq!(info["pool"]["host_compute"], serde_json::json!([65, 66]));
+    assert_eq!(info["pool"]["host_compute_streams"], 2);
+    assert_eq!(info["hazard_tracking"], true);
+    assert_eq!(info["backend_details"]["memory_bytes"], "536870912");
+    assert_eq!(info["environment"]["LOCAL_RANK"], "1");
+    assert_eq!(info["environment"]["SPYRE_MOCK_DEVICES"], "2");
+}
+
+#[test]
+fn info_text_lists_every_variable() {
+    let output = spyre(&["info"], &[("SPYRE_HAZARD_TRACKER", "1")]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let text = stdout(&output);
+    for needle in [
+        "backend           mock",
+        "this process      device 0",
+        "normal          1–32",
+        "high            33–64",
+        "host compute    65–68 (4 stream(s))",
+        "hazard tracking   on",
+        "SPYRE_HAZARD_TRACKER                 = \"1\"",
+        "FLEX_RUNTIME_LIB                     (unset)",
+        "SPYRE_MOCK_COPY_BANDWIDTH",
+    ] {
+        assert!(text.contains(needle), "{needle:?} not in\n{text}");
+    }
+}
+
+#[test]
+fn info_still_reports_when_the_runtime_cannot_start() {
+    let output = spyre(&["info", "--json"], &[("LOCAL_RANK", "5")]);
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    let info: Value = serde_json::from_str(&stdout(&output)).expect("stdout is JSON");
+    assert_eq!(info["environment"]["LOCAL_RANK"], "5");
+    assert_eq!(info["backend"], Value::Null);
+    let error = info["error"].as_str().expect("error is a string");
+    assert!(error.contains("logical_device_id=5"), "{error}");
+    assert!(stderr(&output).contains("logical_device_id=5"));
+}
+
+#[test]
+fn bench_json_has_every_measurement() {
+    let report = json(
+        &[
+            "bench",
+            "--json",
+            "--budget-ms",
+            "20",
+            "--sizes",
+            "4KiB,64KiB",
+        ],
+        &[],
+    );
+    assert_eq!(report["backend"], "mock");
+    let results = report["results"].as_array().expect("results");
+    let names: Vec<&str> = results
+        .iter()
+        .map(|r| r["name"].as_str().expect("name"))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "handle resolution",
+            "pool assignment",
+            "empty op round trip",
+            "H2D bandwidth",
+            "D2H bandwidth",
+            "H2D bandwidth",
+            "D2H bandwidth"
+        ]
+    );
+    for result in results {
+        assert!(result["value"].as_f64().expect("value") > 0.0, "{result}");
+        assert!(result["operations"].as_u64().expect("operations") > 0);
+    }
+    assert_eq!(results[0]["unit"], "ns/op");
+    assert_eq!(results[2]["unit"], "us/op");
+    assert_eq!(results[3]["unit"], "GB/s");
+    assert_eq!(results[5]["size_bytes"], 65536);
+}
+
+#[test]
+fn version_and_help() {
+    let output = spyre(&["--version"], &[]);
+    assert_eq!(output.status.code(), Some(0));
+    assert_eq!(
+        stdout(&output).trim(),
+        format!("spyre {}", env!("CARGO_PKG_VERSION"))
+    );
+    let output = spyre(&["run", "--help"], &[]);
+    assert_eq!(output.status.code(), Some(0));
+    let text = stdout(&output);
+    for flag in [
+        "--threads",
+        "--iterations",
+        "--size",
+        "--kernel",
+        "--in-flight",
+        "--seed",
+        "--json",
+    ] {
+        assert!(text.contains(flag), "{flag} not in\n{text}");
+    }
+}
