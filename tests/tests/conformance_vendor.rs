@@ -1,16 +1,17 @@
 //! The conformance suite against a vendor flex library: the hardware-gated
 //! tests.
 //!
-//! They run only when asked for, against the library `FLEX_RUNTIME_LIB`
-//! names (loaded exactly as `FlexBackend::load` does):
+//! They run when `FLEX_RUNTIME_LIB` names a flex library, against that
+//! library (loaded exactly as `FlexBackend::load` does):
 //!
 //! ```text
-//! FLEX_RUNTIME_LIB=/path/to/libflex.so.1 cargo test -p spyre-tests --test conformance_vendor -- --ignored
+//! FLEX_RUNTIME_LIB=/path/to/libflex.so.1 cargo test --workspace
 //! ```
 //!
-//! Without `--ignored` every case is reported as ignored, with the reason.
-//! With `--ignored` but without `FLEX_RUNTIME_LIB`, or with a library that
-//! cannot be loaded, every case fails: a missing library never passes. Only
+//! Without it every case is reported as ignored, with the reason (the
+//! build script sets `cfg(flex_vendor_library)` from the variable). With
+//! `--ignored` but without `FLEX_RUNTIME_LIB`, or with a library that cannot
+//! be loaded, every case fails: a missing library never passes. Only
 //! the cases that hold for any flex library run (no software-device
 //! kernels), one at a time, each on its own runtime on device 0.
 
@@ -41,7 +42,10 @@ fn run(name: &'static str, case: Case) {
 }
 
 spyre_tests::conformance_tests! {
-    #[ignore = "vendor conformance suite: set FLEX_RUNTIME_LIB to a flex library and run with --ignored"]
+    #[cfg_attr(
+        not(flex_vendor_library),
+        ignore = "vendor conformance suite did not run: set FLEX_RUNTIME_LIB to a flex library to run it"
+    )]
     runner = run;
     cases = [
         device_count_and_missing_devices,

@@ -1,0 +1,11 @@
+//! Turns the vendor conformance suite on when `FLEX_RUNTIME_LIB` names a
+//! library at build time (`cfg(flex_vendor_library)`); without it those tests
+//! are reported as ignored, with the reason.
+
+fn main() {
+    println!("cargo::rerun-if-env-changed=FLEX_RUNTIME_LIB");
+    println!("cargo::rustc-check-cfg=cfg(flex_vendor_library)");
+    if std::env::var_os("FLEX_RUNTIME_LIB").is_some_and(|v| !v.is_empty()) {
+        println!("cargo::rustc-cfg=flex_vendor_library");
+    }
+}
