@@ -102,7 +102,7 @@
 //! # Environment
 //!
 //! `LOCAL_RANK`, `TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS`,
-//! `SPYRE_HAZARD_TRACKER`, `SPYRE_BACKEND` (see [`env`]); the software device
+//! `SPYRE_HAZARD_TRACKER`, `SPYRE_BACKEND` (see [`mod@env`]); the software device
 //! reads `SPYRE_MOCK_*`, the hardware backend `FLEX_RUNTIME_LIB`.
 //!
 //! # Backends
