@@ -4,20 +4,37 @@
 //! RUSTFLAGS="--cfg spyre_loom" cargo test -p spyre-stream --no-default-features --release --test loom
 //! ```
 //!
-//! The pool's lock and atomics come from a cfg(spyre_loom) shim, so loom explores
-//! every interleaving of the scenarios below. The runtime is a small fake
-//! whose streams live in a pre-allocated table and count their creation and
-//! synchronization with loom atomics.
+//! (or `bash ci/loom.sh`). The pool's lock and atomics come from a
+//! cfg(spyre_loom) shim, so loom explores every interleaving of the scenarios
+//! below (one model bounds preemptions, see its comment). The runtime is a
+//! small fake whose streams live in a pre-allocated table and count their
+//! creation and synchronization with loom atomics; it can refuse creations
+//! and hold the default stream's `synchronize` behind a gate.
+//!
+//! | scenario | model |
+//! |---|---|
+//! | initialization racing an assignment and a resolve | `init_races_assignment_and_resolve` |
+//! | initialization is published in one step | `initialization_is_published_atomically` |
+//! | two threads assigning fresh ids | `concurrent_assignments_create_each_fresh_id_once` |
+//! | two threads assigning across the wrap (31 ids handed out before) | `concurrent_assignments_across_the_wrap` |
+//! | two threads assigning the same fresh id (a failed creation leaves the cursor on it) | `two_threads_assign_the_same_fresh_id_after_a_failed_creation` |
+//! | the same fresh id handed out again after a full round, while its creation is in flight | `the_same_fresh_id_handed_out_again_after_a_full_round` |
+//! | a resolve racing the first assignment of that id | `resolve_races_first_assignment_of_that_id` |
+//! | device synchronization racing an assignment | `device_sync_races_assignment` |
+//! | device synchronization waits with the lock released | `device_sync_releases_the_lock_before_waiting` |
+//!
+//! Each model fails on a pool broken the way it guards against (see
+//! RELIABILITY.md for the breakages tried).
 #![cfg(spyre_loom)]
 
 use std::fmt;
 
 use flex_rt::{
     CompositeAddress, DataFormat, FlexError, HostBuffer, HostCallback, LaunchOptions, Runtime,
-    Stream, StreamMode, StreamPriority,
+    Status, Stream, StreamMode, StreamPriority,
 };
-use loom::sync::Arc;
 use loom::sync::atomic::{AtomicUsize, Ordering};
+use loom::sync::{Arc, Condvar, Mutex};
 use spyre_stream::{Error, PoolConfig, SpyreStream, StreamId, StreamPool};
 
 const HOST_COMPUTE: usize = 1;
@@ -25,6 +42,30 @@ const HOST_COMPUTE: usize = 1;
 struct FakeStream {
     id: u64,
     syncs: AtomicUsize,
+    /// When set, `synchronize` blocks until the gate opens (a stream whose
+    /// work is still running).
+    gate: Option<&'static Gate>,
+}
+
+/// A one-shot latch: `wait` blocks until `open` has been called.
+#[derive(Default)]
+struct Gate {
+    open: Mutex<bool>,
+    opened: Condvar,
+}
+
+impl Gate {
+    fn open(&self) {
+        *self.open.lock().unwrap() = true;
+        self.opened.notify_all();
+    }
+
+    fn wait(&self) {
+        let mut open = self.open.lock().unwrap();
+        while !*open {
+            open = self.opened.wait(open).unwrap();
+        }
+    }
 }
 
 impl fmt::Debug for FakeStream {
@@ -44,6 +85,9 @@ impl Stream for FakeStream {
         Ok(true)
     }
     fn synchronize(&self) -> Result<(), FlexError> {
+        if let Some(gate) = self.gate {
+            gate.wait();
+        }
         self.syncs.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }
@@ -84,21 +128,34 @@ impl Stream for FakeStream {
 }
 
 /// A runtime with stream 0 as default and a table of streams to hand out.
+/// `fail_next` makes that many of the coming creations fail.
 struct FakeRuntime {
     streams: Vec<FakeStream>,
     created: AtomicUsize,
+    fail_next: AtomicUsize,
 }
+
+/// Enough streams for the default, one host-compute stream and all 32
+/// normal-pool ids, with room to spare.
+const FAKE_STREAMS: u64 = 40;
 
 impl FakeRuntime {
     fn new() -> Self {
+        Self::with_default_stream_gate(None)
+    }
+
+    /// A runtime whose default stream's `synchronize` waits for `gate`.
+    fn with_default_stream_gate(gate: Option<&'static Gate>) -> Self {
         Self {
-            streams: (0..8)
+            streams: (0..FAKE_STREAMS)
                 .map(|id| FakeStream {
                     id,
                     syncs: AtomicUsize::new(0),
+                    gate: if id == 0 { gate } else { None },
                 })
                 .collect(),
             created: AtomicUsize::new(0),
+            fail_next: AtomicUsize::new(0),
         }
     }
 }
@@ -122,6 +179,17 @@ impl Runtime for FakeRuntime {
         _: StreamMode,
         _: bool,
     ) -> Result<&dyn Stream, FlexError> {
+        if self
+            .fail_next
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(FlexError::new(
+                Status::RUNTIME_FAILED,
+                "create_stream",
+                "injected by the loom fake",
+            ));
+        }
         let index = self.created.fetch_add(1, Ordering::SeqCst) + 1;
         Ok(&self.streams[index])
     }
@@ -245,5 +313,167 @@ fn device_sync_races_assignment() {
         assert_eq!(syncs(1), 1, "host-compute stream 65");
         let assigned = handle_id(&pool, stream.id().get()).unwrap() as usize;
         assert!(syncs(assigned) <= 1);
+    });
+}
+
+/// Initialization is published in one step: a thread that sees the default
+/// stream mapped also sees the host-compute stream, and a failed or
+/// unfinished initialization shows neither.
+#[test]
+fn initialization_is_published_atomically() {
+    loom::model(|| {
+        let runtime = leak_runtime();
+        let pool = pool(runtime);
+        let observer = {
+            let pool = pool.clone();
+            loom::thread::spawn(move || {
+                let default = handle_id(&pool, 0).ok();
+                let host_compute = handle_id(&pool, 65).ok();
+                (default, host_compute)
+            })
+        };
+        pool.initialize().unwrap();
+        match observer.join().unwrap() {
+            (None, _) => {}
+            (Some(0), Some(1)) => {}
+            seen => panic!("saw a partial initialization: {seen:?}"),
+        }
+        assert_eq!(runtime.created.load(Ordering::SeqCst), HOST_COMPUTE);
+    });
+}
+
+/// Two threads assigning with the cursor one short of the wrap (31 ids
+/// handed out before): one gets the fresh id 32, the other wraps to id 1,
+/// which keeps the handle it already had; only id 32 is created.
+#[test]
+fn concurrent_assignments_across_the_wrap() {
+    loom::model(|| {
+        let runtime = leak_runtime();
+        let pool = pool(runtime);
+        for expected in 1..=31 {
+            assert_eq!(pool.stream_from_pool(0).unwrap().id(), StreamId(expected));
+        }
+        let id1_before = handle_id(&pool, 1).unwrap();
+        let threads: Vec<_> = (0..2)
+            .map(|_| {
+                let pool = pool.clone();
+                loom::thread::spawn(move || pool.stream_from_pool(0).unwrap().id().get())
+            })
+            .collect();
+        let mut ids: Vec<i64> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        ids.sort_unstable();
+        assert_eq!(ids, vec![1, 32]);
+        assert_eq!(runtime.created.load(Ordering::SeqCst), HOST_COMPUTE + 32);
+        assert_eq!(handle_id(&pool, 1).unwrap(), id1_before);
+    });
+}
+
+/// Two threads assigning the same fresh id: the first creation fails, which
+/// leaves the cursor on that id, so both threads go for id 1. Exactly one
+/// of them gets the error; the other gets id 1 with the one handle created.
+#[test]
+fn two_threads_assign_the_same_fresh_id_after_a_failed_creation() {
+    loom::model(|| {
+        let runtime = leak_runtime();
+        let pool = pool(runtime);
+        pool.initialize().unwrap();
+        runtime.fail_next.store(1, Ordering::SeqCst);
+        let threads: Vec<_> = (0..2)
+            .map(|_| {
+                let pool = pool.clone();
+                loom::thread::spawn(move || pool.stream_from_pool(0).map(|s| s.id().get()))
+            })
+            .collect();
+        let mut results: Vec<Result<i64, Status>> = threads
+            .into_iter()
+            .map(|t| {
+                t.join().unwrap().map_err(|e| match e {
+                    Error::Flex(f) => f.status(),
+                    other => panic!("unexpected {other:?}"),
+                })
+            })
+            .collect();
+        results.sort_by_key(|r| r.is_ok());
+        assert_eq!(results, vec![Err(Status::RUNTIME_FAILED), Ok(1)]);
+        assert_eq!(runtime.created.load(Ordering::SeqCst), HOST_COMPUTE + 1);
+        assert_eq!(handle_id(&pool, 1).unwrap(), HOST_COMPUTE as u64 + 1);
+        assert_eq!(pool.stream_from_pool(0).unwrap().id(), StreamId(2));
+    });
+}
+
+/// Two threads assigning the same fresh id by the round robin: while one
+/// thread assigns id 1 (its first handout), the other hands out 32 ids and
+/// so comes back to id 1. Whatever the interleaving, id 1 gets exactly one
+/// handle and every id is created once.
+///
+/// The 33 assignments make the full interleaving space too large to
+/// enumerate, so this model bounds preemptions to 3; a preempted creation
+/// with the lock released (the bug this looks for) needs only one.
+#[test]
+fn the_same_fresh_id_handed_out_again_after_a_full_round() {
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(3);
+    builder.check(|| {
+        let runtime = leak_runtime();
+        let pool = pool(runtime);
+        pool.initialize().unwrap();
+        let single = {
+            let pool = pool.clone();
+            loom::thread::spawn(move || {
+                let stream = pool.stream_from_pool(0).unwrap();
+                (
+                    stream.id().get(),
+                    handle_id(&pool, stream.id().get()).unwrap(),
+                )
+            })
+        };
+        let mut seen = Vec::new();
+        for _ in 0..32 {
+            let stream = pool.stream_from_pool(0).unwrap();
+            seen.push((
+                stream.id().get(),
+                handle_id(&pool, stream.id().get()).unwrap(),
+            ));
+        }
+        seen.push(single.join().unwrap());
+        // 33 assignments: ids 1..=32 and one of them twice, always one handle per id.
+        let mut ids: Vec<i64> = seen.iter().map(|(id, _)| *id).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids, (1..=32).collect::<Vec<_>>());
+        for (id, handle) in &seen {
+            assert_eq!(
+                handle_id(&pool, *id).unwrap(),
+                *handle,
+                "id {id} changed handle"
+            );
+        }
+        assert_eq!(runtime.created.load(Ordering::SeqCst), HOST_COMPUTE + 32);
+    });
+}
+
+/// Device synchronization releases the lock before it waits: while it waits
+/// on a stream whose work is still running, an assignment (write lock) goes
+/// through. Here the stream's work finishes only after that assignment, so
+/// a synchronization that waited under the read lock would deadlock, which
+/// loom reports.
+#[test]
+fn device_sync_releases_the_lock_before_waiting() {
+    loom::model(|| {
+        // Leaked like the runtime (loom checks that every loom Arc is freed).
+        let gate: &'static Gate = Box::leak(Box::default());
+        let runtime: &'static FakeRuntime =
+            Box::leak(Box::new(FakeRuntime::with_default_stream_gate(Some(gate))));
+        let pool = pool(runtime);
+        pool.initialize().unwrap();
+        let syncer = {
+            let pool = pool.clone();
+            loom::thread::spawn(move || pool.synchronize_device().unwrap())
+        };
+        let stream = pool.stream_from_pool(0).unwrap();
+        gate.open();
+        syncer.join().unwrap();
+        assert_eq!(stream.id(), StreamId(1));
+        assert_eq!(runtime.streams[0].syncs.load(Ordering::SeqCst), 1);
     });
 }

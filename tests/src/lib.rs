@@ -145,7 +145,11 @@ fn build_mock_cdylib() -> Result<PathBuf, String> {
         .args(["-p", "spyre-mock", "--lib"])
         .arg("--target-dir")
         .arg(&target)
-        .arg("--message-format=json-render-diagnostics");
+        .arg("--message-format=json-render-diagnostics")
+        // A plain library, whatever flags the test itself was built with
+        // (a sanitizer build's flags would not link with a std-built cdylib).
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS");
     if cfg!(not(debug_assertions)) {
         command.arg("--release");
     }
