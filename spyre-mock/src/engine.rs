@@ -90,8 +90,6 @@ pub(crate) struct Device {
     pub(crate) work: Condvar,
     /// `synchronize` waits here for completions.
     pub(crate) done: Condvar,
-    /// Ids of the streams `synchronize` was called on, in call order.
-    pub(crate) synchronize_log: Mutex<Vec<u64>>,
 }
 
 impl Device {
@@ -106,7 +104,6 @@ impl Device {
                 copy_bandwidth: config.copy_bandwidth(),
             },
             scheduler: Mutex::new(Scheduler::default()),
-            synchronize_log: Mutex::new(Vec::new()),
             work: Condvar::new(),
             done: Condvar::new(),
         }

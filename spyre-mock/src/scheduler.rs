@@ -70,6 +70,10 @@ pub(crate) struct Job {
 
 type ReadyKey = (Reverse<StreamPriority>, u64, usize);
 
+/// Entries [`Scheduler::log_synchronize`] keeps: the most recent calls only,
+/// so a process that synchronizes in a loop does not grow without bound.
+pub(crate) const SYNCHRONIZE_LOG_LIMIT: usize = 4096;
+
 /// Streams, their queues, and the ready order of one runtime.
 #[derive(Default)]
 pub(crate) struct Scheduler {
@@ -78,6 +82,9 @@ pub(crate) struct Scheduler {
     next_seq: u64,
     /// Set when the runtime is dropped: engines exit once nothing is ready.
     pub(crate) shutting_down: bool,
+    /// Stream ids `synchronize` was called on, in call order; the most
+    /// recent [`SYNCHRONIZE_LOG_LIMIT`] calls.
+    synchronize_log: VecDeque<u64>,
 }
 
 impl Scheduler {
@@ -105,6 +112,20 @@ impl Scheduler {
     /// The state of stream `index`, mutably.
     pub(crate) fn stream_mut(&mut self, index: usize) -> &mut StreamState {
         &mut self.streams[index]
+    }
+
+    /// Records a `synchronize` call on stream `id`, dropping the oldest
+    /// entry once [`SYNCHRONIZE_LOG_LIMIT`] are kept.
+    pub(crate) fn log_synchronize(&mut self, id: u64) {
+        if self.synchronize_log.len() == SYNCHRONIZE_LOG_LIMIT {
+            self.synchronize_log.pop_front();
+        }
+        self.synchronize_log.push_back(id);
+    }
+
+    /// The recorded `synchronize` calls, oldest first.
+    pub(crate) fn synchronize_log(&self) -> Vec<u64> {
+        self.synchronize_log.iter().copied().collect()
     }
 
     /// Whether any stream has failed or needs shutdown.
@@ -295,6 +316,21 @@ mod tests {
         let (err, _) = s.admit(a, noop()).unwrap_err();
         assert_eq!(err.status(), Status::STREAM_FAILED);
         assert!(s.any_stream_error());
+    }
+
+    #[test]
+    fn synchronize_log_keeps_the_most_recent_calls() {
+        let mut s = Scheduler::default();
+        s.log_synchronize(7);
+        s.log_synchronize(3);
+        assert_eq!(s.synchronize_log(), vec![7, 3]);
+        for id in 0..(SYNCHRONIZE_LOG_LIMIT as u64 + 10) {
+            s.log_synchronize(id);
+        }
+        let log = s.synchronize_log();
+        assert_eq!(log.len(), SYNCHRONIZE_LOG_LIMIT);
+        assert_eq!(log.first(), Some(&10));
+        assert_eq!(log.last(), Some(&(SYNCHRONIZE_LOG_LIMIT as u64 + 9)));
     }
 
     #[test]

@@ -199,8 +199,8 @@ impl Stream for MockStream {
                 "synchronize was called from a completion or host callback of the same runtime; it would wait for itself",
             ));
         }
-        self.device.synchronize_log.lock().push(self.id);
         let mut scheduler = self.device.scheduler.lock();
+        scheduler.log_synchronize(self.id);
         let target = scheduler.stream(self.index).submitted;
         while scheduler.stream(self.index).completed < target {
             self.device.done.wait(&mut scheduler);
