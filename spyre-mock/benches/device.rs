@@ -1,0 +1,360 @@
+//! Benchmarks of the software device: launches, round trips, throughput
+//! across streams, and copies.
+//!
+//! Every group puts the mock next to a baseline, so the report can give a
+//! ratio. The baseline for launches is `Executor` below: the smallest
+//! executor with the mock's shape (one mutex-protected FIFO, a condition
+//! variable to wake workers, a completion counter with a condition
+//! variable to wait on, two worker threads like the mock's two engines),
+//! without per-stream queues, priorities, errors or device memory.
+//!
+//! Groups whose operations take microseconds or more (`round_trip`,
+//! `ops_throughput`, `copy_1MiB`, `copy_64MiB`) are *interleaved*: every
+//! round runs each member of the group once, in order, and each benchmark
+//! times only its own member (see `interleaved`). On a shared machine the
+//! thread wake-up latency and the memory bandwidth drift by several times
+//! within minutes; interleaving measures a member and its baseline over
+//! the same stretch of time, so their ratio stays meaningful. The
+//! nanosecond-scale groups (`enqueue`, `copy_4KiB`) are timed plainly, as
+//! two clock reads per operation would distort them.
+//!
+//! - `enqueue`: one launch of an empty operation. `mock/host_callback` is
+//!   [`Stream::launch_host_callback`] of a no-op on one stream; baseline
+//!   `executor/submit` submits the same boxed no-op. Launches are timed in
+//!   batches of [`BATCH`]; the queue is drained (synchronized) after each
+//!   batch, outside the timed region, so it never grows without bound.
+//! - `round_trip` (interleaved): launch of an empty operation followed by
+//!   a wait for it, `mock/launch_synchronize` (launch +
+//!   [`Stream::synchronize`]) against `executor/submit_wait`.
+//! - `ops_throughput` (interleaved): [`OPS`] no-op launches spread round
+//!   robin over 1, 8 and 64 streams (`mock/streams/<n>`), then every stream
+//!   synchronized; reported as operations per second. Baseline
+//!   `executor/2_workers`: the same number of no-ops through the executor,
+//!   then one wait.
+//! - `copy_<size>` for 4 KiB, 1 MiB and 64 MiB (1 MiB and 64 MiB
+//!   interleaved): `mock/h2d` and `mock/d2h` are one launch of the copy
+//!   followed by `synchronize` (so the time includes the round trip);
+//!   baseline `copy_from_slice` copies the same number of bytes between two
+//!   host buffers on the calling thread. Reported as bytes per second.
+//!
+//! Run with `cargo bench -p spyre-mock --bench device`.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::hint::black_box;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use flex_rt::{HostBuffer, LaunchOptions, Runtime, Stream, StreamMode, StreamPriority};
+use parking_lot::{Condvar, Mutex};
+use spyre_mock::{MockRuntime, MockStream, MockSystem};
+
+/// Launches timed back to back before the queue is drained, in `enqueue`.
+const BATCH: u64 = 256;
+/// Operations per iteration of `ops_throughput`.
+const OPS: usize = 1024;
+
+type Job = Box<dyn FnOnce() + Send + 'static>;
+
+#[derive(Default)]
+struct ExecState {
+    queue: VecDeque<Job>,
+    submitted: u64,
+    completed: u64,
+    stop: bool,
+}
+
+#[derive(Default)]
+struct Shared {
+    state: Mutex<ExecState>,
+    work: Condvar,
+    done: Condvar,
+}
+
+/// The baseline executor: a locked FIFO served by worker threads.
+struct Executor {
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl Executor {
+    fn new(workers: usize) -> Self {
+        let shared = Arc::new(Shared::default());
+        let workers = (0..workers)
+            .map(|_| {
+                let shared = Arc::clone(&shared);
+                std::thread::spawn(move || {
+                    let mut state = shared.state.lock();
+                    loop {
+                        if let Some(job) = state.queue.pop_front() {
+                            parking_lot::MutexGuard::unlocked(&mut state, job);
+                            state.completed += 1;
+                            shared.done.notify_all();
+                        } else if state.stop {
+                            break;
+                        } else {
+                            shared.work.wait(&mut state);
+                        }
+                    }
+                })
+            })
+            .collect();
+        Self { shared, workers }
+    }
+
+    fn submit(&self, job: Job) {
+        let mut state = self.shared.state.lock();
+        state.queue.push_back(job);
+        state.submitted += 1;
+        drop(state);
+        self.shared.work.notify_one();
+    }
+
+    /// Waits until everything submitted so far has run.
+    fn wait(&self) {
+        let mut state = self.shared.state.lock();
+        let target = state.submitted;
+        while state.completed < target {
+            self.shared.done.wait(&mut state);
+        }
+    }
+}
+
+impl Drop for Executor {
+    fn drop(&mut self) {
+        self.shared.state.lock().stop = true;
+        self.shared.work.notify_all();
+        for worker in self.workers.drain(..) {
+            let _ = worker.join();
+        }
+    }
+}
+
+/// A runtime of the default configuration; `SPYRE_MOCK_*` variables, if
+/// set, change it (for experiments; the reported numbers use none).
+fn runtime() -> MockRuntime {
+    MockSystem::from_env()
+        .expect("SPYRE_MOCK_* variables")
+        .create_mock_runtime(0)
+        .expect("mock runtime")
+}
+
+fn new_stream(runtime: &MockRuntime) -> &MockStream {
+    runtime
+        .create_mock_stream(StreamPriority::Normal, StreamMode::StrictOrdering, false)
+        .expect("mock stream")
+}
+
+fn noop(stream: &MockStream) {
+    stream
+        .launch_host_callback(Box::new(|| {}), LaunchOptions::new())
+        .expect("launch");
+}
+
+/// Times `iters` calls of `launch` in batches of [`BATCH`], calling `drain`
+/// untimed after each batch.
+fn batched(iters: u64, mut launch: impl FnMut(), mut drain: impl FnMut()) -> Duration {
+    let mut total = Duration::ZERO;
+    let mut left = iters;
+    while left > 0 {
+        let n = left.min(BATCH);
+        let start = Instant::now();
+        for _ in 0..n {
+            launch();
+        }
+        total += start.elapsed();
+        drain();
+        left -= n;
+    }
+    total
+}
+
+/// Times `iters` runs of `ops[me]`. Each round runs every op of `ops` once,
+/// in order, and times only `ops[me]`, so that all members of a group are
+/// measured over the same stretch of time.
+fn interleaved(iters: u64, me: usize, ops: &[&dyn Fn()]) -> Duration {
+    let mut total = Duration::ZERO;
+    for _ in 0..iters {
+        for (index, op) in ops.iter().enumerate() {
+            if index == me {
+                let start = Instant::now();
+                op();
+                total += start.elapsed();
+            } else {
+                op();
+            }
+        }
+    }
+    total
+}
+
+/// Benchmarks every `(name, op)` of `members` in `group`, interleaved.
+fn bench_interleaved<M: criterion::measurement::Measurement<Value = Duration>>(
+    group: &mut criterion::BenchmarkGroup<'_, M>,
+    members: &[(&str, &dyn Fn())],
+) {
+    let ops: Vec<&dyn Fn()> = members.iter().map(|&(_, op)| op).collect();
+    for (me, &(name, _)) in members.iter().enumerate() {
+        group.bench_function(name, |b| {
+            b.iter_custom(|iters| interleaved(iters, me, &ops))
+        });
+    }
+}
+
+fn bench_enqueue(c: &mut Criterion) {
+    let runtime = runtime();
+    let stream = new_stream(&runtime);
+    let executor = Executor::new(2);
+
+    let mut group = c.benchmark_group("enqueue");
+    group.bench_function("executor/submit", |b| {
+        b.iter_custom(|iters| {
+            batched(
+                iters,
+                || executor.submit(Box::new(|| {})),
+                || executor.wait(),
+            )
+        });
+    });
+    group.bench_function("mock/host_callback", |b| {
+        b.iter_custom(|iters| {
+            batched(
+                iters,
+                || noop(stream),
+                || stream.synchronize().expect("synchronize"),
+            )
+        });
+    });
+    group.finish();
+}
+
+fn bench_round_trip(c: &mut Criterion) {
+    let runtime = runtime();
+    let stream = new_stream(&runtime);
+    let executor = Executor::new(2);
+
+    let mut group = c.benchmark_group("round_trip");
+    bench_interleaved(
+        &mut group,
+        &[
+            ("executor/submit_wait", &|| {
+                executor.submit(Box::new(|| {}));
+                executor.wait();
+            }),
+            ("mock/launch_synchronize", &|| {
+                noop(stream);
+                stream.synchronize().expect("synchronize");
+            }),
+        ],
+    );
+    group.finish();
+}
+
+fn bench_ops_throughput(c: &mut Criterion) {
+    let runtime = runtime();
+    let streams: Vec<&MockStream> = (0..64).map(|_| new_stream(&runtime)).collect();
+    let executor = Executor::new(2);
+
+    let executor_ops = || {
+        for _ in 0..OPS {
+            executor.submit(Box::new(|| {}));
+        }
+        executor.wait();
+    };
+    let spread = |streams: &[&MockStream]| {
+        for i in 0..OPS {
+            noop(streams[i % streams.len()]);
+        }
+        for stream in streams {
+            stream.synchronize().expect("synchronize");
+        }
+    };
+
+    let mut group = c.benchmark_group("ops_throughput");
+    group.throughput(Throughput::Elements(OPS as u64));
+    bench_interleaved(
+        &mut group,
+        &[
+            ("executor/2_workers", &executor_ops),
+            ("mock/streams/1", &|| spread(&streams[..1])),
+            ("mock/streams/8", &|| spread(&streams[..8])),
+            ("mock/streams/64", &|| spread(&streams[..64])),
+        ],
+    );
+    group.finish();
+}
+
+fn bench_copies(c: &mut Criterion) {
+    let runtime = runtime();
+    let stream = new_stream(&runtime);
+    for (label, size) in [
+        ("4KiB", 4usize << 10),
+        ("1MiB", 1 << 20),
+        ("64MiB", 64 << 20),
+    ] {
+        let device = runtime.allocate(size as u64).expect("device memory");
+        let pattern: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+        let host_src = HostBuffer::from_vec(pattern.clone());
+        let host_dst = HostBuffer::zeroed(size);
+        // Back the device memory before timing, so D2H reads real bytes,
+        // and check that the bytes make the round trip.
+        stream
+            .launch_h2d(&host_src, &device, LaunchOptions::new())
+            .expect("h2d");
+        stream
+            .launch_d2h(&device, &host_dst, LaunchOptions::new())
+            .expect("d2h");
+        stream.synchronize().expect("synchronize");
+        assert!(
+            host_dst.read()[..] == pattern[..],
+            "the round trip kept the bytes"
+        );
+        let plain_dst = RefCell::new(vec![0u8; size]);
+        let copy = || {
+            black_box(&mut plain_dst.borrow_mut()[..]).copy_from_slice(black_box(&pattern[..]));
+        };
+        let h2d = || {
+            stream
+                .launch_h2d(&host_src, &device, LaunchOptions::new())
+                .expect("h2d");
+            stream.synchronize().expect("synchronize");
+        };
+        let d2h = || {
+            stream
+                .launch_d2h(&device, &host_dst, LaunchOptions::new())
+                .expect("d2h");
+            stream.synchronize().expect("synchronize");
+        };
+
+        let mut group = c.benchmark_group(format!("copy_{label}"));
+        group.throughput(Throughput::Bytes(size as u64));
+        if size >= 64 << 20 {
+            group.sample_size(20);
+        }
+        let members: [(&str, &dyn Fn()); 3] = [
+            ("copy_from_slice", &copy),
+            ("mock/h2d", &h2d),
+            ("mock/d2h", &d2h),
+        ];
+        if size < 1 << 20 {
+            for (name, op) in members {
+                group.bench_function(name, |b| b.iter(op));
+            }
+        } else {
+            bench_interleaved(&mut group, &members);
+        }
+        group.finish();
+        runtime.free(&device).expect("free");
+    }
+}
+
+criterion_group!(
+    benches,
+    bench_enqueue,
+    bench_round_trip,
+    bench_ops_throughput,
+    bench_copies
+);
+criterion_main!(benches);
