@@ -33,6 +33,7 @@ impl StreamId {
     }
 
     /// The table slot of this id, if it is inside the largest possible id space.
+    #[inline]
     pub(crate) fn slot(self) -> Option<usize> {
         usize::try_from(self.0)
             .ok()

@@ -318,7 +318,7 @@ impl<'rt> StreamPool<'rt> {
             .id()
             .slot()
             .and_then(|slot| self.state.read().handles[slot]);
-        handle.ok_or(Error::NoHandle {
+        handle.ok_or_else(|| Error::NoHandle {
             id: stream.id(),
             device: stream.device_index(),
         })
@@ -334,15 +334,17 @@ impl<'rt> StreamPool<'rt> {
     /// # Errors
     /// [`Error::DeviceSynchronize`] with the id and error of the first stream that failed.
     pub fn synchronize_device(&self) -> Result<()> {
-        let snapshot: Vec<(StreamId, &'rt dyn Stream)> = {
+        let mut snapshot: Vec<(StreamId, &'rt dyn Stream)> = Vec::with_capacity(MAX_STREAM_SLOTS);
+        {
             let state = self.state.read();
-            state
-                .handles
-                .iter()
-                .enumerate()
-                .filter_map(|(slot, handle)| handle.map(|h| (StreamId(slot as i64), h)))
-                .collect()
-        };
+            snapshot.extend(
+                state
+                    .handles
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(slot, handle)| handle.map(|h| (StreamId(slot as i64), h))),
+            );
+        }
         let mut first_error = None;
         for (id, handle) in snapshot {
             if let Err(source) = handle.synchronize() {
