@@ -935,30 +935,3 @@ pub unsafe extern "C" fn flex_launch_fill(
         })
     })
 }
-
-/// Every function this module exports, in `flex.h` order.
-pub const EXPORTED: [&str; 23] = [
-    "flex_get_api_version",
-    "flex_status_string",
-    "flex_get_last_error_message",
-    "flex_get_device_count",
-    "flex_runtime_create",
-    "flex_runtime_destroy",
-    "flex_runtime_get_logical_device",
-    "flex_runtime_get_default_stream",
-    "flex_runtime_create_stream",
-    "flex_stream_destroy",
-    "flex_runtime_has_stream_error",
-    "flex_memory_allocate",
-    "flex_memory_free",
-    "flex_stream_get_id",
-    "flex_stream_get_priority",
-    "flex_stream_query",
-    "flex_stream_synchronize",
-    "flex_stream_needs_shutdown",
-    "flex_launch_h2d",
-    "flex_launch_d2h",
-    "flex_launch_compute",
-    "flex_launch_host_callback",
-    "flex_launch_fill",
-];

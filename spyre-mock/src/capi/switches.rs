@@ -57,10 +57,10 @@ impl Switches {
         let mut switches = Self::default();
         if let Some(raw) = value(ENV_UNDEFINED_STATUS) {
             for name in raw.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-                let Some(&known) = STATUS_CALLS.iter().find(|&&call| call == name) else {
+                let Some(known) = status_calls().find(|&call| call == name) else {
                     return Err(format!(
                         "{ENV_UNDEFINED_STATUS}={raw:?} is not valid: {name:?} is not a flex.h function that returns a status (one of {})",
-                        STATUS_CALLS.join(", ")
+                        status_calls().collect::<Vec<_>>().join(", ")
                     ));
                 };
                 switches.undefined_status.push(known);
@@ -98,30 +98,21 @@ impl Switches {
     }
 }
 
-/// Every flex.h function that returns a `flex_status_t`: all of them but
-/// the three that return a version or a string.
-pub(super) const STATUS_CALLS: [&str; 20] = [
-    "flex_get_device_count",
-    "flex_runtime_create",
-    "flex_runtime_destroy",
-    "flex_runtime_get_logical_device",
-    "flex_runtime_get_default_stream",
-    "flex_runtime_create_stream",
-    "flex_stream_destroy",
-    "flex_runtime_has_stream_error",
-    "flex_memory_allocate",
-    "flex_memory_free",
-    "flex_stream_get_id",
-    "flex_stream_get_priority",
-    "flex_stream_query",
-    "flex_stream_synchronize",
-    "flex_stream_needs_shutdown",
-    "flex_launch_h2d",
-    "flex_launch_d2h",
-    "flex_launch_compute",
-    "flex_launch_host_callback",
-    "flex_launch_fill",
+/// The three flex.h functions that return a version or a string, not a status.
+const NON_STATUS_CALLS: [&str; 3] = [
+    "flex_get_api_version",
+    "flex_status_string",
+    "flex_get_last_error_message",
 ];
+
+/// Every flex.h function that returns a `flex_status_t`: all of
+/// [`flex_sys::REQUIRED_SYMBOLS`] but the three that return a version or a string.
+pub(super) fn status_calls() -> impl Iterator<Item = &'static str> {
+    flex_sys::REQUIRED_SYMBOLS
+        .iter()
+        .copied()
+        .filter(|name| !NON_STATUS_CALLS.contains(name))
+}
 
 /// The packed version `flex_get_api_version` reports: `SPYRE_MOCK_ABI_VERSION`
 /// (`M.m`, both 0..=65535) when set and well formed, the header's version
