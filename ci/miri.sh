@@ -25,48 +25,16 @@
 # The FFI backend (dlopen) is out of Miri's reach and is not run here.
 #
 # Needs a nightly toolchain with the `miri` and `rust-src` components; they
-# are installed with rustup when missing. When they cannot be installed
-# because the network is unavailable, prints "SKIPPED: <reason>" and exits 0.
+# are installed with rustup when missing. When they cannot be installed, the
+# script fails in CI and says why; outside CI it prints "SKIPPED (outside CI
+# only): ..." and exits 0 (ci/lib.sh).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source ci/lib.sh
 
 TOOLCHAIN="${MIRI_TOOLCHAIN:-nightly}"
-
-skip() {
-    echo "SKIPPED: $*"
-    exit 0
-}
-
-has_components() {
-    local installed
-    installed="$(rustup component list --toolchain "$TOOLCHAIN" --installed 2>/dev/null)" || return 1
-    grep -q '^miri' <<<"$installed" && grep -q '^rust-src' <<<"$installed"
-}
-
-ensure_components() {
-    if ! command -v rustup >/dev/null 2>&1; then
-        echo "error: rustup is needed to install the $TOOLCHAIN toolchain with miri and rust-src" >&2
-        exit 1
-    fi
-    has_components && return 0
-    echo "==> installing $TOOLCHAIN with miri and rust-src"
-    local log
-    log="$(mktemp)"
-    if ! rustup toolchain install "$TOOLCHAIN" --profile minimal \
-        --component miri --component rust-src >"$log" 2>&1; then
-        cat "$log" >&2
-        if grep -qiE 'download|network|resolve|connect|timed? ?out|dns|unreachable|tls|ssl|proxy' "$log"; then
-            rm -f "$log"
-            skip "Miri: cannot install the $TOOLCHAIN toolchain's miri and rust-src components (network unavailable)"
-        fi
-        rm -f "$log"
-        echo "error: rustup could not install miri and rust-src for $TOOLCHAIN" >&2
-        exit 1
-    fi
-    rm -f "$log"
-}
-
-ensure_components
+ensure_nightly_components "$TOOLCHAIN" miri rust-src
+echo "==> miri on $(rustc "+$TOOLCHAIN" --version)"
 
 export MIRIFLAGS="${MIRIFLAGS:--Zmiri-ignore-leaks -Zmiri-permissive-provenance}"
 cargo "+$TOOLCHAIN" miri setup

@@ -18,48 +18,20 @@
 # with status 66 and the script fail. Uses its own target directory.
 #
 # Needs a nightly toolchain with rust-src; it is installed with rustup when
-# missing. When it cannot be installed because the network is unavailable,
-# prints "SKIPPED: <reason>" and exits 0.
+# missing. When it cannot be installed, or the host is not one that
+# ThreadSanitizer supports, the script fails in CI and says why; outside CI
+# it prints "SKIPPED (outside CI only): ..." and exits 0 (ci/lib.sh).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source ci/lib.sh
 
 TOOLCHAIN="${TSAN_TOOLCHAIN:-nightly}"
-
-skip() {
-    echo "SKIPPED: $*"
-    exit 0
-}
-
-ensure_components() {
-    if ! command -v rustup >/dev/null 2>&1; then
-        echo "error: rustup is needed to install the $TOOLCHAIN toolchain with rust-src" >&2
-        exit 1
-    fi
-    if rustup component list --toolchain "$TOOLCHAIN" --installed 2>/dev/null | grep -q '^rust-src'; then
-        return 0
-    fi
-    echo "==> installing $TOOLCHAIN with rust-src"
-    local log
-    log="$(mktemp)"
-    if ! rustup toolchain install "$TOOLCHAIN" --profile minimal --component rust-src >"$log" 2>&1; then
-        cat "$log" >&2
-        if grep -qiE 'download|network|resolve|connect|timed? ?out|dns|unreachable|tls|ssl|proxy' "$log"; then
-            rm -f "$log"
-            skip "ThreadSanitizer: cannot install the $TOOLCHAIN toolchain's rust-src component (network unavailable)"
-        fi
-        rm -f "$log"
-        echo "error: rustup could not install rust-src for $TOOLCHAIN" >&2
-        exit 1
-    fi
-    rm -f "$log"
-}
-
-ensure_components
+ensure_nightly_components "$TOOLCHAIN" rust-src
 
 target="$(rustc "+$TOOLCHAIN" -vV | sed -n 's/^host: //p')"
 case "$target" in
     x86_64-unknown-linux-gnu | aarch64-unknown-linux-gnu) ;;
-    *) skip "ThreadSanitizer: not supported by rustc on $target" ;;
+    *) cannot_run ThreadSanitizer "rustc does not support it on $target" ;;
 esac
 
 args=("$@")

@@ -1,0 +1,59 @@
+# Shared by the scripts in ci/: sourced, not run.
+#
+# The rule for a check that cannot run (a tool or component that cannot be
+# installed, a platform the tool does not support): in CI (CI set to
+# anything but "", "0" or "false") it is a failure that says why; outside
+# CI it is a skip that says so and exits 0. No check reports success when it
+# did not run.
+
+in_ci() {
+    case "${CI:-}" in
+        "" | 0 | false | FALSE | False) return 1 ;;
+        *) return 0 ;;
+    esac
+}
+
+# cannot_run CHECK REASON: ends the script as the rule above says.
+cannot_run() {
+    local check="$1"
+    shift
+    if in_ci; then
+        echo "error: $check did not run: $* (in CI a check that cannot run is a failure)" >&2
+        exit 1
+    fi
+    echo "SKIPPED (outside CI only): $check did not run: $*" >&2
+    exit 0
+}
+
+# ensure_nightly_components TOOLCHAIN COMPONENT...: installs the components
+# (and the toolchain if it is missing) with rustup, or calls cannot_run.
+ensure_nightly_components() {
+    local toolchain="$1"
+    shift
+    if ! command -v rustup >/dev/null 2>&1; then
+        cannot_run "$toolchain with $*" "rustup is not installed, so the $toolchain toolchain cannot be installed"
+    fi
+    local installed missing=()
+    installed="$(rustup component list --toolchain "$toolchain" --installed 2>/dev/null || true)"
+    local component
+    for component in "$@"; do
+        grep -q "^$component" <<<"$installed" || missing+=("$component")
+    done
+    [[ ${#missing[@]} -eq 0 ]] && return 0
+    echo "==> installing ${missing[*]} for $toolchain" >&2
+    local log status=0
+    log="$(mktemp)"
+    if rustup toolchain list 2>/dev/null | grep -q "^$toolchain"; then
+        rustup component add --toolchain "$toolchain" "${missing[@]}" >"$log" 2>&1 || status=$?
+    else
+        local flags=()
+        for component in "${missing[@]}"; do flags+=(--component "$component"); done
+        rustup toolchain install "$toolchain" --profile minimal "${flags[@]}" >"$log" 2>&1 || status=$?
+    fi
+    if [[ $status -ne 0 ]]; then
+        cat "$log" >&2
+        rm -f "$log"
+        cannot_run "$toolchain with ${missing[*]}" "rustup could not install them (exit $status; its output is above)"
+    fi
+    rm -f "$log"
+}
