@@ -16,6 +16,7 @@
 
 mod address;
 mod buffer;
+pub mod env;
 mod error;
 #[cfg(unix)]
 pub mod ffi;
@@ -33,6 +34,7 @@ pub use error::{FlexError, Result};
 pub use ffi::{
     CloseError, FlexBackend, RuntimeContext, RuntimeStream, TeardownError, TeardownStep,
 };
+pub use flex_sys::fork;
 #[cfg(unix)]
 pub use flex_sys::{AbiVersion, FlexLibrary, LoadError};
 pub use launch::{Completion, HostCallback, LaunchOptions};

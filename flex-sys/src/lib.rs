@@ -14,7 +14,9 @@
 //!   on any vendor library.
 //!
 //! This crate's own `unsafe` code is the loading (`dlopen`, `dlsym`,
-//! `dladdr`, the version call) and copying the library's strings. Calling the
+//! `dladdr`, the version call), copying the library's strings, and the
+//! `pthread_atfork` registration of [`fork`], which lets the layers above
+//! notice that they run in a forked child. Calling the
 //! functions in [`FlexLibrary::api`] is `unsafe` and belongs to the safe
 //! layer above (flex-rt), which must follow `flex.h` for each call.
 //!
@@ -22,8 +24,8 @@
 //!
 //! [`FlexLibrary::load`]:
 //!
-//! 1. If the environment variable `FLEX_RUNTIME_LIB` is set, exactly that
-//!    path, and nothing else. A failure is [`LoadError::Env`], naming the
+//! 1. If the environment variable `FLEX_RUNTIME_LIB` is set (and not empty:
+//!    an empty value means unset), exactly that path, and nothing else. A failure is [`LoadError::Env`], naming the
 //!    variable and its value.
 //! 2. Otherwise the soname `libflex.so.1` (`libflex.so.<major>` for ABI major
 //!    version `<major>`), then `libflex.so`, searched by the dynamic loader
@@ -89,6 +91,7 @@
 pub mod bindings;
 
 mod error;
+pub mod fork;
 #[cfg(unix)]
 mod loader;
 mod symbols;

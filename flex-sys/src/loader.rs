@@ -88,7 +88,8 @@ impl FlexLibrary {
     /// [`LoadError::Env`], [`LoadError::NotFound`], or any error of
     /// [`FlexLibrary::open`] for the default name that was opened.
     pub fn load() -> Result<Arc<FlexLibrary>, LoadError> {
-        Self::load_from(std::env::var_os(RUNTIME_LIB_ENV))
+        // Empty means unset, as for every variable of the workspace.
+        Self::load_from(std::env::var_os(RUNTIME_LIB_ENV).filter(|v| !v.is_empty()))
     }
 
     /// [`FlexLibrary::load`] with the value of `FLEX_RUNTIME_LIB` given

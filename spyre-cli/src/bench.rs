@@ -107,8 +107,8 @@ pub fn bench(args: &BenchArgs) -> Result<BenchReport, CliError> {
     let backend = spyre_stream::runtime_info()
         .map(|info| info.backend)
         .ok_or_else(|| CliError::Failed("the Spyre runtime did not start".into()))?;
-    let pool = spyre_stream::global_pool()
-        .ok_or_else(|| CliError::Failed("the Spyre runtime has no stream pool".into()))?;
+    let pool =
+        spyre_stream::global_pool().map_err(stream_error("using the process's stream pool"))?;
     let budget = Duration::from_millis(args.budget_ms);
     let stream = spyre_stream::stream_from_pool(Device::CURRENT, 0)
         .map_err(stream_error("taking a stream from the pool"))?;

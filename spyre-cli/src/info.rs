@@ -95,6 +95,7 @@ pub fn environment_variables() -> Vec<&'static str> {
 /// Short name of a device source.
 fn source_name(source: DeviceSource) -> &'static str {
     match source {
+        DeviceSource::Requested => "requested",
         DeviceSource::ThreadDevice => "current device",
         DeviceSource::LocalRank => "LOCAL_RANK",
         DeviceSource::Default => "default",

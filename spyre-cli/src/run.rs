@@ -185,7 +185,7 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
         .ok_or_else(|| CliError::Failed("the Spyre runtime did not start".into()))?;
     check_capacity(&plan, args, &info.backend_details)?;
     let pool = spyre_stream::global_pool()
-        .ok_or_else(|| CliError::Failed("the Spyre runtime has no stream pool".into()))?;
+        .map_err(|e| CliError::stream("using the process's stream pool", e))?;
     tracing::info!(
         backend = info.backend,
         kernel = plan.kernel.name(),

@@ -23,6 +23,14 @@ pub const MAX_ENGINES: u32 = 256;
 /// rounded up).
 pub const MAX_REGIONS: u64 = 65_536;
 
+/// Largest extra latency per operation: 1 s. A larger value would make a
+/// run of a few thousand operations take hours, which is never a useful
+/// model of a device.
+pub const MAX_OP_LATENCY: Duration = Duration::from_secs(1);
+/// Smallest modelled copy bandwidth: 1 MB/s (10^6 bytes per second), so
+/// that a copy of `n` bytes is held at most `n` microseconds.
+pub const MIN_COPY_BANDWIDTH: u64 = 1_000_000;
+
 /// Environment variable: number of devices (decimal, ≥ 1).
 pub const ENV_DEVICES: &str = "SPYRE_MOCK_DEVICES";
 /// Environment variable: device memory per runtime in bytes (decimal, a
@@ -34,10 +42,11 @@ pub const ENV_REGION_BYTES: &str = "SPYRE_MOCK_REGION_BYTES";
 /// Environment variable: engine threads per runtime (decimal, 1..=256).
 pub const ENV_ENGINES: &str = "SPYRE_MOCK_ENGINES";
 /// Environment variable: extra latency of every operation in microseconds
-/// (decimal, 0 for none).
+/// (decimal, 0 for none, at most 1 000 000 = [`MAX_OP_LATENCY`]).
 pub const ENV_OP_LATENCY_US: &str = "SPYRE_MOCK_OP_LATENCY_US";
 /// Environment variable: bandwidth of H2D and D2H copies in bytes per second
-/// (decimal, ≥ 1; unset for as fast as the host allows).
+/// (decimal, at least 1 000 000 = [`MIN_COPY_BANDWIDTH`]; unset for as fast
+/// as the host allows).
 pub const ENV_COPY_BANDWIDTH: &str = "SPYRE_MOCK_COPY_BANDWIDTH";
 
 /// Every environment variable [`MockConfig::from_lookup`] reads, in the order
@@ -273,16 +282,16 @@ impl MockSystemBuilder {
         self
     }
 
-    /// Time added to every operation that runs (the engine sleeps it).
-    /// Default zero.
+    /// Time added to every operation that runs (the engine sleeps it), at
+    /// most [`MAX_OP_LATENCY`]. Default zero.
     pub fn op_latency(mut self, latency: Duration) -> Self {
         self.op_latency = latency;
         self
     }
 
-    /// Bandwidth of H2D and D2H copies in bytes per second (≥ 1): a copy of
-    /// `n` bytes holds its engine for an extra `n / bandwidth` seconds.
-    /// Default: unlimited.
+    /// Bandwidth of H2D and D2H copies in bytes per second (at least
+    /// [`MIN_COPY_BANDWIDTH`]): a copy of `n` bytes holds its engine for an
+    /// extra `n / bandwidth` seconds. Default: unlimited.
     pub fn copy_bandwidth(mut self, bytes_per_sec: u64) -> Self {
         self.copy_bandwidth = Some(bytes_per_sec);
         self
@@ -294,7 +303,8 @@ impl MockSystemBuilder {
     /// [`flex_rt::Status::INVALID_ARGUMENT`] naming the value: devices 0 or
     /// above `i32::MAX`; engines outside 1..=[`MAX_ENGINES`]; a memory or
     /// region size that is 0 or not a multiple of 128; a region larger than
-    /// the memory; more than [`MAX_REGIONS`] regions; copy bandwidth 0.
+    /// the memory; more than [`MAX_REGIONS`] regions; an op latency above
+    /// [`MAX_OP_LATENCY`]; a copy bandwidth below [`MIN_COPY_BANDWIDTH`].
     pub fn build_config(self) -> Result<MockConfig> {
         const CALL: &str = "MockSystemBuilder::build";
         let fail = |message: String| Err(FlexError::invalid_argument(CALL, message));
@@ -343,11 +353,17 @@ impl MockSystemBuilder {
                 self.memory_bytes, self.region_bytes
             ));
         }
-        if self.copy_bandwidth == Some(0) {
-            return fail(
-                "copy_bandwidth must be at least 1 byte per second, got 0 (leave it unset for unlimited)"
-                    .into(),
-            );
+        if self.op_latency > MAX_OP_LATENCY {
+            return fail(format!(
+                "op_latency must be at most {} µs (1 s), got {} µs",
+                MAX_OP_LATENCY.as_micros(),
+                self.op_latency.as_micros()
+            ));
+        }
+        if let Some(bandwidth) = self.copy_bandwidth.filter(|b| *b < MIN_COPY_BANDWIDTH) {
+            return fail(format!(
+                "copy_bandwidth must be at least {MIN_COPY_BANDWIDTH} bytes per second (1 MB/s), got {bandwidth} (leave it unset for unlimited)"
+            ));
         }
         Ok(MockConfig {
             devices: self.devices,
@@ -455,6 +471,20 @@ mod tests {
 
         let err = MockConfig::from_lookup(lookup(&[(ENV_COPY_BANDWIDTH, "0")])).unwrap_err();
         assert!(err.message().contains("copy_bandwidth"), "{err}");
+
+        // 2^32 µs would make every operation sleep 71 minutes.
+        let err =
+            MockConfig::from_lookup(lookup(&[(ENV_OP_LATENCY_US, "4294967296")])).unwrap_err();
+        assert!(
+            err.message()
+                .contains("op_latency must be at most 1000000 µs (1 s), got 4294967296 µs"),
+            "{err}"
+        );
+        assert!(
+            err.message()
+                .contains("SPYRE_MOCK_OP_LATENCY_US=\"4294967296\""),
+            "{err}"
+        );
     }
 
     #[test]
@@ -491,9 +521,25 @@ mod tests {
             ),
             (
                 MockSystemBuilder::new().copy_bandwidth(0),
-                "copy_bandwidth must be at least 1",
+                "copy_bandwidth must be at least 1000000 bytes per second (1 MB/s), got 0",
+            ),
+            (
+                MockSystemBuilder::new().copy_bandwidth(999_999),
+                "got 999999",
+            ),
+            (
+                MockSystemBuilder::new().op_latency(Duration::from_micros(1_000_001)),
+                "op_latency must be at most 1000000 µs (1 s), got 1000001 µs",
             ),
         ];
+        assert!(
+            MockSystemBuilder::new()
+                .op_latency(MAX_OP_LATENCY)
+                .copy_bandwidth(MIN_COPY_BANDWIDTH)
+                .build_config()
+                .is_ok(),
+            "the bounds themselves are allowed"
+        );
         for (builder, needle) in cases {
             let err = builder.build_config().unwrap_err();
             assert_eq!(err.status(), Status::INVALID_ARGUMENT);

@@ -96,8 +96,8 @@
 //! | `SPYRE_MOCK_MEMORY_BYTES`   | device memory per runtime, bytes          | 1073741824 |
 //! | `SPYRE_MOCK_REGION_BYTES`   | size of one memory region, bytes          | 268435456 |
 //! | `SPYRE_MOCK_ENGINES`        | engine threads per runtime                | 2         |
-//! | `SPYRE_MOCK_OP_LATENCY_US`  | extra time per operation, microseconds    | 0         |
-//! | `SPYRE_MOCK_COPY_BANDWIDTH` | H2D/D2H bandwidth, bytes per second       | unlimited |
+//! | `SPYRE_MOCK_OP_LATENCY_US`  | extra time per operation, microseconds, 0..=1000000 (at most 1 s) | 0 |
+//! | `SPYRE_MOCK_COPY_BANDWIDTH` | H2D/D2H bandwidth, bytes per second, at least 1000000 (1 MB/s) | unlimited |
 //!
 //! # The shared library
 //!

@@ -49,15 +49,15 @@ impl fmt::Display for BackendKind {
     }
 }
 
-/// Parses `SPYRE_BACKEND`: `mock` or `hardware` (exactly), or unset for the
-/// build's default ([`BackendKind::default_for_build`]).
+/// Parses `SPYRE_BACKEND`: `mock` or `hardware` (exactly), or unset or empty
+/// for the build's default ([`BackendKind::default_for_build`]).
 ///
 /// # Errors
 /// [`Error::InvalidEnv`] naming the raw value when it is neither;
 /// [`Error::BackendUnavailable`] when it names a backend this build lacks, or
 /// when no backend is compiled in.
 pub fn parse_backend(raw: Option<&str>) -> Result<BackendKind> {
-    let kind = match raw {
+    let kind = match raw.filter(|r| !r.is_empty()) {
         None => BackendKind::default_for_build().ok_or_else(|| {
             Error::BackendUnavailable(
                 "spyre-stream was built without a backend: enable the cargo feature `mock` or `hardware`".into(),
@@ -108,7 +108,7 @@ mod tests {
 
     #[test]
     fn unknown_values_name_the_value() {
-        for raw in ["", " mock", "MOCK", "abc", "-1", "0", "9"] {
+        for raw in [" mock", "MOCK", "abc", "-1", "0", "9"] {
             let message = parse_backend(Some(raw)).unwrap_err().to_string();
             assert_eq!(
                 message,
@@ -119,6 +119,11 @@ mod tests {
 
     #[test]
     fn default_and_explicit_choices_follow_the_features() {
+        assert_eq!(
+            parse_backend(Some("")).ok(),
+            parse_backend(None).ok(),
+            "empty means unset"
+        );
         let default = parse_backend(None);
         match (cfg!(feature = "mock"), cfg!(feature = "hardware")) {
             (_, true) => assert_eq!(default.unwrap(), BackendKind::Hardware),

@@ -3,7 +3,7 @@
 use std::cell::RefCell;
 use std::marker::PhantomData;
 
-use crate::{Device, Result, SpyreStream, StreamId, global};
+use crate::{Device, Error, Result, SpyreStream, StreamId, global};
 
 thread_local! {
     /// Current stream id per device index, for this thread (torch-spyre's
@@ -39,24 +39,36 @@ fn store(stream: SpyreStream) {
 /// initializes the pool when it falls back to the default stream.
 ///
 /// # Errors
-/// As [`crate::default_stream`].
+/// As [`crate::default_stream`]; [`crate::Error::InvalidEnv`] for a
+/// malformed `LOCAL_RANK` when `device` is the current one before the start.
 pub fn current_stream(device: Device) -> Result<SpyreStream> {
-    let index = device.resolve();
+    let index = match device.explicit() {
+        Some(index) => index,
+        None => global::current_device()?,
+    };
     match lookup(index) {
         Some(id) => Ok(SpyreStream::from_parts(index, id)),
-        None => global::default_stream(Device::from_index(index)?),
+        None => global::default_stream(device),
     }
 }
 
 /// Makes `stream` the calling thread's current stream on its device
-/// (`setCurrentStream`) and returns the previous one.
+/// (`setCurrentStream`) and returns the previous one. Starts the runtime on
+/// the stream's device if it has not started.
 ///
 /// # Errors
-/// [`crate::Error::PoolAlreadyInitialized`] for a stream of a device other
-/// than the process's; the runtime's start error.
+/// [`Error::WrongDevice`] for a stream of a device other than the
+/// process's; the runtime's start error.
 pub fn set_current_stream(stream: SpyreStream) -> Result<SpyreStream> {
-    global::pool_for(Device::from_index(stream.device_index())?)?;
-    let previous = current_stream(Device::from_index(stream.device_index())?)?;
+    let device = Device::from_index(stream.device_index())?;
+    global::pool_for(device).map_err(|e| match e {
+        Error::OtherDevice { requested, bound } => Error::WrongDevice {
+            stream_device: requested,
+            pool_device: bound,
+        },
+        other => other,
+    })?;
+    let previous = current_stream(device)?;
     store(stream);
     Ok(previous)
 }

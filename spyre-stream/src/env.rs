@@ -10,7 +10,8 @@ use crate::{Error, Result};
 pub const LOCAL_RANK: &str = "LOCAL_RANK";
 /// Number of host-compute streams (ids 65..65+N-1).
 pub const NUM_HOST_COMPUTE_STREAMS: &str = "TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS";
-/// `1` (exactly) makes every stream created afterwards track hazards.
+/// A boolean (see [`flex_rt::env`]): on makes every stream created
+/// afterwards track hazards.
 pub const HAZARD_TRACKER: &str = "SPYRE_HAZARD_TRACKER";
 /// `mock` or `hardware`: the backend, when both are compiled in.
 pub const BACKEND: &str = "SPYRE_BACKEND";
@@ -18,10 +19,11 @@ pub const BACKEND: &str = "SPYRE_BACKEND";
 /// Largest logical device index (`c10::DeviceIndex` is an `i8`).
 pub const MAX_DEVICE_INDEX: u8 = 127;
 
-/// Reads a variable; a value that is not Unicode is kept lossily so that the
-/// parser can name it in its error.
+/// Reads a variable: `None` when unset or empty (the workspace's rule, see
+/// [`flex_rt::env`]); a value that is not Unicode is kept lossily so that
+/// the parser can name it in its error.
 pub(crate) fn var(name: &str) -> Option<String> {
-    std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
+    flex_rt::env::var(name)
 }
 
 fn invalid(variable: &'static str, value: &str, reason: impl Into<String>) -> Error {
@@ -77,17 +79,17 @@ pub fn parse_local_rank(raw: Option<&str>) -> Result<u8> {
     }
 }
 
-/// Parses `TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS`: unset gives 4; 1–8 are
-/// taken as they are; larger values are capped at 8 with a warning.
+/// Parses `TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS`: unset or empty gives 4;
+/// 1–8 are taken as they are; larger values are capped at 8 with a warning.
 ///
-/// Stricter than torch-spyre's `atoi`: trailing junk, spaces and the empty
-/// string are errors rather than silently read as a number or as 0.
+/// Stricter than torch-spyre's `atoi`: trailing junk and spaces are errors
+/// rather than silently read as a number or as 0.
 ///
 /// # Errors
 /// [`Error::InvalidEnv`] naming the variable and raw value for 0, negative
-/// numbers, the empty string, or anything that is not an integer.
+/// numbers, or anything that is not an integer.
 pub fn parse_host_compute_streams(raw: Option<&str>) -> Result<usize> {
-    let Some(raw) = raw else {
+    let Some(raw) = raw.filter(|r| !r.is_empty()) else {
         return Ok(DEFAULT_HOST_COMPUTE_STREAMS);
     };
     let count = match raw.parse::<i64>() {
@@ -121,10 +123,21 @@ pub fn parse_host_compute_streams(raw: Option<&str>) -> Result<usize> {
     Ok(count as usize)
 }
 
-/// Parses `SPYRE_HAZARD_TRACKER`: on only for exactly `"1"`; anything else,
-/// or unset, is off (torch-spyre's rule).
-pub fn parse_hazard_tracker(raw: Option<&str>) -> bool {
-    raw == Some("1")
+/// Parses `SPYRE_HAZARD_TRACKER`, a boolean ([`flex_rt::env::parse_bool`]):
+/// unset or empty is off.
+///
+/// Stricter than torch-spyre, which takes exactly `"1"` as on and anything
+/// else as off: here `true`, `on` and `yes` are on too, and a value that is
+/// no boolean is an error rather than silently off.
+///
+/// # Errors
+/// [`Error::InvalidEnv`] naming the raw value when it is not a boolean.
+pub fn parse_hazard_tracker(raw: Option<&str>) -> Result<bool> {
+    let Some(raw) = raw.filter(|r| !r.is_empty()) else {
+        return Ok(false);
+    };
+    flex_rt::env::parse_bool(raw)
+        .ok_or_else(|| invalid(HAZARD_TRACKER, raw, flex_rt::env::BOOL_EXPECTED))
 }
 
 #[cfg(test)]
@@ -202,7 +215,8 @@ mod tests {
 
     #[test]
     fn host_compute_rejects_zero_negative_empty_and_junk() {
-        for raw in ["0", "-1", "", " ", "abc", "3abc", " 3"] {
+        assert_eq!(parse_host_compute_streams(Some("")).unwrap(), 4);
+        for raw in ["0", "-1", " ", "abc", "3abc", " 3"] {
             let err = parse_host_compute_streams(Some(raw)).unwrap_err();
             let message = err.to_string();
             assert!(
@@ -215,10 +229,28 @@ mod tests {
     }
 
     #[test]
-    fn hazard_tracker_is_on_only_for_exactly_one() {
-        assert!(parse_hazard_tracker(Some("1")));
-        for raw in [None, Some("0"), Some("true"), Some(" 1"), Some("")] {
-            assert!(!parse_hazard_tracker(raw), "{raw:?}");
+    fn hazard_tracker_takes_booleans_and_rejects_anything_else() {
+        for raw in ["1", "true", "TRUE", "on", "Yes"] {
+            assert!(parse_hazard_tracker(Some(raw)).unwrap(), "{raw:?}");
+        }
+        for raw in [
+            None,
+            Some(""),
+            Some("0"),
+            Some("false"),
+            Some("OFF"),
+            Some("no"),
+        ] {
+            assert!(!parse_hazard_tracker(raw).unwrap(), "{raw:?}");
+        }
+        for raw in ["2", " 1", "enabled", "-"] {
+            let message = parse_hazard_tracker(Some(raw)).unwrap_err().to_string();
+            assert_eq!(
+                message,
+                format!(
+                    "SPYRE_HAZARD_TRACKER={raw:?} is invalid: expected a boolean: 1, true, on or yes for on; 0, false, off or no for off (case-insensitive)"
+                )
+            );
         }
     }
 }

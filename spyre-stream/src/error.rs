@@ -24,7 +24,7 @@ pub enum Error {
 
     /// A stream of one device was used with the pool of another.
     #[error(
-        "stream of device {stream_device} used with the stream pool of device {pool_device}; one Spyre device per process is supported"
+        "stream of device {stream_device}, but this process uses device {pool_device}: one Spyre device per process is supported; use a stream of device {pool_device}, or start one process per device"
     )]
     WrongDevice {
         /// The device index of the stream.
@@ -33,16 +33,43 @@ pub enum Error {
         pool_device: u8,
     },
 
-    /// The pool is bound to one device and another was asked for.
+    /// A device other than the one the process's runtime runs on was asked
+    /// for. Nothing was changed: the runtime stays on its device.
     #[error(
-        "the stream pool is already initialized with device_index {initialized}; cannot reinitialize with device_index {requested} (one Spyre device per process)"
+        "device {requested} was requested, but this process uses device {bound}: one Spyre device per process is supported; use device {bound}, or start one process per device"
     )]
-    PoolAlreadyInitialized {
-        /// The device the pool is bound to.
-        initialized: u8,
+    OtherDevice {
         /// The device that was asked for.
         requested: u8,
+        /// The device the runtime runs on.
+        bound: u8,
     },
+
+    /// The process-wide runtime has not started, and the call does not start it.
+    #[error(
+        "the Spyre runtime has not started: call start_runtime() or take a stream from the pool first"
+    )]
+    NotStarted,
+
+    /// The process is a child of `fork()` of the process that started the
+    /// runtime. Device state cannot cross `fork()` (the software device's
+    /// engine threads do not exist in the child; on a card the child would
+    /// drive its parent's driver handles), so every entry point of the
+    /// process-wide API refuses (PyTorch's rule for CUDA).
+    #[error(
+        "the Spyre runtime was started in process {started_in} and this is process {current}, a fork() of it: a device runtime cannot be used across fork(). Start the runtime only after forking (in the child), or start worker processes with spawn (std::process::Command; Python multiprocessing's \"spawn\" start method)"
+    )]
+    ForkedProcess {
+        /// The process id the runtime was started in.
+        started_in: u32,
+        /// This process's id.
+        current: u32,
+    },
+
+    /// The fork watcher (`pthread_atfork`) could not be registered, so the
+    /// runtime was not started.
+    #[error("cannot start the Spyre runtime: registering its fork() watcher failed: {0}")]
+    ForkWatch(std::sync::Arc<std::io::Error>),
 
     /// `host_compute_stream_by_id` with an id outside the host-compute range.
     #[error("stream id {id} is not a host compute stream id (valid range [{start}, {end}))")]

@@ -4,12 +4,13 @@
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use flex_rt::fork::{self, ForkGeneration};
 use flex_rt::{Backend, Runtime, Stream};
 use parking_lot::Mutex;
 
 use crate::backend::{self, BackendKind};
-use crate::device::thread_device;
-use crate::env;
+use crate::device::{set_thread_device, thread_device};
+use crate::env::{self, MAX_DEVICE_INDEX};
 use crate::{Device, DeviceState, Error, PoolConfig, Result, SpyreStream, StreamPool};
 
 /// The started runtime. Leaked on purpose: handles must stay valid for the
@@ -18,12 +19,45 @@ struct Running {
     backend: &'static dyn Backend,
     pool: StreamPool<'static>,
     device_source: DeviceSource,
+    /// The process the runtime was started in, for the fork error.
+    pid: u32,
+    /// The fork generation it was started in: any other is a forked child.
+    generation: ForkGeneration,
+}
+
+impl Running {
+    /// `Ok` in the process that started the runtime; in a child of `fork()`,
+    /// [`Error::ForkedProcess`]. One relaxed atomic load.
+    #[inline]
+    fn check_process(&self) -> Result<&Self> {
+        if self.generation.is_current() {
+            Ok(self)
+        } else {
+            Err(Error::ForkedProcess {
+                started_in: self.pid,
+                current: std::process::id(),
+            })
+        }
+    }
+}
+
+/// The started runtime, checked to belong to this process.
+///
+/// # Errors
+/// [`Error::NotStarted`] before the first start; [`Error::ForkedProcess`]
+/// in a forked child.
+#[inline]
+fn running() -> Result<&'static Running> {
+    RUNNING.get().ok_or(Error::NotStarted)?.check_process()
 }
 
 /// Where the process's logical device came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeviceSource {
-    /// The starting thread's current device, set with [`crate::set_device`].
+    /// The device named explicitly by the call that started the runtime
+    /// (for example `stream_from_pool(Device::new(1)?, 0)`).
+    Requested,
+    /// The starting thread's current device, set with [`set_device`].
     ThreadDevice,
     /// The `LOCAL_RANK` environment variable.
     LocalRank,
@@ -35,6 +69,7 @@ impl DeviceSource {
     /// A short description for diagnostics.
     pub fn as_str(self) -> &'static str {
         match self {
+            Self::Requested => "the device named by the first call",
             Self::ThreadDevice => "the thread's current device (set_device)",
             Self::LocalRank => "LOCAL_RANK",
             Self::Default => "default (no current device, LOCAL_RANK unset)",
@@ -84,46 +119,98 @@ fn backend_slot(slot: &mut Option<Box<dyn Backend>>) -> Result<&dyn Backend> {
     Ok(slot.as_deref().expect("the slot was filled above"))
 }
 
-/// The logical device to start on and why: the thread's device, else
-/// `LOCAL_RANK` (strictly parsed), else 0.
-fn startup_device() -> Result<(u8, DeviceSource)> {
-    if let Some(device) = thread_device() {
-        return Ok((device, DeviceSource::ThreadDevice));
+/// The device `device` names for the calling thread, and why: the explicit
+/// index; else the thread's device ([`set_device`]); else the started
+/// runtime's device; else `LOCAL_RANK`, strictly parsed and read now; else 0.
+///
+/// This one function is the only reading of the current device, for every
+/// entry point and for the start itself, so a thread's device and the
+/// runtime's can never disagree: before the start both come from the same
+/// reading of the environment, after it every thread without a device of its
+/// own follows the runtime (torch-spyre writes `LOCAL_RANK` back into
+/// `tls_idx` at start for the same reason).
+fn resolve(device: Device) -> Result<(u8, DeviceSource)> {
+    if let Some(index) = device.explicit() {
+        return Ok((index, DeviceSource::Requested));
     }
-    match env::var(env::LOCAL_RANK).filter(|v| !v.is_empty()) {
+    if let Some(index) = thread_device() {
+        return Ok((index, DeviceSource::ThreadDevice));
+    }
+    if let Some(running) = RUNNING.get() {
+        return Ok((running.pool.device(), running.device_source));
+    }
+    match env::var(env::LOCAL_RANK) {
         Some(raw) => Ok((env::parse_local_rank(Some(&raw))?, DeviceSource::LocalRank)),
         None => Ok((0, DeviceSource::Default)),
     }
 }
 
-/// Starts the process-wide runtime (`startRuntime`): once per process; later
-/// calls return at once. A failed start leaves nothing behind and may be
-/// retried.
-///
-/// It reads the environment once: the logical device (the thread's current
-/// device, else `LOCAL_RANK`, else 0), `TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS`
-/// and `SPYRE_HAZARD_TRACKER`; then chooses the backend, checks the device
-/// against the visible device count, creates the runtime and the pool (which
-/// initializes on first use).
+/// The calling thread's current device (torch-spyre's `tls_idx`): the one
+/// set on this thread by [`set_device`]; else, once the runtime has started,
+/// the runtime's device; before that, `LOCAL_RANK` (read now, strictly) or 0.
 ///
 /// # Errors
+/// [`Error::InvalidEnv`] for a malformed `LOCAL_RANK` before the runtime
+/// has started (the same error [`start_runtime`] would give).
+pub fn current_device() -> Result<u8> {
+    resolve(Device::CURRENT).map(|(index, _)| index)
+}
+
+/// Makes `index` the calling thread's current device (torch-spyre's `set_device`).
+///
+/// # Errors
+/// [`Error::InvalidDeviceIndex`] for an index outside 0..=127;
+/// [`Error::DeviceOutOfRange`] when it is not below [`device_count`];
+/// as [`device_count`] otherwise.
+pub fn set_device(index: i64) -> Result<()> {
+    let device = u8::try_from(index)
+        .ok()
+        .filter(|d| *d <= MAX_DEVICE_INDEX)
+        .ok_or(Error::InvalidDeviceIndex { index })?;
+    let count = device_count()?;
+    if u32::from(device) >= count {
+        return Err(Error::DeviceOutOfRange { device, count });
+    }
+    set_thread_device(device);
+    Ok(())
+}
+
+/// Starts the process-wide runtime (`startRuntime`) on the calling thread's
+/// current device: once per process; later calls return at once. A failed
+/// start leaves nothing behind and may be retried.
+///
+/// It reads the environment once: the logical device ([`current_device`]),
+/// `TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS` and `SPYRE_HAZARD_TRACKER`; then
+/// chooses the backend, checks the device against the visible device count,
+/// creates the runtime and the pool (which initializes on first use).
+///
+/// # Errors
+/// [`Error::ForkedProcess`] in a child forked after the runtime started;
 /// [`Error::RuntimeReset`] after [`free_runtime`]; [`Error::InvalidEnv`] for
 /// a malformed variable; [`Error::DeviceOutOfRange`]; the backend's load or
 /// configuration error; the runtime's creation error.
 pub fn start_runtime() -> Result<()> {
-    check_not_freed()?;
-    if RUNNING.get().is_some() {
-        return Ok(());
+    start_on(Device::CURRENT).map(|_| ())
+}
+
+/// Starts the runtime on the device `device` names (see [`resolve`]) unless
+/// it has started, and returns it. Nothing is bound unless the start
+/// succeeds: the device is checked against the visible devices first.
+fn start_on(device: Device) -> Result<&'static Running> {
+    if let Some(running) = RUNNING.get() {
+        running.check_process()?;
+        check_not_freed()?;
+        return Ok(running);
     }
     let mut slot = LIFECYCLE.lock();
     check_not_freed()?;
-    if RUNNING.get().is_some() {
-        return Ok(());
+    if let Some(running) = RUNNING.get() {
+        return running.check_process();
     }
-    let (device, device_source) = startup_device()?;
+    let (device, device_source) = resolve(device)?;
     let host_compute =
         env::parse_host_compute_streams(env::var(env::NUM_HOST_COMPUTE_STREAMS).as_deref())?;
-    let track_hazards = env::parse_hazard_tracker(env::var(env::HAZARD_TRACKER).as_deref());
+    let track_hazards = env::parse_hazard_tracker(env::var(env::HAZARD_TRACKER).as_deref())?;
     let config = PoolConfig::new(host_compute, track_hazards)?;
 
     let backend = backend_slot(&mut slot)?;
@@ -131,6 +218,8 @@ pub fn start_runtime() -> Result<()> {
     if u32::from(device) >= count {
         return Err(Error::DeviceOutOfRange { device, count });
     }
+    fork::watch_forks().map_err(|e| Error::ForkWatch(std::sync::Arc::new(e)))?;
+    let generation = ForkGeneration::current();
     let runtime: &'static dyn Runtime = Box::leak(backend.create_runtime(u32::from(device))?);
     let pool = StreamPool::new(runtime, config)?;
     let backend: &'static dyn Backend =
@@ -147,9 +236,11 @@ pub fn start_runtime() -> Result<()> {
         backend,
         pool,
         device_source,
+        pid: std::process::id(),
+        generation,
     });
     debug_assert!(started.is_ok(), "RUNNING is only set under LIFECYCLE");
-    Ok(())
+    Ok(RUNNING.get().expect("set just above"))
 }
 
 /// Drops the process's use of the runtime (`freeRuntime`). Afterwards
@@ -166,33 +257,47 @@ pub fn free_runtime() {
     }
 }
 
-/// The pool for `device`, starting the runtime first if needed.
+/// The pool for `device`, starting the runtime on it first if needed.
+///
+/// # Errors
+/// As [`start_runtime`]; [`Error::OtherDevice`] when the runtime runs on
+/// another device.
 pub(crate) fn pool_for(device: Device) -> Result<&'static StreamPool<'static>> {
-    start_runtime()?;
-    let running = RUNNING.get().expect("start_runtime succeeded");
-    let requested = device.resolve();
-    if requested != running.pool.device() {
-        return Err(Error::PoolAlreadyInitialized {
-            initialized: running.pool.device(),
-            requested,
-        });
+    let running = start_on(device)?;
+    let (requested, _) = resolve(device)?;
+    let bound = running.pool.device();
+    if requested != bound {
+        return Err(Error::OtherDevice { requested, bound });
     }
     Ok(&running.pool)
 }
 
 /// The pool that resolves `stream`'s handle. Does not start anything: a
 /// stream can only have a handle if the pool exists.
+///
+/// # Errors
+/// [`Error::NoHandle`] before the start; [`Error::ForkedProcess`] in a
+/// forked child.
 #[inline]
 pub(crate) fn pool_of(stream: SpyreStream) -> Result<&'static StreamPool<'static>> {
-    RUNNING.get().map(|r| &r.pool).ok_or(Error::NoHandle {
-        id: stream.id(),
-        device: stream.device_index(),
-    })
+    match running() {
+        Ok(running) => Ok(&running.pool),
+        Err(Error::NotStarted) => Err(Error::NoHandle {
+            id: stream.id(),
+            device: stream.device_index(),
+        }),
+        Err(other) => Err(other),
+    }
 }
 
-/// The process-wide pool, if the runtime has started.
-pub fn global_pool() -> Option<&'static StreamPool<'static>> {
-    RUNNING.get().map(|r| &r.pool)
+/// The process-wide pool, for code that needs the pool or its runtime
+/// directly (the `StreamPool` methods, raw handles).
+///
+/// # Errors
+/// [`Error::NotStarted`] before [`start_runtime`]; [`Error::ForkedProcess`]
+/// in a child forked after the start.
+pub fn global_pool() -> Result<&'static StreamPool<'static>> {
+    running().map(|r| &r.pool)
 }
 
 /// The next stream of a pool on `device`, round robin (`getStreamFromPool`):
@@ -200,7 +305,7 @@ pub fn global_pool() -> Option<&'static StreamPool<'static>> {
 /// normal pool (ids 1–32). Starts the runtime if needed.
 ///
 /// # Errors
-/// The start error; [`Error::PoolAlreadyInitialized`] for another device;
+/// The start error; [`Error::OtherDevice`] for another device;
 /// the runtime's error if the stream cannot be created.
 pub fn stream_from_pool(device: Device, priority: i32) -> Result<SpyreStream> {
     pool_for(device)?.stream_from_pool(priority)
@@ -245,31 +350,34 @@ pub fn host_compute_stream_by_id(id: i64, device: Device) -> Result<SpyreStream>
 /// nothing to synchronize and it returns `Ok` without starting it.
 ///
 /// # Errors
-/// [`Error::PoolAlreadyInitialized`] for another device;
-/// [`Error::DeviceSynchronize`] naming the first stream that failed.
+/// [`Error::OtherDevice`] for a device other than the process's;
+/// [`Error::ForkedProcess`] in a forked child; [`Error::InvalidEnv`] for a
+/// malformed `LOCAL_RANK` when `device` is the current one and nothing has
+/// started; [`Error::DeviceSynchronize`] naming the first stream that failed.
 pub fn synchronize_device(device: Device) -> Result<()> {
-    let Some(running) = RUNNING.get() else {
-        return Ok(());
+    let running = match running() {
+        Ok(running) => running,
+        Err(Error::NotStarted) => return Ok(()),
+        Err(other) => return Err(other),
     };
-    let requested = device.resolve();
-    if requested != running.pool.device() {
-        return Err(Error::PoolAlreadyInitialized {
-            initialized: running.pool.device(),
-            requested,
-        });
+    let (requested, _) = resolve(device)?;
+    let bound = running.pool.device();
+    if requested != bound {
+        return Err(Error::OtherDevice { requested, bound });
     }
     running.pool.synchronize_device()
 }
 
 /// The state of the process's device (`SpyreGetDeviceState`):
-/// [`DeviceState::NotInitialized`] before start and after [`free_runtime`];
+/// [`DeviceState::NotInitialized`] before start, after [`free_runtime`], and
+/// in a child forked after the start (it has no runtime of its own);
 /// [`DeviceState::StreamError`] when some stream has failed or needs shutdown
 /// (or the runtime cannot tell); [`DeviceState::Ok`] otherwise.
 pub fn device_state() -> DeviceState {
-    match RUNNING.get() {
-        Some(_) if FREED.load(Ordering::Acquire) => DeviceState::NotInitialized,
-        None => DeviceState::NotInitialized,
-        Some(running) => match running.pool.runtime().has_stream_error() {
+    match running() {
+        Ok(_) if FREED.load(Ordering::Acquire) => DeviceState::NotInitialized,
+        Err(_) => DeviceState::NotInitialized,
+        Ok(running) => match running.pool.runtime().has_stream_error() {
             Ok(false) => DeviceState::Ok,
             Ok(true) => DeviceState::StreamError,
             Err(e) => {
@@ -284,14 +392,15 @@ pub fn device_state() -> DeviceState {
 /// backend if it is not loaded yet; does not start the runtime.
 ///
 /// # Errors
-/// The backend's load, configuration or counting error.
+/// The backend's load, configuration or counting error;
+/// [`Error::ForkedProcess`] in a child forked after the start.
 pub fn device_count() -> Result<u32> {
     if let Some(running) = RUNNING.get() {
-        return Ok(running.backend.device_count()?);
+        return Ok(running.check_process()?.backend.device_count()?);
     }
     let mut slot = LIFECYCLE.lock();
     match RUNNING.get() {
-        Some(running) => Ok(running.backend.device_count()?),
+        Some(running) => Ok(running.check_process()?.backend.device_count()?),
         None => Ok(backend_slot(&mut slot)?.device_count()?),
     }
 }
@@ -299,7 +408,7 @@ pub fn device_count() -> Result<u32> {
 /// Whether streams created from now on track hazards (`get_hazard_tracker_enabled`).
 /// `false` before the runtime starts.
 pub fn hazard_tracker_enabled() -> bool {
-    global_pool().is_some_and(|p| p.hazard_tracker_enabled())
+    global_pool().is_ok_and(|p| p.hazard_tracker_enabled())
 }
 
 /// Sets whether streams created from now on track hazards
@@ -308,10 +417,9 @@ pub fn hazard_tracker_enabled() -> bool {
 /// # Errors
 /// The start error.
 pub fn set_hazard_tracker_enabled(enabled: bool) -> Result<()> {
-    start_runtime()?;
-    if let Some(pool) = global_pool() {
-        pool.set_hazard_tracker_enabled(enabled);
-    }
+    start_on(Device::CURRENT)?
+        .pool
+        .set_hazard_tracker_enabled(enabled);
     Ok(())
 }
 
@@ -334,9 +442,10 @@ pub struct RuntimeInfo {
     pub freed: bool,
 }
 
-/// Facts about the started runtime, or `None` before [`start_runtime`].
+/// Facts about the started runtime, or `None` before [`start_runtime`] and
+/// in a child forked after it.
 pub fn runtime_info() -> Option<RuntimeInfo> {
-    RUNNING.get().map(|r| RuntimeInfo {
+    running().ok().map(|r| RuntimeInfo {
         backend: r.backend.name(),
         backend_details: r.backend.details(),
         device: r.pool.device(),

@@ -51,7 +51,20 @@
 //!   launch; [`synchronize_device`] snapshots the handles, releases the lock,
 //!   then waits.
 //! - **One device per process.** The pool is bound to the runtime's logical
-//!   device; asking for another fails with an error naming both.
+//!   device; asking for another fails with an error naming both. A request
+//!   that cannot be served binds nothing: the device is checked against the
+//!   visible devices before the runtime starts, and the first call that names
+//!   a device explicitly starts the runtime on that device.
+//! - **One reading of the current device.** A thread's current device is the
+//!   one it set with [`set_device`]; otherwise, once the runtime has started,
+//!   the runtime's device; before that, `LOCAL_RANK` read afresh (the same
+//!   reading the start uses). A thread's device and the runtime's cannot
+//!   disagree by accident.
+//! - **Device state does not cross `fork()`.** In a child forked after the
+//!   start, every entry point of the process-wide API returns
+//!   [`Error::ForkedProcess`] (PyTorch's "cannot re-initialize CUDA in forked
+//!   subprocess"), detected by a `pthread_atfork` handler at the cost of one
+//!   relaxed atomic load per call: never a hang, never the parent's streams.
 //! - **The runtime starts once.** A failed start leaves nothing behind and can
 //!   be retried; after [`free_runtime`] a start is an explicit error, never a
 //!   silent no-op.
@@ -98,6 +111,14 @@
 //! - [`free_runtime`] makes a later start an explicit error.
 //! - A failed pool initialization publishes nothing and can be retried.
 //! - `TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS` is parsed strictly and read once.
+//! - `SPYRE_HAZARD_TRACKER` is a boolean of the workspace's usual spellings
+//!   (`1/0/true/false/on/off/yes/no`, any case); another value is an error
+//!   instead of silently off. An empty value means unset for every variable.
+//! - A call that names a device explicitly before the runtime has started
+//!   starts it on that device ([`DeviceSource::Requested`]); torch-spyre
+//!   starts on the thread's device and then refuses the request.
+//! - A forked child gets [`Error::ForkedProcess`] instead of its parent's
+//!   device state.
 //!
 //! # Environment
 //!
@@ -127,13 +148,13 @@ mod sync;
 
 pub use backend::{BackendKind, parse_backend};
 pub use current::{StreamGuard, current_stream, set_current_stream};
-pub use device::{Device, current_device, set_device};
+pub use device::Device;
 pub use error::{Error, Result};
 pub use flex_rt::{CompositeAddress, DataFormat, FlexError, HostBuffer, LaunchOptions};
 pub use global::{
-    DeviceSource, RuntimeInfo, default_stream, default_stream_handle, device_count, device_state,
-    free_runtime, global_pool, hazard_tracker_enabled, host_compute_stream,
-    host_compute_stream_by_id, runtime_info, selected_backend, set_backend,
+    DeviceSource, RuntimeInfo, current_device, default_stream, default_stream_handle, device_count,
+    device_state, free_runtime, global_pool, hazard_tracker_enabled, host_compute_stream,
+    host_compute_stream_by_id, runtime_info, selected_backend, set_backend, set_device,
     set_hazard_tracker_enabled, start_runtime, stream_from_pool, synchronize_device,
 };
 pub use id::{

@@ -6,6 +6,8 @@
 //! - [`mock_cdylib`]: the path of spyre-mock's shared library
 //!   (`libspyre_mock.so`, the software device exporting `flex.h`), built on
 //!   first use, so that the FFI path runs in every `cargo test`.
+//! - [`process`]: forking a child with a bounded wait, and changing the
+//!   environment of an isolated test process.
 //! - [`conformance`]: one suite for the `Runtime`/`Stream` contract, run
 //!   against every backend: the in-process mock (`tests/conformance_mock.rs`),
 //!   the mock shared library through flex-sys and flex-rt
@@ -14,6 +16,7 @@
 //!   with `--ignored`).
 
 pub mod conformance;
+pub mod process;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

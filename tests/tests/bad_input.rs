@@ -215,7 +215,7 @@ fn local_rank_oracle(raw: Option<&str>) -> Option<u8> {
 /// base-10 integer of at least 1, capped at 8; nothing else.
 fn host_compute_oracle(raw: Option<&str>) -> Option<usize> {
     match raw {
-        None => Some(4),
+        None | Some("") => Some(4),
         Some(raw) => match decimal(raw)? {
             (_, 0) | (true, _) => None,
             (false, m) => Some(m.min(8) as usize),
@@ -269,7 +269,7 @@ proptest! {
         let raw = raw.as_deref();
         match (raw, parse_backend(raw)) {
             // This crate builds spyre-stream with both backends: hardware is the default.
-            (None, Ok(kind)) => prop_assert_eq!(kind, BackendKind::Hardware),
+            (None | Some(""), Ok(kind)) => prop_assert_eq!(kind, BackendKind::Hardware),
             (Some("mock"), Ok(kind)) => prop_assert_eq!(kind, BackendKind::Mock),
             (Some("hardware"), Ok(kind)) => prop_assert_eq!(kind, BackendKind::Hardware),
             (Some(raw), Err(err)) if raw != "mock" && raw != "hardware" => prop_assert_eq!(
@@ -313,7 +313,7 @@ fn env_parsers_at_the_boundaries() {
     assert_eq!(local_rank_oracle(Some("-1")), None);
     assert_eq!(local_rank_oracle(Some("")), Some(0));
     assert_eq!(host_compute_oracle(None), Some(4));
-    assert_eq!(host_compute_oracle(Some("")), None);
+    assert_eq!(host_compute_oracle(Some("")), Some(4), "empty means unset");
     assert_eq!(host_compute_oracle(Some("0")), None);
     assert_eq!(host_compute_oracle(Some("9")), Some(8));
     assert_eq!(
@@ -380,9 +380,12 @@ fn local_rank_values_end_to_end() {
         &envs("LOCAL_RANK", true),
         || {
             let raw = std::env::var("LOCAL_RANK").unwrap();
-            // The per-thread default never fails: a bad value counts as 0.
-            let lenient = local_rank_oracle(Some(&raw)).unwrap_or(0);
-            assert_eq!(spyre_stream::current_device(), lenient);
+            // The current device is the start's own reading: the same
+            // device, or the same refusal.
+            assert_eq!(
+                spyre_stream::current_device().ok(),
+                local_rank_oracle(Some(&raw))
+            );
             match (local_rank_oracle(Some(&raw)), spyre_stream::start_runtime()) {
                 (Some(0), Ok(())) => {
                     let info = spyre_stream::runtime_info().unwrap();
@@ -462,10 +465,16 @@ fn backend_values_end_to_end() {
         || {
             let raw = std::env::var("SPYRE_BACKEND").unwrap();
             let err = spyre_stream::start_runtime().unwrap_err();
-            assert_eq!(
-                err.to_string(),
-                format!("SPYRE_BACKEND={raw:?} is invalid: expected `mock` or `hardware`")
-            );
+            if raw.is_empty() {
+                // Empty means unset: the build's default, hardware, which
+                // finds no flex library here.
+                assert!(matches!(err, Error::Load(_)), "{err:?}");
+            } else {
+                assert_eq!(
+                    err.to_string(),
+                    format!("SPYRE_BACKEND={raw:?} is invalid: expected `mock` or `hardware`")
+                );
+            }
             assert!(spyre_stream::runtime_info().is_none());
             // An installed backend does not consult SPYRE_BACKEND.
             spyre_stream::set_backend(Box::new(MockSystem::default())).unwrap();
@@ -481,6 +490,17 @@ fn backend_values_end_to_end() {
 }
 
 // ----------------------------------------------------------- device indices
+
+/// Every free function that hands out a stream of `device`, called once.
+fn stream_calls_on(device: Device) -> [spyre_stream::Result<SpyreStream>; 5] {
+    [
+        spyre_stream::stream_from_pool(device, 0),
+        spyre_stream::default_stream(device),
+        spyre_stream::host_compute_stream(device),
+        spyre_stream::host_compute_stream_by_id(65, device),
+        spyre_stream::current_stream(device),
+    ]
+}
 
 #[test]
 fn bad_device_indices_end_to_end() {
@@ -521,28 +541,42 @@ fn bad_device_indices_end_to_end() {
             assert!(spyre_stream::runtime_info().is_none());
             spyre_stream::synchronize_device(Device::new(1).unwrap()).unwrap();
 
-            // A device the process is not bound to: named with both indices.
+            // Before the start, a request for a device that does not exist is
+            // refused with the device and the count, and binds nothing.
             for index in [1, 127] {
                 let device = Device::new(index).unwrap();
                 let expect = |result: spyre_stream::Result<SpyreStream>| match result {
-                    Err(Error::PoolAlreadyInitialized {
-                        initialized: 0,
-                        requested,
-                    }) if i64::from(requested) == index => {}
+                    Err(Error::DeviceOutOfRange { device, count: 1 })
+                        if i64::from(device) == index => {}
                     other => panic!("device {index}: {other:?}"),
                 };
-                expect(stream_from_pool(device, 0));
-                expect(spyre_stream::default_stream(device));
-                expect(spyre_stream::host_compute_stream(device));
-                expect(spyre_stream::host_compute_stream_by_id(65, device));
-                expect(spyre_stream::current_stream(device));
+                stream_calls_on(device).into_iter().for_each(expect);
                 expect(spyre_stream::set_current_stream(SpyreStream::from_parts(
                     index as u8,
                     StreamId(0),
                 )));
+                assert!(spyre_stream::runtime_info().is_none(), "device {index}");
+            }
+            spyre_stream::start_runtime().unwrap();
+
+            // A device the process is not bound to: named with both indices.
+            for index in [1, 127] {
+                let device = Device::new(index).unwrap();
+                let expect = |result: spyre_stream::Result<SpyreStream>| match result {
+                    Err(Error::OtherDevice {
+                        requested,
+                        bound: 0,
+                    }) if i64::from(requested) == index => {}
+                    other => panic!("device {index}: {other:?}"),
+                };
+                stream_calls_on(device).into_iter().for_each(expect);
+                assert!(matches!(
+                    spyre_stream::set_current_stream(SpyreStream::from_parts(index as u8, StreamId(0))),
+                    Err(Error::WrongDevice { stream_device, pool_device: 0 }) if i64::from(stream_device) == index
+                ));
                 assert!(matches!(
                     spyre_stream::synchronize_device(device),
-                    Err(Error::PoolAlreadyInitialized { initialized: 0, .. })
+                    Err(Error::OtherDevice { requested, bound: 0 }) if i64::from(requested) == index
                 ));
                 assert!(matches!(
                     SpyreStream::from_parts(index as u8, StreamId(0)).query(),
@@ -668,7 +702,10 @@ fn bad_library_paths_are_named_by_start_runtime() {
             }
             // Nothing started, and no silent fallback to the mock.
             assert!(spyre_stream::runtime_info().is_none());
-            assert!(spyre_stream::global_pool().is_none());
+            assert!(matches!(
+                spyre_stream::global_pool(),
+                Err(spyre_stream::Error::NotStarted)
+            ));
         },
     );
 }

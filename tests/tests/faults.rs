@@ -90,7 +90,10 @@ fn runtime_creation_failure_is_returned_and_a_retry_succeeds_once_cleared() {
                     "{err}"
                 );
                 assert!(runtime_info().is_none());
-                assert!(spyre_stream::global_pool().is_none());
+                assert!(matches!(
+                    spyre_stream::global_pool(),
+                    Err(spyre_stream::Error::NotStarted)
+                ));
                 assert_eq!(device_state(), DeviceState::NotInitialized);
             }
             // Entry points that start the runtime return the same error.

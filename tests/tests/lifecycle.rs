@@ -8,7 +8,10 @@ use spyre_stream::{
     runtime_info, set_current_stream, set_device, start_runtime, stream_from_pool,
     synchronize_device,
 };
+use std::time::Duration;
+
 use spyre_tests::isolated;
+use spyre_tests::process::{ForkOutcome, fork_and_wait, set_env_var};
 
 const MOCK: (&str, &str) = ("SPYRE_BACKEND", "mock");
 
@@ -97,16 +100,16 @@ fn local_rank_selects_the_device_and_other_devices_are_refused() {
             assert!(
                 matches!(
                     err,
-                    Error::PoolAlreadyInitialized {
-                        initialized: 2,
-                        requested: 0
+                    Error::OtherDevice {
+                        requested: 0,
+                        bound: 2
                     }
                 ),
                 "{err:?}"
             );
-            assert!(
-                err.to_string()
-                    .contains("device_index 2; cannot reinitialize with device_index 0")
+            assert_eq!(
+                err.to_string(),
+                "device 0 was requested, but this process uses device 2: one Spyre device per process is supported; use device 2, or start one process per device"
             );
             // The first device keeps working.
             assert_eq!(
@@ -115,10 +118,33 @@ fn local_rank_selects_the_device_and_other_devices_are_refused() {
             );
             // A stream of another device cannot be made current.
             let foreign = spyre_stream::SpyreStream::from_parts(1, StreamId(0));
-            assert!(matches!(
-                set_current_stream(foreign),
-                Err(Error::PoolAlreadyInitialized { .. })
-            ));
+            let err = set_current_stream(foreign).unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    Error::WrongDevice {
+                        stream_device: 1,
+                        pool_device: 2
+                    }
+                ),
+                "{err:?}"
+            );
+            assert!(
+                err.to_string()
+                    .starts_with("stream of device 1, but this process uses device 2"),
+                "{err}"
+            );
+            let err = synchronize_device(Device::new(1).unwrap()).unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    Error::OtherDevice {
+                        requested: 1,
+                        bound: 2
+                    }
+                ),
+                "{err:?}"
+            );
             assert!(matches!(
                 foreign.query(),
                 Err(Error::WrongDevice {
@@ -136,8 +162,13 @@ fn a_malformed_local_rank_fails_start_and_a_retry_can_succeed() {
         "a_malformed_local_rank_fails_start_and_a_retry_can_succeed",
         &[MOCK, ("LOCAL_RANK", "abc")],
         || {
-            // The per-thread default never panics: it counts as device 0.
-            assert_eq!(spyre_stream::current_device(), 0);
+            // The current device is read the way the start reads it: the
+            // same error, not a silent 0.
+            let err = spyre_stream::current_device().unwrap_err();
+            assert!(
+                matches!(err, Error::InvalidEnv { variable: "LOCAL_RANK", ref value, .. } if value == "abc"),
+                "{err:?}"
+            );
             let err = start_runtime().unwrap_err();
             assert!(
                 matches!(err, Error::InvalidEnv { variable: "LOCAL_RANK", ref value, .. } if value == "abc"),
@@ -265,7 +296,7 @@ fn host_compute_count_above_8_is_capped() {
 #[test]
 fn bad_host_compute_counts_fail_start_naming_the_value() {
     // In the child the loop body runs directly, with the child's one value.
-    for raw in ["0", "-1", "", "abc"] {
+    for raw in ["0", "-1", " ", "abc"] {
         isolated(
             "bad_host_compute_counts_fail_start_naming_the_value",
             &[MOCK, ("TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS", raw)],
@@ -282,6 +313,67 @@ fn bad_host_compute_counts_fail_start_naming_the_value() {
                     stream_from_pool(Device::CURRENT, 0),
                     Err(Error::InvalidEnv { .. })
                 ));
+            },
+        );
+    }
+}
+
+#[test]
+fn an_empty_variable_means_unset_for_every_variable() {
+    isolated(
+        "an_empty_variable_means_unset_for_every_variable",
+        &[
+            ("SPYRE_BACKEND", ""),
+            ("FLEX_RUNTIME_LIB", ""),
+            ("LOCAL_RANK", ""),
+            ("TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS", ""),
+            ("SPYRE_HAZARD_TRACKER", ""),
+            ("SPYRE_MOCK_DEVICES", ""),
+            ("SPYRE_MOCK_OP_LATENCY_US", ""),
+        ],
+        || {
+            // SPYRE_BACKEND= is the build's default (hardware here), and
+            // FLEX_RUNTIME_LIB= searches the default names rather than
+            // opening "", so the start fails exactly as with both unset.
+            let with_empty = start_runtime().unwrap_err().to_string();
+            set_env_var("SPYRE_BACKEND", None);
+            set_env_var("FLEX_RUNTIME_LIB", None);
+            assert_eq!(start_runtime().unwrap_err().to_string(), with_empty);
+            assert!(with_empty.contains("libflex.so.1"), "{with_empty}");
+
+            set_env_var("SPYRE_BACKEND", Some("mock"));
+            start_runtime().unwrap();
+            let info = runtime_info().unwrap();
+            assert_eq!(
+                (
+                    info.device,
+                    info.device_source,
+                    info.host_compute_streams,
+                    info.track_hazards
+                ),
+                (0, DeviceSource::Default, 4, false)
+            );
+        },
+    );
+}
+
+#[test]
+fn the_hazard_tracker_takes_boolean_spellings_and_refuses_others() {
+    for raw in ["true", "OFF", "2"] {
+        isolated(
+            "the_hazard_tracker_takes_boolean_spellings_and_refuses_others",
+            &[MOCK, ("SPYRE_HAZARD_TRACKER", raw)],
+            || {
+                let raw = std::env::var("SPYRE_HAZARD_TRACKER").unwrap();
+                match (raw.as_str(), start_runtime()) {
+                    ("true", Ok(())) => assert!(runtime_info().unwrap().track_hazards),
+                    ("OFF", Ok(())) => assert!(!runtime_info().unwrap().track_hazards),
+                    ("2", Err(err)) => assert_eq!(
+                        err.to_string(),
+                        "SPYRE_HAZARD_TRACKER=\"2\" is invalid: expected a boolean: 1, true, on or yes for on; 0, false, off or no for off (case-insensitive)"
+                    ),
+                    (raw, other) => panic!("SPYRE_HAZARD_TRACKER={raw:?}: {other:?}"),
+                }
             },
         );
     }
@@ -381,6 +473,182 @@ fn with_both_backends_compiled_the_default_is_hardware() {
                 spyre_stream::BackendKind::Hardware
             );
             assert!(matches!(start_runtime(), Err(Error::Load(_))));
+        },
+    );
+}
+
+#[test]
+fn a_forked_child_gets_a_clear_error_from_every_entry_point_never_a_hang() {
+    isolated(
+        "a_forked_child_gets_a_clear_error_from_every_entry_point_never_a_hang",
+        &[MOCK],
+        || {
+            let stream = stream_from_pool(Device::CURRENT, 0).unwrap();
+            stream
+                .launch_host_callback(|| {}, LaunchOptions::new())
+                .unwrap();
+            stream.synchronize().unwrap();
+            let parent = std::process::id();
+
+            let outcome = fork_and_wait(Duration::from_secs(30), move || {
+                let child = std::process::id();
+                let forked = |result: spyre_stream::Result<()>, what: &str| match result {
+                    Err(Error::ForkedProcess {
+                        started_in,
+                        current,
+                    }) => {
+                        assert_eq!((started_in, current), (parent, child), "{what}");
+                    }
+                    other => panic!("{what} in the forked child: {other:?}"),
+                };
+                // The stream the parent used: before the fix this hung
+                // (the software device's engine threads are not in the child).
+                forked(stream.synchronize(), "SpyreStream::synchronize");
+                forked(stream.query().map(drop), "SpyreStream::query");
+                forked(
+                    stream.launch_host_callback(|| {}, LaunchOptions::new()),
+                    "SpyreStream::launch_host_callback",
+                );
+                forked(stream.error().map(drop), "SpyreStream::error");
+                forked(start_runtime(), "start_runtime");
+                forked(
+                    stream_from_pool(Device::CURRENT, 0).map(drop),
+                    "stream_from_pool",
+                );
+                forked(default_stream(Device::CURRENT).map(drop), "default_stream");
+                forked(
+                    spyre_stream::default_stream_handle(Device::CURRENT).map(drop),
+                    "default_stream_handle",
+                );
+                forked(
+                    host_compute_stream(Device::CURRENT).map(drop),
+                    "host_compute_stream",
+                );
+                forked(
+                    host_compute_stream_by_id(65, Device::CURRENT).map(drop),
+                    "host_compute_stream_by_id",
+                );
+                forked(current_stream(Device::CURRENT).map(drop), "current_stream");
+                forked(set_current_stream(stream).map(drop), "set_current_stream");
+                forked(synchronize_device(Device::CURRENT), "synchronize_device");
+                forked(spyre_stream::device_count().map(drop), "device_count");
+                forked(set_device(0), "set_device");
+                forked(spyre_stream::global_pool().map(drop), "global_pool");
+                forked(
+                    spyre_stream::set_hazard_tracker_enabled(true),
+                    "set_hazard_tracker_enabled",
+                );
+                assert_eq!(device_state(), DeviceState::NotInitialized);
+                assert!(runtime_info().is_none());
+                let message = synchronize_device(Device::CURRENT).unwrap_err().to_string();
+                for needle in [
+                    format!(
+                        "started in process {parent} and this is process {child}, a fork() of it"
+                    ),
+                    "Start the runtime only after forking".to_owned(),
+                    "spawn".to_owned(),
+                ] {
+                    assert!(message.contains(&needle), "{needle:?} not in {message}");
+                }
+            });
+            assert_eq!(outcome, ForkOutcome::Exited(0));
+
+            // The parent is untouched.
+            stream
+                .launch_host_callback(|| {}, LaunchOptions::new())
+                .unwrap();
+            stream.synchronize().unwrap();
+            synchronize_device(Device::CURRENT).unwrap();
+        },
+    );
+}
+
+#[test]
+fn a_child_forked_before_the_start_starts_its_own_runtime() {
+    isolated(
+        "a_child_forked_before_the_start_starts_its_own_runtime",
+        &[MOCK],
+        || {
+            let outcome = fork_and_wait(Duration::from_secs(30), || {
+                let stream = stream_from_pool(Device::CURRENT, 0).unwrap();
+                stream
+                    .launch_host_callback(|| {}, LaunchOptions::new())
+                    .unwrap();
+                stream.synchronize().unwrap();
+            });
+            assert_eq!(outcome, ForkOutcome::Exited(0));
+            assert!(runtime_info().is_none(), "the child's start is its own");
+        },
+    );
+}
+
+#[test]
+fn the_first_call_that_names_a_device_starts_the_runtime_there() {
+    isolated(
+        "the_first_call_that_names_a_device_starts_the_runtime_there",
+        &[MOCK, ("SPYRE_MOCK_DEVICES", "2")],
+        || {
+            let stream = stream_from_pool(Device::new(1).unwrap(), 0).unwrap();
+            assert_eq!((stream.device_index(), stream.id()), (1, StreamId(1)));
+            let info = runtime_info().unwrap();
+            assert_eq!(
+                (info.device, info.device_source),
+                (1, DeviceSource::Requested)
+            );
+            // Every thread without a device of its own follows the runtime.
+            assert_eq!(spyre_stream::current_device().unwrap(), 1);
+            let other = std::thread::spawn(|| {
+                (
+                    spyre_stream::current_device().unwrap(),
+                    current_stream(Device::CURRENT).unwrap().device_index(),
+                )
+            })
+            .join()
+            .unwrap();
+            assert_eq!(other, (1, 1));
+            synchronize_device(Device::CURRENT).unwrap();
+        },
+    );
+}
+
+#[test]
+fn a_corrected_local_rank_is_what_the_retry_and_every_thread_use() {
+    isolated(
+        "a_corrected_local_rank_is_what_the_retry_and_every_thread_use",
+        &[MOCK, ("SPYRE_MOCK_DEVICES", "2"), ("LOCAL_RANK", "5")],
+        || {
+            assert_eq!(spyre_stream::current_device().unwrap(), 5);
+            let err = stream_from_pool(Device::CURRENT, 0).unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    Error::DeviceOutOfRange {
+                        device: 5,
+                        count: 2
+                    }
+                ),
+                "{err:?}"
+            );
+            assert!(runtime_info().is_none());
+
+            set_env_var("LOCAL_RANK", Some("1"));
+            assert_eq!(spyre_stream::current_device().unwrap(), 1);
+            let stream = stream_from_pool(Device::CURRENT, 0).unwrap();
+            assert_eq!(stream.device_index(), 1);
+            let info = runtime_info().unwrap();
+            assert_eq!(
+                (info.device, info.device_source),
+                (1, DeviceSource::LocalRank)
+            );
+            current_stream(Device::CURRENT)
+                .unwrap()
+                .synchronize()
+                .unwrap();
+
+            // Once started, the runtime's device is the one source of truth.
+            set_env_var("LOCAL_RANK", Some("0"));
+            assert_eq!(spyre_stream::current_device().unwrap(), 1);
+            synchronize_device(Device::CURRENT).unwrap();
         },
     );
 }

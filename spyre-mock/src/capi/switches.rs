@@ -17,9 +17,12 @@ pub const ENV_UNDEFINED_STATUS: &str = "SPYRE_MOCK_UNDEFINED_STATUS";
 /// `SPYRE_MOCK_FAIL_LAUNCH=N`: the `N`th launch on each stream is refused.
 pub const ENV_FAIL_LAUNCH: &str = "SPYRE_MOCK_FAIL_LAUNCH";
 /// `SPYRE_MOCK_LATE_COMPLETIONS_MS=N`: completions are delivered `N` ms late
-/// from a thread of the runtime.
+/// from a thread of the runtime; `N` is at most 10 000 (10 s).
 pub const ENV_LATE_COMPLETIONS_MS: &str = "SPYRE_MOCK_LATE_COMPLETIONS_MS";
-/// `SPYRE_MOCK_FAIL_RUNTIME_CREATE=1`: `flex_runtime_create` fails.
+/// Largest delay of `SPYRE_MOCK_LATE_COMPLETIONS_MS`: 10 000 ms (10 s).
+pub const MAX_LATE_COMPLETIONS_MS: u64 = 10_000;
+/// `SPYRE_MOCK_FAIL_RUNTIME_CREATE=1` (a boolean: `1/0/true/false/on/off/yes/no`):
+/// `flex_runtime_create` fails.
 pub const ENV_FAIL_RUNTIME_CREATE: &str = "SPYRE_MOCK_FAIL_RUNTIME_CREATE";
 
 /// The status a call named in `SPYRE_MOCK_UNDEFINED_STATUS` returns: a value
@@ -73,21 +76,22 @@ impl Switches {
             switches.fail_launch = (n > 0).then_some(n);
         }
         if let Some(raw) = value(ENV_LATE_COMPLETIONS_MS) {
-            let ms: u64 = raw.parse().map_err(|_| {
-                format!("{ENV_LATE_COMPLETIONS_MS}={raw:?} is not valid: expected a decimal number of milliseconds")
-            })?;
+            let ms: u64 = raw
+                .parse()
+                .ok()
+                .filter(|ms| *ms <= MAX_LATE_COMPLETIONS_MS)
+                .ok_or_else(|| {
+                    format!("{ENV_LATE_COMPLETIONS_MS}={raw:?} is not valid: expected a decimal number of milliseconds from 0 to {MAX_LATE_COMPLETIONS_MS}")
+                })?;
             switches.late_completions = Some(Duration::from_millis(ms));
         }
         if let Some(raw) = value(ENV_FAIL_RUNTIME_CREATE) {
-            switches.fail_runtime_create = match raw.as_str() {
-                "1" => true,
-                "0" => false,
-                _ => {
-                    return Err(format!(
-                        "{ENV_FAIL_RUNTIME_CREATE}={raw:?} is not valid: expected 1 (fail) or 0 (off)"
-                    ));
-                }
-            };
+            switches.fail_runtime_create = flex_rt::env::parse_bool(&raw).ok_or_else(|| {
+                format!(
+                    "{ENV_FAIL_RUNTIME_CREATE}={raw:?} is not valid: {}",
+                    flex_rt::env::BOOL_EXPECTED
+                )
+            })?;
         }
         Ok(switches)
     }

@@ -305,11 +305,21 @@ fn switches_parse_and_name_bad_values() {
     assert_eq!(all.late_completions, Some(Duration::from_millis(25)));
     assert!(all.fail_runtime_create);
     assert_eq!(parse(&[(ENV_FAIL_LAUNCH, "0")]).unwrap().fail_launch, None);
-    assert!(
-        !parse(&[(ENV_FAIL_RUNTIME_CREATE, "0")])
-            .unwrap()
-            .fail_runtime_create
-    );
+    for (raw, on) in [
+        ("0", false),
+        ("off", false),
+        ("No", false),
+        ("TRUE", true),
+        ("yes", true),
+    ] {
+        assert_eq!(
+            parse(&[(ENV_FAIL_RUNTIME_CREATE, raw)])
+                .unwrap()
+                .fail_runtime_create,
+            on,
+            "{raw}"
+        );
+    }
 
     for (name, raw, needle) in [
         (
@@ -329,9 +339,14 @@ fn switches_parse_and_name_bad_values() {
             "SPYRE_MOCK_LATE_COMPLETIONS_MS=\"-5\"",
         ),
         (
+            ENV_LATE_COMPLETIONS_MS,
+            "10001",
+            "SPYRE_MOCK_LATE_COMPLETIONS_MS=\"10001\" is not valid: expected a decimal number of milliseconds from 0 to 10000",
+        ),
+        (
             ENV_FAIL_RUNTIME_CREATE,
-            "yes",
-            "SPYRE_MOCK_FAIL_RUNTIME_CREATE=\"yes\"",
+            "maybe",
+            "SPYRE_MOCK_FAIL_RUNTIME_CREATE=\"maybe\" is not valid: expected a boolean",
         ),
     ] {
         let err = parse(&[(name, raw)]).unwrap_err();
