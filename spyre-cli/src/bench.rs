@@ -8,9 +8,11 @@
 
 use std::fmt::Write as _;
 use std::hint::black_box;
+use std::io::IsTerminal as _;
 use std::time::{Duration, Instant};
 
 use flex_rt::{HostBuffer, LaunchOptions, Status};
+use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use spyre_stream::{Device, SpyreStream, StreamPool};
 
@@ -113,7 +115,9 @@ pub fn bench(args: &BenchArgs) -> Result<BenchReport, CliError> {
     let stream = spyre_stream::stream_from_pool(Device::CURRENT, 0)
         .map_err(stream_error("taking a stream from the pool"))?;
     let mut results = Vec::new();
+    let progress = Progress::new(3 + 2 * args.sizes.len() as u64, budget);
 
+    progress.start("handle resolution");
     let timed = measure(budget, 10_000, |batch| {
         for _ in 0..batch {
             black_box(
@@ -125,6 +129,7 @@ pub fn bench(args: &BenchArgs) -> Result<BenchReport, CliError> {
     })?;
     results.push(latency("handle resolution", "ns/op", timed));
 
+    progress.start("pool assignment");
     let mut priority = 0;
     let timed = measure(budget, 1_000, |batch| {
         for _ in 0..batch {
@@ -138,6 +143,7 @@ pub fn bench(args: &BenchArgs) -> Result<BenchReport, CliError> {
     })?;
     results.push(latency("pool assignment", "ns/op", timed));
 
+    progress.start("empty op round trip");
     let timed = measure(budget, 100, |batch| {
         for _ in 0..batch {
             stream
@@ -152,6 +158,7 @@ pub fn bench(args: &BenchArgs) -> Result<BenchReport, CliError> {
     results.push(latency("empty op round trip", "us/op", timed));
 
     for &size in &args.sizes {
+        progress.start(&format!("H2D bandwidth, {}", format_size(size)));
         results.push(bandwidth(
             pool,
             stream,
@@ -159,6 +166,7 @@ pub fn bench(args: &BenchArgs) -> Result<BenchReport, CliError> {
             size,
             Direction::HostToDevice,
         )?);
+        progress.start(&format!("D2H bandwidth, {}", format_size(size)));
         results.push(bandwidth(
             pool,
             stream,
@@ -167,11 +175,47 @@ pub fn bench(args: &BenchArgs) -> Result<BenchReport, CliError> {
             Direction::DeviceToHost,
         )?);
     }
+    progress.finish();
     Ok(BenchReport {
         backend,
         budget_ms: args.budget_ms,
         results,
     })
+}
+
+/// Which measurement runs and how many are left, on stderr when it is a
+/// terminal (hidden otherwise, so that pipes and `--json` get no bar).
+struct Progress {
+    bar: ProgressBar,
+    budget: Duration,
+}
+
+impl Progress {
+    fn new(measurements: u64, budget: Duration) -> Self {
+        let bar = if std::io::stderr().is_terminal() {
+            ProgressBar::new(measurements)
+        } else {
+            ProgressBar::hidden()
+        };
+        if let Ok(style) = ProgressStyle::with_template("{spinner} {msg}") {
+            bar.set_style(style);
+        }
+        Self { bar, budget }
+    }
+
+    /// Names the next measurement, its place and the time left.
+    fn start(&self, name: &str) {
+        self.bar.inc(1);
+        let (place, total) = (self.bar.position(), self.bar.length().unwrap_or(0));
+        let seconds = self.budget.as_secs_f64() * (total + 1).saturating_sub(place) as f64;
+        self.bar.set_message(format!(
+            "[{place}/{total}] {name} (about {seconds:.1} s left)"
+        ));
+    }
+
+    fn finish(&self) {
+        self.bar.finish_and_clear();
+    }
 }
 
 /// A copy direction.

@@ -39,7 +39,10 @@ pub enum Command {
     /// host reference.
     Run(RunArgs),
     /// Quick measurements: handle resolution, pool assignment, empty-op round
-    /// trip, H2D and D2H bandwidth.
+    /// trip, H2D and D2H bandwidth. It takes 3 + 2 × (number of --sizes)
+    /// measurements of --budget-ms each, so the total time is measurements ×
+    /// budget: 9 × 250 ms, about 2.3 s, by default. Progress is shown on a
+    /// terminal.
     Bench(BenchArgs),
 }
 
@@ -87,7 +90,8 @@ pub struct RunArgs {
     pub size: u64,
     /// Compute kernel. matmul costs n³ per iteration: at the default size
     /// (n = 295) a run takes about a minute on the software device; --size
-    /// 64KiB takes a second.
+    /// 64KiB takes a second. A matmul run estimated to take over a minute on
+    /// the software device says so before it starts.
     #[arg(long, value_enum, default_value_t = KernelArg::Axpy)]
     pub kernel: KernelArg,
     /// Iterations each thread keeps in flight; it waits for the oldest before
@@ -109,7 +113,8 @@ pub const DEFAULT_BENCH_SIZES: &str = "4KiB,1MiB,16MiB";
 /// Arguments of `spyre bench`.
 #[derive(Debug, Args)]
 pub struct BenchArgs {
-    /// Time spent on each measurement, in milliseconds.
+    /// Time spent on each measurement, in milliseconds (1..=60000). The run
+    /// takes about (3 + 2 × number of --sizes) × this.
     #[arg(long, value_name = "MS", default_value = "250", value_parser = parse_budget)]
     pub budget_ms: u64,
     /// Transfer sizes for the H2D and D2H bandwidth, comma-separated.

@@ -61,12 +61,14 @@ impl CliError {
 }
 
 /// Whether a stream-layer error means the environment is set up wrong (a
-/// malformed variable, a backend this build lacks, a device that does not
-/// exist, a bad `SPYRE_MOCK_*` value) rather than that the device failed.
+/// malformed variable, a backend this build lacks, a flex library that
+/// cannot be loaded, a device that does not exist, a bad `SPYRE_MOCK_*`
+/// value) rather than that the device failed.
 fn is_configuration_error(error: &spyre_stream::Error) -> bool {
     use spyre_stream::Error;
     match error {
         Error::InvalidEnv { .. }
+        | Error::Load(_)
         | Error::BackendUnavailable(_)
         | Error::DeviceOutOfRange { .. }
         | Error::InvalidHostComputeStreams { .. }

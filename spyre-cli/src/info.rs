@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 use spyre_stream::{
-    BackendKind, DeviceSource, HIGH_POOL_END, HIGH_POOL_START, HOST_COMPUTE_START, NORMAL_POOL_END,
+    BackendKind, HIGH_POOL_END, HIGH_POOL_START, HOST_COMPUTE_START, NORMAL_POOL_END,
     NORMAL_POOL_START, StreamId, env,
 };
 
@@ -62,7 +62,7 @@ pub struct InfoReport {
     pub device_count: Option<u32>,
     /// The logical device this process binds.
     pub device: Option<u8>,
-    /// Why that device: `current device`, `LOCAL_RANK` or `default`.
+    /// Why that device: `requested`, `set_device`, `LOCAL_RANK` or `default`.
     pub device_source: Option<&'static str>,
     /// A longer description of the source.
     pub device_source_detail: Option<&'static str>,
@@ -90,16 +90,6 @@ pub fn environment_variables() -> Vec<&'static str> {
     names.extend(spyre_mock::config::ENV_VARS);
     names.push("RUST_LOG");
     names
-}
-
-/// Short name of a device source.
-fn source_name(source: DeviceSource) -> &'static str {
-    match source {
-        DeviceSource::Requested => "requested",
-        DeviceSource::ThreadDevice => "current device",
-        DeviceSource::LocalRank => "LOCAL_RANK",
-        DeviceSource::Default => "default",
-    }
 }
 
 /// Gathers the report, starting the runtime. Returns the report and, when
@@ -157,7 +147,7 @@ pub fn gather() -> (InfoReport, Option<CliError>) {
                 .collect(),
         );
         report.device = Some(info.device);
-        report.device_source = Some(source_name(info.device_source));
+        report.device_source = Some(info.device_source.name());
         report.device_source_detail = Some(info.device_source.as_str());
         report.pool = Some(PoolLayout::new(info.host_compute_streams));
         report.hazard_tracking = Some(info.track_hazards);

@@ -25,13 +25,14 @@
 mod bench;
 mod cli;
 mod error;
+mod estimate;
 mod info;
 mod report;
 mod run;
 mod size;
 mod verify;
 
-use std::io::Write as _;
+use std::io::{IsTerminal as _, Write as _};
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -53,13 +54,24 @@ fn main() -> ExitCode {
     }
 }
 
-/// Logs to stderr, filtered by `RUST_LOG` (default `warn`).
+/// Logs to stderr, filtered by `RUST_LOG` (default `warn`), in colour only
+/// when stderr is a terminal and `NO_COLOR` is unset or empty.
 fn init_tracing() {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(use_colour(
+            std::io::stderr().is_terminal(),
+            std::env::var_os("NO_COLOR").as_deref(),
+        ))
         .try_init();
+}
+
+/// Whether to write colour codes: only to a terminal, and not when
+/// `NO_COLOR` is set to a non-empty value (no-color.org).
+fn use_colour(terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
 /// Runs one subcommand and prints its output.
@@ -91,5 +103,19 @@ fn dispatch(command: &Command) -> Result<(), CliError> {
                 report.to_text()
             })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::use_colour;
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        assert!(use_colour(true, None));
+        assert!(use_colour(true, Some("".as_ref())));
+        assert!(!use_colour(true, Some("1".as_ref())));
+        assert!(!use_colour(false, None));
+        assert!(!use_colour(false, Some("".as_ref())));
     }
 }

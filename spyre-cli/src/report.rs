@@ -28,6 +28,11 @@ pub struct StreamCount {
 pub struct RunReport {
     /// The backend (`mock` or `hardware`).
     pub backend: &'static str,
+    /// The logical device the process ran on.
+    pub device: u8,
+    /// What chose the device: `LOCAL_RANK`, `set_device`, `requested` or
+    /// `default` (see `spyre_stream::DeviceSource::name`).
+    pub device_source: &'static str,
     /// The kernel (`axpy` or `matmul`).
     pub kernel: &'static str,
     /// Host threads.
@@ -105,6 +110,8 @@ impl RunReport {
         let in_pool = |pool: &'static str| streams.iter().filter(move |s| s.pool == pool);
         Self {
             backend: outcome.backend,
+            device: outcome.device,
+            device_source: outcome.device_source.name(),
             kernel: plan.kernel.name(),
             threads: args.threads,
             iterations_per_thread: args.iterations,
@@ -149,10 +156,12 @@ impl RunReport {
             .join("×");
         let _ = writeln!(
             out,
-            "spyre run: {} ({dims}, {} per operand) on the {} backend",
+            "spyre run: {} ({dims}, {} per operand) on the {} backend, device {} ({})",
             self.kernel,
             format_size(self.operand_bytes),
-            self.backend
+            self.backend,
+            self.device,
+            self.device_source
         );
         let _ = writeln!(
             out,
@@ -282,6 +291,8 @@ mod tests {
         let plan = Plan::new(KernelArg::Axpy, 4096).unwrap();
         let outcome = RunOutcome {
             backend: "mock",
+            device: 3,
+            device_source: spyre_stream::DeviceSource::LocalRank,
             plan,
             verified: 6,
             launches_by_stream: BTreeMap::from([(1, 10), (2, 5), (33, 10), (34, 5)]),
@@ -302,11 +313,19 @@ mod tests {
         assert!((report.gb_per_s - report.bytes_moved as f64 / 0.5e9).abs() < 1e-12);
         let text = report.to_text();
         assert!(text.contains("verified     6 / 6 iterations"), "{text}");
+        assert!(
+            text.contains("on the mock backend, device 3 (LOCAL_RANK)"),
+            "{text}"
+        );
         assert!(text.contains("normal (ids 1–32)"), "{text}");
         assert!(text.contains(" 1:10"), "{text}");
         let json: serde_json::Value =
             serde_json::from_str(&to_json_line(&report).unwrap()).unwrap();
         assert_eq!(json["iterations_verified"], 6);
+        assert_eq!(
+            (json["device"].as_u64(), json["device_source"].as_str()),
+            (Some(3), Some("LOCAL_RANK"))
+        );
         assert_eq!(json["streams"][2]["pool"], "high");
     }
 

@@ -26,14 +26,16 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use flex_rt::{
-    ADDRESS_ALIGNMENT, CompositeAddress, FlexError, HostBuffer, LaunchOptions, Runtime, Status,
+    ADDRESS_ALIGNMENT, CompositeAddress, FlexError, HostBuffer, LaunchOptions, LogicalAddress,
+    Runtime, Status,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 use spyre_mock::kernel::{DESCRIPTOR_SIZE, KernelDescriptor};
-use spyre_stream::{Device, SpyreStream};
+use spyre_stream::{Device, DeviceSource, SpyreStream};
 
 use crate::cli::{KernelArg, RunArgs};
 use crate::error::{CliError, FailureKind, IterationFailure, IterationPlace};
+use crate::estimate;
 use crate::size::format_size;
 use crate::verify::{self, SplitMix64};
 
@@ -44,6 +46,8 @@ pub const H2D_PER_ITERATION: u64 = 3;
 
 /// Size of the kernel descriptor in bytes, as a `u64`.
 const DESCRIPTOR_BYTES: u64 = DESCRIPTOR_SIZE as u64;
+/// Device allocations per iteration, each of [`Plan::block_bytes`].
+const BLOCKS_PER_ITERATION: u64 = 3;
 
 /// The shape of one iteration, derived from `--kernel` and `--size`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -120,14 +124,18 @@ impl Plan {
         self.operand_bytes
     }
 
-    /// Device memory one iteration holds, counted in whole 128-byte units as
-    /// the allocator hands them out.
-    pub fn device_bytes(&self) -> u64 {
-        let operand = self
-            .operand_bytes
+    /// Bytes of one device block: an operand rounded up to the 128-byte
+    /// address alignment, plus 128 bytes. An iteration allocates three
+    /// blocks of this one size (the two inputs and the output; the program
+    /// lives in the tail of the first), so that every allocation of a run has
+    /// the same size: the device's first-fit allocator then never fragments,
+    /// and how many iterations fit in memory can be computed exactly
+    /// ([`in_flight_capacity`]).
+    pub fn block_bytes(&self) -> u64 {
+        self.operand_bytes
             .checked_next_multiple_of(ADDRESS_ALIGNMENT)
-            .unwrap_or(u64::MAX);
-        operand.saturating_mul(3).saturating_add(DESCRIPTOR_BYTES)
+            .and_then(|operand| operand.checked_add(DESCRIPTOR_BYTES))
+            .unwrap_or(u64::MAX)
     }
 
     /// The 128-byte program for operands at `a`, `b` and `out`.
@@ -155,6 +163,10 @@ impl Plan {
 pub struct RunOutcome {
     /// The backend's name.
     pub backend: &'static str,
+    /// The logical device the process ran on.
+    pub device: u8,
+    /// What chose that device.
+    pub device_source: DeviceSource,
     /// The plan every iteration followed.
     pub plan: Plan,
     /// Iterations whose result matched the reference.
@@ -184,6 +196,13 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
     let info = spyre_stream::runtime_info()
         .ok_or_else(|| CliError::Failed("the Spyre runtime did not start".into()))?;
     check_capacity(&plan, args, &info.backend_details)?;
+    if plan.kernel == KernelArg::Matmul
+        && info.backend == "mock"
+        && let Some(warning) =
+            estimate::matmul_warning(plan.n, total, args.threads, estimate::measure_rate())
+    {
+        eprintln!("{warning}");
+    }
     let pool = spyre_stream::global_pool()
         .map_err(|e| CliError::stream("using the process's stream pool", e))?;
     tracing::info!(
@@ -256,17 +275,32 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
     }
     Ok(RunOutcome {
         backend: info.backend,
+        device: info.device,
+        device_source: info.device_source,
         plan,
         verified,
         launches_by_stream,
         wall,
     })
 }
+/// How many blocks of `block` bytes the software device holds at once: its
+/// memory is `memory` bytes in regions of `region` bytes (the last one
+/// smaller when `region` does not divide `memory`), and a block must lie in
+/// one region. Exact when every allocation has the same size, as in a run.
+pub fn block_capacity(memory: u64, region: u64, block: u64) -> u64 {
+    if region == 0 || block == 0 {
+        return 0;
+    }
+    let full_regions = memory / region;
+    let last = memory % region;
+    full_regions.saturating_mul(region / block) + last / block
+}
 
-/// Checks the plan against the device's memory when the backend tells its
-/// size (the software device reports `memory_bytes` and `region_bytes`).
-/// Other backends are checked by the allocator: running out of memory is
-/// reported as [`FailureKind::OutOfMemory`].
+/// Refuses a run that the software device's memory cannot hold, before any
+/// work starts: an operand larger than a region, or more iterations in
+/// flight than the device holds blocks for. With the memory layout known
+/// (the software device reports it), an accepted run never runs out of
+/// device memory.
 fn check_capacity(
     plan: &Plan,
     args: &RunArgs,
@@ -278,9 +312,12 @@ fn check_capacity(
             .find(|(key, _)| *key == name)
             .and_then(|(_, value)| value.parse::<u64>().ok())
     };
-    if let Some(region) = detail("region_bytes")
-        && plan.operand_bytes > region
-    {
+    let (Some(memory), Some(region)) = (detail("memory_bytes"), detail("region_bytes")) else {
+        return Ok(());
+    };
+    let block = plan.block_bytes();
+    if block > region {
+        let largest_operand = (region - DESCRIPTOR_BYTES) / ADDRESS_ALIGNMENT * ADDRESS_ALIGNMENT;
         return Err(CliError::Usage(format!(
             "--size {} needs operands of {} bytes ({}), but one memory region of the device holds {} bytes ({}) and a kernel operand must lie in one region; use a --size of at most {}",
             args.size,
@@ -288,34 +325,27 @@ fn check_capacity(
             format_size(plan.operand_bytes),
             region,
             format_size(region),
-            region.saturating_mul(3)
+            largest_operand.saturating_mul(3)
         )));
     }
-    if let Some(memory) = detail("memory_bytes") {
-        let per_iteration = plan.device_bytes();
-        if per_iteration > memory {
-            return Err(CliError::Usage(format!(
-                "--size {} needs {per_iteration} bytes ({}) of device memory per iteration, but the device has {memory} bytes ({})",
-                args.size,
-                format_size(per_iteration),
-                format_size(memory)
-            )));
-        }
-        let at_once = per_iteration
-            .saturating_mul(args.threads as u64)
-            .saturating_mul(args.in_flight as u64);
-        if at_once > memory {
-            return Err(CliError::Usage(format!(
-                "--size {} with --threads {} and --in-flight {} keeps {} iterations of {} in flight, {at_once} bytes ({}) of device memory, but the device has {memory} bytes ({}); lower --in-flight, --threads or --size",
-                args.size,
-                args.threads,
-                args.in_flight,
-                args.threads * args.in_flight,
-                format_size(per_iteration),
-                format_size(at_once),
-                format_size(memory)
-            )));
-        }
+    let blocks_held = block_capacity(memory, region, block);
+    let iterations_held = blocks_held / BLOCKS_PER_ITERATION;
+    if iterations_held == 0 {
+        return Err(CliError::Usage(format!(
+            "--size {} needs {BLOCKS_PER_ITERATION} blocks of {block} bytes per iteration, each in one memory region, but the device has {memory} bytes ({}) in regions of {region} bytes, which hold {blocks_held} such blocks; use a smaller --size",
+            args.size,
+            format_size(memory)
+        )));
+    }
+    let in_flight = (args.threads as u64).saturating_mul(args.in_flight as u64);
+    if in_flight > iterations_held {
+        return Err(CliError::Usage(format!(
+            "--size {} with --threads {} and --in-flight {} keeps {in_flight} iterations in flight, each in {BLOCKS_PER_ITERATION} blocks of {block} bytes that must each lie in one memory region, but the device has {memory} bytes ({}) in regions of {region} bytes, which hold {iterations_held} such iterations at once; lower --in-flight, --threads or --size",
+            args.size,
+            args.threads,
+            args.in_flight,
+            format_size(memory)
+        )));
     }
     Ok(())
 }
@@ -532,24 +562,45 @@ impl Shared<'_> {
         })
     }
 
-    /// Allocates the two inputs, the output and the program, in that order;
-    /// each allocation is recorded in `memory` as soon as it is made.
+    /// Allocates the iteration's three blocks (see [`Plan::block_bytes`]),
+    /// each recorded in `memory` as soon as it is made, and returns the
+    /// addresses of the two inputs, the output and the program (in the tail
+    /// of the first block).
     fn allocate_operands(
         &self,
         memory: &mut DeviceMemory,
         place: IterationPlace,
     ) -> Result<[CompositeAddress; 4], IterationFailure> {
-        let mut take = |bytes| {
-            let address = self.allocate(bytes, place)?;
+        let block = self.plan.block_bytes();
+        let mut take = || {
+            let address = self.allocate(block, place)?;
             memory.addresses.push(address.clone());
-            Ok(address)
+            Ok(address.start())
         };
+        let [a, b, out] = [take()?, take()?, take()?];
         let operand = self.plan.operand_bytes;
+        let program_offset = block - DESCRIPTOR_BYTES;
+        let at = |start: LogicalAddress, offset: u64, size: u64| {
+            CompositeAddress::single(
+                LogicalAddress {
+                    region_id: start.region_id,
+                    offset: start.offset + offset,
+                },
+                size,
+            )
+            .map_err(|source| IterationFailure {
+                place,
+                kind: FailureKind::Device {
+                    step: "addressing an operand".into(),
+                    source: source.into(),
+                },
+            })
+        };
         Ok([
-            take(operand)?,
-            take(operand)?,
-            take(operand)?,
-            take(DESCRIPTOR_BYTES)?,
+            at(a, 0, operand)?,
+            at(b, 0, operand)?,
+            at(out, 0, operand)?,
+            at(a, program_offset, DESCRIPTOR_BYTES)?,
         ])
     }
 
@@ -711,7 +762,8 @@ mod tests {
         assert_eq!(plan.dims(), vec![87_381]);
         assert_eq!(plan.h2d_bytes(), 2 * 349_524 + 128);
         assert_eq!(plan.d2h_bytes(), 349_524);
-        assert_eq!(plan.device_bytes(), 3 * 349_568 + 128);
+        // 349_524 rounded up to 128 is 349_568; plus the 128-byte tail.
+        assert_eq!(plan.block_bytes(), 349_696);
         let tiny = Plan::new(KernelArg::Axpy, 12).unwrap();
         assert_eq!((tiny.n, tiny.operand_bytes), (1, 4));
     }
@@ -725,6 +777,21 @@ mod tests {
         assert_eq!(plan.dims(), vec![18, 18, 18]);
         let plan = Plan::new(KernelArg::Matmul, 1 << 20).unwrap();
         assert_eq!(plan.n, 295);
+    }
+
+    #[test]
+    fn block_capacity_counts_whole_blocks_per_region() {
+        // 1 GiB in four 256 MiB regions; 100 MiB + 128 blocks: two per region.
+        let block = 100 * (1 << 20) + 128;
+        assert_eq!(block_capacity(1 << 30, 256 << 20, block), 8);
+        // Bytes alone would suggest 10 (1 GiB / 100 MiB): packing is what counts.
+        assert_eq!((1u64 << 30) / block, 10);
+        // A last region smaller than the others: 1000 bytes in regions of 384
+        // are 384 + 384 + 232; blocks of 128 fit 3 + 3 + 1.
+        assert_eq!(block_capacity(1000, 384, 128), 7);
+        assert_eq!(block_capacity(1 << 20, 1 << 20, 1 << 20), 1);
+        assert_eq!(block_capacity(1 << 20, 1 << 20, (1 << 20) + 1), 0);
+        assert_eq!(block_capacity(1 << 20, 0, 128), 0);
     }
 
     #[test]

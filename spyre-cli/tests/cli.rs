@@ -330,6 +330,26 @@ fn bad_sizes_exit_2_naming_the_value() {
             "the device has 1073741824 bytes",
         ],
     );
+    // 300 MiB makes operands of 100 MiB: a 256 MiB region holds two, so the
+    // default 1 GiB in four regions holds 8 blocks, 2 iterations, although
+    // 3 × 300 MiB is less than 1 GiB.
+    refused(
+        &[
+            "run",
+            "--size",
+            "300MiB",
+            "--threads",
+            "1",
+            "--in-flight",
+            "3",
+        ],
+        &[],
+        &[
+            "--threads 1 and --in-flight 3 keeps 3 iterations in flight",
+            "3 blocks of 104857728 bytes",
+            "which hold 2 such iterations at once",
+        ],
+    );
     // Fits once, but not four times over two threads.
     refused(
         &["run", "--size", "1MiB"],
@@ -360,6 +380,90 @@ fn bad_environment_exits_2_naming_the_value() {
         &["run", "--iterations", "1"],
         &[("SPYRE_MOCK_ENGINES", "0")],
         &["SPYRE_MOCK_ENGINES=\"0\""],
+    );
+    // 2^32 µs would make every operation sleep 71 minutes.
+    refused(
+        &["run", "--iterations", "1"],
+        &[("SPYRE_MOCK_OP_LATENCY_US", "4294967296")],
+        &[
+            "SPYRE_MOCK_OP_LATENCY_US=\"4294967296\"",
+            "at most 1000000 µs",
+        ],
+    );
+    refused(
+        &["run", "--iterations", "1"],
+        &[("SPYRE_HAZARD_TRACKER", "maybe")],
+        &["SPYRE_HAZARD_TRACKER=\"maybe\"", "expected a boolean"],
+    );
+    // An unusable flex library is the environment's fault, like any other
+    // variable (a build without the hardware backend says so instead).
+    refused(
+        &["run", "--iterations", "1"],
+        &[
+            ("SPYRE_BACKEND", "hardware"),
+            ("FLEX_RUNTIME_LIB", "/nonexistent/libflex.so.1"),
+        ],
+        &["hardware"],
+    );
+}
+
+#[test]
+fn a_run_names_its_device_and_what_chose_it() {
+    let args = [
+        "run",
+        "--json",
+        "--threads",
+        "1",
+        "--iterations",
+        "2",
+        "--size",
+        "4KiB",
+    ];
+    let report = json(&args, &[]);
+    assert_eq!(report["device"], 0);
+    assert_eq!(report["device_source"], "default");
+    let report = json(&args, &[("SPYRE_MOCK_DEVICES", "2"), ("LOCAL_RANK", "1")]);
+    assert_eq!(report["device"], 1);
+    assert_eq!(report["device_source"], "LOCAL_RANK");
+    let output = spyre(
+        &[
+            "run",
+            "--threads",
+            "1",
+            "--iterations",
+            "2",
+            "--size",
+            "4KiB",
+        ],
+        &[("SPYRE_MOCK_DEVICES", "2"), ("LOCAL_RANK", "1")],
+    );
+    assert!(
+        stdout(&output).contains("on the mock backend, device 1 (LOCAL_RANK)"),
+        "{}",
+        stdout(&output)
+    );
+}
+
+#[test]
+fn logs_to_a_pipe_carry_no_colour_codes() {
+    let output = spyre(
+        &[
+            "run",
+            "--threads",
+            "1",
+            "--iterations",
+            "1",
+            "--size",
+            "4KiB",
+        ],
+        &[("RUST_LOG", "info")],
+    );
+    assert_eq!(output.status.code(), Some(0));
+    let log = stderr(&output);
+    assert!(log.contains("Spyre runtime started"), "{log}");
+    assert!(
+        !log.contains('\u{1b}'),
+        "escape codes in a piped log: {log:?}"
     );
 }
 
@@ -508,4 +612,84 @@ fn version_and_help() {
     ] {
         assert!(text.contains(flag), "{flag} not in\n{text}");
     }
+}
+
+#[test]
+fn bench_shows_each_measurement_and_what_is_left_on_a_terminal() {
+    // `script` (util-linux, essential on Debian) gives the child a terminal.
+    let binary = env!("CARGO_BIN_EXE_spyre");
+    let mut command = Command::new("script");
+    command.args([
+        "-qec",
+        &format!("{binary} bench --budget-ms 100 --sizes 4KiB"),
+        "/dev/null",
+    ]);
+    for name in CLEARED {
+        command.env_remove(name);
+    }
+    let output = command
+        .env("SPYRE_BACKEND", "mock")
+        .output()
+        .expect("script runs");
+    assert_eq!(output.status.code(), Some(0));
+    let screen = stdout(&output);
+    // 3 + 2 × 1 size = 5 measurements of 100 ms each.
+    for line in [
+        "[1/5] handle resolution (about 0.5 s left)",
+        "[2/5] pool assignment (about 0.4 s left)",
+        "[3/5] empty op round trip (about 0.3 s left)",
+        "[4/5] H2D bandwidth, 4 KiB (about 0.2 s left)",
+        "[5/5] D2H bandwidth, 4 KiB (about 0.1 s left)",
+    ] {
+        assert!(
+            screen.contains(line),
+            "{line:?} not on the terminal:\n{screen}"
+        );
+    }
+    // Through a pipe there is no bar.
+    let piped = spyre(&["bench", "--budget-ms", "1", "--sizes", "4KiB"], &[]);
+    assert!(!stderr(&piped).contains("[1/5]"), "{}", stderr(&piped));
+}
+
+#[test]
+fn a_matmul_run_of_more_than_a_minute_says_so_before_it_starts() {
+    use std::io::{BufRead, BufReader};
+    // n = floor(sqrt(64 MiB / 12)) = 2364: 2 × 2364³ ≈ 2.6e10 multiply-adds.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_spyre"))
+        .args([
+            "run",
+            "--kernel",
+            "matmul",
+            "--size",
+            "64MiB",
+            "--threads",
+            "1",
+            "--iterations",
+            "1",
+            "--in-flight",
+            "1",
+        ])
+        .env("SPYRE_BACKEND", "mock")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the spyre binary runs");
+    // Read the first line on a thread, so that a run that never says so
+    // fails the test after a bounded wait instead of running for minutes.
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut first = String::new();
+        let _ = BufReader::new(stderr).read_line(&mut first);
+        let _ = tx.send(first);
+    });
+    let first = rx.recv_timeout(std::time::Duration::from_secs(60));
+    let _ = child.kill();
+    let _ = child.wait();
+    let first = first.expect("a warning within 60 s, before the run");
+    assert!(
+        first.contains("matmul 2364×2364 × 1 iterations is 2.64e10 multiply-adds"),
+        "{first}"
+    );
+    assert!(first.contains("Use a smaller --size"), "{first}");
 }

@@ -66,6 +66,17 @@ pub enum DeviceSource {
 }
 
 impl DeviceSource {
+    /// A short stable name for reports: `requested`, `set_device`,
+    /// `LOCAL_RANK` or `default`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Requested => "requested",
+            Self::ThreadDevice => "set_device",
+            Self::LocalRank => "LOCAL_RANK",
+            Self::Default => "default",
+        }
+    }
+
     /// A short description for diagnostics.
     pub fn as_str(self) -> &'static str {
         match self {
