@@ -130,7 +130,7 @@ impl Plan {
     /// lives in the tail of the first), so that every allocation of a run has
     /// the same size: the device's first-fit allocator then never fragments,
     /// and how many iterations fit in memory can be computed exactly
-    /// ([`in_flight_capacity`]).
+    /// ([`block_capacity`]).
     pub fn block_bytes(&self) -> u64 {
         self.operand_bytes
             .checked_next_multiple_of(ADDRESS_ALIGNMENT)
