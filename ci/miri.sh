@@ -6,9 +6,11 @@
 #               engine threads (round robin, init, faults, device sync, no
 #               lock held while waiting)
 #   mock        spyre-mock's unit tests (engines, scheduler, memory, kernels,
-#               faults, streams, and its C-ABI layer called from Rust)
+#               faults, streams)
+#   capi        spyre-mock-capi's unit tests: the flex.h exports of the
+#               software device, called from Rust
 #
-#   bash ci/miri.sh                 # all three suites
+#   bash ci/miri.sh                 # all four suites
 #   bash ci/miri.sh pool mock       # chosen suites
 #
 # Takes 5-6.5 minutes on 2 cores (sysroot and dependencies ~1 min from
@@ -45,8 +47,9 @@ run_suite() {
         stream-lib) cargo "+$TOOLCHAIN" miri test --locked -p spyre-stream --lib ;;
         pool) cargo "+$TOOLCHAIN" miri test --locked -p spyre-stream --test pool ;;
         mock) cargo "+$TOOLCHAIN" miri test --locked -p spyre-mock --lib ;;
+        capi) cargo "+$TOOLCHAIN" miri test --locked -p spyre-mock-capi --lib ;;
         *)
-            echo "error: unknown suite '$1' (stream-lib, pool, mock)" >&2
+            echo "error: unknown suite '$1' (stream-lib, pool, mock, capi)" >&2
             exit 2
             ;;
     esac
@@ -54,7 +57,7 @@ run_suite() {
 }
 
 suites=("$@")
-[[ ${#suites[@]} -gt 0 ]] || suites=(stream-lib pool mock)
+[[ ${#suites[@]} -gt 0 ]] || suites=(stream-lib pool mock capi)
 for suite in "${suites[@]}"; do
     echo "==> miri $suite"
     run_suite "$suite"

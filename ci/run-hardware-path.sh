@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the main workload (`spyre run`) through the hardware path: the
 # flex-sys loader and flex-rt's FFI backend, on the software device built as
-# a shared library that exports flex.h (libspyre_mock.so). Fails unless the
+# a shared library that exports flex.h (libspyre_mock_capi.so, crate
+# spyre-mock-capi). Fails unless the
 # run used the hardware backend and verified every iteration; prints one
 # summary line.
 #
@@ -19,15 +20,15 @@ size="${SPYRE_CI_SIZE:-64KiB}"
 kernel="${SPYRE_CI_KERNEL:-axpy}"
 
 case "$(uname -s)" in
-    Darwin) lib_name="libspyre_mock.dylib" ;;
-    *) lib_name="libspyre_mock.so" ;;
+    Darwin) lib_name="libspyre_mock_capi.dylib" ;;
+    *) lib_name="libspyre_mock_capi.so" ;;
 esac
 target_dir="${CARGO_TARGET_DIR:-target}"
 [[ "$target_dir" = /* ]] || target_dir="$repo_root/$target_dir"
 lib="$target_dir/release/$lib_name"
 
 echo "run-hardware-path: building the software device as a shared library" >&2
-cargo build --release --locked -p spyre-mock
+cargo build --release --locked -p spyre-mock-capi
 if [[ ! -f "$lib" ]]; then
     echo "run-hardware-path: $lib was not built" >&2
     exit 1

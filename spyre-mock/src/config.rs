@@ -1,7 +1,5 @@
 //! Configuration of the software device: defaults, the builder and its
 //! checks, and parsing of the `SPYRE_MOCK_*` environment variables.
-#![forbid(unsafe_code)]
-
 use std::fmt;
 use std::time::Duration;
 

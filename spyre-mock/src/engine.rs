@@ -8,8 +8,6 @@
 //! (catching any panic), and marks the operation complete. No lock is held
 //! while user code runs, so completions and host functions may launch more
 //! work. Engines stop when the runtime is dropped and nothing is ready.
-#![forbid(unsafe_code)]
-
 use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;

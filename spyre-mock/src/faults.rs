@@ -5,8 +5,6 @@
 //! live on the stream itself: [`crate::MockStream::fail_nth_launch`],
 //! [`crate::MockStream::set_needs_shutdown`] and
 //! [`crate::MockStream::set_slowdown`].
-#![forbid(unsafe_code)]
-
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;

@@ -41,8 +41,6 @@
 //!
 //! Used dims must be at least 1; unused dims, unused argument slots and
 //! reserved bytes must be 0. Kernels that take no alpha ignore it.
-#![forbid(unsafe_code)]
-
 use flex_rt::{CompositeAddress, LogicalAddress};
 
 use crate::memory::MemoryView;

@@ -101,27 +101,14 @@
 //!
 //! # The shared library
 //!
-//! The crate is also built as a `cdylib` (`libspyre_mock.so`) that exports
-//! every function of `flex.h` ([`capi`]), so flex-sys's loader and flex-rt's
-//! FFI backend run against a real dynamically loaded library without a
-//! Spyre card. The library reads the device variables above (at
-//! `flex_get_device_count` and `flex_runtime_create`), and these switches,
-//! which make it misbehave on purpose so that the error paths of its callers
-//! can be tested (details in [`capi`]):
-//!
-//! | variable | effect | read at |
-//! |---|---|---|
-//! | `SPYRE_MOCK_ABI_VERSION=M.m` | `flex_get_api_version` reports `M.m` (e.g. `2.0`, refused by a loader; `1.7`, accepted) | every `flex_get_api_version` |
-//! | `SPYRE_MOCK_UNDEFINED_STATUS=<call>[,<call>…]` | the named functions return status 977 (not in `flex.h`) and do nothing else: a launch enqueues nothing and never calls its completion | `flex_get_device_count`, `flex_runtime_create` (for themselves); runtime creation (for the rest) |
-//! | `SPYRE_MOCK_FAIL_LAUNCH=N` | the `N`th launch on each stream is refused with `FLEX_ERROR_LAUNCH_FAILED` | runtime creation |
-//! | `SPYRE_MOCK_LATE_COMPLETIONS_MS=N` | completions arrive `N` ms late from a delivery thread of the runtime; synchronize and destroy still wait for them | runtime creation |
-//! | `SPYRE_MOCK_FAIL_RUNTIME_CREATE=1` | `flex_runtime_create` fails with `FLEX_ERROR_RUNTIME_FAILED` | `flex_runtime_create` |
-//!
-//! All `unsafe` code of the crate is in [`capi`].
-#![deny(unsafe_code)]
+//! The crate `spyre-mock-capi` builds this device as a flex runtime library
+//! (`libspyre_mock_capi.so`) that exports every function of `flex.h`, so
+//! flex-sys's loader and flex-rt's FFI backend run against a real
+//! dynamically loaded library without a Spyre card; its `SPYRE_MOCK_*`
+//! misbehaviour switches are documented there. This crate has no `unsafe`
+//! code.
+#![forbid(unsafe_code)]
 
-#[allow(unsafe_code)]
-pub mod capi;
 pub mod config;
 mod engine;
 mod faults;
@@ -140,7 +127,7 @@ mod tests;
 pub use config::{MockConfig, MockSystemBuilder};
 pub use engine::live_engine_threads;
 pub use faults::{RuntimeFaults, SystemFaults};
-pub use op::{HostFn, HostSink, HostSource, Op, encode_fill_value};
+pub use op::{HostFn, HostSink, HostSource, Op, encode_fill_value, panic_message};
 pub use runtime::MockRuntime;
 pub use stream::MockStream;
 pub use system::MockSystem;

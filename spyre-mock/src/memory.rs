@@ -18,8 +18,6 @@
 //! live allocated chunk before any byte moves, and a concurrent `free` waits
 //! until the operation is done, so no operation ever touches memory outside
 //! a live allocation.
-#![forbid(unsafe_code)]
-
 use std::collections::{BTreeMap, HashMap};
 
 use flex_rt::{

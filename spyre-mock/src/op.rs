@@ -8,8 +8,6 @@
 //! [`HostSource`] / [`HostSink`] types) and C host functions (a [`HostFn`]
 //! that maps the C status to `Err`). Both get the same validation,
 //! scheduling, completion and error rules.
-#![forbid(unsafe_code)]
-
 use std::fmt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
@@ -264,8 +262,9 @@ pub fn encode_fill_value(value: f64, format: DataFormat) -> Vec<u8> {
     }
 }
 
-/// The message of a caught panic payload.
-pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+/// The message of a caught panic payload (`&str` or `String`), or a fixed
+/// text for any other payload.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     if let Some(s) = payload.downcast_ref::<&str>() {
         (*s).to_string()
     } else if let Some(s) = payload.downcast_ref::<String>() {

@@ -1,6 +1,4 @@
 //! One runtime of the software device: its memory, streams and engines.
-#![forbid(unsafe_code)]
-
 use std::fmt;
 use std::sync::Arc;
 use std::thread::JoinHandle;

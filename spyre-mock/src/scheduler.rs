@@ -6,8 +6,6 @@
 //! among those the one whose front operation was enqueued first. A stream
 //! runs at most one operation at a time: from taking it until its
 //! completion has returned, the stream is *running* and not ready.
-#![forbid(unsafe_code)]
-
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, VecDeque};
 use std::time::Duration;

@@ -1,6 +1,4 @@
 //! One stream of the software device: a FIFO queue of operations.
-#![forbid(unsafe_code)]
-
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,6 +1,4 @@
 //! The software device as a whole: its devices, and the flex-rt backend.
-#![forbid(unsafe_code)]
-
 use std::sync::Arc;
 
 use flex_rt::{Backend, FlexError, Result, Runtime, Status};

@@ -3,9 +3,9 @@
 //! - [`isolated`]: runs a test body in a fresh child process with its own
 //!   environment, for tests of process-global state (the runtime starts once
 //!   per process) and of environment variables.
-//! - [`mock_cdylib`]: the path of spyre-mock's shared library
-//!   (`libspyre_mock.so`, the software device exporting `flex.h`), built on
-//!   first use, so that the FFI path runs in every `cargo test`.
+//! - [`mock_cdylib`]: the path of the software device's flex library
+//!   (`libspyre_mock_capi.so`, crate `spyre-mock-capi`), built on first use,
+//!   so that the FFI path runs in every `cargo test`.
 //! - [`process`]: forking a child with a bounded wait, and changing the
 //!   environment of an isolated test process.
 //! - [`conformance`]: one suite for the `Runtime`/`Stream` contract, run
@@ -83,22 +83,20 @@ pub const MOCK_CDYLIB_ENV: &str = "SPYRE_TESTS_MOCK_CDYLIB";
 
 static MOCK_CDYLIB: OnceLock<PathBuf> = OnceLock::new();
 
-/// The path of spyre-mock's shared library (`libspyre_mock.so`): the
-/// software device as a flex runtime library, for
+/// The path of the software device's flex library
+/// (`libspyre_mock_capi.so`, crate `spyre-mock-capi`), for
 /// `FlexBackend::open(mock_cdylib())`.
 ///
 /// Cargo does not hand a dependency's `cdylib` to tests, so the first call
-/// in a process runs `$CARGO build -p spyre-mock --lib
+/// in a process runs `$CARGO build -p spyre-mock-capi --lib
 /// --message-format=json-render-diagnostics` (`--release` when this crate was
 /// built without debug assertions) and takes the path from the
 /// `compiler-artifact` message. The build uses its own target directory,
 /// `<target>/mock-cdylib`, next to the workspace's profile directories, so it
-/// never waits for or invalidates the outer build's artifacts (spyre-mock's
-/// library file names carry no hash, because it is also a `cdylib`, so a
-/// build with other features in the same directory would overwrite them);
+/// never waits for the lock of the outer build that is running the tests;
 /// cargo's own lock orders concurrent test processes. The first build
-/// compiles spyre-mock and its dependencies there, once per profile; after
-/// that it is a no-op check of a fraction of a second. If [`MOCK_CDYLIB_ENV`] names a
+/// compiles spyre-mock-capi and its dependencies there, once per profile;
+/// after that it is a no-op check of a fraction of a second. If [`MOCK_CDYLIB_ENV`] names a
 /// file, that file is used instead.
 ///
 /// # Panics
@@ -145,7 +143,7 @@ fn build_mock_cdylib() -> Result<PathBuf, String> {
         .arg("build")
         .arg("--manifest-path")
         .arg(&manifest)
-        .args(["-p", "spyre-mock", "--lib"])
+        .args(["-p", "spyre-mock-capi", "--lib"])
         .arg("--target-dir")
         .arg(&target)
         .arg("--message-format=json-render-diagnostics")
@@ -170,20 +168,20 @@ fn build_mock_cdylib() -> Result<PathBuf, String> {
     let stdout = String::from_utf8_lossy(&output.stdout);
     cdylib_from_messages(&stdout).ok_or_else(|| {
         format!(
-            "{shown} succeeded but reported no spyre_mock cdylib artifact ending in {}\n{stderr}",
+            "{shown} succeeded but reported no spyre_mock_capi cdylib artifact ending in {}\n{stderr}",
             std::env::consts::DLL_SUFFIX
         )
     })
 }
 
-/// The path of spyre-mock's `cdylib` in cargo's JSON messages (one per line).
+/// The path of spyre-mock-capi's `cdylib` in cargo's JSON messages (one per line).
 fn cdylib_from_messages(messages: &str) -> Option<PathBuf> {
     messages
         .lines()
         .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
         .filter(|message| {
             message["reason"] == "compiler-artifact"
-                && message["target"]["name"] == "spyre_mock"
+                && message["target"]["name"] == "spyre_mock_capi"
                 && message["target"]["kind"]
                     .as_array()
                     .is_some_and(|kinds| kinds.iter().any(|kind| kind == "cdylib"))
@@ -203,12 +201,16 @@ mod tests {
 
     #[test]
     fn the_cdylib_path_is_taken_from_the_artifact_message() {
-        let library = format!("/t/debug/libspyre_mock{}", std::env::consts::DLL_SUFFIX);
+        let library = format!(
+            "/t/debug/libspyre_mock_capi{}",
+            std::env::consts::DLL_SUFFIX
+        );
         let messages = [
             r#"{"reason":"compiler-artifact","target":{"name":"flex_rt","kind":["lib"]},"filenames":["/t/libflex_rt.rlib"]}"#.to_owned(),
             "not json".to_owned(),
+            r#"{"reason":"compiler-artifact","target":{"name":"spyre_mock","kind":["lib"]},"filenames":["/t/debug/libspyre_mock.rlib"]}"#.to_owned(),
             format!(
-                r#"{{"reason":"compiler-artifact","target":{{"name":"spyre_mock","kind":["rlib","cdylib"]}},"filenames":["/t/debug/libspyre_mock.rlib","{library}"]}}"#
+                r#"{{"reason":"compiler-artifact","target":{{"name":"spyre_mock_capi","kind":["cdylib"]}},"filenames":["{library}"]}}"#
             ),
             r#"{"reason":"build-finished","success":true}"#.to_owned(),
         ]

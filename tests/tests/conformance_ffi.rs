@@ -1,5 +1,5 @@
 //! The conformance suite against the software device as a shared library
-//! (`libspyre_mock.so`, built by `spyre_tests::mock_cdylib`), loaded by
+//! (`libspyre_mock_capi.so`, built by `spyre_tests::mock_cdylib`), loaded by
 //! flex-sys and driven through flex-rt's FFI backend (`FlexBackend`). This
 //! is the hardware path of the workspace, run without hardware.
 //!

@@ -1,5 +1,5 @@
 //! flex-rt's FFI backend against a misbehaving library: the mock shared
-//! library with its `SPYRE_MOCK_*` switches (see `spyre_mock::capi`). Each
+//! library with its `SPYRE_MOCK_*` switches (see the `spyre-mock-capi` crate). Each
 //! test runs in a fresh process (`isolated`) with only the switches it names.
 //!
 //! What is checked is what flex.h promises and flex-rt builds on: a status

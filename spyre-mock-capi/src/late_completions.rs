@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use flex_sys::bindings::flex_status_t;
 use parking_lot::{Condvar, Mutex};
 
-use super::host::CCompletion;
+use crate::host_side::CCompletion;
 
 /// One completion waiting for its time.
 struct Item {

@@ -10,7 +10,7 @@ use flex_sys::bindings::{
     FLEX_ERROR_INTERNAL, FLEX_ERROR_INVALID_ARGUMENT, FLEX_ERROR_INVALID_HANDLE, flex_status_t,
 };
 
-use crate::op::panic_message;
+use spyre_mock::panic_message;
 
 /// Why an exported call failed: the status it returns and the message it
 /// leaves as the thread's last error.

@@ -7,7 +7,10 @@ use std::time::Duration;
 use flex_sys::bindings::{FLEX_API_VERSION_MAJOR, FLEX_API_VERSION_MINOR};
 use flex_sys::make_api_version;
 
-use crate::MockConfig;
+use flex_sys::bindings::FLEX_ERROR_RUNTIME_FAILED;
+use spyre_mock::MockConfig;
+
+use crate::boundary::Failure;
 
 /// `SPYRE_MOCK_ABI_VERSION=M.m`: the version `flex_get_api_version` reports.
 pub const ENV_ABI_VERSION: &str = "SPYRE_MOCK_ABI_VERSION";
@@ -153,4 +156,15 @@ pub(super) fn config(lookup: impl FnMut(&str) -> Option<String>) -> Result<MockC
 /// that is not Unicode is converted lossily).
 pub(super) fn process_env(name: &str) -> Option<String> {
     std::env::var_os(name).map(|value| value.to_string_lossy().into_owned())
+}
+
+/// The environment switches for a call without a runtime.
+pub(crate) fn env_switches() -> Result<Switches, Failure> {
+    Switches::from_lookup(process_env)
+        .map_err(|message| Failure::new(FLEX_ERROR_RUNTIME_FAILED, message))
+}
+
+/// The device configuration from the environment.
+pub(crate) fn env_config() -> Result<MockConfig, Failure> {
+    config(process_env).map_err(|message| Failure::new(FLEX_ERROR_RUNTIME_FAILED, message))
 }

@@ -23,10 +23,13 @@ use flex_rt::Stream;
 use flex_sys::bindings::{flex_runtime_t, flex_stream_t};
 use parking_lot::Mutex;
 
-use super::boundary::Failure;
-use super::late::LateThread;
-use super::switches::Switches;
-use crate::{MockRuntime, MockStream};
+use flex_sys::bindings::FLEX_ERROR_UNSUPPORTED;
+
+use crate::boundary::Failure;
+use crate::fault_switches::Switches;
+use crate::host_side::in_callback_of;
+use crate::late_completions::LateThread;
+use spyre_mock::{MockRuntime, MockStream};
 
 /// Everything behind one runtime handle.
 ///
@@ -272,4 +275,18 @@ pub(super) fn live_streams_of(state: &Arc<RuntimeState>) -> usize {
         .values()
         .filter(|entry| Arc::ptr_eq(&entry.runtime, state))
         .count()
+}
+
+/// Refuses a call that would wait for the callback this thread is running.
+pub(crate) fn refuse_in_callback(state: &Arc<RuntimeState>, call: &str) -> Result<(), Failure> {
+    if in_callback_of(state.key()) {
+        Err(Failure::new(
+            FLEX_ERROR_UNSUPPORTED,
+            format!(
+                "{call} was called from a completion or host function of the same runtime, which flex.h forbids; it would wait for itself"
+            ),
+        ))
+    } else {
+        Ok(())
+    }
 }

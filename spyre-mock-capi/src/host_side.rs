@@ -7,8 +7,8 @@ use std::ffi::c_void;
 
 use flex_sys::bindings::{FLEX_SUCCESS, flex_completion_t, flex_status_t};
 
-use super::boundary::status_name;
-use crate::op::{HostSink, HostSource};
+use crate::boundary::status_name;
+use spyre_mock::{HostSink, HostSource};
 
 /// Host memory an H2D copy reads: `len` bytes at `ptr`, as passed to
 /// `flex_launch_h2d`.

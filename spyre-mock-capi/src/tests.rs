@@ -11,9 +11,19 @@ use std::time::{Duration, Instant};
 use flex_sys::bindings::{self as sys, FlexApi};
 use parking_lot::Mutex;
 
-use super::*;
-use crate::MockSystemBuilder;
-use crate::kernel::KernelDescriptor;
+use spyre_mock::MockSystemBuilder;
+use spyre_mock::kernel::KernelDescriptor;
+
+use flex_rt::Runtime;
+use flex_sys::bindings::{
+    FLEX_ERROR_NO_DEVICE, FLEX_ERROR_RUNTIME_FAILED, FLEX_NOT_READY, FLEX_SUCCESS,
+    flex_completion_t, flex_composite_address_t, flex_runtime_t, flex_status_t, flex_stream_t,
+};
+
+use crate::fault_switches::{self, Switches};
+use crate::handles;
+use crate::runtime::start_runtime;
+use crate::*;
 
 // ---------------------------------------------------------------------------
 // Harness
@@ -31,7 +41,7 @@ impl Rt {
             .build_config()
             .unwrap();
         let state = start_runtime(0, config, switches).unwrap();
-        Self(registry::register_runtime(state))
+        Self(handles::register_runtime(state))
     }
 
     fn new() -> Self {
@@ -237,8 +247,8 @@ fn every_flex_h_function_is_exported_with_its_signature() {
     // flex.h: 23 functions, of which all but the version and the two string
     // getters return a status.
     assert_eq!(flex_sys::REQUIRED_SYMBOLS.len(), 23);
-    assert_eq!(switches::status_calls().count(), 20);
-    assert!(switches::status_calls().all(|call| call != "flex_status_string"));
+    assert_eq!(fault_switches::status_calls().count(), 20);
+    assert!(fault_switches::status_calls().all(|call| call != "flex_status_string"));
 }
 
 #[test]
@@ -262,7 +272,7 @@ fn status_strings_are_the_header_names() {
 
 #[test]
 fn api_version_is_the_header_version_or_the_switch() {
-    let version = |value: Option<&str>| switches::abi_version(|_| value.map(str::to_owned));
+    let version = |value: Option<&str>| fault_switches::abi_version(|_| value.map(str::to_owned));
     assert_eq!(version(None), 0x0001_0000);
     assert_eq!(version(Some("")), 0x0001_0000);
     assert_eq!(version(Some("2.0")), 0x0002_0000);
@@ -546,8 +556,8 @@ fn streams_have_ids_priorities_and_one_default() {
         FLEX_SUCCESS
     );
     assert_eq!(device, 0);
-    let state = registry::runtime(rt.0).unwrap();
-    assert_eq!(registry::live_streams_of(&state), 3);
+    let state = handles::runtime(rt.0).unwrap();
+    assert_eq!(handles::live_streams_of(&state), 3);
 
     let mut out = ptr::null_mut();
     // SAFETY: a live handle and a valid out pointer; the arguments are refused.
@@ -635,7 +645,7 @@ fn the_exported_create_and_count_use_the_default_configuration() {
 #[test]
 fn allocation_reports_the_chunks_needed_when_capacity_is_short() {
     let rt = Rt::new();
-    let state = registry::runtime(rt.0).unwrap();
+    let state = handles::runtime(rt.0).unwrap();
     let free = state.runtime.free_memory_bytes();
     let mut chunks = [sys::flex_address_chunk_t::default(); 3];
     let mut count = 0usize;
