@@ -175,6 +175,7 @@ mod tests {
     static_assertions::assert_impl_all!(HostBuffer: Send, Sync);
     static_assertions::assert_impl_all!(ReadLease: Send);
     static_assertions::assert_impl_all!(WriteLease: Send);
+    static_assertions::assert_impl_all!(crate::program::KernelDescriptor: Send, Sync, Copy);
 
     #[test]
     fn read_leases_share_and_exclude_writers() {

@@ -21,6 +21,7 @@ mod error;
 #[cfg(unix)]
 pub mod ffi;
 mod launch;
+pub mod program;
 mod status;
 mod traits;
 mod types;
@@ -36,8 +37,8 @@ pub use ffi::{
 };
 pub use flex_sys::fork;
 #[cfg(unix)]
-pub use flex_sys::{AbiVersion, FlexLibrary, LoadError};
+pub use flex_sys::{AbiVersion, FlexLibrary, LoadError, RUNTIME_LIB_ENV};
 pub use launch::{Completion, HostCallback, LaunchOptions};
 pub use status::Status;
 pub use traits::{Backend, Runtime, Stream, check_copy_size, check_fill_size};
-pub use types::{DataFormat, StreamMode, StreamPriority};
+pub use types::{DataFormat, MemoryLayout, StreamMode, StreamPriority};

@@ -3,8 +3,8 @@
 use std::fmt;
 
 use crate::{
-    CompositeAddress, DataFormat, FlexError, HostBuffer, HostCallback, LaunchOptions, Result,
-    StreamMode, StreamPriority,
+    CompositeAddress, DataFormat, FlexError, HostBuffer, HostCallback, LaunchOptions, MemoryLayout,
+    Result, StreamMode, StreamPriority,
 };
 
 /// A loaded device runtime library, or the software device: it counts the
@@ -87,6 +87,13 @@ pub trait Runtime: Send + Sync + fmt::Debug {
     /// [`crate::Status::INVALID_ARGUMENT`] when `address` is not a live
     /// allocation of this runtime; nothing is freed then.
     fn free(&self, address: &CompositeAddress) -> Result<()>;
+
+    /// The layout of this runtime's device memory, or `None` when the
+    /// backend cannot tell (flex.h 1.0 has no call for it, so the FFI backend
+    /// returns `None`). The default implementation returns `None`.
+    fn memory_layout(&self) -> Option<MemoryLayout> {
+        None
+    }
 }
 
 /// One hardware queue (`flex::RuntimeStream`): operations run in submission

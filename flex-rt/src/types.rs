@@ -142,6 +142,38 @@ impl DataFormat {
     }
 }
 
+/// How a device's memory is laid out, as far as allocation is concerned:
+/// `total_bytes` of memory in regions of `region_bytes` (the last region is
+/// smaller when `region_bytes` does not divide `total_bytes`). A chunk of an
+/// allocation never crosses a region, so one chunk holds at most
+/// `region_bytes`; a kernel operand, which must lie in one chunk, too.
+///
+/// Reported by [`Runtime::memory_layout`](crate::Runtime::memory_layout)
+/// where the backend knows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MemoryLayout {
+    /// Device memory of the runtime, in bytes.
+    pub total_bytes: u64,
+    /// Size of one memory region, in bytes (at least 128, at most
+    /// `total_bytes`).
+    pub region_bytes: u64,
+}
+
+impl MemoryLayout {
+    /// How many blocks of `block` bytes the memory holds at once, each in
+    /// one region: the blocks that fit whole in each region, added up. Exact
+    /// for a first-fit allocator when every allocation has the size `block`
+    /// (rounded to 128 bytes); 0 when `block` is 0 or larger than a region.
+    pub fn blocks_held(&self, block: u64) -> u64 {
+        if self.region_bytes == 0 || block == 0 {
+            return 0;
+        }
+        let full_regions = self.total_bytes / self.region_bytes;
+        let last = self.total_bytes % self.region_bytes;
+        full_regions.saturating_mul(self.region_bytes / block) + last / block
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -178,5 +210,25 @@ mod tests {
                 .message()
                 .contains("format -3")
         );
+    }
+
+    #[test]
+    fn blocks_held_counts_whole_blocks_per_region() {
+        let layout = |total_bytes, region_bytes| MemoryLayout {
+            total_bytes,
+            region_bytes,
+        };
+        // 1 GiB in four 256 MiB regions; 100 MiB + 128 blocks: two per region.
+        let block = 100 * (1 << 20) + 128;
+        assert_eq!(layout(1 << 30, 256 << 20).blocks_held(block), 8);
+        // Bytes alone would suggest 10 (1 GiB / 100 MiB): packing is what counts.
+        assert_eq!((1u64 << 30) / block, 10);
+        // A last region smaller than the others: 1000 bytes in regions of 384
+        // are 384 + 384 + 232; blocks of 128 fit 3 + 3 + 1.
+        assert_eq!(layout(1000, 384).blocks_held(128), 7);
+        assert_eq!(layout(1 << 20, 1 << 20).blocks_held(1 << 20), 1);
+        assert_eq!(layout(1 << 20, 1 << 20).blocks_held((1 << 20) + 1), 0);
+        assert_eq!(layout(1 << 20, 0).blocks_held(128), 0);
+        assert_eq!(layout(1 << 20, 1 << 20).blocks_held(0), 0);
     }
 }

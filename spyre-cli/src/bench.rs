@@ -11,10 +11,9 @@ use std::hint::black_box;
 use std::io::IsTerminal as _;
 use std::time::{Duration, Instant};
 
-use flex_rt::{HostBuffer, LaunchOptions, Status};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
-use spyre_stream::{Device, SpyreStream, StreamPool};
+use spyre_stream::{Device, HostBuffer, LaunchOptions, SpyreStream, Status};
 
 use crate::cli::BenchArgs;
 use crate::error::CliError;
@@ -159,21 +158,9 @@ pub fn bench(args: &BenchArgs) -> Result<BenchReport, CliError> {
 
     for &size in &args.sizes {
         progress.start(&format!("H2D bandwidth, {}", format_size(size)));
-        results.push(bandwidth(
-            pool,
-            stream,
-            budget,
-            size,
-            Direction::HostToDevice,
-        )?);
+        results.push(bandwidth(stream, budget, size, Direction::HostToDevice)?);
         progress.start(&format!("D2H bandwidth, {}", format_size(size)));
-        results.push(bandwidth(
-            pool,
-            stream,
-            budget,
-            size,
-            Direction::DeviceToHost,
-        )?);
+        results.push(bandwidth(stream, budget, size, Direction::DeviceToHost)?);
     }
     progress.finish();
     Ok(BenchReport {
@@ -228,7 +215,6 @@ enum Direction {
 /// Copies of `size` bytes in batches (each batch enqueued, then one
 /// synchronize), reported in GB/s.
 fn bandwidth(
-    pool: &StreamPool<'static>,
     stream: SpyreStream,
     budget: Duration,
     size: u64,
@@ -236,16 +222,14 @@ fn bandwidth(
 ) -> Result<BenchResult, CliError> {
     let len = usize::try_from(size)
         .map_err(|_| CliError::Usage(format!("--sizes {size} is too large for this host")))?;
-    let runtime = pool.runtime();
-    let device = runtime.allocate(size).map_err(|e| {
-        if e.status() == Status::OUT_OF_MEMORY {
+    let device = spyre_stream::allocate(Device::CURRENT, size).map_err(|e| match e {
+        spyre_stream::Error::Flex(flex) if flex.status() == Status::OUT_OF_MEMORY => {
             CliError::Usage(format!(
-                "--sizes {size} ({}) does not fit in device memory: {e}",
+                "--sizes {size} ({}) does not fit in device memory: {flex}",
                 format_size(size)
             ))
-        } else {
-            CliError::stream("allocating device memory", e.into())
         }
+        other => CliError::stream("allocating device memory", other),
     })?;
     let copies = (BATCH_BYTES / size).clamp(1, MAX_COPIES_PER_BATCH);
     // A D2H copy holds its host buffer exclusively until it completes, so
@@ -267,9 +251,9 @@ fn bandwidth(
             .synchronize()
             .map_err(stream_error("synchronizing the stream"))
     });
-    let freed = runtime.free(&device);
+    let freed = spyre_stream::free(Device::CURRENT, &device);
     let (operations, elapsed) = timed?;
-    freed.map_err(|e| CliError::stream("freeing device memory", e.into()))?;
+    freed.map_err(|e| CliError::stream("freeing device memory", e))?;
     let seconds = elapsed.as_secs_f64();
     Ok(BenchResult {
         name: match direction {

@@ -9,7 +9,7 @@
 use std::fmt;
 use std::process::ExitCode;
 
-use flex_rt::{FlexError, Status};
+use spyre_stream::FlexError;
 
 /// Exit code for success.
 pub const EXIT_OK: u8 = 0;
@@ -66,18 +66,16 @@ impl CliError {
 /// value) rather than that the device failed.
 fn is_configuration_error(error: &spyre_stream::Error) -> bool {
     use spyre_stream::Error;
-    match error {
+    matches!(
+        error,
         Error::InvalidEnv { .. }
-        | Error::Load(_)
-        | Error::BackendUnavailable(_)
-        | Error::DeviceOutOfRange { .. }
-        | Error::InvalidHostComputeStreams { .. }
-        | Error::InvalidDeviceIndex { .. } => true,
-        Error::Flex(flex) => {
-            flex.status() == Status::INVALID_ARGUMENT && flex.call() == "MockSystem::from_env"
-        }
-        _ => false,
-    }
+            | Error::BackendConfig(_)
+            | Error::Load(_)
+            | Error::BackendUnavailable(_)
+            | Error::DeviceOutOfRange { .. }
+            | Error::InvalidHostComputeStreams { .. }
+            | Error::InvalidDeviceIndex { .. }
+    )
 }
 
 impl fmt::Display for CliError {
@@ -211,6 +209,8 @@ impl fmt::Display for IterationFailure {
 
 #[cfg(test)]
 mod tests {
+    use spyre_stream::Status;
+
     use super::*;
 
     fn place() -> IterationPlace {

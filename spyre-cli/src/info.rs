@@ -80,14 +80,7 @@ pub struct InfoReport {
 /// The environment variables shown: the stream layer's, the hardware
 /// backend's and the software device's.
 pub fn environment_variables() -> Vec<&'static str> {
-    let mut names = vec![
-        env::LOCAL_RANK,
-        env::NUM_HOST_COMPUTE_STREAMS,
-        env::HAZARD_TRACKER,
-        env::BACKEND,
-        "FLEX_RUNTIME_LIB",
-    ];
-    names.extend(spyre_mock::config::ENV_VARS);
+    let mut names = env::variables();
     names.push("RUST_LOG");
     names
 }

@@ -25,13 +25,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use flex_rt::{
-    ADDRESS_ALIGNMENT, CompositeAddress, FlexError, HostBuffer, LaunchOptions, LogicalAddress,
-    Runtime, Status,
-};
 use indicatif::{ProgressBar, ProgressStyle};
-use spyre_mock::kernel::{DESCRIPTOR_SIZE, KernelDescriptor};
-use spyre_stream::{Device, DeviceSource, SpyreStream};
+use spyre_stream::program::{DESCRIPTOR_SIZE, KernelDescriptor};
+use spyre_stream::{
+    ADDRESS_ALIGNMENT, CompositeAddress, Device, DeviceSource, FlexError, HostBuffer,
+    LaunchOptions, LogicalAddress, MemoryLayout, SpyreStream, Status,
+};
 
 use crate::cli::{KernelArg, RunArgs};
 use crate::error::{CliError, FailureKind, IterationFailure, IterationPlace};
@@ -130,7 +129,7 @@ impl Plan {
     /// lives in the tail of the first), so that every allocation of a run has
     /// the same size: the device's first-fit allocator then never fragments,
     /// and how many iterations fit in memory can be computed exactly
-    /// ([`block_capacity`]).
+    /// ([`MemoryLayout::blocks_held`]).
     pub fn block_bytes(&self) -> u64 {
         self.operand_bytes
             .checked_next_multiple_of(ADDRESS_ALIGNMENT)
@@ -195,7 +194,11 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
     spyre_stream::start_runtime().map_err(|e| CliError::stream("starting the Spyre runtime", e))?;
     let info = spyre_stream::runtime_info()
         .ok_or_else(|| CliError::Failed("the Spyre runtime did not start".into()))?;
-    check_capacity(&plan, args, &info.backend_details)?;
+    let layout = spyre_stream::memory_layout(Device::CURRENT)
+        .map_err(|e| CliError::stream("reading the device's memory layout", e))?;
+    if let Some(layout) = layout {
+        check_capacity(&plan, args, layout)?;
+    }
     if plan.kernel == KernelArg::Matmul
         && info.backend == "mock"
         && let Some(warning) =
@@ -203,8 +206,6 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
     {
         eprintln!("{warning}");
     }
-    let pool = spyre_stream::global_pool()
-        .map_err(|e| CliError::stream("using the process's stream pool", e))?;
     tracing::info!(
         backend = info.backend,
         kernel = plan.kernel.name(),
@@ -217,7 +218,6 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
     let shared = Shared {
         plan,
         args,
-        runtime: pool.runtime(),
         stop: AtomicBool::new(false),
         failures: Mutex::new(Vec::new()),
         progress: progress.clone(),
@@ -283,38 +283,16 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
         wall,
     })
 }
-/// How many blocks of `block` bytes the software device holds at once: its
-/// memory is `memory` bytes in regions of `region` bytes (the last one
-/// smaller when `region` does not divide `memory`), and a block must lie in
-/// one region. Exact when every allocation has the same size, as in a run.
-pub fn block_capacity(memory: u64, region: u64, block: u64) -> u64 {
-    if region == 0 || block == 0 {
-        return 0;
-    }
-    let full_regions = memory / region;
-    let last = memory % region;
-    full_regions.saturating_mul(region / block) + last / block
-}
-
 /// Refuses a run that the software device's memory cannot hold, before any
 /// work starts: an operand larger than a region, or more iterations in
 /// flight than the device holds blocks for. With the memory layout known
 /// (the software device reports it), an accepted run never runs out of
 /// device memory.
-fn check_capacity(
-    plan: &Plan,
-    args: &RunArgs,
-    details: &[(&'static str, String)],
-) -> Result<(), CliError> {
-    let detail = |name: &str| {
-        details
-            .iter()
-            .find(|(key, _)| *key == name)
-            .and_then(|(_, value)| value.parse::<u64>().ok())
-    };
-    let (Some(memory), Some(region)) = (detail("memory_bytes"), detail("region_bytes")) else {
-        return Ok(());
-    };
+fn check_capacity(plan: &Plan, args: &RunArgs, layout: MemoryLayout) -> Result<(), CliError> {
+    let MemoryLayout {
+        total_bytes: memory,
+        region_bytes: region,
+    } = layout;
     let block = plan.block_bytes();
     if block > region {
         let largest_operand = (region - DESCRIPTOR_BYTES) / ADDRESS_ALIGNMENT * ADDRESS_ALIGNMENT;
@@ -328,7 +306,7 @@ fn check_capacity(
             largest_operand.saturating_mul(3)
         )));
     }
-    let blocks_held = block_capacity(memory, region, block);
+    let blocks_held = layout.blocks_held(block);
     let iterations_held = blocks_held / BLOCKS_PER_ITERATION;
     if iterations_held == 0 {
         return Err(CliError::Usage(format!(
@@ -368,7 +346,6 @@ fn progress_bar(total: u64) -> ProgressBar {
 struct Shared<'a> {
     plan: Plan,
     args: &'a RunArgs,
-    runtime: &'static dyn Runtime,
     /// Set when any iteration fails: the others stop submitting.
     stop: AtomicBool,
     /// Failures in the order they were found.
@@ -401,10 +378,10 @@ struct DeviceMemory {
 
 impl DeviceMemory {
     /// Frees every allocation; all are attempted, the first error is returned.
-    fn free(self, runtime: &dyn Runtime) -> Result<(), FlexError> {
+    fn free(self) -> Result<(), spyre_stream::Error> {
         let mut first = Ok(());
         for address in &self.addresses {
-            if let Err(e) = runtime.free(address)
+            if let Err(e) = spyre_stream::free(Device::CURRENT, address)
                 && first.is_ok()
             {
                 first = Err(e);
@@ -509,7 +486,7 @@ impl Shared<'_> {
         let operands = match self.allocate_operands(&mut memory, place) {
             Ok(operands) => operands,
             Err(failure) => {
-                if let Err(e) = memory.free(self.runtime) {
+                if let Err(e) = memory.free() {
                     tracing::warn!(error = %e, "freeing device memory failed");
                 }
                 return Err(failure);
@@ -647,25 +624,26 @@ impl Shared<'_> {
         bytes: u64,
         place: IterationPlace,
     ) -> Result<CompositeAddress, IterationFailure> {
-        let address = self
-            .runtime
-            .allocate(bytes)
-            .map_err(|source| IterationFailure {
+        let address =
+            spyre_stream::allocate(Device::CURRENT, bytes).map_err(|error| IterationFailure {
                 place,
-                kind: if source.status() == Status::OUT_OF_MEMORY {
-                    FailureKind::OutOfMemory { bytes, source }
-                } else {
-                    FailureKind::Device {
-                        step: format!("allocating {bytes} bytes of device memory"),
-                        source: source.into(),
+                kind: match error {
+                    spyre_stream::Error::Flex(source)
+                        if source.status() == Status::OUT_OF_MEMORY =>
+                    {
+                        FailureKind::OutOfMemory { bytes, source }
                     }
+                    source => FailureKind::Device {
+                        step: format!("allocating {bytes} bytes of device memory"),
+                        source,
+                    },
                 },
             })?;
         if address.chunks().len() == 1 {
             return Ok(address);
         }
         let chunks = address.chunks().len();
-        if let Err(e) = self.runtime.free(&address) {
+        if let Err(e) = spyre_stream::free(Device::CURRENT, &address) {
             tracing::warn!(error = %e, "freeing a split allocation failed");
         }
         Err(IterationFailure {
@@ -689,7 +667,7 @@ impl Shared<'_> {
         if let Err(e) = stream.synchronize() {
             tracing::debug!(stream = stream.id().get(), error = %e, "stream failed while releasing an iteration");
         }
-        if let Err(e) = memory.free(self.runtime) {
+        if let Err(e) = memory.free() {
             tracing::warn!(error = %e, "freeing device memory failed");
         }
     }
@@ -722,7 +700,7 @@ impl Shared<'_> {
             // The stream's first error says more than the D2H's
             // STREAM_FAILED; synchronize returns it (errors are sticky).
             let first = stream.synchronize().err();
-            if let Err(e) = memory.free(self.runtime) {
+            if let Err(e) = memory.free() {
                 tracing::warn!(error = %e, "freeing device memory failed");
             }
             let source = match (first, completion) {
@@ -737,8 +715,8 @@ impl Shared<'_> {
             return Err(device_error("running the iteration", source));
         }
         memory
-            .free(self.runtime)
-            .map_err(|e| device_error("freeing device memory", e.into()))?;
+            .free()
+            .map_err(|e| device_error("freeing device memory", e))?;
         verify::check_bitwise(&expected, &output.read()).map_err(|mismatch| IterationFailure {
             place,
             kind: FailureKind::Mismatch(mismatch),
@@ -780,21 +758,6 @@ mod tests {
     }
 
     #[test]
-    fn block_capacity_counts_whole_blocks_per_region() {
-        // 1 GiB in four 256 MiB regions; 100 MiB + 128 blocks: two per region.
-        let block = 100 * (1 << 20) + 128;
-        assert_eq!(block_capacity(1 << 30, 256 << 20, block), 8);
-        // Bytes alone would suggest 10 (1 GiB / 100 MiB): packing is what counts.
-        assert_eq!((1u64 << 30) / block, 10);
-        // A last region smaller than the others: 1000 bytes in regions of 384
-        // are 384 + 384 + 232; blocks of 128 fit 3 + 3 + 1.
-        assert_eq!(block_capacity(1000, 384, 128), 7);
-        assert_eq!(block_capacity(1 << 20, 1 << 20, 1 << 20), 1);
-        assert_eq!(block_capacity(1 << 20, 1 << 20, (1 << 20) + 1), 0);
-        assert_eq!(block_capacity(1 << 20, 0, 128), 0);
-    }
-
-    #[test]
     fn too_small_sizes_name_the_value() {
         for kernel in [KernelArg::Axpy, KernelArg::Matmul] {
             let err = Plan::new(kernel, 11).unwrap_err();
@@ -810,7 +773,7 @@ mod tests {
         let plan = Plan::new(KernelArg::Matmul, 4096).unwrap();
         let at = |offset| {
             CompositeAddress::single(
-                flex_rt::LogicalAddress {
+                LogicalAddress {
                     region_id: 1,
                     offset,
                 },

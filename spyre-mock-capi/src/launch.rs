@@ -86,7 +86,7 @@ pub unsafe extern "C" fn flex_launch_d2h(
 }
 
 /// `flex_launch_compute`: runs the kernel descriptor stored at `program`
-/// (see [`spyre_mock::kernel`]); a program the device cannot run fails the
+/// (see [`flex_rt::program`]); a program the device cannot run fails the
 /// operation with `FLEX_ERROR_EXECUTION_FAILED`.
 ///
 /// # Safety

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use flex_sys::bindings::{self as sys, FlexApi};
 use parking_lot::Mutex;
 
+use flex_rt::program::KernelDescriptor;
 use spyre_mock::MockSystemBuilder;
-use spyre_mock::kernel::KernelDescriptor;
 
 use flex_rt::Runtime;
 use flex_sys::bindings::{

@@ -73,8 +73,9 @@
 //!
 //! # Compute
 //!
-//! The program at a compute address is a 128-byte [`kernel::KernelDescriptor`]
-//! naming one of the kernels copy, fill, add, mul, axpy and matmul; results
+//! The program at a compute address is a 128-byte
+//! [`KernelDescriptor`](flex_rt::program::KernelDescriptor) of the device
+//! contract naming one of the kernels copy, fill, add, mul, axpy and matmul; results
 //! equal the host functions in [`reference`](mod@reference) bit for bit.
 //!
 //! # Timing and faults
@@ -112,7 +113,7 @@
 pub mod config;
 mod engine;
 mod faults;
-pub mod kernel;
+mod kernel;
 mod memory;
 mod op;
 pub mod reference;
@@ -142,5 +143,4 @@ mod assertions {
     static_assertions::assert_impl_all!(SystemFaults: Send, Sync);
     static_assertions::assert_impl_all!(RuntimeFaults: Send, Sync);
     static_assertions::assert_impl_all!(Op: Send);
-    static_assertions::assert_impl_all!(kernel::KernelDescriptor: Send, Sync, Copy);
 }

@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use flex_rt::{
     ADDRESS_ALIGNMENT, AddressChunk, CompositeAddress, FlexError, LogicalAddress,
-    MAX_ADDRESS_CHUNKS, Result, Status,
+    MAX_ADDRESS_CHUNKS, MemoryLayout, Result, Status,
 };
 use parking_lot::{RwLock, RwLockReadGuard};
 
@@ -80,6 +80,7 @@ impl Allocations {
 /// allocation table for writing, operations take it for reading.
 pub(crate) struct DeviceMemory {
     capacity: u64,
+    region_bytes: u64,
     regions: Vec<Region>,
     allocs: RwLock<Allocations>,
 }
@@ -130,8 +131,17 @@ impl DeviceMemory {
         }
         Self {
             capacity,
+            region_bytes,
             regions,
             allocs: RwLock::new(allocs),
+        }
+    }
+
+    /// The memory's size and region size.
+    pub(crate) fn layout(&self) -> MemoryLayout {
+        MemoryLayout {
+            total_bytes: self.capacity,
+            region_bytes: self.region_bytes,
         }
     }
 

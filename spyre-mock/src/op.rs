@@ -95,7 +95,7 @@ pub enum Op {
     },
     /// Runs the kernel descriptor stored at `program` (see [`crate::kernel`]).
     Compute {
-        /// Device address of a [`crate::kernel::KernelDescriptor`].
+        /// Device address of a [`flex_rt::program::KernelDescriptor`].
         program: CompositeAddress,
     },
     /// Fills `dst` with `value` converted to `format` (see

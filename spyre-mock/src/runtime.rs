@@ -4,7 +4,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use flex_rt::{
-    CompositeAddress, FlexError, Result, Runtime, Status, Stream, StreamMode, StreamPriority,
+    CompositeAddress, FlexError, MemoryLayout, Result, Runtime, Status, Stream, StreamMode,
+    StreamPriority,
 };
 
 use crate::MockConfig;
@@ -200,6 +201,10 @@ impl Runtime for MockRuntime {
 
     fn free(&self, address: &CompositeAddress) -> Result<()> {
         self.device.memory.free(address)
+    }
+
+    fn memory_layout(&self) -> Option<MemoryLayout> {
+        Some(self.device.memory.layout())
     }
 }
 

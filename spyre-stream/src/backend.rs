@@ -86,11 +86,14 @@ pub fn parse_backend(raw: Option<&str>) -> Result<BackendKind> {
 /// `FLEX_RUNTIME_LIB` and the default library names.
 ///
 /// # Errors
-/// The mock's configuration error, or the library's load error.
+/// [`Error::BackendConfig`] for the mock's configuration, or the library's
+/// load error.
 pub(crate) fn create(kind: BackendKind) -> Result<Box<dyn Backend>> {
     match kind {
         #[cfg(feature = "mock")]
-        BackendKind::Mock => Ok(Box::new(spyre_mock::MockSystem::from_env()?)),
+        BackendKind::Mock => Ok(Box::new(
+            spyre_mock::MockSystem::from_env().map_err(Error::BackendConfig)?,
+        )),
         #[cfg(feature = "hardware")]
         BackendKind::Hardware => Ok(Box::new(
             flex_rt::FlexBackend::load().map_err(|e| Error::Load(std::sync::Arc::new(e)))?,

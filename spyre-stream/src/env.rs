@@ -16,6 +16,23 @@ pub const HAZARD_TRACKER: &str = "SPYRE_HAZARD_TRACKER";
 /// `mock` or `hardware`: the backend, when both are compiled in.
 pub const BACKEND: &str = "SPYRE_BACKEND";
 
+/// Every environment variable the stream layer and its backends read, in a
+/// stable order: this crate's, then `FLEX_RUNTIME_LIB` (the hardware
+/// backend's), then the software device's `SPYRE_MOCK_*` when feature `mock`
+/// is on.
+pub fn variables() -> Vec<&'static str> {
+    let mut names = vec![
+        LOCAL_RANK,
+        NUM_HOST_COMPUTE_STREAMS,
+        HAZARD_TRACKER,
+        BACKEND,
+        flex_rt::RUNTIME_LIB_ENV,
+    ];
+    #[cfg(feature = "mock")]
+    names.extend(spyre_mock::config::ENV_VARS);
+    names
+}
+
 /// Largest logical device index (`c10::DeviceIndex` is an `i8`).
 pub const MAX_DEVICE_INDEX: u8 = 127;
 

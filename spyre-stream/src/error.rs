@@ -134,6 +134,12 @@ pub enum Error {
     #[error("{0}")]
     BackendUnavailable(String),
 
+    /// The backend's configuration in the environment is invalid (a
+    /// malformed or out-of-range `SPYRE_MOCK_*` value); the message names the
+    /// variable and its value.
+    #[error("{0}")]
+    BackendConfig(FlexError),
+
     /// The runtime library could not be loaded.
     #[error(transparent)]
     Load(#[from] std::sync::Arc<flex_rt::LoadError>),

@@ -141,6 +141,7 @@ pub mod env;
 mod error;
 mod global;
 mod id;
+mod memory;
 mod pool;
 mod state;
 mod stream;
@@ -150,7 +151,10 @@ pub use backend::{BackendKind, parse_backend};
 pub use current::{StreamGuard, current_stream, set_current_stream};
 pub use device::Device;
 pub use error::{Error, Result};
-pub use flex_rt::{CompositeAddress, DataFormat, FlexError, HostBuffer, LaunchOptions};
+pub use flex_rt::{
+    ADDRESS_ALIGNMENT, CompositeAddress, DataFormat, FlexError, HostBuffer, LaunchOptions,
+    LogicalAddress, MemoryLayout, Status, program,
+};
 pub use global::{
     DeviceSource, RuntimeInfo, current_device, default_stream, default_stream_handle, device_count,
     device_state, free_runtime, global_pool, hazard_tracker_enabled, host_compute_stream,
@@ -161,6 +165,7 @@ pub use id::{
     DEFAULT_HOST_COMPUTE_STREAMS, HIGH_POOL_END, HIGH_POOL_START, HOST_COMPUTE_START,
     MAX_HOST_COMPUTE_STREAMS, NORMAL_POOL_END, NORMAL_POOL_START, STREAMS_PER_POOL, StreamId,
 };
+pub use memory::{allocate, free, memory_layout};
 pub use pool::{PoolConfig, StreamPool};
 pub use state::{DeviceState, StreamErrorState};
 pub use stream::SpyreStream;

@@ -6,8 +6,8 @@
 use std::sync::mpsc;
 use std::time::Duration;
 
+use flex_rt::program::KernelDescriptor;
 use flex_rt::{DataFormat, HostBuffer, LaunchOptions, Runtime, Status, StreamPriority};
-use spyre_mock::kernel::KernelDescriptor;
 use spyre_mock::{MockRuntime, MockSystem};
 use spyre_stream::{Error, PoolConfig, SpyreStream, StreamErrorState, StreamId, StreamPool};
 

@@ -22,11 +22,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
+use flex_rt::program::KernelDescriptor;
 use flex_rt::{
     Backend, CompositeAddress, DataFormat, FlexError, HostBuffer, LaunchOptions, Runtime, Status,
     Stream, StreamMode, StreamPriority,
 };
-use spyre_mock::kernel::KernelDescriptor;
 use spyre_mock::{MockSystem, reference};
 
 /// A conformance case.

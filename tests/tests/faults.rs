@@ -274,7 +274,7 @@ fn launch_kind(
         3 => {
             // A valid program: fill 32 f32 of `device` itself.
             let program = rt.allocate(128).unwrap();
-            let descriptor = spyre_mock::kernel::KernelDescriptor::fill(32, 3.0, device.start());
+            let descriptor = flex_rt::program::KernelDescriptor::fill(32, 3.0, device.start());
             let (tx, rx) = mpsc::channel();
             rt.default_mock_stream()
                 .launch_h2d(

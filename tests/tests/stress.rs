@@ -29,6 +29,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
+use flex_rt::program::KernelDescriptor;
 use flex_rt::{
     CompositeAddress, DataFormat, FlexError, HostBuffer, LaunchOptions, Runtime, Stream,
     StreamMode, StreamPriority,
@@ -36,7 +37,6 @@ use flex_rt::{
 use reliability_support::{
     DropCounter, Rng, addr, bounded, env_count, ops_per_worker, run_bounded, seed,
 };
-use spyre_mock::kernel::KernelDescriptor;
 use spyre_mock::{MockRuntime, MockSystem};
 use spyre_stream::{
     Device, DeviceState, Error, PoolConfig, Result, SpyreStream, StreamErrorState, StreamGuard,

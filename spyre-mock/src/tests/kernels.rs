@@ -6,8 +6,8 @@ use flex_rt::{
 };
 
 use super::*;
-use crate::kernel::KernelDescriptor;
 use crate::reference;
+use flex_rt::program::KernelDescriptor;
 
 /// Loads `descriptor`, runs it on `s`, and synchronizes.
 fn run(rt: &MockRuntime, s: &dyn Stream, descriptor: &KernelDescriptor) -> Result<(), FlexError> {

@@ -7,7 +7,7 @@ use std::sync::{Arc, mpsc};
 use flex_rt::{HostBuffer, LaunchOptions, Runtime, Status, Stream, StreamMode, StreamPriority};
 
 use super::*;
-use crate::kernel::KernelDescriptor;
+use flex_rt::program::KernelDescriptor;
 
 #[test]
 fn one_stream_is_fifo_for_operations_and_completions() {

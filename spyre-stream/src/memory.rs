@@ -1,0 +1,44 @@
+//! Device memory of the process's device, by composite address.
+//!
+//! The raw allocation calls of the runtime (`flex_memory_allocate` /
+//! `flex_memory_free`), through the process-wide runtime: the caller owns
+//! what it allocates and frees it when no stream uses it any more.
+
+use flex_rt::{CompositeAddress, MemoryLayout};
+
+use crate::{Device, Result, global};
+
+/// Allocates `bytes` (> 0) of device memory on `device`, starting the
+/// runtime if needed. The chunks of the result are 128-byte aligned and add
+/// up to `bytes`; the memory is not initialized. Free it with [`free`] once
+/// no stream uses it.
+///
+/// Thread-safety: may be called from any thread.
+///
+/// # Errors
+/// As [`crate::stream_from_pool`] for the device; the runtime's
+/// `INVALID_ARGUMENT` for 0 bytes and `OUT_OF_MEMORY` when the device is
+/// full ([`crate::Error::Flex`]).
+pub fn allocate(device: Device, bytes: u64) -> Result<CompositeAddress> {
+    Ok(global::pool_for(device)?.runtime().allocate(bytes)?)
+}
+
+/// Frees memory returned by [`allocate`], given the same address.
+///
+/// # Errors
+/// As [`crate::stream_from_pool`] for the device; the runtime's
+/// `INVALID_ARGUMENT` when `address` is not a live allocation (nothing is
+/// freed then).
+pub fn free(device: Device, address: &CompositeAddress) -> Result<()> {
+    Ok(global::pool_for(device)?.runtime().free(address)?)
+}
+
+/// The layout of `device`'s memory (size and region size), or `None` when
+/// the backend cannot tell (a flex library of ABI 1.0). Starts the runtime if
+/// needed.
+///
+/// # Errors
+/// As [`crate::stream_from_pool`] for the device.
+pub fn memory_layout(device: Device) -> Result<Option<MemoryLayout>> {
+    Ok(global::pool_for(device)?.runtime().memory_layout())
+}
