@@ -93,7 +93,7 @@ pub enum Op {
         /// Host bytes to write.
         dst: Box<dyn HostSink>,
     },
-    /// Runs the kernel descriptor stored at `program` (see [`crate::kernel`]).
+    /// Runs the kernel descriptor stored at `program` (see [`flex_rt::program`]).
     Compute {
         /// Device address of a [`flex_rt::program::KernelDescriptor`].
         program: CompositeAddress,
