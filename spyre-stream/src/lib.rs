@@ -94,7 +94,7 @@
 //! | `startRuntime()` | [`start_runtime`] |
 //! | `freeRuntime()` | [`free_runtime`] |
 //! | `SpyreStream::resolveRuntimeHandle()` | [`StreamPool::resolve`] |
-//! | `SpyreStreamGetError(stream)` | [`SpyreStream::error`], [`StreamPool::stream_error`] |
+//! | `SpyreStreamGetError(stream)` | [`SpyreStream::error`], [`StreamErrorState::of`] |
 //! | `SpyreGetDeviceState()` | [`device_state`] |
 //! | `SpyreStreamGetErrorString(err)` | [`StreamErrorState::as_str`] |
 //! | `SpyreStream::query()` / `synchronize()` | [`SpyreStream::query`] / [`SpyreStream::synchronize`] |

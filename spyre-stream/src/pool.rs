@@ -3,17 +3,14 @@
 use std::fmt;
 use std::sync::atomic::Ordering;
 
-use flex_rt::{
-    CompositeAddress, DataFormat, HostBuffer, LaunchOptions, Runtime, Stream, StreamMode,
-    StreamPriority,
-};
+use flex_rt::{Runtime, Stream, StreamMode, StreamPriority};
 
 use crate::id::{
     HIGH_POOL_START, HOST_COMPUTE_START, MAX_HOST_COMPUTE_STREAMS, MAX_STREAM_SLOTS,
     NORMAL_POOL_START, STREAMS_PER_POOL,
 };
 use crate::sync::{AtomicBool, RwLock};
-use crate::{Error, Result, SpyreStream, StreamErrorState, StreamId};
+use crate::{Error, Result, SpyreStream, StreamId};
 
 /// Configuration fixed when a pool is made.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -353,113 +350,6 @@ impl<'rt> StreamPool<'rt> {
             }
         }
         first_error.map_or(Ok(()), Err)
-    }
-
-    /// Whether all work on `stream` has completed (`SpyreStream::query`).
-    ///
-    /// # Errors
-    /// As [`StreamPool::resolve`]; the runtime's error, unchanged.
-    pub fn query(&self, stream: SpyreStream) -> Result<bool> {
-        Ok(self.resolve(stream)?.query()?)
-    }
-
-    /// Blocks until all work on `stream` has completed (`SpyreStream::synchronize`).
-    ///
-    /// # Errors
-    /// As [`StreamPool::resolve`]; the runtime's error, unchanged.
-    pub fn synchronize(&self, stream: SpyreStream) -> Result<()> {
-        Ok(self.resolve(stream)?.synchronize()?)
-    }
-
-    /// The stream's error state (`SpyreStream::getError`): `Shutdown` when the
-    /// runtime says the stream needs shutdown, else `Success`.
-    ///
-    /// # Errors
-    /// As [`StreamPool::resolve`]; the runtime's error, unchanged.
-    pub fn stream_error(&self, stream: SpyreStream) -> Result<StreamErrorState> {
-        Ok(if self.resolve(stream)?.needs_shutdown()? {
-            StreamErrorState::Shutdown
-        } else {
-            StreamErrorState::Success
-        })
-    }
-
-    /// Enqueues a host-to-device copy of all of `src` into `dst` on `stream`
-    /// (`SpyreStream::launchH2D`); see [`Stream::launch_h2d`].
-    ///
-    /// # Errors
-    /// As [`StreamPool::resolve`]; the runtime's error, unchanged.
-    pub fn launch_h2d(
-        &self,
-        stream: SpyreStream,
-        src: &HostBuffer,
-        dst: &CompositeAddress,
-        options: LaunchOptions,
-    ) -> Result<()> {
-        Ok(self.resolve(stream)?.launch_h2d(src, dst, options)?)
-    }
-
-    /// Enqueues a device-to-host copy of all of `src` into `dst` on `stream`
-    /// (`SpyreStream::launchD2H`); see [`Stream::launch_d2h`].
-    ///
-    /// # Errors
-    /// As [`StreamPool::resolve`]; the runtime's error, unchanged.
-    pub fn launch_d2h(
-        &self,
-        stream: SpyreStream,
-        src: &CompositeAddress,
-        dst: &HostBuffer,
-        options: LaunchOptions,
-    ) -> Result<()> {
-        Ok(self.resolve(stream)?.launch_d2h(src, dst, options)?)
-    }
-
-    /// Enqueues the compute program at `program` on `stream`
-    /// (`SpyreStream::launchCompute`); see [`Stream::launch_compute`].
-    ///
-    /// # Errors
-    /// As [`StreamPool::resolve`]; the runtime's error, unchanged.
-    pub fn launch_compute(
-        &self,
-        stream: SpyreStream,
-        program: &CompositeAddress,
-        options: LaunchOptions,
-    ) -> Result<()> {
-        Ok(self.resolve(stream)?.launch_compute(program, options)?)
-    }
-
-    /// Enqueues `callback` to run in stream order on `stream`
-    /// (`SpyreStream::launchHostCallback`); see [`Stream::launch_host_callback`].
-    ///
-    /// # Errors
-    /// As [`StreamPool::resolve`]; the runtime's error, unchanged.
-    pub fn launch_host_callback(
-        &self,
-        stream: SpyreStream,
-        callback: impl FnOnce() + Send + 'static,
-        options: LaunchOptions,
-    ) -> Result<()> {
-        Ok(self
-            .resolve(stream)?
-            .launch_host_callback(Box::new(callback), options)?)
-    }
-
-    /// Enqueues a fill of `dst` with `value` on `stream` (`SpyreStream::fillAsync`);
-    /// see [`Stream::launch_fill`].
-    ///
-    /// # Errors
-    /// As [`StreamPool::resolve`]; the runtime's error, unchanged.
-    pub fn launch_fill(
-        &self,
-        stream: SpyreStream,
-        dst: &CompositeAddress,
-        value: f64,
-        format: DataFormat,
-        options: LaunchOptions,
-    ) -> Result<()> {
-        Ok(self
-            .resolve(stream)?
-            .launch_fill(dst, value, format, options)?)
     }
 
     /// The ids that have a handle, in table order (for diagnostics and tests). Read lock.

@@ -2,8 +2,10 @@
 
 use std::fmt;
 
+use flex_rt::{FlexError, Stream};
+
 /// Error state of one stream (`SpyreStreamError`), from
-/// [`crate::SpyreStream::error`] / [`crate::StreamPool::stream_error`].
+/// [`crate::SpyreStream::error`], or [`StreamErrorState::of`] a raw handle.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum StreamErrorState {
     /// The stream does not need a shutdown (`SpyreStreamError::Success`, 0).
@@ -13,6 +15,19 @@ pub enum StreamErrorState {
 }
 
 impl StreamErrorState {
+    /// The state of `stream` (`SpyreStream::getError`): `Shutdown` when the
+    /// runtime says the stream needs a shutdown, else `Success`.
+    ///
+    /// # Errors
+    /// The runtime's error, unchanged, when it cannot tell.
+    pub fn of(stream: &dyn Stream) -> Result<Self, FlexError> {
+        Ok(if stream.needs_shutdown()? {
+            Self::Shutdown
+        } else {
+            Self::Success
+        })
+    }
+
     /// The stable name: `"Success"` or `"Shutdown"` (`SpyreStreamGetErrorString`).
     pub fn as_str(self) -> &'static str {
         match self {

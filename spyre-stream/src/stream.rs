@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use flex_rt::{CompositeAddress, DataFormat, HostBuffer, LaunchOptions};
+use flex_rt::{CompositeAddress, DataFormat, HostBuffer, LaunchOptions, Stream};
 
 use crate::{Result, StreamErrorState, StreamId, global};
 
@@ -15,8 +15,10 @@ use crate::{Result, StreamErrorState, StreamId, global};
 /// Equality and hashing are on (device, id). [`SpyreStream::priority`]
 /// derives from the id alone.
 ///
-/// The methods here go through the process-wide pool (see [`crate::start_runtime`]).
-/// For a [`crate::StreamPool`] built by hand, call the same-named `StreamPool` methods.
+/// The methods here are the one public way to use a pool stream; they go
+/// through the process-wide pool (see [`crate::start_runtime`]). For a
+/// [`crate::StreamPool`] built by hand, [`crate::StreamPool::resolve`] gives
+/// the raw handle, whose [`flex_rt::Stream`] methods are the same operations.
 ///
 /// Submissions to one stream from several threads are serialized by the
 /// runtime backend (flex-rt's contract); their relative order is the order
@@ -50,13 +52,22 @@ impl SpyreStream {
         self.id.priority()
     }
 
+    /// The runtime handle behind this stream, resolved through the
+    /// process-wide pool ([`crate::StreamPool::resolve`]).
+    #[inline]
+    fn handle(self) -> Result<&'static dyn Stream> {
+        global::pool_of(self)?.resolve(self)
+    }
+
     /// Whether all work enqueued on the stream has completed. Never blocks.
     ///
     /// # Errors
-    /// [`crate::Error::NoHandle`] when the id has no handle; the runtime's
-    /// error, unchanged, if the stream has failed.
+    /// [`crate::Error::NoHandle`] when the id has no handle;
+    /// [`crate::Error::WrongDevice`] for a stream of another device;
+    /// [`crate::Error::ForkedProcess`] in a forked child; the runtime's
+    /// error, unchanged ([`crate::Error::Flex`]), if the stream has failed.
     pub fn query(self) -> Result<bool> {
-        global::pool_of(self)?.query(self)
+        Ok(self.handle()?.query()?)
     }
 
     /// Blocks until all work enqueued on the stream has completed. No lock is
@@ -65,31 +76,37 @@ impl SpyreStream {
     /// # Errors
     /// As [`SpyreStream::query`].
     pub fn synchronize(self) -> Result<()> {
-        global::pool_of(self)?.synchronize(self)
+        Ok(self.handle()?.synchronize()?)
     }
 
-    /// The stream's error state (`SpyreStreamGetError`).
+    /// The stream's error state (`SpyreStreamGetError`): `Shutdown` when the
+    /// runtime says the stream needs a shutdown, else `Success`.
     ///
     /// # Errors
     /// As [`SpyreStream::query`].
     pub fn error(self) -> Result<StreamErrorState> {
-        global::pool_of(self)?.stream_error(self)
+        Ok(StreamErrorState::of(self.handle()?)?)
     }
 
-    /// Enqueues a host-to-device copy; see [`crate::StreamPool::launch_h2d`].
+    /// Enqueues a host-to-device copy of all of `src` into `dst`
+    /// (`SpyreStream::launchH2D`); see [`flex_rt::Stream::launch_h2d`]. The
+    /// operation leases `src` until it completes.
     ///
     /// # Errors
-    /// As [`SpyreStream::query`], plus the launch's own errors.
+    /// As [`SpyreStream::query`], plus the launch's own errors (sizes that
+    /// differ, a buffer already leased, a refused launch).
     pub fn launch_h2d(
         self,
         src: &HostBuffer,
         dst: &CompositeAddress,
         options: LaunchOptions,
     ) -> Result<()> {
-        global::pool_of(self)?.launch_h2d(self, src, dst, options)
+        Ok(self.handle()?.launch_h2d(src, dst, options)?)
     }
 
-    /// Enqueues a device-to-host copy; see [`crate::StreamPool::launch_d2h`].
+    /// Enqueues a device-to-host copy of all of `src` into `dst`
+    /// (`SpyreStream::launchD2H`); see [`flex_rt::Stream::launch_d2h`]. The
+    /// operation leases `dst` exclusively until it completes.
     ///
     /// # Errors
     /// As [`SpyreStream::launch_h2d`].
@@ -99,30 +116,38 @@ impl SpyreStream {
         dst: &HostBuffer,
         options: LaunchOptions,
     ) -> Result<()> {
-        global::pool_of(self)?.launch_d2h(self, src, dst, options)
+        Ok(self.handle()?.launch_d2h(src, dst, options)?)
     }
 
-    /// Enqueues a compute program; see [`crate::StreamPool::launch_compute`].
+    /// Enqueues the compute program at `program` (`SpyreStream::launchCompute`;
+    /// the format is [`flex_rt::program`]); see
+    /// [`flex_rt::Stream::launch_compute`].
     ///
     /// # Errors
     /// As [`SpyreStream::launch_h2d`].
     pub fn launch_compute(self, program: &CompositeAddress, options: LaunchOptions) -> Result<()> {
-        global::pool_of(self)?.launch_compute(self, program, options)
+        Ok(self.handle()?.launch_compute(program, options)?)
     }
 
-    /// Enqueues a host callback; see [`crate::StreamPool::launch_host_callback`].
+    /// Enqueues `callback` to run on a runtime thread in stream order
+    /// (`SpyreStream::launchHostCallback`); see
+    /// [`flex_rt::Stream::launch_host_callback`].
     ///
     /// # Errors
-    /// As [`SpyreStream::launch_h2d`].
+    /// As [`SpyreStream::launch_h2d`]; on error the callback is dropped
+    /// without running.
     pub fn launch_host_callback(
         self,
         callback: impl FnOnce() + Send + 'static,
         options: LaunchOptions,
     ) -> Result<()> {
-        global::pool_of(self)?.launch_host_callback(self, callback, options)
+        Ok(self
+            .handle()?
+            .launch_host_callback(Box::new(callback), options)?)
     }
 
-    /// Enqueues a fill; see [`crate::StreamPool::launch_fill`].
+    /// Enqueues a fill of `dst` with `value` in `format`
+    /// (`SpyreStream::fillAsync`); see [`flex_rt::Stream::launch_fill`].
     ///
     /// # Errors
     /// As [`SpyreStream::launch_h2d`].
@@ -133,7 +158,7 @@ impl SpyreStream {
         format: DataFormat,
         options: LaunchOptions,
     ) -> Result<()> {
-        global::pool_of(self)?.launch_fill(self, dst, value, format, options)
+        Ok(self.handle()?.launch_fill(dst, value, format, options)?)
     }
 }
 

@@ -178,7 +178,7 @@ fn resolving_an_unmapped_id_names_it() {
         );
     }
     let err = pool
-        .query(SpyreStream::from_parts(3, StreamId(0)))
+        .resolve(SpyreStream::from_parts(3, StreamId(0)))
         .unwrap_err();
     assert!(
         matches!(
@@ -227,45 +227,45 @@ fn runtime_errors_propagate_unchanged_and_states_are_reported() {
     let stream = pool.stream_from_pool(0).unwrap();
     // A compute op whose program is all zeros fails on the device.
     let program = rt.allocate(128).unwrap();
-    pool.launch_fill(
-        stream,
-        &program,
-        0.0,
-        DataFormat::Uint8,
-        LaunchOptions::new(),
-    )
-    .unwrap();
-    pool.launch_compute(stream, &program, LaunchOptions::new())
+    pool.resolve(stream)
+        .unwrap()
+        .launch_fill(&program, 0.0, DataFormat::Uint8, LaunchOptions::new())
+        .unwrap();
+    pool.resolve(stream)
+        .unwrap()
+        .launch_compute(&program, LaunchOptions::new())
         .unwrap();
     let direct = rt.mock_stream(pool.resolve(stream).unwrap().id()).unwrap();
-    let err = pool.synchronize(stream).unwrap_err();
-    let Error::Flex(flex) = &err else {
-        panic!("expected the runtime's error, got {err:?}")
-    };
+    let flex = pool.resolve(stream).unwrap().synchronize().unwrap_err();
     assert_eq!(flex.status(), Status::EXECUTION_FAILED);
     assert_eq!(
         flex_rt::Stream::synchronize(direct).unwrap_err(),
-        *flex,
+        flex,
         "unchanged"
     );
     assert!(
-        matches!(pool.query(stream), Err(Error::Flex(e)) if e.status() == Status::EXECUTION_FAILED)
+        matches!(pool.resolve(stream).unwrap().query(), Err(e) if e.status() == Status::EXECUTION_FAILED)
     );
     assert!(rt.has_stream_error().unwrap());
 
     let other = pool.stream_from_pool(0).unwrap();
-    assert_eq!(pool.stream_error(other).unwrap(), StreamErrorState::Success);
+    assert_eq!(
+        StreamErrorState::of(pool.resolve(other).unwrap()).unwrap(),
+        StreamErrorState::Success
+    );
     rt.mock_stream(pool.resolve(other).unwrap().id())
         .unwrap()
         .set_needs_shutdown();
     assert_eq!(
-        pool.stream_error(other).unwrap(),
+        StreamErrorState::of(pool.resolve(other).unwrap()).unwrap(),
         StreamErrorState::Shutdown
     );
     let refused = pool
-        .launch_host_callback(other, || {}, LaunchOptions::new())
+        .resolve(other)
+        .unwrap()
+        .launch_host_callback(Box::new(|| {}), LaunchOptions::new())
         .unwrap_err();
-    assert!(matches!(refused, Error::Flex(e) if e.status() == Status::SHUTDOWN));
+    assert_eq!(refused.status(), Status::SHUTDOWN);
 }
 
 #[test]
@@ -284,38 +284,36 @@ fn launches_through_the_pool_compute_checked_numbers() {
     );
     let program = rt.allocate(128).unwrap();
     let descriptor = KernelDescriptor::axpy(n as u64, 2.0, dx.start(), dy.start(), dout.start());
-    pool.launch_h2d(
-        stream,
-        &HostBuffer::from_vec(bytes(&x)),
-        &dx,
-        LaunchOptions::new(),
-    )
-    .unwrap();
-    pool.launch_h2d(
-        stream,
-        &HostBuffer::from_vec(bytes(&y)),
-        &dy,
-        LaunchOptions::new(),
-    )
-    .unwrap();
-    pool.launch_h2d(
-        stream,
-        &HostBuffer::from_vec(descriptor.to_bytes().to_vec()),
-        &program,
-        LaunchOptions::new(),
-    )
-    .unwrap();
-    let (tx, rx) = mpsc::channel();
-    pool.launch_compute(
-        stream,
-        &program,
-        LaunchOptions::new().on_complete(move |r| tx.send(r).unwrap()),
-    )
-    .unwrap();
-    let out = HostBuffer::zeroed(4000);
-    pool.launch_d2h(stream, &dout, &out, LaunchOptions::new())
+    pool.resolve(stream)
+        .unwrap()
+        .launch_h2d(&HostBuffer::from_vec(bytes(&x)), &dx, LaunchOptions::new())
         .unwrap();
-    pool.synchronize(stream).unwrap();
+    pool.resolve(stream)
+        .unwrap()
+        .launch_h2d(&HostBuffer::from_vec(bytes(&y)), &dy, LaunchOptions::new())
+        .unwrap();
+    pool.resolve(stream)
+        .unwrap()
+        .launch_h2d(
+            &HostBuffer::from_vec(descriptor.to_bytes().to_vec()),
+            &program,
+            LaunchOptions::new(),
+        )
+        .unwrap();
+    let (tx, rx) = mpsc::channel();
+    pool.resolve(stream)
+        .unwrap()
+        .launch_compute(
+            &program,
+            LaunchOptions::new().on_complete(move |r| tx.send(r).unwrap()),
+        )
+        .unwrap();
+    let out = HostBuffer::zeroed(4000);
+    pool.resolve(stream)
+        .unwrap()
+        .launch_d2h(&dout, &out, LaunchOptions::new())
+        .unwrap();
+    pool.resolve(stream).unwrap().synchronize().unwrap();
     assert!(rx.recv().unwrap().is_ok());
     let got: Vec<f32> = out
         .to_vec()
@@ -325,13 +323,15 @@ fn launches_through_the_pool_compute_checked_numbers() {
     // 2·i + 0.5·i = 2.5·i, exact in f32 for these values.
     let expected: Vec<f32> = (0..n).map(|i| 2.5 * i as f32).collect();
     assert_eq!(got, expected);
-    assert!(pool.query(stream).unwrap());
+    assert!(pool.resolve(stream).unwrap().query().unwrap());
 }
 
 /// Blocks `stream` with a host callback until the returned sender is used.
 fn block(pool: &StreamPool<'static>, stream: SpyreStream) -> mpsc::Sender<()> {
     let (release, wait) = mpsc::channel::<()>();
-    pool.launch_host_callback(stream, move || wait.recv().unwrap(), LaunchOptions::new())
+    pool.resolve(stream)
+        .unwrap()
+        .launch_host_callback(Box::new(move || wait.recv().unwrap()), LaunchOptions::new())
         .unwrap();
     release
 }
@@ -350,7 +350,10 @@ fn no_lock_is_held_while_a_stream_or_the_device_synchronizes() {
                 let result = if device_wide {
                     pool.synchronize_device()
                 } else {
-                    pool.synchronize(slow)
+                    pool.resolve(slow)
+                        .unwrap()
+                        .synchronize()
+                        .map_err(Error::from)
                 };
                 done_tx.send(device_wide).unwrap();
                 result
@@ -383,18 +386,24 @@ fn synchronize_device_syncs_every_mapped_stream_once_and_reports_the_first_failu
     let c = pool.stream_from_pool(0).unwrap();
     // b fails; a and c have work queued behind a blocked callback.
     let bad = rt.allocate(128).unwrap();
-    pool.launch_fill(b, &bad, 0.0, DataFormat::Uint8, LaunchOptions::new())
+    pool.resolve(b)
+        .unwrap()
+        .launch_fill(&bad, 0.0, DataFormat::Uint8, LaunchOptions::new())
         .unwrap();
-    pool.launch_compute(b, &bad, LaunchOptions::new()).unwrap();
+    pool.resolve(b)
+        .unwrap()
+        .launch_compute(&bad, LaunchOptions::new())
+        .unwrap();
     let (tx, rx) = mpsc::channel();
     for s in [a, c] {
         let tx = tx.clone();
-        pool.launch_host_callback(
-            s,
-            move || tx.send(s.id().get()).unwrap(),
-            LaunchOptions::new(),
-        )
-        .unwrap();
+        pool.resolve(s)
+            .unwrap()
+            .launch_host_callback(
+                Box::new(move || tx.send(s.id().get()).unwrap()),
+                LaunchOptions::new(),
+            )
+            .unwrap();
     }
     let err = pool.synchronize_device().unwrap_err();
     assert!(
@@ -410,7 +419,7 @@ fn synchronize_device_syncs_every_mapped_stream_once_and_reports_the_first_failu
     let mut ran: Vec<i64> = rx.try_iter().collect();
     ran.sort_unstable();
     assert_eq!(ran, vec![1, 2]);
-    assert!(pool.query(a).unwrap() && pool.query(c).unwrap());
+    assert!(pool.resolve(a).unwrap().query().unwrap() && pool.resolve(c).unwrap().query().unwrap());
     // Each mapped stream was synchronized exactly once, in table order.
     let synced: Vec<u64> = rt.synchronize_log();
     let order: Vec<u64> = [0i64, 1, 2, 33, 65, 66, 67, 68]

@@ -59,13 +59,15 @@ fn ids(pool: &StreamPool<'_>) -> Vec<i64> {
 /// A stream that works: a host callback runs and the stream synchronizes.
 fn assert_stream_works(pool: &StreamPool<'_>, stream: SpyreStream) {
     let (tx, rx) = mpsc::channel();
-    pool.launch_host_callback(stream, move || tx.send(()).unwrap(), LaunchOptions::new())
+    let handle = pool.resolve(stream).unwrap();
+    handle
+        .launch_host_callback(Box::new(move || tx.send(()).unwrap()), LaunchOptions::new())
         .unwrap();
-    pool.synchronize(stream).unwrap();
+    handle.synchronize().unwrap();
     rx.recv_timeout(RECV).unwrap();
-    assert!(pool.query(stream).unwrap());
+    assert!(pool.resolve(stream).unwrap().query().unwrap());
     assert_eq!(
-        pool.stream_error(stream).unwrap(),
+        StreamErrorState::of(pool.resolve(stream).unwrap()).unwrap(),
         StreamErrorState::Success
     );
 }
@@ -256,19 +258,20 @@ fn launch_kind(
     stream: SpyreStream,
     kind: usize,
     options: LaunchOptions,
-) -> (spyre_stream::Result<()>, Option<HostBuffer>) {
+) -> (Result<(), FlexError>, Option<HostBuffer>) {
     let device = rt.allocate(128).unwrap();
+    let stream = pool.resolve(stream).unwrap();
     match kind {
         0 => {
             let src = HostBuffer::zeroed(128);
-            (pool.launch_h2d(stream, &src, &device, options), Some(src))
+            (stream.launch_h2d(&src, &device, options), Some(src))
         }
         1 => {
             let dst = HostBuffer::zeroed(128);
-            (pool.launch_d2h(stream, &device, &dst, options), Some(dst))
+            (stream.launch_d2h(&device, &dst, options), Some(dst))
         }
         2 => (
-            pool.launch_fill(stream, &device, 1.0, DataFormat::Fp32, options),
+            stream.launch_fill(&device, 1.0, DataFormat::Fp32, options),
             None,
         ),
         3 => {
@@ -284,9 +287,9 @@ fn launch_kind(
                 )
                 .unwrap();
             rx.recv_timeout(RECV).unwrap().unwrap();
-            (pool.launch_compute(stream, &program, options), None)
+            (stream.launch_compute(&program, options), None)
         }
-        _ => (pool.launch_host_callback(stream, || {}, options), None),
+        _ => (stream.launch_host_callback(Box::new(|| {}), options), None),
     }
 }
 
@@ -323,7 +326,7 @@ fn a_refused_launch_names_launch_failed_releases_its_completion_and_the_stream_g
         let (first, _) = launch_kind(&pool, rt, stream, kind, options(0));
         first.unwrap();
         let (refused, buffer) = launch_kind(&pool, rt, stream, kind, options(1));
-        let err = flex(refused.unwrap_err());
+        let err = refused.unwrap_err();
         assert_eq!(err.status(), Status::LAUNCH_FAILED, "{call}");
         assert_eq!(err.call(), *call);
         assert!(
@@ -346,15 +349,15 @@ fn a_refused_launch_names_launch_failed_releases_its_completion_and_the_stream_g
         }
         let (third, _) = launch_kind(&pool, rt, stream, kind, options(2));
         third.unwrap();
-        pool.synchronize(stream).unwrap();
+        pool.resolve(stream).unwrap().synchronize().unwrap();
         let called: Vec<u64> = calls.iter().map(|c| c.load(Ordering::SeqCst)).collect();
         assert_eq!(called, vec![1, 0, 1], "{call}: completions called");
         let dropped: Vec<u64> = drops.iter().map(DropCounter::get).collect();
         assert_eq!(dropped, vec![1, 1, 1], "{call}: completions released");
         // A refusal does not fail the stream, the device, or anything else.
-        assert!(pool.query(stream).unwrap());
+        assert!(pool.resolve(stream).unwrap().query().unwrap());
         assert_eq!(
-            pool.stream_error(stream).unwrap(),
+            StreamErrorState::of(pool.resolve(stream).unwrap()).unwrap(),
             StreamErrorState::Success
         );
         assert!(!rt.has_stream_error().unwrap());

@@ -120,34 +120,39 @@ impl Api {
 
     fn query(self, s: SpyreStream) -> Result<bool> {
         match self {
-            Api::Pool(pool) => pool.query(s),
+            Api::Pool(pool) => Ok(pool.resolve(s)?.query()?),
             Api::Global => s.query(),
         }
     }
 
     fn synchronize(self, s: SpyreStream) -> Result<()> {
         match self {
-            Api::Pool(pool) => pool.synchronize(s),
+            Api::Pool(pool) => Ok(pool.resolve(s)?.synchronize()?),
             Api::Global => s.synchronize(),
         }
     }
 
     fn error(self, s: SpyreStream) -> Result<StreamErrorState> {
         match self {
-            Api::Pool(pool) => pool.stream_error(s),
+            Api::Pool(pool) => Ok(StreamErrorState::of(pool.resolve(s)?)?),
             Api::Global => s.error(),
         }
     }
 
     fn launch(self, s: SpyreStream, op: Launch, options: LaunchOptions) -> Result<()> {
+        let raw = |pool: &StreamPool<'static>| pool.resolve(s);
         match (self, op) {
-            (Api::Pool(p), Launch::H2d(src, dst)) => p.launch_h2d(s, &src, &dst, options),
-            (Api::Pool(p), Launch::D2h(src, dst)) => p.launch_d2h(s, &src, &dst, options),
+            (Api::Pool(p), Launch::H2d(src, dst)) => Ok(raw(p)?.launch_h2d(&src, &dst, options)?),
+            (Api::Pool(p), Launch::D2h(src, dst)) => Ok(raw(p)?.launch_d2h(&src, &dst, options)?),
             (Api::Pool(p), Launch::Fill(dst, v)) => {
-                p.launch_fill(s, &dst, v, DataFormat::Fp32, options)
+                Ok(raw(p)?.launch_fill(&dst, v, DataFormat::Fp32, options)?)
             }
-            (Api::Pool(p), Launch::Compute(program)) => p.launch_compute(s, &program, options),
-            (Api::Pool(p), Launch::Callback(f)) => p.launch_host_callback(s, f, options),
+            (Api::Pool(p), Launch::Compute(program)) => {
+                Ok(raw(p)?.launch_compute(&program, options)?)
+            }
+            (Api::Pool(p), Launch::Callback(f)) => {
+                Ok(raw(p)?.launch_host_callback(Box::new(f), options)?)
+            }
             (Api::Global, Launch::H2d(src, dst)) => s.launch_h2d(&src, &dst, options),
             (Api::Global, Launch::D2h(src, dst)) => s.launch_d2h(&src, &dst, options),
             (Api::Global, Launch::Fill(dst, v)) => {
