@@ -3,9 +3,10 @@
 //! flex-rt is the only way anything above it talks to a device. It defines
 //! the contract every backend meets — the [`Backend`], [`Runtime`] and
 //! [`Stream`] traits, and the types they share — and implements it over the
-//! vendor's C ABI (flex-sys) in [`ffi`]: [`RuntimeContext`] and
-//! [`RuntimeStream`]. The software device in `spyre-mock` implements the same
-//! traits.
+//! vendor's C ABI (flex-sys) in [`hardware`]: [`HardwareBackend`],
+//! [`HardwareRuntime`] (torch-spyre's `flex::RuntimeContext`) and
+//! [`HardwareStream`] (`flex::RuntimeStream`). The software device in
+//! `spyre-mock` implements the same traits.
 //!
 //! Ownership follows torch-spyre's stream-ownership spec: a runtime creates
 //! and owns every stream; callers get borrows tied to the runtime and never
@@ -19,7 +20,7 @@ mod buffer;
 pub mod env;
 mod error;
 #[cfg(unix)]
-pub mod ffi;
+pub mod hardware;
 mod launch;
 pub mod program;
 mod status;
@@ -31,13 +32,13 @@ pub use address::{
 };
 pub use buffer::{HostBuffer, ReadLease, WriteLease};
 pub use error::{FlexError, Result};
-#[cfg(unix)]
-pub use ffi::{
-    CloseError, FlexBackend, RuntimeContext, RuntimeStream, TeardownError, TeardownStep,
-};
 pub use flex_sys::fork;
 #[cfg(unix)]
 pub use flex_sys::{AbiVersion, FlexLibrary, LoadError, RUNTIME_LIB_ENV};
+#[cfg(unix)]
+pub use hardware::{
+    CloseError, HardwareBackend, HardwareRuntime, HardwareStream, TeardownError, TeardownStep,
+};
 pub use launch::{Completion, HostCallback, LaunchOptions};
 pub use status::Status;
 pub use traits::{Backend, Runtime, Stream, check_copy_size, check_fill_size};

@@ -96,7 +96,7 @@ pub(crate) fn create(kind: BackendKind) -> Result<Box<dyn Backend>> {
         )),
         #[cfg(feature = "hardware")]
         BackendKind::Hardware => Ok(Box::new(
-            flex_rt::FlexBackend::load().map_err(|e| Error::Load(std::sync::Arc::new(e)))?,
+            flex_rt::HardwareBackend::load().map_err(|e| Error::Load(std::sync::Arc::new(e)))?,
         )),
         #[allow(unreachable_patterns)]
         other => Err(Error::BackendUnavailable(format!(

@@ -3,7 +3,7 @@
 use std::cell::RefCell;
 use std::marker::PhantomData;
 
-use crate::{Device, Error, Result, SpyreStream, StreamId, global};
+use crate::{Device, Error, Result, SpyreStream, StreamId, process_pool, runtime};
 
 thread_local! {
     /// Current stream id per device index, for this thread (torch-spyre's
@@ -44,11 +44,11 @@ fn store(stream: SpyreStream) {
 pub fn current_stream(device: Device) -> Result<SpyreStream> {
     let index = match device.explicit() {
         Some(index) => index,
-        None => global::current_device()?,
+        None => runtime::current_device()?,
     };
     match lookup(index) {
         Some(id) => Ok(SpyreStream::from_parts(index, id)),
-        None => global::default_stream(device),
+        None => process_pool::default_stream(device),
     }
 }
 
@@ -61,7 +61,7 @@ pub fn current_stream(device: Device) -> Result<SpyreStream> {
 /// process's; the runtime's start error.
 pub fn set_current_stream(stream: SpyreStream) -> Result<SpyreStream> {
     let device = Device::from_index(stream.device_index())?;
-    global::pool_for(device).map_err(|e| match e {
+    runtime::pool_for(device).map_err(|e| match e {
         Error::OtherDevice { requested, bound } => Error::WrongDevice {
             stream_device: requested,
             pool_device: bound,

@@ -139,13 +139,14 @@ mod current;
 mod device;
 pub mod env;
 mod error;
-mod global;
 mod id;
+mod loom_shim;
 mod memory;
 mod pool;
+mod process_pool;
+mod runtime;
 mod state;
 mod stream;
-mod sync;
 
 pub use backend::{BackendKind, parse_backend};
 pub use current::{StreamGuard, current_stream, set_current_stream};
@@ -155,17 +156,20 @@ pub use flex_rt::{
     ADDRESS_ALIGNMENT, CompositeAddress, DataFormat, FlexError, HostBuffer, LaunchOptions,
     LogicalAddress, MemoryLayout, Status, program,
 };
-pub use global::{
-    DeviceSource, RuntimeInfo, current_device, default_stream, default_stream_handle, device_count,
-    device_state, free_runtime, global_pool, hazard_tracker_enabled, host_compute_stream,
-    host_compute_stream_by_id, runtime_info, selected_backend, set_backend, set_device,
-    set_hazard_tracker_enabled, start_runtime, stream_from_pool, synchronize_device,
-};
 pub use id::{
     DEFAULT_HOST_COMPUTE_STREAMS, HIGH_POOL_END, HIGH_POOL_START, HOST_COMPUTE_START,
     MAX_HOST_COMPUTE_STREAMS, NORMAL_POOL_END, NORMAL_POOL_START, STREAMS_PER_POOL, StreamId,
 };
 pub use memory::{allocate, free, memory_layout};
 pub use pool::{PoolConfig, StreamPool};
+pub use process_pool::{
+    default_stream, default_stream_handle, host_compute_stream, host_compute_stream_by_id,
+    stream_from_pool, synchronize_device,
+};
+pub use runtime::{
+    DeviceSource, RuntimeInfo, current_device, device_count, device_state, free_runtime,
+    global_pool, hazard_tracker_enabled, runtime_info, selected_backend, set_backend, set_device,
+    set_hazard_tracker_enabled, start_runtime,
+};
 pub use state::{DeviceState, StreamErrorState};
 pub use stream::SpyreStream;

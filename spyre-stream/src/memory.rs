@@ -6,7 +6,7 @@
 
 use flex_rt::{CompositeAddress, MemoryLayout};
 
-use crate::{Device, Result, global};
+use crate::{Device, Result, runtime};
 
 /// Allocates `bytes` (> 0) of device memory on `device`, starting the
 /// runtime if needed. The chunks of the result are 128-byte aligned and add
@@ -20,7 +20,7 @@ use crate::{Device, Result, global};
 /// `INVALID_ARGUMENT` for 0 bytes and `OUT_OF_MEMORY` when the device is
 /// full ([`crate::Error::Flex`]).
 pub fn allocate(device: Device, bytes: u64) -> Result<CompositeAddress> {
-    Ok(global::pool_for(device)?.runtime().allocate(bytes)?)
+    Ok(runtime::pool_for(device)?.runtime().allocate(bytes)?)
 }
 
 /// Frees memory returned by [`allocate`], given the same address.
@@ -30,7 +30,7 @@ pub fn allocate(device: Device, bytes: u64) -> Result<CompositeAddress> {
 /// `INVALID_ARGUMENT` when `address` is not a live allocation (nothing is
 /// freed then).
 pub fn free(device: Device, address: &CompositeAddress) -> Result<()> {
-    Ok(global::pool_for(device)?.runtime().free(address)?)
+    Ok(runtime::pool_for(device)?.runtime().free(address)?)
 }
 
 /// The layout of `device`'s memory (size and region size), or `None` when
@@ -40,5 +40,5 @@ pub fn free(device: Device, address: &CompositeAddress) -> Result<()> {
 /// # Errors
 /// As [`crate::stream_from_pool`] for the device.
 pub fn memory_layout(device: Device) -> Result<Option<MemoryLayout>> {
-    Ok(global::pool_for(device)?.runtime().memory_layout())
+    Ok(runtime::pool_for(device)?.runtime().memory_layout())
 }

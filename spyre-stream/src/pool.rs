@@ -9,7 +9,7 @@ use crate::id::{
     HIGH_POOL_START, HOST_COMPUTE_START, MAX_HOST_COMPUTE_STREAMS, MAX_STREAM_SLOTS,
     NORMAL_POOL_START, STREAMS_PER_POOL,
 };
-use crate::sync::{AtomicBool, RwLock};
+use crate::loom_shim::{AtomicBool, RwLock};
 use crate::{Error, Result, SpyreStream, StreamId};
 
 /// Configuration fixed when a pool is made.

@@ -4,7 +4,7 @@ use std::fmt;
 
 use flex_rt::{CompositeAddress, DataFormat, HostBuffer, LaunchOptions, Stream};
 
-use crate::{Result, StreamErrorState, StreamId, global};
+use crate::{Result, StreamErrorState, StreamId, runtime};
 
 /// A Spyre stream: a small `Copy` value of (device index, stream id), like
 /// `c10::Stream`. It holds no handle and no interior mutability; every
@@ -56,7 +56,7 @@ impl SpyreStream {
     /// process-wide pool ([`crate::StreamPool::resolve`]).
     #[inline]
     fn handle(self) -> Result<&'static dyn Stream> {
-        global::pool_of(self)?.resolve(self)
+        runtime::pool_of(self)?.resolve(self)
     }
 
     /// Whether all work enqueued on the stream has completed. Never blocks.

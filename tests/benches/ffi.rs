@@ -4,7 +4,7 @@
 //! Both sides are the software device with its default configuration,
 //! reached through the same trait objects (`Box<dyn Runtime>`,
 //! `&dyn Stream`): `in_process` is `MockSystem::create_runtime`, `ffi` is
-//! `FlexBackend::open(mock_cdylib())` → `create_runtime(0)`, so a call on
+//! `HardwareBackend::open(mock_cdylib())` → `create_runtime(0)`, so a call on
 //! the `ffi` side crosses flex-rt's FFI layer (payload, submission lock,
 //! status mapping), the C ABI, and the library's exports (handle lookup,
 //! argument checks, `catch_unwind`) before reaching the same device code.
@@ -35,8 +35,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use flex_rt::{
-    Backend, CompositeAddress, FlexBackend, HostBuffer, LaunchOptions, Runtime, Stream, StreamMode,
-    StreamPriority,
+    Backend, CompositeAddress, HardwareBackend, HostBuffer, LaunchOptions, Runtime, Stream,
+    StreamMode, StreamPriority,
 };
 use spyre_mock::MockSystem;
 
@@ -105,7 +105,7 @@ fn noop(stream: &dyn Stream) {
 
 fn sides() -> [Side; 2] {
     let mock = MockSystem::default();
-    let library = FlexBackend::open(spyre_tests::mock_cdylib()).expect("mock shared library");
+    let library = HardwareBackend::open(spyre_tests::mock_cdylib()).expect("mock shared library");
     [Side::new("in_process", &mock), Side::new("ffi", &library)]
 }
 

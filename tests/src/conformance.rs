@@ -4,8 +4,8 @@
 //! | backend | test file | runs |
 //! |---|---|---|
 //! | the software device in process ([`spyre_mock::MockSystem`]) | `tests/conformance_mock.rs` | always |
-//! | the mock shared library through flex-sys and flex-rt (`FlexBackend::open(mock_cdylib())`) | `tests/conformance_ffi.rs` | always, each case in a fresh process configured by `SPYRE_MOCK_*` |
-//! | the library named by `FLEX_RUNTIME_LIB` (`FlexBackend::load()`) | `tests/conformance_vendor.rs` | with `--ignored`; shown as ignored otherwise |
+//! | the mock shared library through flex-sys and flex-rt (`HardwareBackend::open(mock_cdylib())`) | `tests/conformance_ffi.rs` | always, each case in a fresh process configured by `SPYRE_MOCK_*` |
+//! | the library named by `FLEX_RUNTIME_LIB` (`HardwareBackend::load()`) | `tests/conformance_vendor.rs` | with `--ignored`; shown as ignored otherwise |
 //!
 //! Each case is a `pub fn(&dyn Backend, &Profile)`. It creates its own
 //! runtime on device 0, so cases share nothing. [`GENERAL_CASES`] hold for

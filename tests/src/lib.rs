@@ -85,7 +85,7 @@ static MOCK_CDYLIB: OnceLock<PathBuf> = OnceLock::new();
 
 /// The path of the software device's flex library
 /// (`libspyre_mock_capi.so`, crate `spyre-mock-capi`), for
-/// `FlexBackend::open(mock_cdylib())`.
+/// `HardwareBackend::open(mock_cdylib())`.
 ///
 /// Cargo does not hand a dependency's `cdylib` to tests, so the first call
 /// in a process runs `$CARGO build -p spyre-mock-capi --lib

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use flex_rt::{FlexBackend, LaunchOptions, LoadError};
+use flex_rt::{HardwareBackend, LaunchOptions, LoadError};
 use proptest::prelude::*;
 use reliability_support::{DropCounter, decimal, isolated_each};
 use spyre_mock::{MockRuntime, MockSystem};
@@ -638,12 +638,12 @@ fn check_load_error(err: &LoadError, path: &str, kind: &str) {
 #[test]
 fn bad_library_paths_are_named_by_flex_backend_open() {
     for (path, kind) in bad_paths() {
-        let err = FlexBackend::open(&path).unwrap_err();
+        let err = HardwareBackend::open(&path).unwrap_err();
         check_load_error(&err, &path, kind);
     }
     // The empty path is refused before the dynamic loader sees it (it would
     // return the main program).
-    let err = FlexBackend::open("").unwrap_err();
+    let err = HardwareBackend::open("").unwrap_err();
     assert!(
         matches!(&err, LoadError::Open { reason, .. } if reason == "the path is empty"),
         "{err:?}"
@@ -657,7 +657,7 @@ proptest! {
     #[test]
     fn any_missing_path_is_a_named_open_error(name in "[^/]{0,40}") {
         let path = format!("/nonexistent-spyre-dir/{name}");
-        let err = FlexBackend::open(&path).unwrap_err();
+        let err = HardwareBackend::open(&path).unwrap_err();
         prop_assert!(err.to_string().contains(&path), "{err}");
         prop_assert!(matches!(err, LoadError::Open { .. }), "{err:?}");
     }
@@ -713,7 +713,7 @@ fn bad_library_paths_are_named_by_start_runtime() {
 
 /// A library of another ABI major version (the mock shared library with
 /// `SPYRE_MOCK_ABI_VERSION=2.0`) is refused, naming the file and both
-/// versions, by `FlexBackend::open` and by `start_runtime`.
+/// versions, by `HardwareBackend::open` and by `start_runtime`.
 #[test]
 fn a_library_of_another_abi_major_is_refused_naming_it() {
     let library = spyre_tests::mock_cdylib().to_str().unwrap().to_owned();
@@ -738,7 +738,7 @@ fn a_library_of_another_abi_major_is_refused_naming_it() {
                 }
                 other => panic!("expected an ABI mismatch, got {other:?}"),
             };
-            expect_mismatch(&FlexBackend::open(&library).unwrap_err());
+            expect_mismatch(&HardwareBackend::open(&library).unwrap_err());
 
             let err = spyre_stream::start_runtime().unwrap_err();
             assert!(err.to_string().contains(&library), "{err}");

@@ -1,6 +1,6 @@
 //! The conformance suite against the software device as a shared library
 //! (`libspyre_mock_capi.so`, built by `spyre_tests::mock_cdylib`), loaded by
-//! flex-sys and driven through flex-rt's FFI backend (`FlexBackend`). This
+//! flex-sys and driven through flex-rt's FFI backend (`HardwareBackend`). This
 //! is the hardware path of the workspace, run without hardware.
 //!
 //! The library takes its configuration from `SPYRE_MOCK_*` environment
@@ -8,7 +8,7 @@
 //! with the variables of `spyre_tests::conformance::SOFTWARE_DEVICE`: the
 //! same device the in-process suite runs on.
 
-use flex_rt::FlexBackend;
+use flex_rt::HardwareBackend;
 use spyre_tests::conformance::{
     Case, GENERAL_CASES, Profile, SOFTWARE_DEVICE, SOFTWARE_DEVICE_CASES, assert_instantiated,
 };
@@ -20,7 +20,7 @@ fn run(name: &'static str, case: Case) {
     let env = SOFTWARE_DEVICE.env();
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     isolated(name, &env, || {
-        let backend = FlexBackend::open(library)
+        let backend = HardwareBackend::open(library)
             .unwrap_or_else(|err| panic!("cannot load {}: {err}", library.display()));
         case(&backend, &Profile::SOFTWARE_DEVICE);
     });

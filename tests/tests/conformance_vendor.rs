@@ -2,7 +2,7 @@
 //! tests.
 //!
 //! They run when `FLEX_RUNTIME_LIB` names a flex library, against that
-//! library (loaded exactly as `FlexBackend::load` does):
+//! library (loaded exactly as `HardwareBackend::load` does):
 //!
 //! ```text
 //! FLEX_RUNTIME_LIB=/path/to/libflex.so.1 cargo test --workspace
@@ -17,7 +17,7 @@
 
 use std::sync::{Mutex, PoisonError};
 
-use flex_rt::FlexBackend;
+use flex_rt::HardwareBackend;
 use flex_sys::RUNTIME_LIB_ENV;
 use spyre_tests::conformance::{Case, GENERAL_CASES, Profile, assert_instantiated};
 
@@ -31,7 +31,7 @@ fn run(name: &'static str, case: Case) {
             "{name}: {RUNTIME_LIB_ENV} is not set; the vendor conformance suite needs it to name a flex library"
         );
     };
-    let backend = FlexBackend::load().unwrap_or_else(|err| panic!("{name}: {err}"));
+    let backend = HardwareBackend::load().unwrap_or_else(|err| panic!("{name}: {err}"));
     println!(
         "{name}: vendor conformance against {} ({RUNTIME_LIB_ENV}={}, ABI {})",
         backend.library().path().display(),

@@ -544,7 +544,7 @@ fn an_undefined_status_code_is_an_error_naming_it_and_the_pool_goes_on() {
             "flex_stream_query,flex_launch_fill,flex_stream_needs_shutdown,flex_runtime_has_stream_error",
         )],
         || {
-            let backend = flex_rt::FlexBackend::open(spyre_tests::mock_cdylib()).unwrap();
+            let backend = flex_rt::HardwareBackend::open(spyre_tests::mock_cdylib()).unwrap();
             set_backend(Box::new(backend)).unwrap();
             let stream = stream_from_pool(Device::CURRENT, 0).unwrap();
             let undefined = |err: FlexError, call: &str| {

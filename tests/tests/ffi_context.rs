@@ -1,4 +1,4 @@
-//! flex-rt's `RuntimeContext` and `RuntimeStream` over the mock shared
+//! flex-rt's `HardwareRuntime` and `HardwareStream` over the mock shared
 //! library: teardown, `close`, concurrent submission to one stream, and no
 //! library thread outliving its runtime. Each test runs in a fresh process
 //! (`isolated`), so the thread counts see no other test.
@@ -11,13 +11,13 @@ use std::time::Duration;
 
 use ffi_support::{backend, isolated, live_threads, settle_threads};
 use flex_rt::{
-    DataFormat, HostBuffer, LaunchOptions, Runtime, RuntimeContext, Status, Stream, StreamMode,
+    DataFormat, HardwareRuntime, HostBuffer, LaunchOptions, Runtime, Status, Stream, StreamMode,
     StreamPriority, TeardownStep,
 };
 use spyre_tests::conformance::Completions;
 
-fn context() -> RuntimeContext {
-    RuntimeContext::create(Arc::clone(backend().library()), 0).expect("RuntimeContext::create")
+fn context() -> HardwareRuntime {
+    HardwareRuntime::create(Arc::clone(backend().library()), 0).expect("HardwareRuntime::create")
 }
 
 #[test]
@@ -194,10 +194,10 @@ fn no_library_thread_outlives_its_runtime() {
         || {
             let backend = backend();
             let baseline = live_threads();
-            let first = RuntimeContext::create(Arc::clone(backend.library()), 0).expect("create");
+            let first = HardwareRuntime::create(Arc::clone(backend.library()), 0).expect("create");
             // Three engines and the completion delivery thread.
             assert_eq!(live_threads(), baseline + 4);
-            let second = RuntimeContext::create(Arc::clone(backend.library()), 0).expect("create");
+            let second = HardwareRuntime::create(Arc::clone(backend.library()), 0).expect("create");
             assert_eq!(live_threads(), baseline + 8);
             let completions = Completions::new();
             for context in [&first, &second] {

@@ -9,7 +9,7 @@ mod ffi_support;
 use std::path::PathBuf;
 
 use ffi_support::{backend, isolated};
-use flex_rt::{Backend, DataFormat, FlexBackend, HostBuffer, LaunchOptions, Status};
+use flex_rt::{Backend, DataFormat, HardwareBackend, HostBuffer, LaunchOptions, Status};
 use flex_sys::{AbiVersion, FlexLibrary, LoadError};
 use spyre_tests::mock_cdylib;
 
@@ -42,7 +42,7 @@ fn the_library_exports_flex_h_at_the_header_version() {
             // The same file through FLEX_RUNTIME_LIB's code path.
             let by_env = FlexLibrary::load_from(Some(mock_cdylib().into())).expect("load_from");
             assert_eq!(by_env.path(), library.path());
-            let backend = FlexBackend::from_library(library);
+            let backend = HardwareBackend::from_library(library);
             assert_eq!(backend.device_count(), Ok(1));
             assert_eq!(
                 backend.details(),
@@ -61,7 +61,7 @@ fn another_major_version_is_refused_naming_both_versions() {
         "another_major_version_is_refused_naming_both_versions",
         &[("SPYRE_MOCK_ABI_VERSION", "2.0")],
         || {
-            let err = FlexBackend::open(mock_cdylib()).unwrap_err();
+            let err = HardwareBackend::open(mock_cdylib()).unwrap_err();
             assert_eq!(
                 err,
                 LoadError::AbiMismatch {
@@ -128,7 +128,7 @@ fn a_malformed_version_switch_reports_0_0_which_is_refused() {
         "a_malformed_version_switch_reports_0_0_which_is_refused",
         &[("SPYRE_MOCK_ABI_VERSION", "two")],
         || {
-            let err = FlexBackend::open(mock_cdylib()).unwrap_err();
+            let err = HardwareBackend::open(mock_cdylib()).unwrap_err();
             assert!(
                 matches!(
                     err,

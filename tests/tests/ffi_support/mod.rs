@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use flex_rt::FlexBackend;
+use flex_rt::HardwareBackend;
 use spyre_tests::mock_cdylib;
 
 /// [`spyre_tests::isolated`], with the mock shared library built (or found)
@@ -16,8 +16,8 @@ pub fn isolated(name: &str, env: &[(&str, &str)], body: impl FnOnce()) {
 }
 
 /// The mock shared library, loaded through flex-sys.
-pub fn backend() -> FlexBackend {
-    FlexBackend::open(mock_cdylib())
+pub fn backend() -> HardwareBackend {
+    HardwareBackend::open(mock_cdylib())
         .unwrap_or_else(|err| panic!("cannot load {}: {err}", mock_cdylib().display()))
 }
 

@@ -1,15 +1,18 @@
 //! The hardware backend: [`Backend`](crate::Backend),
 //! [`Runtime`](crate::Runtime) and [`Stream`](crate::Stream) over a flex
-//! runtime library loaded at run time by flex-sys.
+//! runtime library loaded at run time by flex-sys (the vendor's on a Spyre
+//! host, or the software device's `libspyre_mock_capi.so`). One name across
+//! the layers: cargo feature `hardware` of spyre-stream, this module, and the
+//! types `HardwareBackend`, `HardwareRuntime`, `HardwareStream`.
 //!
-//! - [`FlexBackend`] wraps an `Arc<FlexLibrary>`: it counts devices and
+//! - [`HardwareBackend`] wraps an `Arc<FlexLibrary>`: it counts devices and
 //!   creates runtimes.
-//! - [`RuntimeContext`] is one `flex_runtime_t` (torch-spyre's
+//! - [`HardwareRuntime`] is one `flex_runtime_t` (torch-spyre's
 //!   `flex::RuntimeContext`). It owns the default stream and every stream it
 //!   creates, and hands out borrows of them, as the stream-ownership spec
 //!   says: nothing above flex-rt ever destroys a stream, and a stream cannot
 //!   outlive its context (the borrow checker refuses it).
-//! - [`RuntimeStream`] is one `flex_stream_t` (`flex::RuntimeStream`).
+//! - [`HardwareStream`] is one `flex_stream_t` (`flex::RuntimeStream`).
 //!
 //! # How calls cross the ABI
 //!
@@ -51,10 +54,10 @@
 mod backend;
 mod call;
 mod callback;
-mod context;
 mod handle;
+mod runtime;
 mod stream;
 
-pub use backend::FlexBackend;
-pub use context::{CloseError, RuntimeContext, TeardownError, TeardownStep};
-pub use stream::RuntimeStream;
+pub use backend::HardwareBackend;
+pub use runtime::{CloseError, HardwareRuntime, TeardownError, TeardownStep};
+pub use stream::HardwareStream;

@@ -1,11 +1,13 @@
-//! The process-wide runtime and pool (torch-spyre's `GlobalRuntime`,
-//! `startRuntime`/`freeRuntime` and the free functions over the pool).
+//! The process-wide runtime (torch-spyre's `GlobalRuntime`,
+//! `startRuntime`/`freeRuntime`, `set_device` and the device state): which
+//! backend and device it runs on, starting it once, freeing it, and finding
+//! the pool of a device for the free functions.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use flex_rt::fork::{self, ForkGeneration};
-use flex_rt::{Backend, Runtime, Stream};
+use flex_rt::{Backend, Runtime};
 use parking_lot::Mutex;
 
 use crate::backend::{self, BackendKind};
@@ -139,15 +141,16 @@ fn backend_slot(slot: &mut Option<Box<dyn Backend>>) -> Result<&dyn Backend> {
 /// runtime's can never disagree: before the start both come from the same
 /// reading of the environment, after it every thread without a device of its
 /// own follows the runtime (torch-spyre writes `LOCAL_RANK` back into
-/// `tls_idx` at start for the same reason).
-fn resolve(device: Device) -> Result<(u8, DeviceSource)> {
+/// `tls_idx` at start for the same reason). Once `running` is known, it
+/// reads nothing but the thread's device and cannot fail.
+fn resolve(device: Device, running: Option<&Running>) -> Result<(u8, DeviceSource)> {
     if let Some(index) = device.explicit() {
         return Ok((index, DeviceSource::Requested));
     }
     if let Some(index) = thread_device() {
         return Ok((index, DeviceSource::ThreadDevice));
     }
-    if let Some(running) = RUNNING.get() {
+    if let Some(running) = running {
         return Ok((running.pool.device(), running.device_source));
     }
     match env::var(env::LOCAL_RANK) {
@@ -164,7 +167,7 @@ fn resolve(device: Device) -> Result<(u8, DeviceSource)> {
 /// [`Error::InvalidEnv`] for a malformed `LOCAL_RANK` before the runtime
 /// has started (the same error [`start_runtime`] would give).
 pub fn current_device() -> Result<u8> {
-    resolve(Device::CURRENT).map(|(index, _)| index)
+    resolve(Device::CURRENT, RUNNING.get()).map(|(index, _)| index)
 }
 
 /// Makes `index` the calling thread's current device (torch-spyre's `set_device`).
@@ -201,24 +204,23 @@ pub fn set_device(index: i64) -> Result<()> {
 /// a malformed variable; [`Error::DeviceOutOfRange`]; the backend's load or
 /// configuration error; the runtime's creation error.
 pub fn start_runtime() -> Result<()> {
-    start_on(Device::CURRENT).map(|_| ())
+    start_on(Device::CURRENT).map(drop)
 }
 
 /// Starts the runtime on the device `device` names (see [`resolve`]) unless
-/// it has started, and returns it. Nothing is bound unless the start
-/// succeeds: the device is checked against the visible devices first.
-fn start_on(device: Device) -> Result<&'static Running> {
+/// it has started, and returns it with the device `device` names. Nothing is
+/// bound unless the start succeeds: the device is checked against the
+/// visible devices first. The device is resolved once.
+fn start_on(device: Device) -> Result<(&'static Running, u8)> {
     if let Some(running) = RUNNING.get() {
-        running.check_process()?;
-        check_not_freed()?;
-        return Ok(running);
+        return usable(running, device);
     }
     let mut slot = LIFECYCLE.lock();
     check_not_freed()?;
     if let Some(running) = RUNNING.get() {
-        return running.check_process();
+        return usable(running, device);
     }
-    let (device, device_source) = resolve(device)?;
+    let (device, device_source) = resolve(device, None)?;
     let host_compute =
         env::parse_host_compute_streams(env::var(env::NUM_HOST_COMPUTE_STREAMS).as_deref())?;
     let track_hazards = env::parse_hazard_tracker(env::var(env::HAZARD_TRACKER).as_deref())?;
@@ -251,7 +253,16 @@ fn start_on(device: Device) -> Result<&'static Running> {
         generation,
     });
     debug_assert!(started.is_ok(), "RUNNING is only set under LIFECYCLE");
-    Ok(RUNNING.get().expect("set just above"))
+    Ok((RUNNING.get().expect("set just above"), device))
+}
+
+/// The started runtime, checked to be this process's and not freed, with
+/// the device `device` names.
+fn usable(running: &'static Running, device: Device) -> Result<(&'static Running, u8)> {
+    running.check_process()?;
+    check_not_freed()?;
+    let (index, _) = resolve(device, Some(running))?;
+    Ok((running, index))
 }
 
 /// Drops the process's use of the runtime (`freeRuntime`). Afterwards
@@ -274,13 +285,29 @@ pub fn free_runtime() {
 /// As [`start_runtime`]; [`Error::OtherDevice`] when the runtime runs on
 /// another device.
 pub(crate) fn pool_for(device: Device) -> Result<&'static StreamPool<'static>> {
-    let running = start_on(device)?;
-    let (requested, _) = resolve(device)?;
+    let (running, requested) = start_on(device)?;
+    bound_pool(running, requested)
+}
+
+/// The pool for `device` when the runtime has started; starts nothing.
+///
+/// # Errors
+/// [`Error::NotStarted`] before the start; [`Error::ForkedProcess`] in a
+/// forked child; [`Error::OtherDevice`] for another device.
+pub(crate) fn started_pool_for(device: Device) -> Result<&'static StreamPool<'static>> {
+    let running = running()?;
+    let (requested, _) = resolve(device, Some(running))?;
+    bound_pool(running, requested)
+}
+
+/// `running`'s pool if it serves `requested`.
+fn bound_pool(running: &'static Running, requested: u8) -> Result<&'static StreamPool<'static>> {
     let bound = running.pool.device();
-    if requested != bound {
-        return Err(Error::OtherDevice { requested, bound });
+    if requested == bound {
+        Ok(&running.pool)
+    } else {
+        Err(Error::OtherDevice { requested, bound })
     }
-    Ok(&running.pool)
 }
 
 /// The pool that resolves `stream`'s handle. Does not start anything: a
@@ -309,74 +336,6 @@ pub(crate) fn pool_of(stream: SpyreStream) -> Result<&'static StreamPool<'static
 /// in a child forked after the start.
 pub fn global_pool() -> Result<&'static StreamPool<'static>> {
     running().map(|r| &r.pool)
-}
-
-/// The next stream of a pool on `device`, round robin (`getStreamFromPool`):
-/// `priority < 0` picks the high-priority pool (ids 33–64), otherwise the
-/// normal pool (ids 1–32). Starts the runtime if needed.
-///
-/// # Errors
-/// The start error; [`Error::OtherDevice`] for another device;
-/// the runtime's error if the stream cannot be created.
-pub fn stream_from_pool(device: Device, priority: i32) -> Result<SpyreStream> {
-    pool_for(device)?.stream_from_pool(priority)
-}
-
-/// The default stream of `device` (id 0, `getDefaultStream`). Starts the runtime if needed.
-///
-/// # Errors
-/// As [`stream_from_pool`].
-pub fn default_stream(device: Device) -> Result<SpyreStream> {
-    pool_for(device)?.default_stream()
-}
-
-/// The runtime handle of the default stream (`getDefaultStreamRuntimeHandle`),
-/// for code that talks to the runtime directly (a collective-communication
-/// backend, say).
-///
-/// # Errors
-/// As [`stream_from_pool`].
-pub fn default_stream_handle(device: Device) -> Result<&'static dyn Stream> {
-    pool_for(device)?.default_stream_handle()
-}
-
-/// The next host-compute stream, round robin (`getHostComputeStream`).
-///
-/// # Errors
-/// As [`stream_from_pool`].
-pub fn host_compute_stream(device: Device) -> Result<SpyreStream> {
-    pool_for(device)?.host_compute_stream()
-}
-
-/// The host-compute stream `id` (`getHostComputeStreamById`).
-///
-/// # Errors
-/// [`Error::NotHostComputeStream`] outside 65..65+N; otherwise as [`stream_from_pool`].
-pub fn host_compute_stream_by_id(id: i64, device: Device) -> Result<SpyreStream> {
-    pool_for(device)?.host_compute_stream_by_id(id)
-}
-
-/// Synchronizes every stream of `device` (`synchronizeDevice`); see
-/// [`StreamPool::synchronize_device`]. Before the runtime has started there is
-/// nothing to synchronize and it returns `Ok` without starting it.
-///
-/// # Errors
-/// [`Error::OtherDevice`] for a device other than the process's;
-/// [`Error::ForkedProcess`] in a forked child; [`Error::InvalidEnv`] for a
-/// malformed `LOCAL_RANK` when `device` is the current one and nothing has
-/// started; [`Error::DeviceSynchronize`] naming the first stream that failed.
-pub fn synchronize_device(device: Device) -> Result<()> {
-    let running = match running() {
-        Ok(running) => running,
-        Err(Error::NotStarted) => return Ok(()),
-        Err(other) => return Err(other),
-    };
-    let (requested, _) = resolve(device)?;
-    let bound = running.pool.device();
-    if requested != bound {
-        return Err(Error::OtherDevice { requested, bound });
-    }
-    running.pool.synchronize_device()
 }
 
 /// The state of the process's device (`SpyreGetDeviceState`):
@@ -429,6 +388,7 @@ pub fn hazard_tracker_enabled() -> bool {
 /// The start error.
 pub fn set_hazard_tracker_enabled(enabled: bool) -> Result<()> {
     start_on(Device::CURRENT)?
+        .0
         .pool
         .set_hazard_tracker_enabled(enabled);
     Ok(())

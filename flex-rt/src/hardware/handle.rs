@@ -6,7 +6,7 @@ use flex_sys::bindings as sys;
 
 /// A `flex_runtime_t *` that a successful `flex_runtime_create` returned.
 ///
-/// Only a pointer: the owner ([`super::RuntimeContext`]) decides when it is
+/// Only a pointer: the owner ([`super::HardwareRuntime`]) decides when it is
 /// destroyed. Copying it does not copy the runtime.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct RuntimeHandle(NonNull<sys::flex_runtime_t>);
@@ -23,8 +23,8 @@ pub(super) struct StreamHandle(NonNull<sys::flex_stream_t>);
 // created them." So moving a handle to another thread and using it there is
 // allowed. The functions that do restrict concurrency are handled by the
 // owners: launches on one stream are serialized by that stream's mutex
-// (`RuntimeStream`), and `flex_runtime_destroy` / `flex_stream_destroy` run
-// only from `RuntimeContext`'s teardown, which has exclusive access.
+// (`HardwareStream`), and `flex_runtime_destroy` / `flex_stream_destroy` run
+// only from `HardwareRuntime`'s teardown, which has exclusive access.
 unsafe impl Send for RuntimeHandle {}
 // SAFETY: as for `Send`: sharing `&RuntimeHandle` only shares the pointer
 // value, and `flex.h` allows concurrent calls with the same handle.

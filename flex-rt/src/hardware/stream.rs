@@ -1,4 +1,4 @@
-//! `RuntimeStream`: one `flex_stream_t`, borrowed from its `RuntimeContext`.
+//! `HardwareStream`: one `flex_stream_t`, borrowed from its `HardwareRuntime`.
 
 use std::ffi::c_void;
 use std::fmt;
@@ -16,16 +16,16 @@ use crate::{
     Status, Stream, StreamPriority, check_copy_size, check_fill_size,
 };
 
-/// One hardware queue of a [`RuntimeContext`](super::RuntimeContext): a
+/// One hardware queue of a [`HardwareRuntime`](super::HardwareRuntime): a
 /// `flex_stream_t` (torch-spyre's `flex::RuntimeStream`).
 ///
 /// Obtained only as a borrow of its context —
-/// [`RuntimeContext::default_stream`](super::RuntimeContext::default_stream)
-/// or [`RuntimeContext::create_stream`](super::RuntimeContext::create_stream)
+/// [`HardwareRuntime::default_stream`](super::HardwareRuntime::default_stream)
+/// or [`HardwareRuntime::create_stream`](super::HardwareRuntime::create_stream)
 /// — so it cannot outlive it, and nothing but the context destroys it (the
 /// stream-ownership spec: "torch-spyre never destroys a
 /// flex::RuntimeStream"). All behaviour is the [`Stream`] trait's; this type
-/// adds [`RuntimeStream::is_default`].
+/// adds [`HardwareStream::is_default`].
 ///
 /// # Launches
 ///
@@ -54,7 +54,7 @@ use crate::{
 /// No method panics. A panic in a completion or host callback is caught at
 /// the flex boundary: a host callback's panic fails the operation (and the
 /// stream) with [`Status::HOST_CALLBACK_FAILED`].
-pub struct RuntimeStream {
+pub struct HardwareStream {
     /// Keeps the library loaded; the context holds it too.
     lib: Arc<FlexLibrary>,
     /// The runtime this stream belongs to.
@@ -70,7 +70,7 @@ pub struct RuntimeStream {
     submit: Mutex<()>,
 }
 
-impl RuntimeStream {
+impl HardwareStream {
     /// Wraps a stream handle of `runtime`, reading its id and priority.
     ///
     /// # Errors
@@ -202,7 +202,7 @@ impl RawAddress {
     }
 }
 
-impl Stream for RuntimeStream {
+impl Stream for HardwareStream {
     fn id(&self) -> u64 {
         self.id
     }
@@ -384,9 +384,9 @@ impl Stream for RuntimeStream {
     }
 }
 
-impl fmt::Debug for RuntimeStream {
+impl fmt::Debug for HardwareStream {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RuntimeStream")
+        f.debug_struct("HardwareStream")
             .field("id", &self.id)
             .field("priority", &self.priority)
             .field("is_default", &self.is_default)
@@ -400,7 +400,7 @@ mod tests {
     use super::*;
     use crate::{AddressChunk, LogicalAddress};
 
-    static_assertions::assert_impl_all!(RuntimeStream: Send, Sync, fmt::Debug);
+    static_assertions::assert_impl_all!(HardwareStream: Send, Sync, fmt::Debug);
 
     #[test]
     fn raw_addresses_point_at_their_chunks() {

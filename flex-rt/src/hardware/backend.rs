@@ -1,4 +1,4 @@
-//! `FlexBackend`: a loaded flex library as a [`Backend`].
+//! `HardwareBackend`: a loaded flex library as a [`Backend`].
 
 use std::path::Path;
 use std::sync::Arc;
@@ -6,15 +6,15 @@ use std::sync::Arc;
 use flex_sys::{FlexLibrary, LoadError};
 
 use super::call::{self, check};
-use super::context::RuntimeContext;
+use super::runtime::HardwareRuntime;
 use crate::{Backend, Result, Runtime};
 
 /// The hardware backend: a flex runtime library loaded at run time
 /// (`Backend::name` is `"hardware"`).
 ///
-/// It counts devices and creates [`RuntimeContext`]s, each of which keeps
-/// the library loaded. Loading is flex-sys's: [`FlexBackend::load`] follows
-/// `FLEX_RUNTIME_LIB` and the default library names, [`FlexBackend::open`]
+/// It counts devices and creates [`HardwareRuntime`]s, each of which keeps
+/// the library loaded. Loading is flex-sys's: [`HardwareBackend::load`] follows
+/// `FLEX_RUNTIME_LIB` and the default library names, [`HardwareBackend::open`]
 /// takes a path, and every failure is a [`LoadError`] that says what was
 /// tried. Nothing is cached.
 ///
@@ -22,11 +22,11 @@ use crate::{Backend, Result, Runtime};
 /// (`flex.h`: every function may be called from any thread). Cloning shares
 /// the library. No method panics.
 #[derive(Clone, Debug)]
-pub struct FlexBackend {
+pub struct HardwareBackend {
     lib: Arc<FlexLibrary>,
 }
 
-impl FlexBackend {
+impl HardwareBackend {
     /// Loads the library the environment selects, with
     /// [`FlexLibrary::load`]: exactly `FLEX_RUNTIME_LIB` when it is set,
     /// otherwise `libflex.so.<major>` then `libflex.so`.
@@ -58,7 +58,7 @@ impl FlexBackend {
     }
 }
 
-impl Backend for FlexBackend {
+impl Backend for HardwareBackend {
     fn name(&self) -> &'static str {
         "hardware"
     }
@@ -83,9 +83,9 @@ impl Backend for FlexBackend {
         ]
     }
 
-    /// [`RuntimeContext::create`] with this backend's library.
+    /// [`HardwareRuntime::create`] with this backend's library.
     fn create_runtime(&self, logical_device: u32) -> Result<Box<dyn Runtime>> {
-        Ok(Box::new(RuntimeContext::create(
+        Ok(Box::new(HardwareRuntime::create(
             Arc::clone(&self.lib),
             logical_device,
         )?))
@@ -96,12 +96,12 @@ impl Backend for FlexBackend {
 mod tests {
     use super::*;
 
-    static_assertions::assert_impl_all!(FlexBackend: Send, Sync, Clone, Backend);
+    static_assertions::assert_impl_all!(HardwareBackend: Send, Sync, Clone, Backend);
 
     #[test]
     #[cfg_attr(miri, ignore = "Miri cannot dlopen")]
     fn open_reports_the_load_error() {
-        let error = FlexBackend::open("/nonexistent/libflex.so.1").unwrap_err();
+        let error = HardwareBackend::open("/nonexistent/libflex.so.1").unwrap_err();
         assert!(
             matches!(error, LoadError::Open { ref path, .. } if path == Path::new("/nonexistent/libflex.so.1")),
             "{error}"

@@ -1,4 +1,4 @@
-//! `RuntimeContext`: one `flex_runtime_t`, the owner of its streams.
+//! `HardwareRuntime`: one `flex_runtime_t`, the owner of its streams.
 
 use std::fmt;
 use std::ptr;
@@ -11,7 +11,7 @@ use parking_lot::Mutex;
 use super::call::{self, check};
 use super::callback;
 use super::handle::{RuntimeHandle, StreamHandle};
-use super::stream::{RawAddress, RuntimeStream};
+use super::stream::{HardwareStream, RawAddress};
 use crate::{
     AddressChunk, CompositeAddress, FlexError, MAX_ADDRESS_CHUNKS, Result, Runtime, Status, Stream,
     StreamMode, StreamPriority,
@@ -23,11 +23,11 @@ use crate::{
 ///
 /// # Ownership (the stream-ownership spec)
 ///
-/// The context creates and owns every [`RuntimeStream`]: the default stream,
+/// The context creates and owns every [`HardwareStream`]: the default stream,
 /// made with the runtime, and each one from
-/// [`RuntimeContext::create_stream`], kept in append-only storage at a
+/// [`HardwareRuntime::create_stream`], kept in append-only storage at a
 /// stable address until the context goes away. Callers only borrow them
-/// (`&RuntimeStream`, or `&dyn Stream` through [`Runtime`]), so a stream
+/// (`&HardwareStream`, or `&dyn Stream` through [`Runtime`]), so a stream
 /// cannot outlive its context — the compiler refuses it — and nothing above
 /// flex-rt ever destroys a stream. The context holds an
 /// `Arc<FlexLibrary>`, so the library stays loaded while the context or
@@ -35,7 +35,7 @@ use crate::{
 ///
 /// # Teardown
 ///
-/// Dropping the context, or [`RuntimeContext::close`], runs the teardown
+/// Dropping the context, or [`HardwareRuntime::close`], runs the teardown
 /// exactly once:
 ///
 /// 1. synchronize every stream (default first, then in creation order), so
@@ -46,7 +46,7 @@ use crate::{
 /// 3. destroy the runtime (`flex_runtime_destroy`).
 ///
 /// Every step runs even if an earlier one failed. `Drop` never panics: it
-/// logs each failure with `tracing::warn!`. [`RuntimeContext::close`]
+/// logs each failure with `tracing::warn!`. [`HardwareRuntime::close`]
 /// returns them all instead. The library reference is released last; a
 /// context dropped while its thread is unwinding from a panic keeps the
 /// library loaded rather than unload it during unwinding.
@@ -69,16 +69,16 @@ use crate::{
 ///
 /// No method panics, and neither does `Drop`. A status `flex.h` does not
 /// define, or a success with a null handle, is an error, never a panic.
-pub struct RuntimeContext {
+pub struct HardwareRuntime {
     /// Keeps the library loaded; released after the teardown.
     lib: Arc<FlexLibrary>,
     handle: RuntimeHandle,
     logical_device: u32,
     /// The runtime's default stream; destroyed with the runtime.
-    default: RuntimeStream,
+    default: HardwareStream,
     /// Streams from `create_stream`, in creation order; never moved or
     /// removed before the teardown.
-    streams: boxcar::Vec<RuntimeStream>,
+    streams: boxcar::Vec<HardwareStream>,
     /// Held across `flex_runtime_create_stream` and the push, so index order
     /// is creation order.
     create_lock: Mutex<()>,
@@ -86,13 +86,13 @@ pub struct RuntimeContext {
     torn_down: bool,
 }
 
-impl RuntimeContext {
+impl HardwareRuntime {
     /// Creates a runtime bound to `logical_device` (0-based) with
     /// `flex_runtime_create`, and takes its default stream.
     ///
     /// This is `flex::RuntimeContext::create()` in torch-spyre and
     /// [`Backend::create_runtime`](crate::Backend::create_runtime) of
-    /// [`FlexBackend`](super::FlexBackend). `lib` is kept for the life of
+    /// [`HardwareBackend`](super::HardwareBackend). `lib` is kept for the life of
     /// the context.
     ///
     /// # Errors
@@ -103,7 +103,7 @@ impl RuntimeContext {
     /// - [`Status::INTERNAL`] when the library reports success but hands back
     ///   a null handle or an undefined default-stream priority; the runtime is
     ///   destroyed again in that case.
-    pub fn create(lib: Arc<FlexLibrary>, logical_device: u32) -> Result<RuntimeContext> {
+    pub fn create(lib: Arc<FlexLibrary>, logical_device: u32) -> Result<HardwareRuntime> {
         const CALL: &str = "flex_runtime_create";
         let raw_device = call::device_to_raw(logical_device, CALL)?;
         let mut out: *mut sys::flex_runtime_t = ptr::null_mut();
@@ -125,7 +125,7 @@ impl RuntimeContext {
             }
         };
         tracing::debug!(logical_device, path = %lib.path().display(), "created a flex runtime");
-        Ok(RuntimeContext {
+        Ok(HardwareRuntime {
             lib,
             handle,
             logical_device,
@@ -137,7 +137,10 @@ impl RuntimeContext {
     }
 
     /// Takes the default stream of a runtime that was just created.
-    fn open_default_stream(lib: &Arc<FlexLibrary>, handle: RuntimeHandle) -> Result<RuntimeStream> {
+    fn open_default_stream(
+        lib: &Arc<FlexLibrary>,
+        handle: RuntimeHandle,
+    ) -> Result<HardwareStream> {
         const CALL: &str = "flex_runtime_get_default_stream";
         let mut out: *mut sys::flex_stream_t = ptr::null_mut();
         // SAFETY: `handle` is the live runtime created just before; `out` is
@@ -148,14 +151,14 @@ impl RuntimeContext {
         };
         check(lib, status, CALL)?;
         let stream = StreamHandle::new(call::non_null(out, CALL, "default stream handle")?);
-        RuntimeStream::open(Arc::clone(lib), handle, stream, true)
+        HardwareStream::open(Arc::clone(lib), handle, stream, true)
     }
 
     /// The default stream: normal priority, strict ordering, no hazard
     /// tracking, id 0, created with the runtime and destroyed with it
     /// (`getDefaultStream()` in torch-spyre). Always the same stream; the
     /// borrow cannot outlive the context.
-    pub fn default_stream(&self) -> &RuntimeStream {
+    pub fn default_stream(&self) -> &HardwareStream {
         &self.default
     }
 
@@ -174,7 +177,7 @@ impl RuntimeContext {
         priority: StreamPriority,
         mode: StreamMode,
         track_hazards: bool,
-    ) -> Result<&RuntimeStream> {
+    ) -> Result<&HardwareStream> {
         const CALL: &str = "flex_runtime_create_stream";
         let _order = self.create_lock.lock();
         let mut out: *mut sys::flex_stream_t = ptr::null_mut();
@@ -192,7 +195,7 @@ impl RuntimeContext {
         };
         check(&self.lib, status, CALL)?;
         let stream = StreamHandle::new(call::non_null(out, CALL, "stream handle")?);
-        let stream = match RuntimeStream::open(Arc::clone(&self.lib), self.handle, stream, false) {
+        let stream = match HardwareStream::open(Arc::clone(&self.lib), self.handle, stream, false) {
             Ok(stream) => stream,
             Err(error) => {
                 self.destroy_stream(stream).unwrap_or_else(|destroy| {
@@ -221,7 +224,7 @@ impl RuntimeContext {
     }
 
     /// Closes the runtime now, with the teardown described on
-    /// [`RuntimeContext`], and reports every step that failed (dropping the
+    /// [`HardwareRuntime`], and reports every step that failed (dropping the
     /// context does the same and only logs them).
     ///
     /// # Errors
@@ -267,7 +270,7 @@ impl RuntimeContext {
             }];
         }
         let mut errors = Vec::new();
-        let created: Vec<&RuntimeStream> = self.streams.iter().map(|(_, stream)| stream).collect();
+        let created: Vec<&HardwareStream> = self.streams.iter().map(|(_, stream)| stream).collect();
         for stream in std::iter::once(&self.default).chain(created.iter().copied()) {
             if let Err(error) = stream.synchronize_unchecked() {
                 errors.push(TeardownError {
@@ -339,13 +342,13 @@ fn free_raw_chunks(lib: &FlexLibrary, handle: RuntimeHandle, chunks: &[sys::flex
     }
 }
 
-impl Runtime for RuntimeContext {
+impl Runtime for HardwareRuntime {
     fn logical_device(&self) -> u32 {
         self.logical_device
     }
 
     fn default_stream(&self) -> &dyn Stream {
-        RuntimeContext::default_stream(self)
+        HardwareRuntime::default_stream(self)
     }
 
     fn create_stream(
@@ -354,7 +357,8 @@ impl Runtime for RuntimeContext {
         mode: StreamMode,
         track_hazards: bool,
     ) -> Result<&dyn Stream> {
-        RuntimeContext::create_stream(self, priority, mode, track_hazards).map(|s| s as &dyn Stream)
+        HardwareRuntime::create_stream(self, priority, mode, track_hazards)
+            .map(|s| s as &dyn Stream)
     }
 
     fn has_stream_error(&self) -> Result<bool> {
@@ -430,8 +434,8 @@ impl Runtime for RuntimeContext {
     }
 }
 
-impl Drop for RuntimeContext {
-    /// Runs the teardown (see [`RuntimeContext`]) unless [`RuntimeContext::close`]
+impl Drop for HardwareRuntime {
+    /// Runs the teardown (see [`HardwareRuntime`]) unless [`HardwareRuntime::close`]
     /// already did; logs each failure with `tracing::warn!`. Never panics.
     fn drop(&mut self) {
         let logical_device = self.logical_device;
@@ -446,9 +450,9 @@ impl Drop for RuntimeContext {
     }
 }
 
-impl fmt::Debug for RuntimeContext {
+impl fmt::Debug for HardwareRuntime {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RuntimeContext")
+        f.debug_struct("HardwareRuntime")
             .field("logical_device", &self.logical_device)
             .field("library", &self.lib.path())
             .field("handle", &self.handle.as_ptr())
@@ -457,7 +461,7 @@ impl fmt::Debug for RuntimeContext {
     }
 }
 
-/// One step of a [`RuntimeContext`]'s teardown.
+/// One step of a [`HardwareRuntime`]'s teardown.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum TeardownStep {
     /// `flex_stream_synchronize` on the stream with this id (step 1).
@@ -485,7 +489,7 @@ impl fmt::Display for TeardownStep {
     }
 }
 
-/// A step of a [`RuntimeContext`]'s teardown that failed, and its error.
+/// A step of a [`HardwareRuntime`]'s teardown that failed, and its error.
 /// Displays as `<step>: <error>`.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{step}: {error}")]
@@ -506,7 +510,7 @@ impl TeardownError {
     }
 }
 
-/// Every failure of [`RuntimeContext::close`], in teardown order. The
+/// Every failure of [`HardwareRuntime::close`], in teardown order. The
 /// teardown still ran every step.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
@@ -550,7 +554,7 @@ impl fmt::Display for DisplayList<'_> {
 mod tests {
     use super::*;
 
-    static_assertions::assert_impl_all!(RuntimeContext: Send, Sync, fmt::Debug, Runtime);
+    static_assertions::assert_impl_all!(HardwareRuntime: Send, Sync, fmt::Debug, Runtime);
     static_assertions::assert_impl_all!(CloseError: Send, Sync, std::error::Error);
 
     #[test]

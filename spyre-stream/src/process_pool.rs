@@ -1,0 +1,71 @@
+//! torch-spyre's free functions over the process-wide pool
+//! (`getStreamFromPool`, `getDefaultStream`, `getHostComputeStream`,
+//! `synchronizeDevice`, ...): each finds the pool of the device it is given
+//! through [`crate::runtime`] and asks it.
+
+use flex_rt::Stream;
+
+use crate::runtime::{self, pool_for};
+use crate::{Device, Error, Result, SpyreStream};
+
+/// The next stream of a pool on `device`, round robin (`getStreamFromPool`):
+/// `priority < 0` picks the high-priority pool (ids 33–64), otherwise the
+/// normal pool (ids 1–32). Starts the runtime if needed.
+///
+/// # Errors
+/// The start error; [`Error::OtherDevice`] for another device;
+/// the runtime's error if the stream cannot be created.
+pub fn stream_from_pool(device: Device, priority: i32) -> Result<SpyreStream> {
+    pool_for(device)?.stream_from_pool(priority)
+}
+
+/// The default stream of `device` (id 0, `getDefaultStream`). Starts the runtime if needed.
+///
+/// # Errors
+/// As [`stream_from_pool`].
+pub fn default_stream(device: Device) -> Result<SpyreStream> {
+    pool_for(device)?.default_stream()
+}
+
+/// The runtime handle of the default stream (`getDefaultStreamRuntimeHandle`),
+/// for code that talks to the runtime directly (a collective-communication
+/// backend, say).
+///
+/// # Errors
+/// As [`stream_from_pool`].
+pub fn default_stream_handle(device: Device) -> Result<&'static dyn Stream> {
+    pool_for(device)?.default_stream_handle()
+}
+
+/// The next host-compute stream, round robin (`getHostComputeStream`).
+///
+/// # Errors
+/// As [`stream_from_pool`].
+pub fn host_compute_stream(device: Device) -> Result<SpyreStream> {
+    pool_for(device)?.host_compute_stream()
+}
+
+/// The host-compute stream `id` (`getHostComputeStreamById`).
+///
+/// # Errors
+/// [`Error::NotHostComputeStream`] outside 65..65+N; otherwise as [`stream_from_pool`].
+pub fn host_compute_stream_by_id(id: i64, device: Device) -> Result<SpyreStream> {
+    pool_for(device)?.host_compute_stream_by_id(id)
+}
+
+/// Synchronizes every stream of `device` (`synchronizeDevice`); see
+/// [`crate::StreamPool::synchronize_device`]. Before the runtime has started there is
+/// nothing to synchronize and it returns `Ok` without starting it.
+///
+/// # Errors
+/// [`Error::OtherDevice`] for a device other than the process's;
+/// [`Error::ForkedProcess`] in a forked child; [`Error::InvalidEnv`] for a
+/// malformed `LOCAL_RANK` when `device` is the current one and nothing has
+/// started; [`Error::DeviceSynchronize`] naming the first stream that failed.
+pub fn synchronize_device(device: Device) -> Result<()> {
+    match runtime::started_pool_for(device) {
+        Ok(pool) => pool.synchronize_device(),
+        Err(Error::NotStarted) => Ok(()),
+        Err(other) => Err(other),
+    }
+}
