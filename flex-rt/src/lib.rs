@@ -22,6 +22,7 @@ mod error;
 #[cfg(unix)]
 pub mod hardware;
 mod launch;
+pub mod noop;
 pub mod program;
 mod status;
 mod traits;

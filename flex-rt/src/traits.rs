@@ -96,6 +96,44 @@ pub trait Runtime: Send + Sync + fmt::Debug {
     }
 }
 
+/// A borrowed runtime is a runtime: `Box::new(&runtime)` hands a runtime
+/// that lives elsewhere (a leaked one, say) to code that takes a
+/// `Box<dyn Runtime>`, with every call forwarded.
+impl<R: Runtime + ?Sized> Runtime for &R {
+    fn logical_device(&self) -> u32 {
+        (**self).logical_device()
+    }
+
+    fn default_stream(&self) -> &dyn Stream {
+        (**self).default_stream()
+    }
+
+    fn create_stream(
+        &self,
+        priority: StreamPriority,
+        mode: StreamMode,
+        track_hazards: bool,
+    ) -> Result<&dyn Stream> {
+        (**self).create_stream(priority, mode, track_hazards)
+    }
+
+    fn has_stream_error(&self) -> Result<bool> {
+        (**self).has_stream_error()
+    }
+
+    fn allocate(&self, size: u64) -> Result<CompositeAddress> {
+        (**self).allocate(size)
+    }
+
+    fn free(&self, address: &CompositeAddress) -> Result<()> {
+        (**self).free(address)
+    }
+
+    fn memory_layout(&self) -> Option<MemoryLayout> {
+        (**self).memory_layout()
+    }
+}
+
 /// One hardware queue (`flex::RuntimeStream`): operations run in submission
 /// order, and different streams run concurrently.
 ///

@@ -6,10 +6,10 @@
 //!
 //! (or `bash ci/loom.sh`). The pool's lock and atomics come from a
 //! cfg(spyre_loom) shim, so loom explores every interleaving of the scenarios
-//! below (one model bounds preemptions, see its comment). The runtime is a
-//! small fake whose streams live in a pre-allocated table and count their
-//! creation and synchronization with loom atomics; it can refuse creations
-//! and hold the default stream's `synchronize` behind a gate.
+//! below (one model bounds preemptions, see its comment). The runtime is
+//! flex-rt's no-op runtime, which counts creations and synchronizations, can
+//! refuse creations, and here holds the default stream's `synchronize`
+//! behind a loom gate.
 //!
 //! | scenario | model |
 //! |---|---|
@@ -27,25 +27,12 @@
 //! RELIABILITY.md for the breakages tried).
 #![cfg(spyre_loom)]
 
-use std::fmt;
-
-use flex_rt::{
-    CompositeAddress, DataFormat, FlexError, HostBuffer, HostCallback, LaunchOptions, Runtime,
-    Status, Stream, StreamMode, StreamPriority,
-};
-use loom::sync::atomic::{AtomicUsize, Ordering};
+use flex_rt::Status;
+use flex_rt::noop::NoopRuntime;
 use loom::sync::{Arc, Condvar, Mutex};
 use spyre_stream::{Error, PoolConfig, SpyreStream, StreamId, StreamPool};
 
 const HOST_COMPUTE: usize = 1;
-
-struct FakeStream {
-    id: u64,
-    syncs: AtomicUsize,
-    /// When set, `synchronize` blocks until the gate opens (a stream whose
-    /// work is still running).
-    gate: Option<&'static Gate>,
-}
 
 /// A one-shot latch: `wait` blocks until `open` has been called.
 #[derive(Default)]
@@ -68,148 +55,17 @@ impl Gate {
     }
 }
 
-impl fmt::Debug for FakeStream {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "FakeStream({})", self.id)
-    }
-}
-
-impl Stream for FakeStream {
-    fn id(&self) -> u64 {
-        self.id
-    }
-    fn priority(&self) -> StreamPriority {
-        StreamPriority::Normal
-    }
-    fn query(&self) -> Result<bool, FlexError> {
-        Ok(true)
-    }
-    fn synchronize(&self) -> Result<(), FlexError> {
-        if let Some(gate) = self.gate {
-            gate.wait();
-        }
-        self.syncs.fetch_add(1, Ordering::SeqCst);
-        Ok(())
-    }
-    fn needs_shutdown(&self) -> Result<bool, FlexError> {
-        Ok(false)
-    }
-    fn launch_h2d(
-        &self,
-        _: &HostBuffer,
-        _: &CompositeAddress,
-        _: LaunchOptions,
-    ) -> Result<(), FlexError> {
-        Ok(())
-    }
-    fn launch_d2h(
-        &self,
-        _: &CompositeAddress,
-        _: &HostBuffer,
-        _: LaunchOptions,
-    ) -> Result<(), FlexError> {
-        Ok(())
-    }
-    fn launch_compute(&self, _: &CompositeAddress, _: LaunchOptions) -> Result<(), FlexError> {
-        Ok(())
-    }
-    fn launch_host_callback(&self, _: HostCallback, _: LaunchOptions) -> Result<(), FlexError> {
-        Ok(())
-    }
-    fn launch_fill(
-        &self,
-        _: &CompositeAddress,
-        _: f64,
-        _: DataFormat,
-        _: LaunchOptions,
-    ) -> Result<(), FlexError> {
-        Ok(())
-    }
-}
-
-/// A runtime with stream 0 as default and a table of streams to hand out.
-/// `fail_next` makes that many of the coming creations fail.
-struct FakeRuntime {
-    streams: Vec<FakeStream>,
-    created: AtomicUsize,
-    fail_next: AtomicUsize,
-}
-
-/// Enough streams for the default, one host-compute stream and all 32
-/// normal-pool ids, with room to spare.
-const FAKE_STREAMS: u64 = 40;
-
-impl FakeRuntime {
-    fn new() -> Self {
-        Self::with_default_stream_gate(None)
-    }
-
-    /// A runtime whose default stream's `synchronize` waits for `gate`.
-    fn with_default_stream_gate(gate: Option<&'static Gate>) -> Self {
-        Self {
-            streams: (0..FAKE_STREAMS)
-                .map(|id| FakeStream {
-                    id,
-                    syncs: AtomicUsize::new(0),
-                    gate: if id == 0 { gate } else { None },
-                })
-                .collect(),
-            created: AtomicUsize::new(0),
-            fail_next: AtomicUsize::new(0),
-        }
-    }
-}
-
-impl fmt::Debug for FakeRuntime {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("FakeRuntime")
-    }
-}
-
-impl Runtime for FakeRuntime {
-    fn logical_device(&self) -> u32 {
-        0
-    }
-    fn default_stream(&self) -> &dyn Stream {
-        &self.streams[0]
-    }
-    fn create_stream(
-        &self,
-        _: StreamPriority,
-        _: StreamMode,
-        _: bool,
-    ) -> Result<&dyn Stream, FlexError> {
-        if self
-            .fail_next
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
-        {
-            return Err(FlexError::new(
-                Status::RUNTIME_FAILED,
-                "create_stream",
-                "injected by the loom fake",
-            ));
-        }
-        let index = self.created.fetch_add(1, Ordering::SeqCst) + 1;
-        Ok(&self.streams[index])
-    }
-    fn has_stream_error(&self) -> Result<bool, FlexError> {
-        Ok(false)
-    }
-    fn allocate(&self, _: u64) -> Result<CompositeAddress, FlexError> {
-        unimplemented!("not used by the pool")
-    }
-    fn free(&self, _: &CompositeAddress) -> Result<(), FlexError> {
-        unimplemented!("not used by the pool")
-    }
-}
-
-fn pool(runtime: &'static FakeRuntime) -> Arc<StreamPool<'static>> {
+fn pool(runtime: &'static NoopRuntime) -> Arc<StreamPool<'static>> {
     Arc::new(StreamPool::new(runtime, PoolConfig::new(HOST_COMPUTE, false).unwrap()).unwrap())
 }
 
-fn leak_runtime() -> &'static FakeRuntime {
-    Box::leak(Box::new(FakeRuntime::new()))
+fn leak_runtime() -> &'static NoopRuntime {
+    Box::leak(Box::new(NoopRuntime::new(0)))
+}
+
+/// Streams the runtime has created (the default stream not counted).
+fn created(runtime: &NoopRuntime) -> usize {
+    runtime.calls().streams_created as usize
 }
 
 fn handle_id(pool: &StreamPool<'_>, id: i64) -> Result<u64, Error> {
@@ -242,7 +98,7 @@ fn init_races_assignment_and_resolve() {
         resolver.join().unwrap();
         assert_eq!(stream.id(), StreamId(1));
         // One host-compute stream at init, one for id 1: never more.
-        assert_eq!(runtime.created.load(Ordering::SeqCst), HOST_COMPUTE + 1);
+        assert_eq!(created(runtime), HOST_COMPUTE + 1);
         assert_eq!(handle_id(&pool, 0).unwrap(), 0);
     });
 }
@@ -265,7 +121,7 @@ fn concurrent_assignments_create_each_fresh_id_once() {
         let mut ids: Vec<i64> = threads.into_iter().map(|t| t.join().unwrap()).collect();
         ids.sort_unstable();
         assert_eq!(ids, vec![1, 2]);
-        assert_eq!(runtime.created.load(Ordering::SeqCst), HOST_COMPUTE + 2);
+        assert_eq!(created(runtime), HOST_COMPUTE + 2);
         let first = handle_id(&pool, 1).unwrap();
         let second = handle_id(&pool, 2).unwrap();
         assert_ne!(first, second);
@@ -308,7 +164,7 @@ fn device_sync_races_assignment() {
         };
         let stream = pool.stream_from_pool(0).unwrap();
         syncer.join().unwrap();
-        let syncs = |i: usize| runtime.streams[i].syncs.load(Ordering::SeqCst);
+        let syncs = |i: usize| runtime.synchronizes_of(i as u64).unwrap_or(0);
         assert_eq!(syncs(0), 1, "default stream");
         assert_eq!(syncs(1), 1, "host-compute stream 65");
         let assigned = handle_id(&pool, stream.id().get()).unwrap() as usize;
@@ -338,7 +194,7 @@ fn initialization_is_published_atomically() {
             (Some(0), Some(1)) => {}
             seen => panic!("saw a partial initialization: {seen:?}"),
         }
-        assert_eq!(runtime.created.load(Ordering::SeqCst), HOST_COMPUTE);
+        assert_eq!(created(runtime), HOST_COMPUTE);
     });
 }
 
@@ -363,7 +219,7 @@ fn concurrent_assignments_across_the_wrap() {
         let mut ids: Vec<i64> = threads.into_iter().map(|t| t.join().unwrap()).collect();
         ids.sort_unstable();
         assert_eq!(ids, vec![1, 32]);
-        assert_eq!(runtime.created.load(Ordering::SeqCst), HOST_COMPUTE + 32);
+        assert_eq!(created(runtime), HOST_COMPUTE + 32);
         assert_eq!(handle_id(&pool, 1).unwrap(), id1_before);
     });
 }
@@ -377,7 +233,7 @@ fn two_threads_assign_the_same_fresh_id_after_a_failed_creation() {
         let runtime = leak_runtime();
         let pool = pool(runtime);
         pool.initialize().unwrap();
-        runtime.fail_next.store(1, Ordering::SeqCst);
+        runtime.fail_next_stream_creations(1);
         let threads: Vec<_> = (0..2)
             .map(|_| {
                 let pool = pool.clone();
@@ -395,7 +251,7 @@ fn two_threads_assign_the_same_fresh_id_after_a_failed_creation() {
             .collect();
         results.sort_by_key(|r| r.is_ok());
         assert_eq!(results, vec![Err(Status::RUNTIME_FAILED), Ok(1)]);
-        assert_eq!(runtime.created.load(Ordering::SeqCst), HOST_COMPUTE + 1);
+        assert_eq!(created(runtime), HOST_COMPUTE + 1);
         assert_eq!(handle_id(&pool, 1).unwrap(), HOST_COMPUTE as u64 + 1);
         assert_eq!(pool.stream_from_pool(0).unwrap().id(), StreamId(2));
     });
@@ -448,7 +304,7 @@ fn the_same_fresh_id_handed_out_again_after_a_full_round() {
                 "id {id} changed handle"
             );
         }
-        assert_eq!(runtime.created.load(Ordering::SeqCst), HOST_COMPUTE + 32);
+        assert_eq!(created(runtime), HOST_COMPUTE + 32);
     });
 }
 
@@ -462,8 +318,15 @@ fn device_sync_releases_the_lock_before_waiting() {
     loom::model(|| {
         // Leaked like the runtime (loom checks that every loom Arc is freed).
         let gate: &'static Gate = Box::leak(Box::default());
-        let runtime: &'static FakeRuntime =
-            Box::leak(Box::new(FakeRuntime::with_default_stream_gate(Some(gate))));
+        let runtime: &'static NoopRuntime =
+            Box::leak(Box::new(NoopRuntime::with_synchronize_hook(
+                0,
+                Box::new(|id| {
+                    if id == 0 {
+                        gate.wait();
+                    }
+                }),
+            )));
         let pool = pool(runtime);
         pool.initialize().unwrap();
         let syncer = {
@@ -474,6 +337,6 @@ fn device_sync_releases_the_lock_before_waiting() {
         gate.open();
         syncer.join().unwrap();
         assert_eq!(stream.id(), StreamId(1));
-        assert_eq!(runtime.streams[0].syncs.load(Ordering::SeqCst), 1);
+        assert_eq!(runtime.synchronizes_of(0), Some(1));
     });
 }

@@ -29,11 +29,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
+use flex_rt::noop::NoopRuntime;
 use flex_rt::program::KernelDescriptor;
-use flex_rt::{
-    CompositeAddress, DataFormat, FlexError, HostBuffer, LaunchOptions, Runtime, Stream,
-    StreamMode, StreamPriority,
-};
+use flex_rt::{CompositeAddress, DataFormat, HostBuffer, LaunchOptions, Stream};
 use reliability_support::{
     DropCounter, Rng, addr, bounded, env_count, ops_per_worker, run_bounded, seed,
 };
@@ -711,9 +709,11 @@ fn fresh_pools_race_initialization_assignment_and_resolution() {
 
 fn race_one_fresh_pool(seed: u64, round: usize) {
     let ctx = format!("round {round} (SPYRE_STRESS_SEED={seed:#x})");
-    let runtime = small_system().create_mock_runtime(0).unwrap();
-    let slow = SlowCreation(&runtime);
-    let pool = StreamPool::new(&slow, PoolConfig::new(HOST_COMPUTE, false).unwrap()).unwrap();
+    // Stream creation takes a while (the mock's is nearly instant), so that
+    // the threads racing a fresh pool really overlap with the creations done
+    // under its write lock.
+    let runtime = NoopRuntime::new(0).with_creation_delay(Duration::from_micros(200));
+    let pool = StreamPool::new(&runtime, PoolConfig::new(HOST_COMPUTE, false).unwrap()).unwrap();
     let barrier = Barrier::new(WORKERS);
     let reports: Vec<Report> = std::thread::scope(|scope| {
         let threads: Vec<_> = (0..WORKERS)
@@ -742,44 +742,6 @@ fn race_one_fresh_pool(seed: u64, round: usize) {
         threads.into_iter().map(|t| t.join().unwrap()).collect()
     });
     check_round(&pool, &runtime, &reports, &ctx);
-}
-
-/// A runtime whose stream creation takes a while (the mock's is nearly
-/// instant), so that the threads racing a fresh pool really overlap with
-/// the creations done under its write lock.
-#[derive(Debug)]
-struct SlowCreation<'a>(&'a MockRuntime);
-
-impl Runtime for SlowCreation<'_> {
-    fn logical_device(&self) -> u32 {
-        self.0.logical_device()
-    }
-
-    fn default_stream(&self) -> &dyn Stream {
-        self.0.default_stream()
-    }
-
-    fn create_stream(
-        &self,
-        priority: StreamPriority,
-        mode: StreamMode,
-        track_hazards: bool,
-    ) -> Result<&dyn Stream, FlexError> {
-        std::thread::sleep(Duration::from_micros(200));
-        self.0.create_stream(priority, mode, track_hazards)
-    }
-
-    fn has_stream_error(&self) -> Result<bool, FlexError> {
-        self.0.has_stream_error()
-    }
-
-    fn allocate(&self, size: u64) -> Result<CompositeAddress, FlexError> {
-        self.0.allocate(size)
-    }
-
-    fn free(&self, address: &CompositeAddress) -> Result<(), FlexError> {
-        self.0.free(address)
-    }
 }
 
 /// Ids that initialization maps, all in one step.
@@ -842,7 +804,7 @@ fn fresh_pool_op(pool: &StreamPool<'_>, rng: &mut Rng, report: &mut Report, ctx:
     }
 }
 
-fn check_round(pool: &StreamPool<'_>, runtime: &MockRuntime, reports: &[Report], ctx: &str) {
+fn check_round(pool: &StreamPool<'_>, runtime: &NoopRuntime, reports: &[Report], ctx: &str) {
     let mut final_handles: HashMap<i64, (usize, u64)> = HashMap::new();
     for id in pool.mapped_ids() {
         let handle = pool.resolve(SpyreStream::from_parts(0, id)).unwrap();

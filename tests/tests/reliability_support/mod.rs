@@ -10,7 +10,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use flex_rt::{Backend, CompositeAddress, FlexError, Runtime, Stream, StreamMode, StreamPriority};
+use flex_rt::{Backend, Runtime, Stream};
 use spyre_mock::{MockRuntime, MockSystem};
 
 /// SplitMix64: a tiny, seedable, deterministic generator (good enough to
@@ -219,42 +219,7 @@ impl Backend for SpyBackend {
             self.runtime.set(runtime).is_ok(),
             "SpyBackend creates one runtime"
         );
-        Ok(Box::new(Forward(runtime)))
-    }
-}
-
-/// A `Runtime` that forwards to a leaked `MockRuntime`.
-#[derive(Debug)]
-struct Forward(&'static MockRuntime);
-
-impl Runtime for Forward {
-    fn logical_device(&self) -> u32 {
-        self.0.logical_device()
-    }
-
-    fn default_stream(&self) -> &dyn Stream {
-        self.0.default_stream()
-    }
-
-    fn create_stream(
-        &self,
-        priority: StreamPriority,
-        mode: StreamMode,
-        track_hazards: bool,
-    ) -> Result<&dyn Stream, FlexError> {
-        self.0.create_stream(priority, mode, track_hazards)
-    }
-
-    fn has_stream_error(&self) -> Result<bool, FlexError> {
-        self.0.has_stream_error()
-    }
-
-    fn allocate(&self, size: u64) -> Result<CompositeAddress, FlexError> {
-        self.0.allocate(size)
-    }
-
-    fn free(&self, address: &CompositeAddress) -> Result<(), FlexError> {
-        self.0.free(address)
+        Ok(Box::new(runtime))
     }
 }
 

@@ -1,0 +1,502 @@
+//! The no-op backend: accepts every call, completes every operation at once,
+//! and counts what it was asked to do.
+//!
+//! For tests and model checks of the layers above flex-rt (the pool's
+//! locking, its invariants, its error paths), where a device would only add
+//! threads and time: a launch runs its host callback (if any) and then its
+//! completion with `Ok(())` on the calling thread before it returns, moves
+//! no bytes, and is counted. Streams live in an append-only table, so their
+//! borrows stay valid for the runtime's life, as the contract requires.
+//!
+//! Knobs a test can turn: a delay in every stream creation (a slow vendor
+//! runtime), a number of coming stream creations that fail, and a hook that
+//! runs inside every `synchronize` (to hold a stream "busy").
+//!
+//! ```
+//! use flex_rt::noop::NoopRuntime;
+//! use flex_rt::{LaunchOptions, Runtime, StreamMode, StreamPriority};
+//!
+//! let runtime = NoopRuntime::new(0);
+//! let stream = runtime.create_stream(StreamPriority::High, StreamMode::StrictOrdering, false)?;
+//! stream.launch_host_callback(Box::new(|| {}), LaunchOptions::new().on_complete(|r| assert!(r.is_ok())))?;
+//! stream.synchronize()?;
+//! let calls = runtime.calls();
+//! assert_eq!((calls.streams_created, calls.launches, calls.synchronizes), (1, 1, 1));
+//! # Ok::<(), flex_rt::FlexError>(())
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use crate::{
+    Backend, CompositeAddress, DataFormat, FlexError, HostBuffer, HostCallback, LaunchOptions,
+    LogicalAddress, Result, Runtime, Status, Stream, StreamMode, StreamPriority,
+};
+
+/// How many of each call a [`NoopRuntime`] has seen (a snapshot).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NoopCalls {
+    /// Streams created (the default stream not counted).
+    pub streams_created: u64,
+    /// Stream creations refused by [`NoopRuntime::fail_next_stream_creations`].
+    pub stream_creations_failed: u64,
+    /// Launches of every kind on every stream.
+    pub launches: u64,
+    /// `query` calls on every stream.
+    pub queries: u64,
+    /// `synchronize` calls on every stream.
+    pub synchronizes: u64,
+    /// `allocate` calls.
+    pub allocations: u64,
+    /// `free` calls.
+    pub frees: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    streams_created: AtomicU64,
+    stream_creations_failed: AtomicU64,
+    launches: AtomicU64,
+    queries: AtomicU64,
+    synchronizes: AtomicU64,
+    allocations: AtomicU64,
+    frees: AtomicU64,
+}
+
+impl Counters {
+    fn bump(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> NoopCalls {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        NoopCalls {
+            streams_created: get(&self.streams_created),
+            stream_creations_failed: get(&self.stream_creations_failed),
+            launches: get(&self.launches),
+            queries: get(&self.queries),
+            synchronizes: get(&self.synchronizes),
+            allocations: get(&self.allocations),
+            frees: get(&self.frees),
+        }
+    }
+}
+
+/// A hook run inside every `synchronize`, with the stream's id.
+pub type SynchronizeHook = Box<dyn Fn(u64) + Send + Sync>;
+
+/// A [`Backend`] of no-op runtimes: `devices` logical devices, each
+/// [`Backend::create_runtime`] a fresh [`NoopRuntime`] with this backend's
+/// stream-creation delay.
+///
+/// `Send + Sync`; `Clone` shares nothing.
+#[derive(Clone, Debug)]
+pub struct NoopBackend {
+    devices: u32,
+    creation_delay: Duration,
+}
+
+impl NoopBackend {
+    /// A backend with `devices` devices (0 is allowed: every runtime creation
+    /// then fails with [`Status::NO_DEVICE`]).
+    pub fn new(devices: u32) -> Self {
+        Self {
+            devices,
+            creation_delay: Duration::ZERO,
+        }
+    }
+
+    /// Makes every stream creation of the runtimes it creates take `delay`.
+    pub fn with_creation_delay(mut self, delay: Duration) -> Self {
+        self.creation_delay = delay;
+        self
+    }
+}
+
+impl Backend for NoopBackend {
+    fn name(&self) -> &'static str {
+        "noop"
+    }
+
+    fn device_count(&self) -> Result<u32> {
+        Ok(self.devices)
+    }
+
+    fn create_runtime(&self, logical_device: u32) -> Result<Box<dyn Runtime>> {
+        if logical_device >= self.devices {
+            return Err(FlexError::new(
+                Status::NO_DEVICE,
+                "NoopBackend::create_runtime",
+                format!(
+                    "logical device {logical_device} does not exist; this backend has devices 0..{}",
+                    self.devices
+                ),
+            ));
+        }
+        Ok(Box::new(
+            NoopRuntime::new(logical_device).with_creation_delay(self.creation_delay),
+        ))
+    }
+}
+
+/// What a runtime and its streams share: the counters and the hook.
+#[derive(Default)]
+struct Shared {
+    counters: Counters,
+    synchronize_hook: Option<SynchronizeHook>,
+}
+
+/// A runtime that accepts every call (see the [module docs](self)).
+///
+/// Streams are numbered as the contract says: 0 is the default stream, then
+/// 1, 2, ... in creation order. Allocations hand out 128-byte aligned,
+/// never-reused addresses in region 0 and keep no memory.
+///
+/// `Send + Sync`; every method may be called from any thread.
+pub struct NoopRuntime {
+    device: u32,
+    shared: Arc<Shared>,
+    default: NoopStream,
+    streams: boxcar::Vec<NoopStream>,
+    creation_delay: Duration,
+    fail_next: AtomicUsize,
+    next_offset: AtomicU64,
+}
+
+impl NoopRuntime {
+    /// A runtime on `logical_device` with only its default stream.
+    pub fn new(logical_device: u32) -> Self {
+        Self::with_shared(logical_device, Shared::default())
+    }
+
+    /// A runtime on `logical_device` that runs `hook` with the stream's id
+    /// inside every `synchronize`, before it returns (a test can block there
+    /// to keep a stream "busy").
+    pub fn with_synchronize_hook(logical_device: u32, hook: SynchronizeHook) -> Self {
+        Self::with_shared(
+            logical_device,
+            Shared {
+                counters: Counters::default(),
+                synchronize_hook: Some(hook),
+            },
+        )
+    }
+
+    fn with_shared(logical_device: u32, shared: Shared) -> Self {
+        let shared = Arc::new(shared);
+        Self {
+            device: logical_device,
+            default: NoopStream::new(0, StreamPriority::Normal, Arc::clone(&shared)),
+            shared,
+            streams: boxcar::Vec::new(),
+            creation_delay: Duration::ZERO,
+            fail_next: AtomicUsize::new(0),
+            next_offset: AtomicU64::new(0),
+        }
+    }
+
+    /// Makes every stream creation take `delay` (the calling thread sleeps).
+    pub fn with_creation_delay(mut self, delay: Duration) -> Self {
+        self.creation_delay = delay;
+        self
+    }
+
+    /// Makes the next `n` stream creations fail with
+    /// [`Status::RUNTIME_FAILED`] (added to any still pending).
+    pub fn fail_next_stream_creations(&self, n: usize) {
+        self.fail_next.fetch_add(n, Ordering::SeqCst);
+    }
+
+    /// What the runtime has been asked to do so far.
+    pub fn calls(&self) -> NoopCalls {
+        self.shared.counters.snapshot()
+    }
+
+    /// Streams that exist, the default stream included.
+    pub fn stream_count(&self) -> usize {
+        1 + self.streams.count()
+    }
+
+    /// How many times `synchronize` was called on stream `id`, or `None`
+    /// when there is no such stream.
+    pub fn synchronizes_of(&self, id: u64) -> Option<u64> {
+        let stream = match id {
+            0 => Some(&self.default),
+            n => self.streams.get(usize::try_from(n - 1).ok()?),
+        };
+        stream.map(|s| s.synchronizes.load(Ordering::Relaxed))
+    }
+}
+
+impl fmt::Debug for NoopRuntime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NoopRuntime")
+            .field("device", &self.device)
+            .field("streams", &self.stream_count())
+            .field("calls", &self.calls())
+            .finish()
+    }
+}
+
+impl Runtime for NoopRuntime {
+    fn logical_device(&self) -> u32 {
+        self.device
+    }
+
+    fn default_stream(&self) -> &dyn Stream {
+        &self.default
+    }
+
+    fn create_stream(
+        &self,
+        priority: StreamPriority,
+        _mode: StreamMode,
+        _track_hazards: bool,
+    ) -> Result<&dyn Stream> {
+        if !self.creation_delay.is_zero() {
+            std::thread::sleep(self.creation_delay);
+        }
+        let counters = &self.shared.counters;
+        if self
+            .fail_next
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            Counters::bump(&counters.stream_creations_failed);
+            return Err(FlexError::new(
+                Status::RUNTIME_FAILED,
+                "create_stream",
+                "stream creation refused by NoopRuntime::fail_next_stream_creations",
+            ));
+        }
+        Counters::bump(&counters.streams_created);
+        let index = self.streams.push_with(|index| {
+            NoopStream::new(index as u64 + 1, priority, Arc::clone(&self.shared))
+        });
+        Ok(&self.streams[index])
+    }
+
+    fn has_stream_error(&self) -> Result<bool> {
+        Ok(false)
+    }
+
+    fn allocate(&self, size: u64) -> Result<CompositeAddress> {
+        Counters::bump(&self.shared.counters.allocations);
+        let reserved = size.div_ceil(crate::ADDRESS_ALIGNMENT) * crate::ADDRESS_ALIGNMENT;
+        let offset = self.next_offset.fetch_add(reserved, Ordering::Relaxed);
+        CompositeAddress::single(
+            LogicalAddress {
+                region_id: 0,
+                offset,
+            },
+            size,
+        )
+    }
+
+    fn free(&self, _address: &CompositeAddress) -> Result<()> {
+        Counters::bump(&self.shared.counters.frees);
+        Ok(())
+    }
+}
+
+/// One stream of a [`NoopRuntime`], handed out as `&dyn Stream`.
+struct NoopStream {
+    id: u64,
+    priority: StreamPriority,
+    synchronizes: AtomicU64,
+    shared: Arc<Shared>,
+}
+
+impl NoopStream {
+    fn new(id: u64, priority: StreamPriority, shared: Arc<Shared>) -> Self {
+        Self {
+            id,
+            priority,
+            synchronizes: AtomicU64::new(0),
+            shared,
+        }
+    }
+
+    /// Counts a launch and completes it at once.
+    fn complete(&self, options: LaunchOptions) -> Result<()> {
+        Counters::bump(&self.shared.counters.launches);
+        if let Some(completion) = options.completion {
+            completion(Ok(()));
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for NoopStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "NoopStream({})", self.id)
+    }
+}
+
+impl Stream for NoopStream {
+    fn id(&self) -> u64 {
+        self.id
+    }
+
+    fn priority(&self) -> StreamPriority {
+        self.priority
+    }
+
+    fn query(&self) -> Result<bool> {
+        Counters::bump(&self.shared.counters.queries);
+        Ok(true)
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        if let Some(hook) = &self.shared.synchronize_hook {
+            hook(self.id);
+        }
+        self.synchronizes.fetch_add(1, Ordering::Relaxed);
+        Counters::bump(&self.shared.counters.synchronizes);
+        Ok(())
+    }
+
+    fn needs_shutdown(&self) -> Result<bool> {
+        Ok(false)
+    }
+
+    fn launch_h2d(
+        &self,
+        _src: &HostBuffer,
+        _dst: &CompositeAddress,
+        options: LaunchOptions,
+    ) -> Result<()> {
+        self.complete(options)
+    }
+
+    fn launch_d2h(
+        &self,
+        _src: &CompositeAddress,
+        _dst: &HostBuffer,
+        options: LaunchOptions,
+    ) -> Result<()> {
+        self.complete(options)
+    }
+
+    fn launch_compute(&self, _program: &CompositeAddress, options: LaunchOptions) -> Result<()> {
+        self.complete(options)
+    }
+
+    fn launch_host_callback(&self, callback: HostCallback, options: LaunchOptions) -> Result<()> {
+        callback();
+        self.complete(options)
+    }
+
+    fn launch_fill(
+        &self,
+        _dst: &CompositeAddress,
+        _value: f64,
+        _format: DataFormat,
+        options: LaunchOptions,
+    ) -> Result<()> {
+        self.complete(options)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicBool;
+
+    use super::*;
+
+    #[test]
+    fn every_call_is_accepted_completed_at_once_and_counted() {
+        let runtime = NoopRuntime::new(3);
+        assert_eq!(runtime.logical_device(), 3);
+        let stream = runtime
+            .create_stream(StreamPriority::High, StreamMode::StrictOrdering, true)
+            .unwrap();
+        assert_eq!((stream.id(), stream.priority()), (1, StreamPriority::High));
+        let ran = Arc::new(AtomicBool::new(false));
+        let completed = Arc::new(AtomicU64::new(0));
+        let (r, c) = (Arc::clone(&ran), Arc::clone(&completed));
+        stream
+            .launch_host_callback(
+                Box::new(move || r.store(true, Ordering::SeqCst)),
+                LaunchOptions::new().on_complete(move |result| {
+                    assert!(result.is_ok());
+                    c.fetch_add(1, Ordering::SeqCst);
+                }),
+            )
+            .unwrap();
+        assert!(ran.load(Ordering::SeqCst), "ran before the launch returned");
+        assert_eq!(completed.load(Ordering::SeqCst), 1, "completed at once");
+        let a = runtime.allocate(1).unwrap();
+        let b = runtime.allocate(200).unwrap();
+        assert_eq!((a.start().offset, b.start().offset), (0, 128));
+        assert_eq!(b.total_size(), 200);
+        runtime.free(&a).unwrap();
+        stream
+            .launch_fill(&b, 1.0, DataFormat::Uint8, LaunchOptions::new())
+            .unwrap();
+        assert!(stream.query().unwrap());
+        stream.synchronize().unwrap();
+        runtime.default_stream().synchronize().unwrap();
+        assert_eq!(
+            runtime.calls(),
+            NoopCalls {
+                streams_created: 1,
+                stream_creations_failed: 0,
+                launches: 2,
+                queries: 1,
+                synchronizes: 2,
+                allocations: 2,
+                frees: 1,
+            }
+        );
+        assert_eq!(runtime.synchronizes_of(0), Some(1));
+        assert_eq!(runtime.synchronizes_of(1), Some(1));
+        assert_eq!(runtime.synchronizes_of(2), None);
+        assert_eq!(runtime.stream_count(), 2);
+    }
+
+    #[test]
+    fn refused_creations_and_hooks() {
+        let seen = Arc::new(AtomicU64::new(u64::MAX));
+        let s = Arc::clone(&seen);
+        let runtime = NoopRuntime::with_synchronize_hook(
+            0,
+            Box::new(move |id| s.store(id, Ordering::SeqCst)),
+        );
+        runtime.fail_next_stream_creations(2);
+        for _ in 0..2 {
+            let err = runtime
+                .create_stream(StreamPriority::Normal, StreamMode::StrictOrdering, false)
+                .unwrap_err();
+            assert_eq!(err.status(), Status::RUNTIME_FAILED);
+        }
+        let stream = runtime
+            .create_stream(StreamPriority::Normal, StreamMode::StrictOrdering, false)
+            .unwrap();
+        assert_eq!(stream.id(), 1, "refused creations take no id");
+        stream.synchronize().unwrap();
+        assert_eq!(seen.load(Ordering::SeqCst), 1);
+        assert_eq!(runtime.calls().stream_creations_failed, 2);
+    }
+
+    #[test]
+    fn the_backend_makes_runtimes_of_its_devices() {
+        let backend = NoopBackend::new(2).with_creation_delay(Duration::from_millis(1));
+        assert_eq!(backend.device_count().unwrap(), 2);
+        let runtime = backend.create_runtime(1).unwrap();
+        assert_eq!(runtime.logical_device(), 1);
+        let started = std::time::Instant::now();
+        runtime
+            .create_stream(StreamPriority::Normal, StreamMode::StrictOrdering, false)
+            .unwrap();
+        assert!(started.elapsed() >= Duration::from_millis(1));
+        let err = backend.create_runtime(2).unwrap_err();
+        assert_eq!(err.status(), Status::NO_DEVICE);
+        assert!(
+            err.message().contains("logical device 2 does not exist"),
+            "{err}"
+        );
+    }
+}
