@@ -31,12 +31,13 @@ use spyre_stream::{
     ADDRESS_ALIGNMENT, CompositeAddress, Device, DeviceSource, FlexError, HostBuffer,
     LaunchOptions, LogicalAddress, MemoryLayout, SpyreStream, Status,
 };
+use spyre_testkit::SplitMix64;
 
 use crate::cli::{KernelArg, RunArgs};
 use crate::error::{CliError, FailureKind, IterationFailure, IterationPlace};
 use crate::estimate;
 use crate::size::format_size;
-use crate::verify::{self, SplitMix64};
+use crate::verify;
 
 /// Launches per iteration: three H2D copies, one compute, one D2H copy.
 pub const LAUNCHES_PER_ITERATION: u64 = 5;

@@ -7,49 +7,9 @@
 //! rounded on its own (no fused multiply-add; Rust never contracts `a * b + c`
 //! into one).
 
+use spyre_testkit::mix64;
+
 use crate::error::Mismatch;
-
-/// splitmix64: a small, fast, deterministic 64-bit generator.
-#[derive(Clone, Debug)]
-pub struct SplitMix64 {
-    state: u64,
-}
-
-impl SplitMix64 {
-    /// A generator starting from `seed`.
-    pub fn new(seed: u64) -> Self {
-        Self { state: seed }
-    }
-
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        mix64(self.state)
-    }
-
-    /// A value in `[-1, 1)`: a multiple of 2⁻²³, from the top 24 bits, so
-    /// every value is exact in `f32`.
-    pub fn next_f32(&mut self) -> f32 {
-        let bits = (self.next_u64() >> 40) as i32; // 0 ..= 2^24 - 1
-        (bits - (1 << 23)) as f32 / (1u32 << 23) as f32
-    }
-
-    /// `len` values from [`SplitMix64::next_f32`].
-    pub fn f32s(&mut self, len: usize) -> Vec<f32> {
-        let mut values = vec![0.0f32; len];
-        for value in &mut values {
-            *value = self.next_f32();
-        }
-        values
-    }
-}
-
-/// The splitmix64 output function.
-fn mix64(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
 
 /// The seed of one iteration: a function of the run's seed, the thread and
 /// the iteration index, so any iteration can be reproduced alone.
@@ -159,25 +119,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn splitmix_matches_the_published_sequence() {
-        // First outputs of splitmix64 seeded with 0 (Vigna's reference code).
-        let mut rng = SplitMix64::new(0);
-        assert_eq!(rng.next_u64(), 0xE220_A839_7B1D_CDAF);
-        assert_eq!(rng.next_u64(), 0x6E78_9E6A_A1B9_65F4);
-        assert_eq!(rng.next_u64(), 0x06C4_5D18_8009_454F);
-    }
-
-    #[test]
-    fn f32s_are_in_range_and_deterministic() {
-        let a = SplitMix64::new(42).f32s(10_000);
-        let b = SplitMix64::new(42).f32s(10_000);
-        assert_eq!(a, b);
-        assert!(a.iter().all(|v| (-1.0..1.0).contains(v)));
-        assert!(a.iter().any(|v| *v < -0.9) && a.iter().any(|v| *v > 0.9));
-        assert_ne!(SplitMix64::new(43).f32s(4), a[..4]);
-    }
-
-    #[test]
     fn iteration_seeds_differ() {
         let seeds = [
             iteration_seed(1, 0, 0),
@@ -217,7 +158,7 @@ mod tests {
     fn agrees_with_the_device_documentation_on_random_inputs() {
         // The device's reference functions are the documented semantics; the
         // loops here are written independently and must agree bit for bit.
-        let mut rng = SplitMix64::new(7);
+        let mut rng = spyre_testkit::SplitMix64::new(7);
         let (alpha, x, y) = (rng.next_f32(), rng.f32s(1000), rng.f32s(1000));
         let ours = axpy(alpha, &x, &y);
         let theirs = spyre_mock::reference::axpy(alpha, &x, &y);

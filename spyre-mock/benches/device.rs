@@ -51,6 +51,7 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use flex_rt::{HostBuffer, LaunchOptions, Runtime, Stream, StreamMode, StreamPriority};
 use parking_lot::{Condvar, Mutex};
 use spyre_mock::{MockRuntime, MockStream, MockSystem};
+use spyre_testkit::bench_interleaved;
 
 /// Launches timed back to back before the queue is drained, in `enqueue`.
 const BATCH: u64 = 256;
@@ -180,38 +181,6 @@ fn batched(iters: u64, mut launch: impl FnMut(), mut drain: impl FnMut()) -> Dur
         left -= n;
     }
     total
-}
-
-/// Times `iters` runs of `ops[me]`. Each round runs every op of `ops` once,
-/// in order, and times only `ops[me]`, so that all members of a group are
-/// measured over the same stretch of time.
-fn interleaved(iters: u64, me: usize, ops: &[&dyn Fn()]) -> Duration {
-    let mut total = Duration::ZERO;
-    for _ in 0..iters {
-        for (index, op) in ops.iter().enumerate() {
-            if index == me {
-                let start = Instant::now();
-                op();
-                total += start.elapsed();
-            } else {
-                op();
-            }
-        }
-    }
-    total
-}
-
-/// Benchmarks every `(name, op)` of `members` in `group`, interleaved.
-fn bench_interleaved<M: criterion::measurement::Measurement<Value = Duration>>(
-    group: &mut criterion::BenchmarkGroup<'_, M>,
-    members: &[(&str, &dyn Fn())],
-) {
-    let ops: Vec<&dyn Fn()> = members.iter().map(|&(_, op)| op).collect();
-    for (me, &(name, _)) in members.iter().enumerate() {
-        group.bench_function(name, |b| {
-            b.iter_custom(|iters| interleaved(iters, me, &ops))
-        });
-    }
 }
 
 fn bench_enqueue(c: &mut Criterion) {

@@ -39,6 +39,7 @@ use flex_rt::{
     StreamMode, StreamPriority,
 };
 use spyre_mock::MockSystem;
+use spyre_testkit::bench_interleaved;
 
 /// Launches timed back to back before the queue is drained, in `ffi_enqueue`.
 const BATCH: u64 = 256;
@@ -62,38 +63,6 @@ impl Side {
         self.runtime
             .create_stream(StreamPriority::Normal, StreamMode::StrictOrdering, false)
             .expect("stream")
-    }
-}
-
-/// Times `iters` runs of `ops[me]`. Each round runs every op of `ops` once,
-/// in order, and times only `ops[me]`, so that all members of a group are
-/// measured over the same stretch of time.
-fn interleaved(iters: u64, me: usize, ops: &[&dyn Fn()]) -> Duration {
-    let mut total = Duration::ZERO;
-    for _ in 0..iters {
-        for (index, op) in ops.iter().enumerate() {
-            if index == me {
-                let start = Instant::now();
-                op();
-                total += start.elapsed();
-            } else {
-                op();
-            }
-        }
-    }
-    total
-}
-
-/// Benchmarks every `(name, op)` of `members` in `group`, interleaved.
-fn bench_interleaved<M: criterion::measurement::Measurement<Value = Duration>>(
-    group: &mut criterion::BenchmarkGroup<'_, M>,
-    members: &[(&str, &dyn Fn())],
-) {
-    let ops: Vec<&dyn Fn()> = members.iter().map(|&(_, op)| op).collect();
-    for (me, &(name, _)) in members.iter().enumerate() {
-        group.bench_function(name, |b| {
-            b.iter_custom(|iters| interleaved(iters, me, &ops))
-        });
     }
 }
 

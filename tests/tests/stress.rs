@@ -33,13 +33,14 @@ use flex_rt::noop::NoopRuntime;
 use flex_rt::program::KernelDescriptor;
 use flex_rt::{CompositeAddress, DataFormat, HostBuffer, LaunchOptions, Stream};
 use reliability_support::{
-    DropCounter, Rng, addr, bounded, env_count, ops_per_worker, run_bounded, seed,
+    DropCounter, addr, bounded, env_count, ops_per_worker, run_bounded, seed,
 };
 use spyre_mock::{MockRuntime, MockSystem};
 use spyre_stream::{
     Device, DeviceState, Error, PoolConfig, Result, SpyreStream, StreamErrorState, StreamGuard,
     StreamId, StreamPool,
 };
+use spyre_testkit::SplitMix64;
 use spyre_tests::isolated;
 
 const WORKERS: usize = 8;
@@ -206,7 +207,7 @@ struct Report {
 struct Worker {
     api: Api,
     index: usize,
-    rng: Rng,
+    rng: SplitMix64,
     ctx: String,
     tally: Arc<Tally>,
     data: CompositeAddress,
@@ -220,7 +221,7 @@ struct Worker {
 
 impl Worker {
     fn new(api: Api, index: usize, seed: u64, tally: Arc<Tally>) -> Self {
-        let mut rng = Rng::fork(seed, index as u64);
+        let mut rng = SplitMix64::fork(seed, index as u64);
         let ctx = format!("worker {index} (SPYRE_STRESS_SEED={seed:#x})");
         // The first call may start the runtime (global surface), racing the
         // other workers' first calls.
@@ -720,7 +721,7 @@ fn race_one_fresh_pool(seed: u64, round: usize) {
             .map(|index| {
                 let (pool, barrier, ctx) = (&pool, &barrier, &ctx);
                 scope.spawn(move || {
-                    let mut rng = Rng::fork(seed ^ round as u64, index as u64);
+                    let mut rng = SplitMix64::fork(seed ^ round as u64, index as u64);
                     let mut report = Report::default();
                     barrier.wait();
                     for step in 0..24 {
@@ -747,7 +748,13 @@ fn race_one_fresh_pool(seed: u64, round: usize) {
 /// Ids that initialization maps, all in one step.
 const INIT_IDS: [i64; 5] = [0, 65, 66, 67, 68];
 
-fn fresh_pool_op(pool: &StreamPool<'_>, rng: &mut Rng, report: &mut Report, ctx: &str, kind: u64) {
+fn fresh_pool_op(
+    pool: &StreamPool<'_>,
+    rng: &mut SplitMix64,
+    report: &mut Report,
+    ctx: &str,
+    kind: u64,
+) {
     // Initialization is atomic: once any of its ids resolves, all do.
     let all_init_ids_resolve = |why: &str| {
         for id in INIT_IDS {

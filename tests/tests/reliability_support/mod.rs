@@ -13,48 +13,6 @@ use std::time::{Duration, Instant};
 use flex_rt::{Backend, Runtime, Stream};
 use spyre_mock::{MockRuntime, MockSystem};
 
-/// SplitMix64: a tiny, seedable, deterministic generator (good enough to
-/// pick operations; not for anything statistical).
-#[derive(Clone, Debug)]
-pub struct Rng(u64);
-
-impl Rng {
-    /// A generator for `seed`; different streams from one base seed with [`Rng::fork`].
-    pub fn new(seed: u64) -> Self {
-        Self(seed)
-    }
-
-    /// An independent generator for worker `index`.
-    pub fn fork(seed: u64, index: u64) -> Self {
-        let mut base = Self(seed ^ index.wrapping_mul(0xA076_1D64_78BD_642F));
-        Self(base.next_u64())
-    }
-
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// A value in `0..n` (`n > 0`).
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
-    }
-
-    /// One element of `items`.
-    pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len() as u64) as usize]
-    }
-
-    /// True with probability 1/`n`.
-    pub fn one_in(&mut self, n: u64) -> bool {
-        self.below(n) == 0
-    }
-}
-
 /// The base seed: `SPYRE_STRESS_SEED` (decimal or `0x` hex) or a fixed default.
 pub fn seed() -> u64 {
     const DEFAULT: u64 = 0x5EED_5EED_2024_0001;
