@@ -97,51 +97,17 @@ impl SoftwareDevice {
     }
 }
 
-/// Generates one `#[test]` per conformance case, and a constant
-/// `CONFORMANCE_CASES` with their names (for [`assert_instantiated`]).
-///
-/// `runner` is a `fn(&'static str, spyre_tests::conformance::Case)`: it gets
-/// the test's name and the case, and runs the case against its backend.
-/// Attributes before `runner` (for example `#[ignore = "..."]`) go on every
-/// test.
-///
-/// ```ignore
-/// spyre_tests::conformance_tests! {
-///     runner = run;
-///     cases = [fifo_order, query_and_synchronize];
-/// }
-/// ```
+/// The one list of conformance cases, each a function of this module:
+/// calls `$callback! { $($args)* general: [...]; software_device: [...]; }`.
+/// `general` holds for any flex library; `software_device` needs
+/// [`Profile::software_device`] (the built-in kernels, two engines, ...).
+/// A case added to the module is added here, and so reaches every backend.
 #[macro_export]
-macro_rules! conformance_tests {
-    (
-        $(#[$attr:meta])*
-        runner = $runner:path;
-        cases = [$($case:ident),+ $(,)?];
-    ) => {
-        /// The names of the cases this file turns into tests.
-        const CONFORMANCE_CASES: &[&str] = &[$(stringify!($case)),+];
-        $crate::conformance_tests!(@each [$(#[$attr])*] $runner; $($case),+);
-    };
-    (@each [$($attr:tt)*] $runner:path; $case:ident $(, $rest:ident)*) => {
-        #[test]
-        $($attr)*
-        fn $case() {
-            $runner(stringify!($case), $crate::conformance::$case);
-        }
-        $crate::conformance_tests!(@each [$($attr)*] $runner; $($rest),*);
-    };
-    (@each [$($attr:tt)*] $runner:path;) => {};
-}
-
-/// Instantiates every case, general and software-device, with `runner`: the
-/// full suite for a backend that is the software device (in process or as
-/// the shared library).
-#[macro_export]
-macro_rules! software_device_conformance_tests {
-    (runner = $runner:path;) => {
-        $crate::conformance_tests! {
-            runner = $runner;
-            cases = [
+macro_rules! with_conformance_cases {
+    ($callback:path; $($args:tt)*) => {
+        $callback! {
+            $($args)*
+            general: [
                 device_count_and_missing_devices,
                 streams_belong_to_the_runtime_and_report_their_priority,
                 fifo_order_of_operations_and_completions,
@@ -157,6 +123,8 @@ macro_rules! software_device_conformance_tests {
                 host_callback_panic_is_an_error_not_an_abort,
                 dropping_the_runtime_completes_pending_work,
                 launches_from_several_threads_are_serialized,
+            ];
+            software_device: [
                 compute_axpy,
                 compute_matmul,
                 high_priority_work_starts_first,
@@ -166,55 +134,50 @@ macro_rules! software_device_conformance_tests {
     };
 }
 
-/// The names of the cases that hold for any flex library, for test files
-/// and documentation; each is a function of this module.
-pub const GENERAL_CASES: [&str; 15] = [
-    "device_count_and_missing_devices",
-    "streams_belong_to_the_runtime_and_report_their_priority",
-    "fifo_order_of_operations_and_completions",
-    "query_and_synchronize",
-    "h2d_d2h_round_trip",
-    "multi_chunk_round_trip",
-    "fill_in_every_format",
-    "later_operations_see_earlier_ones",
-    "bad_program_fails_the_stream_and_the_error_is_sticky",
-    "size_mismatch_is_invalid_argument_and_enqueues_nothing",
-    "memory_errors",
-    "completions_are_released_exactly_once",
-    "host_callback_panic_is_an_error_not_an_abort",
-    "dropping_the_runtime_completes_pending_work",
-    "launches_from_several_threads_are_serialized",
-];
-
-/// The names of the cases that need [`Profile::software_device`].
-pub const SOFTWARE_DEVICE_CASES: [&str; 4] = [
-    "compute_axpy",
-    "compute_matmul",
-    "high_priority_work_starts_first",
-    "work_on_freed_memory_fails",
-];
-
-/// Asserts that a test file instantiates exactly the cases of `lists`, so a
-/// case added to this module cannot be forgotten by a backend.
+/// Generates one `#[test]` per conformance case of a suite: `general` (any
+/// flex library) or `software_device` (general and software-device cases).
 ///
-/// # Panics
-/// Naming the cases missing or unknown.
-pub fn assert_instantiated(instantiated: &[&str], lists: &[&[&str]]) {
-    let expected: Vec<&str> = lists.iter().flat_map(|list| list.iter().copied()).collect();
-    let missing: Vec<&str> = expected
-        .iter()
-        .copied()
-        .filter(|case| !instantiated.contains(case))
-        .collect();
-    let unknown: Vec<&str> = instantiated
-        .iter()
-        .copied()
-        .filter(|case| !expected.contains(case))
-        .collect();
-    assert!(
-        missing.is_empty() && unknown.is_empty(),
-        "conformance cases not instantiated: {missing:?}; not conformance cases: {unknown:?}"
-    );
+/// `runner` is a `fn(&'static str, spyre_tests::conformance::Case)`: it gets
+/// the test's name and the case, and runs the case against its backend.
+/// Attributes before `runner` (for example `#[ignore = "..."]`) go on every
+/// test.
+///
+/// ```ignore
+/// spyre_tests::conformance_tests! {
+///     runner = run;
+///     suite = software_device;
+/// }
+/// ```
+#[macro_export]
+macro_rules! conformance_tests {
+    (
+        $(#[$attr:meta])*
+        runner = $runner:path;
+        suite = $suite:ident;
+    ) => {
+        $crate::with_conformance_cases!($crate::conformance_tests; @$suite [$(#[$attr])*] $runner;);
+    };
+    (@general [$($attr:tt)*] $runner:path;
+        general: [$($general:ident),* $(,)?];
+        software_device: [$($software:ident),* $(,)?];
+    ) => {
+        $crate::conformance_tests!(@each [$($attr)*] $runner; $($general),*);
+    };
+    (@software_device [$($attr:tt)*] $runner:path;
+        general: [$($general:ident),* $(,)?];
+        software_device: [$($software:ident),* $(,)?];
+    ) => {
+        $crate::conformance_tests!(@each [$($attr)*] $runner; $($general,)* $($software),*);
+    };
+    (@each [$($attr:tt)*] $runner:path; $case:ident $(, $rest:ident)*) => {
+        #[test]
+        $($attr)*
+        fn $case() {
+            $runner(stringify!($case), $crate::conformance::$case);
+        }
+        $crate::conformance_tests!(@each [$($attr)*] $runner; $($rest),*);
+    };
+    (@each [$($attr:tt)*] $runner:path;) => {};
 }
 
 // ---------------------------------------------------------------------------

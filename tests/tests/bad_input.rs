@@ -4,15 +4,12 @@
 //! written from the documented rules; a few end-to-end checks run in fresh
 //! processes through `start_runtime`.
 
-mod reliability_support;
-
 use std::sync::Arc;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use flex_rt::{HardwareBackend, LaunchOptions, LoadError};
 use proptest::prelude::*;
-use reliability_support::{DropCounter, decimal, isolated_each};
 use spyre_mock::{MockRuntime, MockSystem};
 use spyre_stream::env::{parse_host_compute_streams, parse_local_rank};
 use spyre_stream::{
@@ -20,6 +17,7 @@ use spyre_stream::{
     parse_backend,
 };
 use spyre_tests::isolated;
+use spyre_tests::reliability::{DropCounter, decimal};
 
 // ---------------------------------------------------------------- stream ids
 
@@ -376,9 +374,7 @@ fn envs(variable: &'static str, with_mock: bool) -> Vec<Vec<(&'static str, &'sta
 
 #[test]
 fn local_rank_values_end_to_end() {
-    isolated_each(
-        "local_rank_values_end_to_end",
-        &envs("LOCAL_RANK", true),
+    isolated!(each; &envs("LOCAL_RANK", true),
         || {
             let raw = std::env::var("LOCAL_RANK").unwrap();
             // The current device is the start's own reading: the same
@@ -422,9 +418,7 @@ fn local_rank_values_end_to_end() {
 
 #[test]
 fn host_compute_count_values_end_to_end() {
-    isolated_each(
-        "host_compute_count_values_end_to_end",
-        &envs("TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS", true),
+    isolated!(each; &envs("TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS", true),
         || {
             let raw = std::env::var("TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS").unwrap();
             match (
@@ -460,9 +454,7 @@ fn host_compute_count_values_end_to_end() {
 
 #[test]
 fn backend_values_end_to_end() {
-    isolated_each(
-        "backend_values_end_to_end",
-        &envs("SPYRE_BACKEND", false),
+    isolated!(each; &envs("SPYRE_BACKEND", false),
         || {
             let raw = std::env::var("SPYRE_BACKEND").unwrap();
             let err = spyre_stream::start_runtime().unwrap_err();
@@ -505,92 +497,88 @@ fn stream_calls_on(device: Device) -> [spyre_stream::Result<SpyreStream>; 5] {
 
 #[test]
 fn bad_device_indices_end_to_end() {
-    isolated(
-        "bad_device_indices_end_to_end",
-        &[("SPYRE_BACKEND", "mock")],
-        || {
-            use spyre_stream::{set_device, stream_from_pool};
-            // Before the start: the index is checked, then the device count.
-            for index in [-2, 128, 1000, i64::MIN, i64::MAX] {
-                assert!(
-                    matches!(set_device(index), Err(Error::InvalidDeviceIndex { index: i }) if i == index),
-                    "{index}"
-                );
-            }
-            for index in [1, 2, 127] {
-                let err = set_device(index).unwrap_err();
-                assert!(
-                    matches!(err, Error::DeviceOutOfRange { device, count: 1 } if i64::from(device) == index),
-                    "{err:?}"
-                );
-                assert_eq!(
-                    err.to_string(),
-                    format!(
-                        "Device index out of bounds: logical_device_id={index}, number of visible devices=1"
-                    )
-                );
-            }
+    isolated!(&[("SPYRE_BACKEND", "mock")], || {
+        use spyre_stream::{set_device, stream_from_pool};
+        // Before the start: the index is checked, then the device count.
+        for index in [-2, 128, 1000, i64::MIN, i64::MAX] {
+            assert!(
+                matches!(set_device(index), Err(Error::InvalidDeviceIndex { index: i }) if i == index),
+                "{index}"
+            );
+        }
+        for index in [1, 2, 127] {
+            let err = set_device(index).unwrap_err();
+            assert!(
+                matches!(err, Error::DeviceOutOfRange { device, count: 1 } if i64::from(device) == index),
+                "{err:?}"
+            );
+            assert_eq!(
+                err.to_string(),
+                format!(
+                    "Device index out of bounds: logical_device_id={index}, number of visible devices=1"
+                )
+            );
+        }
+        assert!(matches!(
+            Device::new(-2),
+            Err(Error::InvalidDeviceIndex { index: -2 })
+        ));
+        assert!(matches!(
+            Device::new(128),
+            Err(Error::InvalidDeviceIndex { index: 128 })
+        ));
+        // Nothing was started or bound by the refusals.
+        assert!(spyre_stream::runtime_info().is_none());
+        spyre_stream::synchronize_device(Device::new(1).unwrap()).unwrap();
+
+        // Before the start, a request for a device that does not exist is
+        // refused with the device and the count, and binds nothing.
+        for index in [1, 127] {
+            let device = Device::new(index).unwrap();
+            let expect = |result: spyre_stream::Result<SpyreStream>| match result {
+                Err(Error::DeviceOutOfRange { device, count: 1 }) if i64::from(device) == index => {
+                }
+                other => panic!("device {index}: {other:?}"),
+            };
+            stream_calls_on(device).into_iter().for_each(expect);
+            expect(spyre_stream::set_current_stream(SpyreStream::from_parts(
+                index as u8,
+                StreamId(0),
+            )));
+            assert!(spyre_stream::runtime_info().is_none(), "device {index}");
+        }
+        spyre_stream::start_runtime().unwrap();
+
+        // A device the process is not bound to: named with both indices.
+        for index in [1, 127] {
+            let device = Device::new(index).unwrap();
+            let expect = |result: spyre_stream::Result<SpyreStream>| match result {
+                Err(Error::OtherDevice {
+                    requested,
+                    bound: 0,
+                }) if i64::from(requested) == index => {}
+                other => panic!("device {index}: {other:?}"),
+            };
+            stream_calls_on(device).into_iter().for_each(expect);
             assert!(matches!(
-                Device::new(-2),
-                Err(Error::InvalidDeviceIndex { index: -2 })
+                spyre_stream::set_current_stream(SpyreStream::from_parts(index as u8, StreamId(0))),
+                Err(Error::WrongDevice { stream_device, pool_device: 0 }) if i64::from(stream_device) == index
             ));
             assert!(matches!(
-                Device::new(128),
-                Err(Error::InvalidDeviceIndex { index: 128 })
+                spyre_stream::synchronize_device(device),
+                Err(Error::OtherDevice { requested, bound: 0 }) if i64::from(requested) == index
             ));
-            // Nothing was started or bound by the refusals.
-            assert!(spyre_stream::runtime_info().is_none());
-            spyre_stream::synchronize_device(Device::new(1).unwrap()).unwrap();
-
-            // Before the start, a request for a device that does not exist is
-            // refused with the device and the count, and binds nothing.
-            for index in [1, 127] {
-                let device = Device::new(index).unwrap();
-                let expect = |result: spyre_stream::Result<SpyreStream>| match result {
-                    Err(Error::DeviceOutOfRange { device, count: 1 })
-                        if i64::from(device) == index => {}
-                    other => panic!("device {index}: {other:?}"),
-                };
-                stream_calls_on(device).into_iter().for_each(expect);
-                expect(spyre_stream::set_current_stream(SpyreStream::from_parts(
-                    index as u8,
-                    StreamId(0),
-                )));
-                assert!(spyre_stream::runtime_info().is_none(), "device {index}");
-            }
-            spyre_stream::start_runtime().unwrap();
-
-            // A device the process is not bound to: named with both indices.
-            for index in [1, 127] {
-                let device = Device::new(index).unwrap();
-                let expect = |result: spyre_stream::Result<SpyreStream>| match result {
-                    Err(Error::OtherDevice {
-                        requested,
-                        bound: 0,
-                    }) if i64::from(requested) == index => {}
-                    other => panic!("device {index}: {other:?}"),
-                };
-                stream_calls_on(device).into_iter().for_each(expect);
-                assert!(matches!(
-                    spyre_stream::set_current_stream(SpyreStream::from_parts(index as u8, StreamId(0))),
-                    Err(Error::WrongDevice { stream_device, pool_device: 0 }) if i64::from(stream_device) == index
-                ));
-                assert!(matches!(
-                    spyre_stream::synchronize_device(device),
-                    Err(Error::OtherDevice { requested, bound: 0 }) if i64::from(requested) == index
-                ));
-                assert!(matches!(
-                    SpyreStream::from_parts(index as u8, StreamId(0)).query(),
-                    Err(Error::WrongDevice { pool_device: 0, .. })
-                ));
-            }
-            // Device 0 is unaffected.
-            let stream = stream_from_pool(Device::new(0).unwrap(), 0).unwrap();
-            assert_eq!(stream.id(), StreamId(1));
-            stream.synchronize().unwrap();
-            assert_eq!(spyre_stream::device_state(), spyre_stream::DeviceState::Ok);
-        },
-    );
+            assert!(matches!(
+                SpyreStream::from_parts(index as u8, StreamId(0)).query(),
+                Err(Error::WrongDevice { pool_device: 0, .. })
+            ));
+        }
+        // Device 0 is unaffected.
+        let stream = stream_from_pool(Device::new(0).unwrap(), 0).unwrap();
+        assert_eq!(stream.id(), StreamId(1));
+        stream.synchronize().unwrap();
+        assert_eq!(spyre_stream::device_state(), spyre_stream::DeviceState::Ok);
+    },);
 }
 
 // ------------------------------------------------------------ library paths
@@ -675,9 +663,7 @@ fn bad_library_paths_are_named_by_start_runtime() {
             ]
         })
         .collect();
-    isolated_each(
-        "bad_library_paths_are_named_by_start_runtime",
-        &envs,
+    isolated!(each; &envs,
         || {
             let path = std::env::var("FLEX_RUNTIME_LIB").unwrap();
             let kind = bad_paths()
@@ -717,8 +703,7 @@ fn bad_library_paths_are_named_by_start_runtime() {
 #[test]
 fn a_library_of_another_abi_major_is_refused_naming_it() {
     let library = spyre_tests::mock_cdylib().to_str().unwrap().to_owned();
-    isolated(
-        "a_library_of_another_abi_major_is_refused_naming_it",
+    isolated!(
         &[
             ("SPYRE_MOCK_ABI_VERSION", "2.0"),
             ("SPYRE_BACKEND", "hardware"),

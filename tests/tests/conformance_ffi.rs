@@ -9,9 +9,7 @@
 //! same device the in-process suite runs on.
 
 use flex_rt::HardwareBackend;
-use spyre_tests::conformance::{
-    Case, GENERAL_CASES, Profile, SOFTWARE_DEVICE, SOFTWARE_DEVICE_CASES, assert_instantiated,
-};
+use spyre_tests::conformance::{Case, Profile, SOFTWARE_DEVICE};
 use spyre_tests::{isolated, mock_cdylib};
 
 fn run(name: &'static str, case: Case) {
@@ -26,11 +24,7 @@ fn run(name: &'static str, case: Case) {
     });
 }
 
-spyre_tests::software_device_conformance_tests! {
+spyre_tests::conformance_tests! {
     runner = run;
-}
-
-#[test]
-fn every_case_is_instantiated() {
-    assert_instantiated(CONFORMANCE_CASES, &[&GENERAL_CASES, &SOFTWARE_DEVICE_CASES]);
+    suite = software_device;
 }

@@ -13,19 +13,14 @@
 //! `--ignored` but without `FLEX_RUNTIME_LIB`, or with a library that cannot
 //! be loaded, every case fails: a missing library never passes. Only
 //! the cases that hold for any flex library run (no software-device
-//! kernels), one at a time, each on its own runtime on device 0.
-
-use std::sync::{Mutex, PoisonError};
+//! kernels), one at a time across all test binaries (a `serial_test` file
+//! lock), each on its own runtime on device 0.
 
 use flex_rt::HardwareBackend;
 use flex_sys::RUNTIME_LIB_ENV;
-use spyre_tests::conformance::{Case, GENERAL_CASES, Profile, assert_instantiated};
-
-/// Cases run one at a time: a device may not allow several runtimes at once.
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+use spyre_tests::conformance::{Case, Profile};
 
 fn run(name: &'static str, case: Case) {
-    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
     let Some(path) = std::env::var_os(RUNTIME_LIB_ENV) else {
         panic!(
             "{name}: {RUNTIME_LIB_ENV} is not set; the vendor conformance suite needs it to name a flex library"
@@ -46,27 +41,9 @@ spyre_tests::conformance_tests! {
         not(flex_vendor_library),
         ignore = "vendor conformance suite did not run: set FLEX_RUNTIME_LIB to a flex library to run it"
     )]
+    // One at a time, across every test binary: a device may not allow
+    // several runtimes at once.
+    #[serial_test::file_serial(flex_device)]
     runner = run;
-    cases = [
-        device_count_and_missing_devices,
-        streams_belong_to_the_runtime_and_report_their_priority,
-        fifo_order_of_operations_and_completions,
-        query_and_synchronize,
-        h2d_d2h_round_trip,
-        multi_chunk_round_trip,
-        fill_in_every_format,
-        later_operations_see_earlier_ones,
-        bad_program_fails_the_stream_and_the_error_is_sticky,
-        size_mismatch_is_invalid_argument_and_enqueues_nothing,
-        memory_errors,
-        completions_are_released_exactly_once,
-        host_callback_panic_is_an_error_not_an_abort,
-        dropping_the_runtime_completes_pending_work,
-        launches_from_several_threads_are_serialized,
-    ];
-}
-
-#[test]
-fn every_general_case_is_instantiated() {
-    assert_instantiated(CONFORMANCE_CASES, &[&GENERAL_CASES]);
+    suite = general;
 }

@@ -14,20 +14,18 @@
 //! - a host callback (or a completion) panics: `HOST_CALLBACK_FAILED` on that
 //!   stream only; the process and the other streams go on.
 
-mod reliability_support;
-
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
 use flex_rt::{DataFormat, FlexError, HostBuffer, LaunchOptions, Runtime, Status, Stream};
-use reliability_support::{DropCounter, SpyBackend, bounded, run_bounded};
 use spyre_mock::{MockRuntime, MockSystem};
 use spyre_stream::{
     Device, DeviceState, Error, PoolConfig, SpyreStream, StreamErrorState, StreamId, StreamPool,
     device_state, runtime_info, set_backend, start_runtime, stream_from_pool, synchronize_device,
 };
 use spyre_tests::isolated;
+use spyre_tests::reliability::{DropCounter, SpyBackend, bounded, run_bounded};
 
 const RECV: Duration = Duration::from_secs(10);
 
@@ -74,61 +72,57 @@ fn assert_stream_works(pool: &StreamPool<'_>, stream: SpyreStream) {
 
 #[test]
 fn runtime_creation_failure_is_returned_and_a_retry_succeeds_once_cleared() {
-    isolated(
-        "runtime_creation_failure_is_returned_and_a_retry_succeeds_once_cleared",
-        &[],
-        || {
-            let system = MockSystem::default();
-            system.faults().set_fail_runtime_creation(true);
-            set_backend(Box::new(system.clone())).unwrap();
+    isolated!(&[], || {
+        let system = MockSystem::default();
+        system.faults().set_fail_runtime_creation(true);
+        set_backend(Box::new(system.clone())).unwrap();
 
-            for attempt in 0..2 {
-                let err = flex(start_runtime().unwrap_err());
-                assert_eq!(err.status(), Status::RUNTIME_FAILED, "attempt {attempt}");
-                assert_eq!(err.call(), "create_runtime");
-                assert!(
-                    err.to_string()
-                        .starts_with("create_runtime failed with FLEX_ERROR_RUNTIME_FAILED"),
-                    "{err}"
-                );
-                assert!(runtime_info().is_none());
-                assert!(matches!(
-                    spyre_stream::global_pool(),
-                    Err(spyre_stream::Error::NotStarted)
-                ));
-                assert_eq!(device_state(), DeviceState::NotInitialized);
-            }
-            // Entry points that start the runtime return the same error.
-            let err = flex(stream_from_pool(Device::CURRENT, 0).unwrap_err());
-            assert_eq!(err.status(), Status::RUNTIME_FAILED);
-            // Synchronizing a device that never started has nothing to do.
-            synchronize_device(Device::CURRENT).unwrap();
-
-            system.faults().set_fail_runtime_creation(false);
-            start_runtime().unwrap();
-            assert_eq!(device_state(), DeviceState::Ok);
-            assert_eq!(runtime_info().unwrap().backend, "mock");
-            // The failed attempts assigned nothing: the first id is 1.
-            let stream = stream_from_pool(Device::CURRENT, 0).unwrap();
-            assert_eq!(stream.id(), StreamId(1));
-            let ran = Arc::new(AtomicBool::new(false));
-            let flag = Arc::clone(&ran);
-            stream
-                .launch_host_callback(
-                    move || flag.store(true, Ordering::SeqCst),
-                    LaunchOptions::new(),
-                )
-                .unwrap();
-            stream.synchronize().unwrap();
-            assert!(ran.load(Ordering::SeqCst));
-            // Faults set after the start do not touch the running runtime.
-            system.faults().set_fail_runtime_creation(true);
-            assert_eq!(
-                stream_from_pool(Device::CURRENT, 0).unwrap().id(),
-                StreamId(2)
+        for attempt in 0..2 {
+            let err = flex(start_runtime().unwrap_err());
+            assert_eq!(err.status(), Status::RUNTIME_FAILED, "attempt {attempt}");
+            assert_eq!(err.call(), "create_runtime");
+            assert!(
+                err.to_string()
+                    .starts_with("create_runtime failed with FLEX_ERROR_RUNTIME_FAILED"),
+                "{err}"
             );
-        },
-    );
+            assert!(runtime_info().is_none());
+            assert!(matches!(
+                spyre_stream::global_pool(),
+                Err(spyre_stream::Error::NotStarted)
+            ));
+            assert_eq!(device_state(), DeviceState::NotInitialized);
+        }
+        // Entry points that start the runtime return the same error.
+        let err = flex(stream_from_pool(Device::CURRENT, 0).unwrap_err());
+        assert_eq!(err.status(), Status::RUNTIME_FAILED);
+        // Synchronizing a device that never started has nothing to do.
+        synchronize_device(Device::CURRENT).unwrap();
+
+        system.faults().set_fail_runtime_creation(false);
+        start_runtime().unwrap();
+        assert_eq!(device_state(), DeviceState::Ok);
+        assert_eq!(runtime_info().unwrap().backend, "mock");
+        // The failed attempts assigned nothing: the first id is 1.
+        let stream = stream_from_pool(Device::CURRENT, 0).unwrap();
+        assert_eq!(stream.id(), StreamId(1));
+        let ran = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&ran);
+        stream
+            .launch_host_callback(
+                move || flag.store(true, Ordering::SeqCst),
+                LaunchOptions::new(),
+            )
+            .unwrap();
+        stream.synchronize().unwrap();
+        assert!(ran.load(Ordering::SeqCst));
+        // Faults set after the start do not touch the running runtime.
+        system.faults().set_fail_runtime_creation(true);
+        assert_eq!(
+            stream_from_pool(Device::CURRENT, 0).unwrap().id(),
+            StreamId(2)
+        );
+    },);
 }
 
 #[test]
@@ -369,165 +363,156 @@ fn a_refused_launch_names_launch_failed_releases_its_completion_and_the_stream_g
 
 #[test]
 fn a_stream_that_needs_shutdown_reports_it_and_the_others_are_fine() {
-    isolated(
-        "a_stream_that_needs_shutdown_reports_it_and_the_others_are_fine",
-        &[],
-        || {
-            let backend = SpyBackend::new(MockSystem::default());
-            set_backend(Box::new(backend.clone())).unwrap();
-            let bad = stream_from_pool(Device::CURRENT, 0).unwrap();
-            let good = stream_from_pool(Device::CURRENT, -1).unwrap();
-            let rt = backend.runtime().expect("the runtime was created");
-            let pool = spyre_stream::global_pool().unwrap();
-            assert_eq!(device_state(), DeviceState::Ok);
+    isolated!(&[], || {
+        let backend = SpyBackend::new(MockSystem::default());
+        set_backend(Box::new(backend.clone())).unwrap();
+        let bad = stream_from_pool(Device::CURRENT, 0).unwrap();
+        let good = stream_from_pool(Device::CURRENT, -1).unwrap();
+        let rt = backend.runtime().expect("the runtime was created");
+        let pool = spyre_stream::global_pool().unwrap();
+        assert_eq!(device_state(), DeviceState::Ok);
 
-            // Work queued behind a blocked callback when the stream goes bad.
-            let (release, wait) = mpsc::channel::<()>();
-            bad.launch_host_callback(move || wait.recv().unwrap(), LaunchOptions::new())
-                .unwrap();
-            let (tx, queued) = mpsc::channel();
-            let ran = Arc::new(AtomicBool::new(false));
-            let flag = Arc::clone(&ran);
-            bad.launch_host_callback(
-                move || flag.store(true, Ordering::SeqCst),
-                LaunchOptions::new().on_complete(move |r| tx.send(r).unwrap()),
-            )
+        // Work queued behind a blocked callback when the stream goes bad.
+        let (release, wait) = mpsc::channel::<()>();
+        bad.launch_host_callback(move || wait.recv().unwrap(), LaunchOptions::new())
             .unwrap();
-            rt.mock_stream(pool.resolve(bad).unwrap().id())
-                .unwrap()
-                .set_needs_shutdown();
-            release.send(()).unwrap();
+        let (tx, queued) = mpsc::channel();
+        let ran = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&ran);
+        bad.launch_host_callback(
+            move || flag.store(true, Ordering::SeqCst),
+            LaunchOptions::new().on_complete(move |r| tx.send(r).unwrap()),
+        )
+        .unwrap();
+        rt.mock_stream(pool.resolve(bad).unwrap().id())
+            .unwrap()
+            .set_needs_shutdown();
+        release.send(()).unwrap();
 
-            assert_eq!(bad.error().unwrap(), StreamErrorState::Shutdown);
-            assert_eq!(StreamErrorState::Shutdown.as_str(), "Shutdown");
-            assert_eq!(good.error().unwrap(), StreamErrorState::Success);
-            assert_eq!(device_state(), DeviceState::StreamError);
-            let queued = queued.recv_timeout(RECV).unwrap().unwrap_err();
-            assert_eq!(queued.status(), Status::SHUTDOWN);
-            assert!(!ran.load(Ordering::SeqCst), "queued work must not run");
-            let refused = flex(
-                bad.launch_host_callback(|| {}, LaunchOptions::new())
-                    .unwrap_err(),
-            );
-            assert_eq!(refused.status(), Status::SHUTDOWN);
-            assert_eq!(
-                flex(bad.synchronize().unwrap_err()).status(),
-                Status::SHUTDOWN
-            );
-            assert_eq!(flex(bad.query().unwrap_err()).status(), Status::SHUTDOWN);
+        assert_eq!(bad.error().unwrap(), StreamErrorState::Shutdown);
+        assert_eq!(StreamErrorState::Shutdown.as_str(), "Shutdown");
+        assert_eq!(good.error().unwrap(), StreamErrorState::Success);
+        assert_eq!(device_state(), DeviceState::StreamError);
+        let queued = queued.recv_timeout(RECV).unwrap().unwrap_err();
+        assert_eq!(queued.status(), Status::SHUTDOWN);
+        assert!(!ran.load(Ordering::SeqCst), "queued work must not run");
+        let refused = flex(
+            bad.launch_host_callback(|| {}, LaunchOptions::new())
+                .unwrap_err(),
+        );
+        assert_eq!(refused.status(), Status::SHUTDOWN);
+        assert_eq!(
+            flex(bad.synchronize().unwrap_err()).status(),
+            Status::SHUTDOWN
+        );
+        assert_eq!(flex(bad.query().unwrap_err()).status(), Status::SHUTDOWN);
 
-            // The device sync names the bad stream and still drains the others.
-            let (tx, done) = mpsc::channel();
-            good.launch_host_callback(move || tx.send(()).unwrap(), LaunchOptions::new())
-                .unwrap();
-            match synchronize_device(Device::CURRENT).unwrap_err() {
-                Error::DeviceSynchronize { id, source } => {
-                    assert_eq!(id, bad.id());
-                    assert_eq!(source.status(), Status::SHUTDOWN);
-                }
-                other => panic!("{other:?}"),
+        // The device sync names the bad stream and still drains the others.
+        let (tx, done) = mpsc::channel();
+        good.launch_host_callback(move || tx.send(()).unwrap(), LaunchOptions::new())
+            .unwrap();
+        match synchronize_device(Device::CURRENT).unwrap_err() {
+            Error::DeviceSynchronize { id, source } => {
+                assert_eq!(id, bad.id());
+                assert_eq!(source.status(), Status::SHUTDOWN);
             }
-            done.try_recv().expect("the good stream was synchronized");
+            other => panic!("{other:?}"),
+        }
+        done.try_recv().expect("the good stream was synchronized");
 
-            // Other streams and the pool go on.
-            assert_stream_works(pool, good);
-            assert_stream_works(pool, spyre_stream::default_stream(Device::CURRENT).unwrap());
-            let fresh = stream_from_pool(Device::CURRENT, 0).unwrap();
-            assert_eq!(fresh.id(), StreamId(2));
-            assert_stream_works(pool, fresh);
-            assert_eq!(bad.error().unwrap(), StreamErrorState::Shutdown);
-        },
-    );
+        // Other streams and the pool go on.
+        assert_stream_works(pool, good);
+        assert_stream_works(pool, spyre_stream::default_stream(Device::CURRENT).unwrap());
+        let fresh = stream_from_pool(Device::CURRENT, 0).unwrap();
+        assert_eq!(fresh.id(), StreamId(2));
+        assert_stream_works(pool, fresh);
+        assert_eq!(bad.error().unwrap(), StreamErrorState::Shutdown);
+    },);
 }
 
 #[test]
 fn a_panicking_host_callback_fails_only_its_stream() {
-    isolated(
-        "a_panicking_host_callback_fails_only_its_stream",
-        &[],
-        || {
-            // Keep the expected panics out of the test output.
-            let default_hook = std::panic::take_hook();
-            std::panic::set_hook(Box::new(move |info| {
-                let deliberate = info
-                    .payload()
-                    .downcast_ref::<&str>()
-                    .is_some_and(|m| m.starts_with("deliberate"));
-                if !deliberate {
-                    default_hook(info);
-                }
-            }));
-            let backend = SpyBackend::new(MockSystem::default());
-            set_backend(Box::new(backend.clone())).unwrap();
-            let callback = stream_from_pool(Device::CURRENT, 0).unwrap();
-            let completion = stream_from_pool(Device::CURRENT, 0).unwrap();
-            let good = stream_from_pool(Device::CURRENT, -1).unwrap();
-            let engines = spyre_mock::live_engine_threads();
+    isolated!(&[], || {
+        // Keep the expected panics out of the test output.
+        let default_hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let deliberate = info
+                .payload()
+                .downcast_ref::<&str>()
+                .is_some_and(|m| m.starts_with("deliberate"));
+            if !deliberate {
+                default_hook(info);
+            }
+        }));
+        let backend = SpyBackend::new(MockSystem::default());
+        set_backend(Box::new(backend.clone())).unwrap();
+        let callback = stream_from_pool(Device::CURRENT, 0).unwrap();
+        let completion = stream_from_pool(Device::CURRENT, 0).unwrap();
+        let good = stream_from_pool(Device::CURRENT, -1).unwrap();
+        let engines = spyre_mock::live_engine_threads();
 
-            let (tx, result) = mpsc::channel();
+        let (tx, result) = mpsc::channel();
+        callback
+            .launch_host_callback(
+                || panic!("deliberate panic in a host callback"),
+                LaunchOptions::new().on_complete(move |r| tx.send(r).unwrap()),
+            )
+            .unwrap();
+        let err = flex(callback.synchronize().unwrap_err());
+        assert_eq!(err.status(), Status::HOST_CALLBACK_FAILED);
+        assert_eq!(err.call(), "launch_host_callback");
+        assert!(
+            err.message()
+                .contains("deliberate panic in a host callback"),
+            "{err}"
+        );
+        let completed = result.recv_timeout(RECV).unwrap().unwrap_err();
+        assert_eq!(completed, err, "the completion saw the same error");
+        assert_eq!(
+            flex(callback.query().unwrap_err()).status(),
+            Status::HOST_CALLBACK_FAILED
+        );
+        // Sticky: later launches on that stream are refused.
+        let refused = flex(
             callback
-                .launch_host_callback(
-                    || panic!("deliberate panic in a host callback"),
-                    LaunchOptions::new().on_complete(move |r| tx.send(r).unwrap()),
-                )
-                .unwrap();
-            let err = flex(callback.synchronize().unwrap_err());
-            assert_eq!(err.status(), Status::HOST_CALLBACK_FAILED);
-            assert_eq!(err.call(), "launch_host_callback");
-            assert!(
-                err.message()
-                    .contains("deliberate panic in a host callback"),
-                "{err}"
-            );
-            let completed = result.recv_timeout(RECV).unwrap().unwrap_err();
-            assert_eq!(completed, err, "the completion saw the same error");
-            assert_eq!(
-                flex(callback.query().unwrap_err()).status(),
-                Status::HOST_CALLBACK_FAILED
-            );
-            // Sticky: later launches on that stream are refused.
-            let refused = flex(
-                callback
-                    .launch_host_callback(|| {}, LaunchOptions::new())
-                    .unwrap_err(),
-            );
-            assert_eq!(refused.status(), Status::STREAM_FAILED);
-            // Not a shutdown: the stream failed, it does not need one.
-            assert_eq!(callback.error().unwrap(), StreamErrorState::Success);
+                .launch_host_callback(|| {}, LaunchOptions::new())
+                .unwrap_err(),
+        );
+        assert_eq!(refused.status(), Status::STREAM_FAILED);
+        // Not a shutdown: the stream failed, it does not need one.
+        assert_eq!(callback.error().unwrap(), StreamErrorState::Success);
 
-            // A panicking completion fails its own stream the same way.
-            completion
-                .launch_host_callback(
-                    || {},
-                    LaunchOptions::new()
-                        .on_complete(|_| panic!("deliberate panic in a completion")),
-                )
-                .unwrap();
-            let err = flex(completion.synchronize().unwrap_err());
-            assert_eq!(err.status(), Status::HOST_CALLBACK_FAILED);
-            assert!(
-                err.message().contains("deliberate panic in a completion"),
-                "{err}"
-            );
+        // A panicking completion fails its own stream the same way.
+        completion
+            .launch_host_callback(
+                || {},
+                LaunchOptions::new().on_complete(|_| panic!("deliberate panic in a completion")),
+            )
+            .unwrap();
+        let err = flex(completion.synchronize().unwrap_err());
+        assert_eq!(err.status(), Status::HOST_CALLBACK_FAILED);
+        assert!(
+            err.message().contains("deliberate panic in a completion"),
+            "{err}"
+        );
 
-            assert_eq!(device_state(), DeviceState::StreamError);
-            // The process, the engines, the other streams and the pool go on.
-            assert_eq!(spyre_mock::live_engine_threads(), engines);
-            let p = spyre_stream::global_pool().unwrap();
-            assert_stream_works(p, good);
-            let fresh = stream_from_pool(Device::CURRENT, -1).unwrap();
-            assert_stream_works(p, fresh);
-            bounded("sync-after-panic", Duration::from_secs(30), || {
-                let err = synchronize_device(Device::CURRENT).unwrap_err();
-                assert!(
-                    matches!(&err, Error::DeviceSynchronize { id: StreamId(1), source }
+        assert_eq!(device_state(), DeviceState::StreamError);
+        // The process, the engines, the other streams and the pool go on.
+        assert_eq!(spyre_mock::live_engine_threads(), engines);
+        let p = spyre_stream::global_pool().unwrap();
+        assert_stream_works(p, good);
+        let fresh = stream_from_pool(Device::CURRENT, -1).unwrap();
+        assert_stream_works(p, fresh);
+        bounded("sync-after-panic", Duration::from_secs(30), || {
+            let err = synchronize_device(Device::CURRENT).unwrap_err();
+            assert!(
+                matches!(&err, Error::DeviceSynchronize { id: StreamId(1), source }
                         if source.status() == Status::HOST_CALLBACK_FAILED),
-                    "{err:?}"
-                );
-            });
-            let _ = backend;
-        },
-    );
+                "{err:?}"
+            );
+        });
+        let _ = backend;
+    },);
 }
 
 /// The library returns a status flex.h does not define (the mock shared
@@ -537,8 +522,7 @@ fn a_panicking_host_callback_fails_only_its_stream() {
 #[test]
 fn an_undefined_status_code_is_an_error_naming_it_and_the_pool_goes_on() {
     spyre_tests::mock_cdylib();
-    isolated(
-        "an_undefined_status_code_is_an_error_naming_it_and_the_pool_goes_on",
+    isolated!(
         &[(
             "SPYRE_MOCK_UNDEFINED_STATUS",
             "flex_stream_query,flex_launch_fill,flex_stream_needs_shutdown,flex_runtime_has_stream_error",

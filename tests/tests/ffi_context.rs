@@ -3,18 +3,17 @@
 //! library thread outliving its runtime. Each test runs in a fresh process
 //! (`isolated`), so the thread counts see no other test.
 
-mod ffi_support;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use ffi_support::{backend, isolated, live_threads, settle_threads};
 use flex_rt::{
     DataFormat, HardwareRuntime, HostBuffer, LaunchOptions, Runtime, Status, Stream, StreamMode,
     StreamPriority, TeardownStep,
 };
 use spyre_tests::conformance::Completions;
+use spyre_tests::ffi::{backend, live_threads, settle_threads};
+use spyre_tests::isolated;
 
 fn context() -> HardwareRuntime {
     HardwareRuntime::create(Arc::clone(backend().library()), 0).expect("HardwareRuntime::create")
@@ -22,7 +21,7 @@ fn context() -> HardwareRuntime {
 
 #[test]
 fn dropping_the_context_waits_for_pending_work() {
-    isolated("dropping_the_context_waits_for_pending_work", &[], || {
+    isolated!(mock_cdylib; &[], || {
         let context = context();
         let completions = Completions::new();
         let ran = Arc::new(AtomicUsize::new(0));
@@ -67,9 +66,7 @@ fn dropping_the_context_waits_for_pending_work() {
 
 #[test]
 fn close_is_ok_on_a_clean_context_and_lists_what_failed_otherwise() {
-    isolated(
-        "close_is_ok_on_a_clean_context_and_lists_what_failed_otherwise",
-        &[],
+    isolated!(mock_cdylib; &[],
         || {
             let clean = context();
             let stream = clean
@@ -129,7 +126,7 @@ struct HostRecord {
 fn eight_threads_submit_to_one_stream() {
     const THREADS: usize = 8;
     const EACH: usize = 100;
-    isolated("eight_threads_submit_to_one_stream", &[], || {
+    isolated!(mock_cdylib; &[], || {
         let context = context();
         let stream = context
             .create_stream(StreamPriority::Normal, StreamMode::StrictOrdering, false)
@@ -185,9 +182,7 @@ fn eight_threads_submit_to_one_stream() {
 
 #[test]
 fn no_library_thread_outlives_its_runtime() {
-    isolated(
-        "no_library_thread_outlives_its_runtime",
-        &[
+    isolated!(mock_cdylib; &[
             ("SPYRE_MOCK_ENGINES", "3"),
             ("SPYRE_MOCK_LATE_COMPLETIONS_MS", "5"),
         ],

@@ -9,15 +9,14 @@
 //! late, from another thread, still arrive exactly once, and none arrives
 //! after the runtime is gone.
 
-mod ffi_support;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use ffi_support::{backend, isolated, live_threads, settle_threads};
 use flex_rt::{Backend, DataFormat, HostBuffer, LaunchOptions, Status, StreamMode, StreamPriority};
 use spyre_tests::conformance::Completions;
+use spyre_tests::ffi::{backend, live_threads, settle_threads};
+use spyre_tests::isolated;
 
 /// Counts its drops; captured by a host callback to see when it goes.
 struct DropCount(Arc<AtomicUsize>);
@@ -40,9 +39,7 @@ fn os_thread_name() -> String {
 
 #[test]
 fn an_undefined_status_from_query_is_an_error_naming_it() {
-    isolated(
-        "an_undefined_status_from_query_is_an_error_naming_it",
-        &[("SPYRE_MOCK_UNDEFINED_STATUS", "flex_stream_query")],
+    isolated!(mock_cdylib; &[("SPYRE_MOCK_UNDEFINED_STATUS", "flex_stream_query")],
         || {
             let runtime = backend().create_runtime(0).expect("create_runtime");
             let stream = runtime.default_stream();
@@ -73,9 +70,7 @@ fn an_undefined_status_from_query_is_an_error_naming_it() {
 
 #[test]
 fn an_undefined_status_from_a_launch_releases_what_it_carried_once() {
-    isolated(
-        "an_undefined_status_from_a_launch_releases_what_it_carried_once",
-        &[(
+    isolated!(mock_cdylib; &[(
             "SPYRE_MOCK_UNDEFINED_STATUS",
             "flex_launch_h2d,flex_launch_host_callback",
         )],
@@ -137,9 +132,7 @@ fn an_undefined_status_from_a_launch_releases_what_it_carried_once() {
 
 #[test]
 fn an_undefined_status_without_a_runtime_is_an_error() {
-    isolated(
-        "an_undefined_status_without_a_runtime_is_an_error",
-        &[(
+    isolated!(mock_cdylib; &[(
             "SPYRE_MOCK_UNDEFINED_STATUS",
             "flex_get_device_count, flex_runtime_create",
         )],
@@ -161,9 +154,7 @@ fn an_undefined_status_without_a_runtime_is_an_error() {
 
 #[test]
 fn a_refused_launch_is_launch_failed_and_released_once() {
-    isolated(
-        "a_refused_launch_is_launch_failed_and_released_once",
-        &[("SPYRE_MOCK_FAIL_LAUNCH", "3")],
+    isolated!(mock_cdylib; &[("SPYRE_MOCK_FAIL_LAUNCH", "3")],
         || {
             let runtime = backend().create_runtime(0).expect("create_runtime");
             let created = runtime
@@ -208,9 +199,7 @@ fn a_refused_launch_is_launch_failed_and_released_once() {
 #[test]
 fn late_completions_arrive_once_and_never_after_the_runtime() {
     const DELAY: Duration = Duration::from_millis(150);
-    isolated(
-        "late_completions_arrive_once_and_never_after_the_runtime",
-        &[("SPYRE_MOCK_LATE_COMPLETIONS_MS", "150")],
+    isolated!(mock_cdylib; &[("SPYRE_MOCK_LATE_COMPLETIONS_MS", "150")],
         || {
             let backend = backend();
             let baseline = live_threads();

@@ -4,13 +4,12 @@
 //! fresh process (`isolated`) with the `SPYRE_MOCK_*` variables it names and
 //! no others.
 
-mod ffi_support;
-
 use std::path::PathBuf;
 
-use ffi_support::{backend, isolated};
 use flex_rt::{Backend, DataFormat, HardwareBackend, HostBuffer, LaunchOptions, Status};
 use flex_sys::{AbiVersion, FlexLibrary, LoadError};
+use spyre_tests::ffi::backend;
+use spyre_tests::isolated;
 use spyre_tests::mock_cdylib;
 
 /// The file the dynamic loader maps for the mock library.
@@ -22,9 +21,7 @@ const V1_0: AbiVersion = AbiVersion { major: 1, minor: 0 };
 
 #[test]
 fn the_library_exports_flex_h_at_the_header_version() {
-    isolated(
-        "the_library_exports_flex_h_at_the_header_version",
-        &[],
+    isolated!(mock_cdylib; &[],
         || {
             // `open` checks every symbol of flex.h (flex_sys::REQUIRED_SYMBOLS).
             let library = FlexLibrary::open(mock_cdylib()).expect("open");
@@ -57,9 +54,7 @@ fn the_library_exports_flex_h_at_the_header_version() {
 
 #[test]
 fn another_major_version_is_refused_naming_both_versions() {
-    isolated(
-        "another_major_version_is_refused_naming_both_versions",
-        &[("SPYRE_MOCK_ABI_VERSION", "2.0")],
+    isolated!(mock_cdylib; &[("SPYRE_MOCK_ABI_VERSION", "2.0")],
         || {
             let err = HardwareBackend::open(mock_cdylib()).unwrap_err();
             assert_eq!(
@@ -92,9 +87,7 @@ fn another_major_version_is_refused_naming_both_versions() {
 
 #[test]
 fn a_newer_minor_version_is_accepted() {
-    isolated(
-        "a_newer_minor_version_is_accepted",
-        &[("SPYRE_MOCK_ABI_VERSION", "1.7")],
+    isolated!(mock_cdylib; &[("SPYRE_MOCK_ABI_VERSION", "1.7")],
         || {
             let backend = backend();
             assert_eq!(
@@ -124,9 +117,7 @@ fn a_newer_minor_version_is_accepted() {
 
 #[test]
 fn a_malformed_version_switch_reports_0_0_which_is_refused() {
-    isolated(
-        "a_malformed_version_switch_reports_0_0_which_is_refused",
-        &[("SPYRE_MOCK_ABI_VERSION", "two")],
+    isolated!(mock_cdylib; &[("SPYRE_MOCK_ABI_VERSION", "two")],
         || {
             let err = HardwareBackend::open(mock_cdylib()).unwrap_err();
             assert!(
@@ -145,9 +136,7 @@ fn a_malformed_version_switch_reports_0_0_which_is_refused() {
 
 #[test]
 fn the_device_configuration_comes_from_the_environment() {
-    isolated(
-        "the_device_configuration_comes_from_the_environment",
-        &[
+    isolated!(mock_cdylib; &[
             ("SPYRE_MOCK_DEVICES", "3"),
             ("SPYRE_MOCK_MEMORY_BYTES", "1048576"),
             ("SPYRE_MOCK_REGION_BYTES", "262144"),
@@ -173,9 +162,7 @@ fn the_device_configuration_comes_from_the_environment() {
 
 #[test]
 fn runtime_creation_can_be_made_to_fail() {
-    isolated(
-        "runtime_creation_can_be_made_to_fail",
-        &[("SPYRE_MOCK_FAIL_RUNTIME_CREATE", "1")],
+    isolated!(mock_cdylib; &[("SPYRE_MOCK_FAIL_RUNTIME_CREATE", "1")],
         || {
             let backend = backend();
             assert_eq!(backend.device_count(), Ok(1));
@@ -197,9 +184,7 @@ fn runtime_creation_can_be_made_to_fail() {
 
 #[test]
 fn a_malformed_switch_fails_runtime_creation_naming_it() {
-    isolated(
-        "a_malformed_switch_fails_runtime_creation_naming_it",
-        &[("SPYRE_MOCK_FAIL_LAUNCH", "often")],
+    isolated!(mock_cdylib; &[("SPYRE_MOCK_FAIL_LAUNCH", "often")],
         || {
             let err = backend().create_runtime(0).unwrap_err();
             assert_eq!(err.status(), Status::RUNTIME_FAILED, "{err}");
@@ -214,9 +199,7 @@ fn a_malformed_switch_fails_runtime_creation_naming_it() {
 
 #[test]
 fn a_malformed_device_setting_fails_the_device_count_naming_it() {
-    isolated(
-        "a_malformed_device_setting_fails_the_device_count_naming_it",
-        &[("SPYRE_MOCK_ENGINES", "0")],
+    isolated!(mock_cdylib; &[("SPYRE_MOCK_ENGINES", "0")],
         || {
             let backend = backend();
             let err = backend.device_count().unwrap_err();

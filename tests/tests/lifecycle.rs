@@ -17,75 +17,66 @@ const MOCK: (&str, &str) = ("SPYRE_BACKEND", "mock");
 
 #[test]
 fn start_runs_once_and_free_makes_a_restart_an_explicit_error() {
-    isolated(
-        "start_runs_once_and_free_makes_a_restart_an_explicit_error",
-        &[MOCK],
-        || {
-            assert_eq!(device_state(), DeviceState::NotInitialized);
-            start_runtime().unwrap();
-            start_runtime().unwrap();
-            let info = runtime_info().unwrap();
-            assert_eq!(
-                (info.backend, info.device, info.device_source),
-                ("mock", 0, DeviceSource::Default)
-            );
-            assert_eq!(info.host_compute_streams, 4);
-            assert!(!info.track_hazards);
-            assert_eq!(device_state(), DeviceState::Ok);
+    isolated!(&[MOCK], || {
+        assert_eq!(device_state(), DeviceState::NotInitialized);
+        start_runtime().unwrap();
+        start_runtime().unwrap();
+        let info = runtime_info().unwrap();
+        assert_eq!(
+            (info.backend, info.device, info.device_source),
+            ("mock", 0, DeviceSource::Default)
+        );
+        assert_eq!(info.host_compute_streams, 4);
+        assert!(!info.track_hazards);
+        assert_eq!(device_state(), DeviceState::Ok);
 
-            let stream = stream_from_pool(Device::CURRENT, 0).unwrap();
-            assert_eq!(stream.id(), StreamId(1));
-            free_runtime();
-            assert_eq!(device_state(), DeviceState::NotInitialized);
-            let err = start_runtime().unwrap_err();
-            assert!(matches!(err, Error::RuntimeReset), "{err:?}");
-            assert!(
-                err.to_string().contains("runtime reset is not supported"),
-                "{err}"
-            );
-            assert!(matches!(
-                stream_from_pool(Device::CURRENT, 0),
-                Err(Error::RuntimeReset)
-            ));
-            assert!(matches!(
-                default_stream(Device::CURRENT),
-                Err(Error::RuntimeReset)
-            ));
+        let stream = stream_from_pool(Device::CURRENT, 0).unwrap();
+        assert_eq!(stream.id(), StreamId(1));
+        free_runtime();
+        assert_eq!(device_state(), DeviceState::NotInitialized);
+        let err = start_runtime().unwrap_err();
+        assert!(matches!(err, Error::RuntimeReset), "{err:?}");
+        assert!(
+            err.to_string().contains("runtime reset is not supported"),
+            "{err}"
+        );
+        assert!(matches!(
+            stream_from_pool(Device::CURRENT, 0),
+            Err(Error::RuntimeReset)
+        ));
+        assert!(matches!(
+            default_stream(Device::CURRENT),
+            Err(Error::RuntimeReset)
+        ));
 
-            // Streams already resolved keep working: their handles stay valid.
-            let (tx, rx) = std::sync::mpsc::channel();
-            stream
-                .launch_host_callback(move || tx.send(7).unwrap(), LaunchOptions::new())
-                .unwrap();
-            stream.synchronize().unwrap();
-            assert_eq!(rx.recv().unwrap(), 7);
-            assert!(stream.query().unwrap());
-            synchronize_device(Device::CURRENT).unwrap();
-        },
-    );
+        // Streams already resolved keep working: their handles stay valid.
+        let (tx, rx) = std::sync::mpsc::channel();
+        stream
+            .launch_host_callback(move || tx.send(7).unwrap(), LaunchOptions::new())
+            .unwrap();
+        stream.synchronize().unwrap();
+        assert_eq!(rx.recv().unwrap(), 7);
+        assert!(stream.query().unwrap());
+        synchronize_device(Device::CURRENT).unwrap();
+    },);
 }
 
 #[test]
 fn synchronize_device_before_start_does_nothing() {
-    isolated(
-        "synchronize_device_before_start_does_nothing",
-        &[MOCK],
-        || {
-            synchronize_device(Device::CURRENT).unwrap();
-            assert!(
-                runtime_info().is_none(),
-                "synchronize_device must not start the runtime"
-            );
-            free_runtime();
-            start_runtime().expect("free_runtime before any start does nothing");
-        },
-    );
+    isolated!(&[MOCK], || {
+        synchronize_device(Device::CURRENT).unwrap();
+        assert!(
+            runtime_info().is_none(),
+            "synchronize_device must not start the runtime"
+        );
+        free_runtime();
+        start_runtime().expect("free_runtime before any start does nothing");
+    },);
 }
 
 #[test]
 fn local_rank_selects_the_device_and_other_devices_are_refused() {
-    isolated(
-        "local_rank_selects_the_device_and_other_devices_are_refused",
+    isolated!(
         &[MOCK, ("SPYRE_MOCK_DEVICES", "4"), ("LOCAL_RANK", "2")],
         || {
             let stream = stream_from_pool(Device::CURRENT, -1).unwrap();
@@ -158,96 +149,83 @@ fn local_rank_selects_the_device_and_other_devices_are_refused() {
 
 #[test]
 fn a_malformed_local_rank_fails_start_and_a_retry_can_succeed() {
-    isolated(
-        "a_malformed_local_rank_fails_start_and_a_retry_can_succeed",
-        &[MOCK, ("LOCAL_RANK", "abc")],
-        || {
-            // The current device is read the way the start reads it: the
-            // same error, not a silent 0.
-            let err = spyre_stream::current_device().unwrap_err();
-            assert!(
-                matches!(err, Error::InvalidEnv { variable: "LOCAL_RANK", ref value, .. } if value == "abc"),
-                "{err:?}"
-            );
-            let err = start_runtime().unwrap_err();
-            assert!(
-                matches!(err, Error::InvalidEnv { variable: "LOCAL_RANK", ref value, .. } if value == "abc"),
-                "{err:?}"
-            );
-            assert!(runtime_info().is_none());
-            // Setting the thread's device bypasses LOCAL_RANK: the retry succeeds.
-            set_device(0).unwrap();
-            start_runtime().unwrap();
-            assert_eq!(
-                runtime_info().unwrap().device_source,
-                DeviceSource::ThreadDevice
-            );
-        },
-    );
+    isolated!(&[MOCK, ("LOCAL_RANK", "abc")], || {
+        // The current device is read the way the start reads it: the
+        // same error, not a silent 0.
+        let err = spyre_stream::current_device().unwrap_err();
+        assert!(
+            matches!(err, Error::InvalidEnv { variable: "LOCAL_RANK", ref value, .. } if value == "abc"),
+            "{err:?}"
+        );
+        let err = start_runtime().unwrap_err();
+        assert!(
+            matches!(err, Error::InvalidEnv { variable: "LOCAL_RANK", ref value, .. } if value == "abc"),
+            "{err:?}"
+        );
+        assert!(runtime_info().is_none());
+        // Setting the thread's device bypasses LOCAL_RANK: the retry succeeds.
+        set_device(0).unwrap();
+        start_runtime().unwrap();
+        assert_eq!(
+            runtime_info().unwrap().device_source,
+            DeviceSource::ThreadDevice
+        );
+    },);
 }
 
 #[test]
 fn local_rank_above_127_is_refused() {
-    isolated(
-        "local_rank_above_127_is_refused",
-        &[MOCK, ("LOCAL_RANK", "128")],
-        || {
-            let err = start_runtime().unwrap_err();
-            assert!(
-                err.to_string()
-                    .contains("128 exceeds the maximum supported device index (127)"),
-                "{err}"
-            );
-        },
-    );
+    isolated!(&[MOCK, ("LOCAL_RANK", "128")], || {
+        let err = start_runtime().unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("128 exceeds the maximum supported device index (127)"),
+            "{err}"
+        );
+    },);
 }
 
 #[test]
 fn a_device_beyond_the_visible_count_is_refused_with_both_numbers() {
-    isolated(
-        "a_device_beyond_the_visible_count_is_refused_with_both_numbers",
-        &[MOCK, ("LOCAL_RANK", "1")],
-        || {
-            let err = start_runtime().unwrap_err();
-            assert!(
-                matches!(
-                    err,
-                    Error::DeviceOutOfRange {
-                        device: 1,
-                        count: 1
-                    }
-                ),
-                "{err:?}"
-            );
-            assert_eq!(
-                err.to_string(),
-                "Device index out of bounds: logical_device_id=1, number of visible devices=1"
-            );
-            assert!(matches!(
-                set_device(1),
-                Err(Error::DeviceOutOfRange {
+    isolated!(&[MOCK, ("LOCAL_RANK", "1")], || {
+        let err = start_runtime().unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::DeviceOutOfRange {
                     device: 1,
                     count: 1
-                })
-            ));
-            assert!(matches!(
-                set_device(128),
-                Err(Error::InvalidDeviceIndex { index: 128 })
-            ));
-            assert!(matches!(
-                set_device(-2),
-                Err(Error::InvalidDeviceIndex { index: -2 })
-            ));
-            set_device(0).unwrap();
-            start_runtime().unwrap();
-        },
-    );
+                }
+            ),
+            "{err:?}"
+        );
+        assert_eq!(
+            err.to_string(),
+            "Device index out of bounds: logical_device_id=1, number of visible devices=1"
+        );
+        assert!(matches!(
+            set_device(1),
+            Err(Error::DeviceOutOfRange {
+                device: 1,
+                count: 1
+            })
+        ));
+        assert!(matches!(
+            set_device(128),
+            Err(Error::InvalidDeviceIndex { index: 128 })
+        ));
+        assert!(matches!(
+            set_device(-2),
+            Err(Error::InvalidDeviceIndex { index: -2 })
+        ));
+        set_device(0).unwrap();
+        start_runtime().unwrap();
+    },);
 }
 
 #[test]
 fn host_compute_streams_follow_the_variable() {
-    isolated(
-        "host_compute_streams_follow_the_variable",
+    isolated!(
         &[MOCK, ("TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS", "2")],
         || {
             let ids: Vec<i64> = (0..3)
@@ -279,8 +257,7 @@ fn host_compute_streams_follow_the_variable() {
 
 #[test]
 fn host_compute_count_above_8_is_capped() {
-    isolated(
-        "host_compute_count_above_8_is_capped",
+    isolated!(
         &[MOCK, ("TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS", "9")],
         || {
             start_runtime().unwrap();
@@ -297,8 +274,7 @@ fn host_compute_count_above_8_is_capped() {
 fn bad_host_compute_counts_fail_start_naming_the_value() {
     // In the child the loop body runs directly, with the child's one value.
     for raw in ["0", "-1", " ", "abc"] {
-        isolated(
-            "bad_host_compute_counts_fail_start_naming_the_value",
+        isolated!(
             &[MOCK, ("TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS", raw)],
             || {
                 let raw = std::env::var("TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS").unwrap();
@@ -320,8 +296,7 @@ fn bad_host_compute_counts_fail_start_naming_the_value() {
 
 #[test]
 fn an_empty_variable_means_unset_for_every_variable() {
-    isolated(
-        "an_empty_variable_means_unset_for_every_variable",
+    isolated!(
         &[
             ("SPYRE_BACKEND", ""),
             ("FLEX_RUNTIME_LIB", ""),
@@ -360,77 +335,64 @@ fn an_empty_variable_means_unset_for_every_variable() {
 #[test]
 fn the_hazard_tracker_takes_boolean_spellings_and_refuses_others() {
     for raw in ["true", "OFF", "2"] {
-        isolated(
-            "the_hazard_tracker_takes_boolean_spellings_and_refuses_others",
-            &[MOCK, ("SPYRE_HAZARD_TRACKER", raw)],
-            || {
-                let raw = std::env::var("SPYRE_HAZARD_TRACKER").unwrap();
-                match (raw.as_str(), start_runtime()) {
-                    ("true", Ok(())) => assert!(runtime_info().unwrap().track_hazards),
-                    ("OFF", Ok(())) => assert!(!runtime_info().unwrap().track_hazards),
-                    ("2", Err(err)) => assert_eq!(
-                        err.to_string(),
-                        "SPYRE_HAZARD_TRACKER=\"2\" is invalid: expected a boolean: 1, true, on or yes for on; 0, false, off or no for off (case-insensitive)"
-                    ),
-                    (raw, other) => panic!("SPYRE_HAZARD_TRACKER={raw:?}: {other:?}"),
-                }
-            },
-        );
+        isolated!(&[MOCK, ("SPYRE_HAZARD_TRACKER", raw)], || {
+            let raw = std::env::var("SPYRE_HAZARD_TRACKER").unwrap();
+            match (raw.as_str(), start_runtime()) {
+                ("true", Ok(())) => assert!(runtime_info().unwrap().track_hazards),
+                ("OFF", Ok(())) => assert!(!runtime_info().unwrap().track_hazards),
+                ("2", Err(err)) => assert_eq!(
+                    err.to_string(),
+                    "SPYRE_HAZARD_TRACKER=\"2\" is invalid: expected a boolean: 1, true, on or yes for on; 0, false, off or no for off (case-insensitive)"
+                ),
+                (raw, other) => panic!("SPYRE_HAZARD_TRACKER={raw:?}: {other:?}"),
+            }
+        },);
     }
 }
 
 #[test]
 fn hazard_tracker_is_read_at_start() {
-    isolated(
-        "hazard_tracker_is_read_at_start",
-        &[MOCK, ("SPYRE_HAZARD_TRACKER", "1")],
-        || {
-            start_runtime().unwrap();
-            assert!(runtime_info().unwrap().track_hazards);
-            assert!(spyre_stream::hazard_tracker_enabled());
-            spyre_stream::set_hazard_tracker_enabled(false).unwrap();
-            assert!(!spyre_stream::hazard_tracker_enabled());
-        },
-    );
+    isolated!(&[MOCK, ("SPYRE_HAZARD_TRACKER", "1")], || {
+        start_runtime().unwrap();
+        assert!(runtime_info().unwrap().track_hazards);
+        assert!(spyre_stream::hazard_tracker_enabled());
+        spyre_stream::set_hazard_tracker_enabled(false).unwrap();
+        assert!(!spyre_stream::hazard_tracker_enabled());
+    },);
 }
 
 #[test]
 fn current_stream_is_per_thread_and_guards_nest() {
-    isolated(
-        "current_stream_is_per_thread_and_guards_nest",
-        &[MOCK],
-        || {
-            let default = default_stream(Device::CURRENT).unwrap();
-            assert_eq!(current_stream(Device::CURRENT).unwrap(), default);
-            let a = stream_from_pool(Device::CURRENT, 0).unwrap();
-            let b = stream_from_pool(Device::CURRENT, -1).unwrap();
-            assert_eq!(set_current_stream(a).unwrap(), default);
-            assert_eq!(current_stream(Device::CURRENT).unwrap(), a);
-            // A new thread starts at the default stream.
-            let other = std::thread::spawn(|| current_stream(Device::CURRENT).unwrap())
-                .join()
-                .unwrap();
-            assert_eq!(other, default);
+    isolated!(&[MOCK], || {
+        let default = default_stream(Device::CURRENT).unwrap();
+        assert_eq!(current_stream(Device::CURRENT).unwrap(), default);
+        let a = stream_from_pool(Device::CURRENT, 0).unwrap();
+        let b = stream_from_pool(Device::CURRENT, -1).unwrap();
+        assert_eq!(set_current_stream(a).unwrap(), default);
+        assert_eq!(current_stream(Device::CURRENT).unwrap(), a);
+        // A new thread starts at the default stream.
+        let other = std::thread::spawn(|| current_stream(Device::CURRENT).unwrap())
+            .join()
+            .unwrap();
+        assert_eq!(other, default);
+        {
+            let outer = spyre_stream::StreamGuard::new(b).unwrap();
+            assert_eq!(outer.previous(), a);
+            assert_eq!(current_stream(Device::CURRENT).unwrap(), b);
             {
-                let outer = spyre_stream::StreamGuard::new(b).unwrap();
-                assert_eq!(outer.previous(), a);
-                assert_eq!(current_stream(Device::CURRENT).unwrap(), b);
-                {
-                    let _inner = spyre_stream::StreamGuard::new(default).unwrap();
-                    assert_eq!(current_stream(Device::CURRENT).unwrap(), default);
-                }
-                assert_eq!(current_stream(Device::CURRENT).unwrap(), b);
+                let _inner = spyre_stream::StreamGuard::new(default).unwrap();
+                assert_eq!(current_stream(Device::CURRENT).unwrap(), default);
             }
-            assert_eq!(current_stream(Device::CURRENT).unwrap(), a);
-            assert_eq!(set_current_stream(default).unwrap(), a);
-        },
-    );
+            assert_eq!(current_stream(Device::CURRENT).unwrap(), b);
+        }
+        assert_eq!(current_stream(Device::CURRENT).unwrap(), a);
+        assert_eq!(set_current_stream(default).unwrap(), a);
+    },);
 }
 
 #[test]
 fn the_hardware_backend_without_a_library_is_an_error_not_a_fallback() {
-    isolated(
-        "the_hardware_backend_without_a_library_is_an_error_not_a_fallback",
+    isolated!(
         &[
             ("SPYRE_BACKEND", "hardware"),
             ("FLEX_RUNTIME_LIB", "/nonexistent/libflex.so.1"),
@@ -449,172 +411,149 @@ fn the_hardware_backend_without_a_library_is_an_error_not_a_fallback() {
 
 #[test]
 fn an_unknown_backend_name_is_refused() {
-    isolated(
-        "an_unknown_backend_name_is_refused",
-        &[("SPYRE_BACKEND", "gpu")],
-        || {
-            let err = start_runtime().unwrap_err();
-            assert_eq!(
-                err.to_string(),
-                "SPYRE_BACKEND=\"gpu\" is invalid: expected `mock` or `hardware`"
-            );
-        },
-    );
+    isolated!(&[("SPYRE_BACKEND", "gpu")], || {
+        let err = start_runtime().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "SPYRE_BACKEND=\"gpu\" is invalid: expected `mock` or `hardware`"
+        );
+    },);
 }
 
 #[test]
 fn with_both_backends_compiled_the_default_is_hardware() {
-    isolated(
-        "with_both_backends_compiled_the_default_is_hardware",
-        &[("FLEX_RUNTIME_LIB", "/nonexistent/libflex.so.1")],
-        || {
-            assert_eq!(
-                spyre_stream::selected_backend().unwrap(),
-                spyre_stream::BackendKind::Hardware
-            );
-            assert!(matches!(start_runtime(), Err(Error::Load(_))));
-        },
-    );
+    isolated!(&[("FLEX_RUNTIME_LIB", "/nonexistent/libflex.so.1")], || {
+        assert_eq!(
+            spyre_stream::selected_backend().unwrap(),
+            spyre_stream::BackendKind::Hardware
+        );
+        assert!(matches!(start_runtime(), Err(Error::Load(_))));
+    },);
 }
 
 #[test]
 fn a_forked_child_gets_a_clear_error_from_every_entry_point_never_a_hang() {
-    isolated(
-        "a_forked_child_gets_a_clear_error_from_every_entry_point_never_a_hang",
-        &[MOCK],
-        || {
+    isolated!(&[MOCK], || {
+        let stream = stream_from_pool(Device::CURRENT, 0).unwrap();
+        stream
+            .launch_host_callback(|| {}, LaunchOptions::new())
+            .unwrap();
+        stream.synchronize().unwrap();
+        let parent = std::process::id();
+
+        let outcome = fork_and_wait(Duration::from_secs(30), move || {
+            let child = std::process::id();
+            let forked = |result: spyre_stream::Result<()>, what: &str| match result {
+                Err(Error::ForkedProcess {
+                    started_in,
+                    current,
+                }) => {
+                    assert_eq!((started_in, current), (parent, child), "{what}");
+                }
+                other => panic!("{what} in the forked child: {other:?}"),
+            };
+            // The stream the parent used: before the fix this hung
+            // (the software device's engine threads are not in the child).
+            forked(stream.synchronize(), "SpyreStream::synchronize");
+            forked(stream.query().map(drop), "SpyreStream::query");
+            forked(
+                stream.launch_host_callback(|| {}, LaunchOptions::new()),
+                "SpyreStream::launch_host_callback",
+            );
+            forked(stream.error().map(drop), "SpyreStream::error");
+            forked(start_runtime(), "start_runtime");
+            forked(
+                stream_from_pool(Device::CURRENT, 0).map(drop),
+                "stream_from_pool",
+            );
+            forked(default_stream(Device::CURRENT).map(drop), "default_stream");
+            forked(
+                spyre_stream::default_stream_handle(Device::CURRENT).map(drop),
+                "default_stream_handle",
+            );
+            forked(
+                host_compute_stream(Device::CURRENT).map(drop),
+                "host_compute_stream",
+            );
+            forked(
+                host_compute_stream_by_id(65, Device::CURRENT).map(drop),
+                "host_compute_stream_by_id",
+            );
+            forked(current_stream(Device::CURRENT).map(drop), "current_stream");
+            forked(set_current_stream(stream).map(drop), "set_current_stream");
+            forked(synchronize_device(Device::CURRENT), "synchronize_device");
+            forked(spyre_stream::device_count().map(drop), "device_count");
+            forked(set_device(0), "set_device");
+            forked(spyre_stream::global_pool().map(drop), "global_pool");
+            forked(
+                spyre_stream::set_hazard_tracker_enabled(true),
+                "set_hazard_tracker_enabled",
+            );
+            assert_eq!(device_state(), DeviceState::NotInitialized);
+            assert!(runtime_info().is_none());
+            let message = synchronize_device(Device::CURRENT).unwrap_err().to_string();
+            for needle in [
+                format!("started in process {parent} and this is process {child}, a fork() of it"),
+                "Start the runtime only after forking".to_owned(),
+                "spawn".to_owned(),
+            ] {
+                assert!(message.contains(&needle), "{needle:?} not in {message}");
+            }
+        });
+        assert_eq!(outcome, ForkOutcome::Exited(0));
+
+        // The parent is untouched.
+        stream
+            .launch_host_callback(|| {}, LaunchOptions::new())
+            .unwrap();
+        stream.synchronize().unwrap();
+        synchronize_device(Device::CURRENT).unwrap();
+    },);
+}
+
+#[test]
+fn a_child_forked_before_the_start_starts_its_own_runtime() {
+    isolated!(&[MOCK], || {
+        let outcome = fork_and_wait(Duration::from_secs(30), || {
             let stream = stream_from_pool(Device::CURRENT, 0).unwrap();
             stream
                 .launch_host_callback(|| {}, LaunchOptions::new())
                 .unwrap();
             stream.synchronize().unwrap();
-            let parent = std::process::id();
-
-            let outcome = fork_and_wait(Duration::from_secs(30), move || {
-                let child = std::process::id();
-                let forked = |result: spyre_stream::Result<()>, what: &str| match result {
-                    Err(Error::ForkedProcess {
-                        started_in,
-                        current,
-                    }) => {
-                        assert_eq!((started_in, current), (parent, child), "{what}");
-                    }
-                    other => panic!("{what} in the forked child: {other:?}"),
-                };
-                // The stream the parent used: before the fix this hung
-                // (the software device's engine threads are not in the child).
-                forked(stream.synchronize(), "SpyreStream::synchronize");
-                forked(stream.query().map(drop), "SpyreStream::query");
-                forked(
-                    stream.launch_host_callback(|| {}, LaunchOptions::new()),
-                    "SpyreStream::launch_host_callback",
-                );
-                forked(stream.error().map(drop), "SpyreStream::error");
-                forked(start_runtime(), "start_runtime");
-                forked(
-                    stream_from_pool(Device::CURRENT, 0).map(drop),
-                    "stream_from_pool",
-                );
-                forked(default_stream(Device::CURRENT).map(drop), "default_stream");
-                forked(
-                    spyre_stream::default_stream_handle(Device::CURRENT).map(drop),
-                    "default_stream_handle",
-                );
-                forked(
-                    host_compute_stream(Device::CURRENT).map(drop),
-                    "host_compute_stream",
-                );
-                forked(
-                    host_compute_stream_by_id(65, Device::CURRENT).map(drop),
-                    "host_compute_stream_by_id",
-                );
-                forked(current_stream(Device::CURRENT).map(drop), "current_stream");
-                forked(set_current_stream(stream).map(drop), "set_current_stream");
-                forked(synchronize_device(Device::CURRENT), "synchronize_device");
-                forked(spyre_stream::device_count().map(drop), "device_count");
-                forked(set_device(0), "set_device");
-                forked(spyre_stream::global_pool().map(drop), "global_pool");
-                forked(
-                    spyre_stream::set_hazard_tracker_enabled(true),
-                    "set_hazard_tracker_enabled",
-                );
-                assert_eq!(device_state(), DeviceState::NotInitialized);
-                assert!(runtime_info().is_none());
-                let message = synchronize_device(Device::CURRENT).unwrap_err().to_string();
-                for needle in [
-                    format!(
-                        "started in process {parent} and this is process {child}, a fork() of it"
-                    ),
-                    "Start the runtime only after forking".to_owned(),
-                    "spawn".to_owned(),
-                ] {
-                    assert!(message.contains(&needle), "{needle:?} not in {message}");
-                }
-            });
-            assert_eq!(outcome, ForkOutcome::Exited(0));
-
-            // The parent is untouched.
-            stream
-                .launch_host_callback(|| {}, LaunchOptions::new())
-                .unwrap();
-            stream.synchronize().unwrap();
-            synchronize_device(Device::CURRENT).unwrap();
-        },
-    );
-}
-
-#[test]
-fn a_child_forked_before_the_start_starts_its_own_runtime() {
-    isolated(
-        "a_child_forked_before_the_start_starts_its_own_runtime",
-        &[MOCK],
-        || {
-            let outcome = fork_and_wait(Duration::from_secs(30), || {
-                let stream = stream_from_pool(Device::CURRENT, 0).unwrap();
-                stream
-                    .launch_host_callback(|| {}, LaunchOptions::new())
-                    .unwrap();
-                stream.synchronize().unwrap();
-            });
-            assert_eq!(outcome, ForkOutcome::Exited(0));
-            assert!(runtime_info().is_none(), "the child's start is its own");
-        },
-    );
+        });
+        assert_eq!(outcome, ForkOutcome::Exited(0));
+        assert!(runtime_info().is_none(), "the child's start is its own");
+    },);
 }
 
 #[test]
 fn the_first_call_that_names_a_device_starts_the_runtime_there() {
-    isolated(
-        "the_first_call_that_names_a_device_starts_the_runtime_there",
-        &[MOCK, ("SPYRE_MOCK_DEVICES", "2")],
-        || {
-            let stream = stream_from_pool(Device::new(1).unwrap(), 0).unwrap();
-            assert_eq!((stream.device_index(), stream.id()), (1, StreamId(1)));
-            let info = runtime_info().unwrap();
-            assert_eq!(
-                (info.device, info.device_source),
-                (1, DeviceSource::Requested)
-            );
-            // Every thread without a device of its own follows the runtime.
-            assert_eq!(spyre_stream::current_device().unwrap(), 1);
-            let other = std::thread::spawn(|| {
-                (
-                    spyre_stream::current_device().unwrap(),
-                    current_stream(Device::CURRENT).unwrap().device_index(),
-                )
-            })
-            .join()
-            .unwrap();
-            assert_eq!(other, (1, 1));
-            synchronize_device(Device::CURRENT).unwrap();
-        },
-    );
+    isolated!(&[MOCK, ("SPYRE_MOCK_DEVICES", "2")], || {
+        let stream = stream_from_pool(Device::new(1).unwrap(), 0).unwrap();
+        assert_eq!((stream.device_index(), stream.id()), (1, StreamId(1)));
+        let info = runtime_info().unwrap();
+        assert_eq!(
+            (info.device, info.device_source),
+            (1, DeviceSource::Requested)
+        );
+        // Every thread without a device of its own follows the runtime.
+        assert_eq!(spyre_stream::current_device().unwrap(), 1);
+        let other = std::thread::spawn(|| {
+            (
+                spyre_stream::current_device().unwrap(),
+                current_stream(Device::CURRENT).unwrap().device_index(),
+            )
+        })
+        .join()
+        .unwrap();
+        assert_eq!(other, (1, 1));
+        synchronize_device(Device::CURRENT).unwrap();
+    },);
 }
 
 #[test]
 fn a_corrected_local_rank_is_what_the_retry_and_every_thread_use() {
-    isolated(
-        "a_corrected_local_rank_is_what_the_retry_and_every_thread_use",
+    isolated!(
         &[MOCK, ("SPYRE_MOCK_DEVICES", "2"), ("LOCAL_RANK", "5")],
         || {
             assert_eq!(spyre_stream::current_device().unwrap(), 5);

@@ -22,8 +22,6 @@
 //! process-wide run) and `SPYRE_STRESS_ROUNDS` (fresh pools raced, default
 //! 100) override the defaults.
 
-mod reliability_support;
-
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
@@ -32,9 +30,6 @@ use std::time::{Duration, Instant};
 use flex_rt::noop::NoopRuntime;
 use flex_rt::program::KernelDescriptor;
 use flex_rt::{CompositeAddress, DataFormat, HostBuffer, LaunchOptions, Stream};
-use reliability_support::{
-    DropCounter, addr, bounded, env_count, ops_per_worker, run_bounded, seed,
-};
 use spyre_mock::{MockRuntime, MockSystem};
 use spyre_stream::{
     Device, DeviceState, Error, PoolConfig, Result, SpyreStream, StreamErrorState, StreamGuard,
@@ -42,6 +37,9 @@ use spyre_stream::{
 };
 use spyre_testkit::SplitMix64;
 use spyre_tests::isolated;
+use spyre_tests::reliability::{
+    DropCounter, addr, bounded, env_count, ops_per_worker, run_bounded, seed,
+};
 
 const WORKERS: usize = 8;
 const HOST_COMPUTE: usize = 4;
@@ -873,8 +871,7 @@ fn process_wide_stress_through_the_free_functions_and_the_current_stream() {
     let seed = seed();
     let seed_text = seed.to_string();
     let ops = ops_per_worker(5_000).to_string();
-    isolated(
-        "process_wide_stress_through_the_free_functions_and_the_current_stream",
+    isolated!(
         &[
             ("SPYRE_BACKEND", "mock"),
             ("SPYRE_MOCK_MEMORY_BYTES", "1048576"),
@@ -884,7 +881,7 @@ fn process_wide_stress_through_the_free_functions_and_the_current_stream() {
             ("SPYRE_STRESS_OPS", &ops),
         ],
         || {
-            let seed = reliability_support::seed();
+            let seed = spyre_tests::reliability::seed();
             let ops = ops_per_worker(0);
             assert_eq!(spyre_stream::device_state(), DeviceState::NotInitialized);
             let tally = Arc::new(Tally::default());

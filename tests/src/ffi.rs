@@ -1,19 +1,10 @@
-//! Helpers shared by the FFI-path tests (`ffi_*.rs`): a fresh process per
-//! test, the mock shared library as a backend, and the number of threads of
-//! this process.
-#![allow(dead_code)] // each test file uses part of it
+//! What the FFI-path tests (`ffi_*.rs`) share: the software device's flex
+//! library as a backend, and the number of threads of this process.
 
 use std::time::{Duration, Instant};
 
+use crate::mock_cdylib;
 use flex_rt::HardwareBackend;
-use spyre_tests::mock_cdylib;
-
-/// [`spyre_tests::isolated`], with the mock shared library built (or found)
-/// in this process first, so the child reuses it instead of asking cargo.
-pub fn isolated(name: &str, env: &[(&str, &str)], body: impl FnOnce()) {
-    mock_cdylib();
-    spyre_tests::isolated(name, env, body);
-}
 
 /// The mock shared library, loaded through flex-sys.
 pub fn backend() -> HardwareBackend {

@@ -1,8 +1,8 @@
-//! Helpers shared by the reliability tests (`stress.rs`, `faults.rs`,
-//! `bad_input.rs`): a seedable RNG, a time-bounded runner that turns a hang
-//! into a test failure, counters for launches and completions, and a mock
-//! backend that lets a test reach the runtime the process-wide pool runs on.
-#![allow(dead_code)]
+//! What the reliability tests (`stress.rs`, `faults.rs`, `bad_input.rs`)
+//! share: the seed of a run, a time-bounded runner that turns a hang into a
+//! test failure, counters for launches and completions, a mock backend that
+//! lets a test reach the runtime the process-wide pool runs on, and an
+//! independent reading of integers.
 
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -178,19 +178,6 @@ impl Backend for SpyBackend {
             "SpyBackend creates one runtime"
         );
         Ok(Box::new(runtime))
-    }
-}
-
-/// Runs `body` once in a fresh process per environment in `envs` (see
-/// [`spyre_tests::isolated`]). Inside a child, `body` runs once, with that
-/// child's environment; it reads the values it checks from the environment.
-pub fn isolated_each(name: &str, envs: &[Vec<(&str, &str)>], body: impl Fn()) {
-    if std::env::var("SPYRE_TESTS_ISOLATED_CHILD").as_deref() == Ok(name) {
-        body();
-        return;
-    }
-    for env in envs {
-        spyre_tests::isolated(name, env, &body);
     }
 }
 
