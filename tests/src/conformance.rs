@@ -8,12 +8,13 @@
 //! | the library named by `FLEX_RUNTIME_LIB` (`HardwareBackend::load()`) | `tests/conformance_vendor.rs` | with `--ignored`; shown as ignored otherwise |
 //!
 //! Each case is a `pub fn(&dyn Backend, &Profile)`. It creates its own
-//! runtime on device 0, so cases share nothing. [`GENERAL_CASES`] hold for
-//! any flex library; [`SOFTWARE_DEVICE_CASES`] need facts only the software
-//! device has (its kernel descriptors, its engine count, its memory
-//! layout), given by [`Profile::software_device`]. The
-//! [`conformance_tests!`](crate::conformance_tests) macro turns a list of
-//! cases into one `#[test]` each.
+//! runtime on device 0, so cases share nothing. The one list of cases is
+//! [`with_conformance_cases!`](crate::with_conformance_cases): its `general`
+//! cases hold for any flex library; its `software_device` cases need facts
+//! only the software device has (its kernel descriptors, its engine count,
+//! its memory layout), given by [`Profile::software_device`]. The
+//! [`conformance_tests!`](crate::conformance_tests) macro turns a suite into
+//! one `#[test]` per case.
 //!
 //! Expected values come from `flex.h` and from arithmetic done by hand in
 //! the comments, and for compute also from [`spyre_mock::reference`].
