@@ -6,7 +6,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 /// Environment variable that names an already built mock shared library;
-/// when set, [`mock_cdylib`] uses it instead of building. [`isolated`] sets it
+/// when set, [`mock_cdylib`] uses it instead of building. [`isolated()`](crate::isolated::isolated) sets it
 /// for its children once the parent has the library.
 pub const MOCK_CDYLIB_ENV: &str = "SPYRE_TESTS_MOCK_CDYLIB";
 

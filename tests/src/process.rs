@@ -21,7 +21,7 @@ pub enum ForkOutcome {
 /// millisecond, and kills it when the limit passes, so a child that hangs
 /// makes the test fail instead of hanging the suite.
 ///
-/// Call it from a test that runs in its own process ([`crate::isolated`]):
+/// Call it from a test that runs in its own process ([`crate::isolated!`]):
 /// the child is a copy of this process with only the calling thread.
 ///
 /// # Panics
@@ -78,7 +78,7 @@ pub fn fork_and_wait(limit: Duration, body: impl FnOnce()) -> ForkOutcome {
 /// under test, as a user would between a failed start and a retry.
 ///
 /// Call it only from a test running alone in its own process
-/// ([`crate::isolated`] runs the child with `--test-threads=1`) and before it
+/// ([`crate::isolated!`] runs the child with `--test-threads=1`) and before it
 /// starts threads that read the environment.
 pub fn set_env_var(name: &str, value: Option<&str>) {
     // SAFETY: changing the environment is unsound only while another thread
