@@ -26,30 +26,30 @@ const MAX_COPIES_PER_BATCH: u64 = 8;
 
 /// One measurement.
 #[derive(Clone, Debug, Serialize)]
-pub struct BenchResult {
+pub(crate) struct BenchResult {
     /// What was measured.
-    pub name: &'static str,
+    pub(crate) name: &'static str,
     /// Transfer size in bytes, for bandwidth measurements.
-    pub size_bytes: Option<u64>,
+    pub(crate) size_bytes: Option<u64>,
     /// The mean.
-    pub value: f64,
+    pub(crate) value: f64,
     /// Unit of `value`: `ns/op`, `us/op` or `GB/s`.
-    pub unit: &'static str,
+    pub(crate) unit: &'static str,
     /// Operations timed.
-    pub operations: u64,
+    pub(crate) operations: u64,
     /// Time they took, in seconds.
-    pub seconds: f64,
+    pub(crate) seconds: f64,
 }
 
 /// Everything `spyre bench` reports; `--json` prints it as one object.
 #[derive(Clone, Debug, Serialize)]
-pub struct BenchReport {
+pub(crate) struct BenchReport {
     /// The backend measured.
-    pub backend: &'static str,
+    pub(crate) backend: &'static str,
     /// Time budget of each measurement, in milliseconds.
-    pub budget_ms: u64,
+    pub(crate) budget_ms: u64,
     /// The measurements, in the order they ran.
-    pub results: Vec<BenchResult>,
+    pub(crate) results: Vec<BenchResult>,
 }
 
 /// Runs batches of `batch` operations until `budget` is spent, after one
@@ -103,7 +103,7 @@ fn stream_error(context: &'static str) -> impl Fn(spyre_stream::Error) -> CliErr
 /// # Errors
 /// The stream layer's error; [`CliError::Usage`] for a transfer size the
 /// device cannot hold.
-pub fn bench(args: &BenchArgs) -> Result<BenchReport, CliError> {
+pub(crate) fn bench(args: &BenchArgs) -> Result<BenchReport, CliError> {
     spyre_stream::start_runtime().map_err(stream_error("starting the Spyre runtime"))?;
     let backend = spyre_stream::runtime_info()
         .map(|info| info.backend)
@@ -270,7 +270,7 @@ fn bandwidth(
 
 impl BenchReport {
     /// The report as a table for people.
-    pub fn to_text(&self) -> String {
+    pub(crate) fn to_text(&self) -> String {
         let mut out = String::new();
         let _ = writeln!(
             out,

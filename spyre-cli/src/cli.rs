@@ -5,9 +5,9 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::size::parse_positive_size;
 
 /// Most host threads `spyre run` accepts.
-pub const MAX_THREADS: usize = 1024;
+pub(crate) const MAX_THREADS: usize = 1024;
 /// Most iterations in flight per thread `spyre run` accepts.
-pub const MAX_IN_FLIGHT: usize = 1024;
+pub(crate) const MAX_IN_FLIGHT: usize = 1024;
 
 /// The top-level command line.
 #[derive(Debug, Parser)]
@@ -22,15 +22,15 @@ pub const MAX_IN_FLIGHT: usize = 1024;
         Exit codes: 0 success; 1 the work failed (device error or a result that \
         differs from the host reference); 2 bad arguments or environment."
 )]
-pub struct Cli {
+pub(crate) struct Cli {
     /// What to do.
     #[command(subcommand)]
-    pub command: Command,
+    pub(crate) command: Command,
 }
 
 /// The subcommands.
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Show the backend, devices, the logical device of this process, the pool
     /// layout, hazard tracking and the environment in effect.
     Info(InfoArgs),
@@ -48,15 +48,15 @@ pub enum Command {
 
 /// Arguments of `spyre info`.
 #[derive(Debug, Args)]
-pub struct InfoArgs {
+pub(crate) struct InfoArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
 }
 
 /// The compute kernel of `spyre run`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum KernelArg {
+pub(crate) enum KernelArg {
     /// `out[i] = alpha * x[i] + y[i]` over vectors.
     Axpy,
     /// `C = A · B` over square row-major matrices.
@@ -65,7 +65,7 @@ pub enum KernelArg {
 
 impl KernelArg {
     /// The kernel's name, as on the command line.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Self::Axpy => "axpy",
             Self::Matmul => "matmul",
@@ -75,48 +75,48 @@ impl KernelArg {
 
 /// Arguments of `spyre run`.
 #[derive(Debug, Args)]
-pub struct RunArgs {
+pub(crate) struct RunArgs {
     /// Host threads submitting work.
     #[arg(long, value_name = "T", default_value = "2", value_parser = parse_threads)]
-    pub threads: usize,
+    pub(crate) threads: usize,
     /// Iterations per thread.
     #[arg(long, value_name = "N", default_value = "200", value_parser = parse_iterations)]
-    pub iterations: u64,
+    pub(crate) iterations: u64,
     /// Bytes of operands per iteration: both inputs and the output together
     /// (axpy: three vectors of SIZE/12 f32 each; matmul: three n×n f32
     /// matrices with n = floor(sqrt(SIZE/12))). Plain bytes or with a unit:
     /// 4096, 4KiB, 1MiB, 2MB.
     #[arg(long, value_name = "BYTES", default_value = "1MiB", value_parser = parse_positive_size)]
-    pub size: u64,
+    pub(crate) size: u64,
     /// Compute kernel. matmul costs n³ per iteration: at the default size
     /// (n = 295) a run takes about a minute on the software device; --size
     /// 64KiB takes a second. A matmul run estimated to take over a minute on
     /// the software device says so before it starts.
     #[arg(long, value_enum, default_value_t = KernelArg::Axpy)]
-    pub kernel: KernelArg,
+    pub(crate) kernel: KernelArg,
     /// Iterations each thread keeps in flight; it waits for the oldest before
     /// starting another.
     #[arg(long, value_name = "K", default_value = "4", value_parser = parse_in_flight)]
-    pub in_flight: usize,
+    pub(crate) in_flight: usize,
     /// Seed of the input generator; each iteration derives its own seed from
     /// it, its thread and its index.
     #[arg(long, default_value_t = 1)]
-    pub seed: u64,
+    pub(crate) seed: u64,
     /// Print one JSON object instead of text.
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
 }
 
 /// Default transfer sizes of `spyre bench`.
-pub const DEFAULT_BENCH_SIZES: &str = "4KiB,1MiB,16MiB";
+pub(crate) const DEFAULT_BENCH_SIZES: &str = "4KiB,1MiB,16MiB";
 
 /// Arguments of `spyre bench`.
 #[derive(Debug, Args)]
-pub struct BenchArgs {
+pub(crate) struct BenchArgs {
     /// Time spent on each measurement, in milliseconds (1..=60000). The run
     /// takes about (3 + 2 × number of --sizes) × this.
     #[arg(long, value_name = "MS", default_value = "250", value_parser = parse_budget)]
-    pub budget_ms: u64,
+    pub(crate) budget_ms: u64,
     /// Transfer sizes for the H2D and D2H bandwidth, comma-separated.
     #[arg(
         long,
@@ -125,10 +125,10 @@ pub struct BenchArgs {
         default_value = DEFAULT_BENCH_SIZES,
         value_parser = parse_positive_size
     )]
-    pub sizes: Vec<u64>,
+    pub(crate) sizes: Vec<u64>,
     /// Print one JSON object instead of a table.
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
 }
 
 /// Parses a whole number in `1..=max`, naming `what` and the text on error.

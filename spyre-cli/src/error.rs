@@ -12,15 +12,15 @@ use std::process::ExitCode;
 use spyre_stream::FlexError;
 
 /// Exit code for success.
-pub const EXIT_OK: u8 = 0;
+pub(crate) const EXIT_OK: u8 = 0;
 /// Exit code when the work failed.
-pub const EXIT_FAILURE: u8 = 1;
+pub(crate) const EXIT_FAILURE: u8 = 1;
 /// Exit code when the invocation (arguments or environment) is wrong.
-pub const EXIT_USAGE: u8 = 2;
+pub(crate) const EXIT_USAGE: u8 = 2;
 
 /// Everything that makes `spyre` exit with a non-zero code.
 #[derive(Debug)]
-pub enum CliError {
+pub(crate) enum CliError {
     /// An argument or a combination of arguments that cannot be used; the
     /// message names the value and what was expected.
     Usage(String),
@@ -40,12 +40,12 @@ pub enum CliError {
 
 impl CliError {
     /// A [`CliError::Stream`] with `context`.
-    pub fn stream(context: &'static str, source: spyre_stream::Error) -> Self {
+    pub(crate) fn stream(context: &'static str, source: spyre_stream::Error) -> Self {
         Self::Stream { context, source }
     }
 
     /// The process exit code for this error (see the [module docs](self)).
-    pub fn exit_code(&self) -> u8 {
+    pub(crate) fn exit_code(&self) -> u8 {
         match self {
             Self::Usage(_) => EXIT_USAGE,
             Self::Stream { source, .. } if is_configuration_error(source) => EXIT_USAGE,
@@ -55,7 +55,7 @@ impl CliError {
     }
 
     /// [`CliError::exit_code`] as a process exit code.
-    pub fn process_exit_code(&self) -> ExitCode {
+    pub(crate) fn process_exit_code(&self) -> ExitCode {
         ExitCode::from(self.exit_code())
     }
 }
@@ -92,13 +92,13 @@ impl std::error::Error for CliError {}
 
 /// Where a failed iteration ran.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct IterationPlace {
+pub(crate) struct IterationPlace {
     /// Host thread index, from 0.
-    pub thread: usize,
+    pub(crate) thread: usize,
     /// Iteration index within the thread, from 0.
-    pub iteration: u64,
+    pub(crate) iteration: u64,
     /// The stream id, once the iteration had a stream.
-    pub stream_id: Option<i64>,
+    pub(crate) stream_id: Option<i64>,
 }
 
 impl fmt::Display for IterationPlace {
@@ -112,7 +112,7 @@ impl fmt::Display for IterationPlace {
 }
 
 /// `normal` for ids 1–32, `high` for 33–64, else `default` (0) or `host-compute`.
-pub fn pool_name(id: i64) -> &'static str {
+pub(crate) fn pool_name(id: i64) -> &'static str {
     use spyre_stream::{HIGH_POOL_END, HIGH_POOL_START, NORMAL_POOL_END, NORMAL_POOL_START};
     if (NORMAL_POOL_START..=NORMAL_POOL_END).contains(&id) {
         "normal"
@@ -127,23 +127,23 @@ pub fn pool_name(id: i64) -> &'static str {
 
 /// One iteration of `spyre run` that failed, and how.
 #[derive(Debug)]
-pub struct IterationFailure {
+pub(crate) struct IterationFailure {
     /// Where it ran.
-    pub place: IterationPlace,
+    pub(crate) place: IterationPlace,
     /// What went wrong.
-    pub kind: FailureKind,
+    pub(crate) kind: FailureKind,
 }
 
 impl IterationFailure {
     /// Whether the device ran out of memory (an invocation that asks for too much).
-    pub fn is_out_of_memory(&self) -> bool {
+    pub(crate) fn is_out_of_memory(&self) -> bool {
         matches!(self.kind, FailureKind::OutOfMemory { .. })
     }
 }
 
 /// How an iteration failed.
 #[derive(Debug)]
-pub enum FailureKind {
+pub(crate) enum FailureKind {
     /// The stream layer or the device returned an error.
     Device {
         /// The step, for example `H2D of x` or `compute (axpy)`.
@@ -164,17 +164,17 @@ pub enum FailureKind {
 
 /// The first element where a result differs from the host reference.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Mismatch {
+pub(crate) struct Mismatch {
     /// Index of the first differing element.
-    pub index: usize,
+    pub(crate) index: usize,
     /// The reference value.
-    pub expected: f32,
+    pub(crate) expected: f32,
     /// The value read from the device.
-    pub got: f32,
+    pub(crate) got: f32,
     /// How many elements differ in all.
-    pub differing: usize,
+    pub(crate) differing: usize,
     /// Elements compared.
-    pub len: usize,
+    pub(crate) len: usize,
 }
 
 impl fmt::Display for Mismatch {

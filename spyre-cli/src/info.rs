@@ -13,26 +13,26 @@ use spyre_stream::{
 };
 
 use crate::error::CliError;
-use crate::report::OrderedMap;
+use crate::output::OrderedMap;
 
 /// The pool's id layout.
 #[derive(Clone, Debug, Serialize)]
-pub struct PoolLayout {
+pub(crate) struct PoolLayout {
     /// The default stream's id (0).
-    pub default_stream: i64,
+    pub(crate) default_stream: i64,
     /// First and last id of the normal-priority pool.
-    pub normal: [i64; 2],
+    pub(crate) normal: [i64; 2],
     /// First and last id of the high-priority pool.
-    pub high: [i64; 2],
+    pub(crate) high: [i64; 2],
     /// First and last id of the host-compute streams.
-    pub host_compute: [i64; 2],
+    pub(crate) host_compute: [i64; 2],
     /// Number of host-compute streams.
-    pub host_compute_streams: usize,
+    pub(crate) host_compute_streams: usize,
 }
 
 impl PoolLayout {
     /// The layout with `host_compute_streams` host-compute streams.
-    pub fn new(host_compute_streams: usize) -> Self {
+    pub(crate) fn new(host_compute_streams: usize) -> Self {
         let last_host_compute = HOST_COMPUTE_START + host_compute_streams as i64 - 1;
         Self {
             default_stream: StreamId::DEFAULT.get(),
@@ -46,40 +46,40 @@ impl PoolLayout {
 
 /// Everything `spyre info` reports; `--json` prints it as one object.
 #[derive(Clone, Debug, Serialize)]
-pub struct InfoReport {
+pub(crate) struct InfoReport {
     /// Version of this command.
-    pub version: &'static str,
+    pub(crate) version: &'static str,
     /// Backends compiled into this build.
-    pub compiled_backends: Vec<&'static str>,
+    pub(crate) compiled_backends: Vec<&'static str>,
     /// The backend the build and `SPYRE_BACKEND` select, when valid.
-    pub selected_backend: Option<&'static str>,
+    pub(crate) selected_backend: Option<&'static str>,
     /// The backend the runtime started on.
-    pub backend: Option<&'static str>,
+    pub(crate) backend: Option<&'static str>,
     /// The backend's details: for hardware the library path and ABI
     /// version, for the software device its configuration.
-    pub backend_details: OrderedMap<String>,
+    pub(crate) backend_details: OrderedMap<String>,
     /// Logical devices the backend sees.
-    pub device_count: Option<u32>,
+    pub(crate) device_count: Option<u32>,
     /// The logical device this process binds.
-    pub device: Option<u8>,
+    pub(crate) device: Option<u8>,
     /// Why that device: `requested`, `set_device`, `LOCAL_RANK` or `default`.
-    pub device_source: Option<&'static str>,
+    pub(crate) device_source: Option<&'static str>,
     /// A longer description of the source.
-    pub device_source_detail: Option<&'static str>,
+    pub(crate) device_source_detail: Option<&'static str>,
     /// The pool's id layout.
-    pub pool: Option<PoolLayout>,
+    pub(crate) pool: Option<PoolLayout>,
     /// Whether new streams track hazards (`SPYRE_HAZARD_TRACKER=1`).
-    pub hazard_tracking: Option<bool>,
+    pub(crate) hazard_tracking: Option<bool>,
     /// The environment variables the stream layer and its backends read:
     /// the value, or `null` when unset.
-    pub environment: OrderedMap<Option<String>>,
+    pub(crate) environment: OrderedMap<Option<String>>,
     /// Why the runtime could not start, if it could not.
-    pub error: Option<String>,
+    pub(crate) error: Option<String>,
 }
 
 /// The environment variables shown: the stream layer's, the hardware
 /// backend's and the software device's.
-pub fn environment_variables() -> Vec<&'static str> {
+pub(crate) fn environment_variables() -> Vec<&'static str> {
     let mut names = env::variables();
     names.push("RUST_LOG");
     names
@@ -87,7 +87,7 @@ pub fn environment_variables() -> Vec<&'static str> {
 
 /// Gathers the report, starting the runtime. Returns the report and, when
 /// the runtime could not start, the error (already described in the report).
-pub fn gather() -> (InfoReport, Option<CliError>) {
+pub(crate) fn gather() -> (InfoReport, Option<CliError>) {
     let environment = OrderedMap(
         environment_variables()
             .into_iter()
@@ -150,7 +150,7 @@ pub fn gather() -> (InfoReport, Option<CliError>) {
 
 impl InfoReport {
     /// The report as text for people.
-    pub fn to_text(&self) -> String {
+    pub(crate) fn to_text(&self) -> String {
         let mut out = String::new();
         let unknown = || "unknown".to_string();
         let _ = writeln!(out, "spyre {}", self.version);

@@ -25,9 +25,8 @@
 mod bench;
 mod cli;
 mod error;
-mod estimate;
 mod info;
-mod report;
+mod output;
 mod run;
 mod size;
 mod verify;
@@ -40,7 +39,8 @@ use tracing_subscriber::EnvFilter;
 
 use crate::cli::{Cli, Command};
 use crate::error::CliError;
-use crate::report::{RunReport, emit, to_json_line};
+use crate::output::{emit, to_json_line};
+use crate::run::RunReport;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();

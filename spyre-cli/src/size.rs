@@ -23,7 +23,7 @@ const EXPECTED: &str =
 /// # Errors
 /// A message naming the text when it is empty, not a whole number, has an
 /// unknown unit, or does not fit in 64 bits.
-pub fn parse_size(text: &str) -> Result<u64, String> {
+pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
     let trimmed = text.trim();
     let digits_end = trimmed
         .find(|c: char| !c.is_ascii_digit())
@@ -61,7 +61,7 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
 ///
 /// # Errors
 /// As [`parse_size`], and for zero.
-pub fn parse_positive_size(text: &str) -> Result<u64, String> {
+pub(crate) fn parse_positive_size(text: &str) -> Result<u64, String> {
     match parse_size(text)? {
         0 => Err(format!(
             "the size must be at least 1 byte, got {text:?} (0 bytes)"
@@ -71,7 +71,7 @@ pub fn parse_positive_size(text: &str) -> Result<u64, String> {
 }
 
 /// A size for people: `512 B`, `4 KiB`, `1.33 MiB`.
-pub fn format_size(bytes: u64) -> String {
+pub(crate) fn format_size(bytes: u64) -> String {
     const UNITS: [(&str, u64); 4] = [
         ("TiB", 1 << 40),
         ("GiB", 1 << 30),

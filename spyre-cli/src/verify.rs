@@ -13,12 +13,12 @@ use crate::error::Mismatch;
 
 /// The seed of one iteration: a function of the run's seed, the thread and
 /// the iteration index, so any iteration can be reproduced alone.
-pub fn iteration_seed(seed: u64, thread: usize, iteration: u64) -> u64 {
+pub(crate) fn iteration_seed(seed: u64, thread: usize, iteration: u64) -> u64 {
     mix64(seed ^ mix64((thread as u64).wrapping_mul(0xD1B5_4A32_D192_ED03) ^ mix64(iteration)))
 }
 
 /// `out[i] = alpha * x[i] + y[i]`: the product rounded to `f32`, then the sum.
-pub fn axpy(alpha: f32, x: &[f32], y: &[f32]) -> Vec<f32> {
+pub(crate) fn axpy(alpha: f32, x: &[f32], y: &[f32]) -> Vec<f32> {
     let mut out = Vec::with_capacity(x.len().min(y.len()));
     for i in 0..x.len().min(y.len()) {
         let product = alpha * x[i];
@@ -36,7 +36,7 @@ pub fn axpy(alpha: f32, x: &[f32], y: &[f32]) -> Vec<f32> {
 /// the result is the same bit for bit as the i, j, p order.
 ///
 /// Returns `None` when the inputs are not n×n.
-pub fn matmul_square(n: usize, a: &[f32], b: &[f32]) -> Option<Vec<f32>> {
+pub(crate) fn matmul_square(n: usize, a: &[f32], b: &[f32]) -> Option<Vec<f32>> {
     let len = n.checked_mul(n)?;
     if a.len() != len || b.len() != len {
         return None;
@@ -57,7 +57,7 @@ pub fn matmul_square(n: usize, a: &[f32], b: &[f32]) -> Option<Vec<f32>> {
 }
 
 /// Little-endian bytes of `values`, as the device stores `f32`.
-pub fn to_le_bytes(values: &[f32]) -> Vec<u8> {
+pub(crate) fn to_le_bytes(values: &[f32]) -> Vec<u8> {
     // Plain slice indexing and shifts: fast in unoptimized builds too.
     let mut bytes = vec![0u8; values.len() * 4];
     let out: &mut [u8] = &mut bytes;
@@ -78,7 +78,7 @@ pub fn to_le_bytes(values: &[f32]) -> Vec<u8> {
 /// # Errors
 /// The first element that differs, with how many differ; a length
 /// difference counts as a mismatch at the first missing element.
-pub fn check_bitwise(expected: &[f32], got: &[u8]) -> Result<(), Mismatch> {
+pub(crate) fn check_bitwise(expected: &[f32], got: &[u8]) -> Result<(), Mismatch> {
     let got_len = got.len() / 4;
     let common = got_len.min(expected.len());
     let mut first: Option<(usize, f32, f32)> = None;

@@ -1,95 +1,93 @@
-//! Output of `spyre run`: the report as text and as JSON, and writing to
-//! stdout.
+//! The report of `spyre run`, as text and as JSON.
 
 use std::fmt::Write as _;
-use std::io::{self, Write as _};
 
 use serde::Serialize;
-use serde::ser::SerializeMap;
 
+use super::RunOutcome;
+use super::plan::{H2D_PER_ITERATION, LAUNCHES_PER_ITERATION};
 use crate::cli::RunArgs;
-use crate::error::{CliError, pool_name};
-use crate::run::{H2D_PER_ITERATION, LAUNCHES_PER_ITERATION, RunOutcome};
+use crate::error::pool_name;
 use crate::size::format_size;
 
 /// Launches on one stream during a run.
 #[derive(Clone, Debug, Serialize)]
-pub struct StreamCount {
+pub(crate) struct StreamCount {
     /// The stream id.
-    pub id: i64,
+    pub(crate) id: i64,
     /// `normal` (ids 1–32) or `high` (ids 33–64).
-    pub pool: &'static str,
+    pub(crate) pool: &'static str,
     /// Launches enqueued on it.
-    pub operations: u64,
+    pub(crate) operations: u64,
 }
 
 /// Everything `spyre run` reports; `--json` prints it as one object.
 #[derive(Clone, Debug, Serialize)]
-pub struct RunReport {
+pub(crate) struct RunReport {
     /// The backend (`mock` or `hardware`).
-    pub backend: &'static str,
+    pub(crate) backend: &'static str,
     /// The logical device the process ran on.
-    pub device: u8,
+    pub(crate) device: u8,
     /// What chose the device: `LOCAL_RANK`, `set_device`, `requested` or
     /// `default` (see `spyre_stream::DeviceSource::name`).
-    pub device_source: &'static str,
+    pub(crate) device_source: &'static str,
     /// The kernel (`axpy` or `matmul`).
-    pub kernel: &'static str,
+    pub(crate) kernel: &'static str,
     /// Host threads.
-    pub threads: usize,
+    pub(crate) threads: usize,
     /// Iterations per thread.
-    pub iterations_per_thread: u64,
+    pub(crate) iterations_per_thread: u64,
     /// Iterations in flight per thread.
-    pub in_flight: usize,
+    pub(crate) in_flight: usize,
     /// `--size`, in bytes.
-    pub size_bytes: u64,
+    pub(crate) size_bytes: u64,
     /// `--seed`.
-    pub seed: u64,
+    pub(crate) seed: u64,
     /// The kernel's dims: `[n]` for axpy, `[m, k, n]` for matmul.
-    pub dims: Vec<u64>,
+    pub(crate) dims: Vec<u64>,
     /// `f32` elements in each operand.
-    pub elements_per_operand: usize,
+    pub(crate) elements_per_operand: usize,
     /// Bytes of each operand.
-    pub operand_bytes: u64,
+    pub(crate) operand_bytes: u64,
     /// threads × iterations.
-    pub iterations_total: u64,
+    pub(crate) iterations_total: u64,
     /// Iterations whose result matched the host reference bit for bit.
-    pub iterations_verified: u64,
+    pub(crate) iterations_verified: u64,
     /// Launches: H2D + compute + D2H.
-    pub operations: u64,
+    pub(crate) operations: u64,
     /// H2D launches (inputs and kernel descriptors).
-    pub operations_h2d: u64,
+    pub(crate) operations_h2d: u64,
     /// Compute launches.
-    pub operations_compute: u64,
+    pub(crate) operations_compute: u64,
     /// D2H launches.
-    pub operations_d2h: u64,
+    pub(crate) operations_d2h: u64,
     /// Bytes copied host to device.
-    pub bytes_h2d: u64,
+    pub(crate) bytes_h2d: u64,
     /// Bytes copied device to host.
-    pub bytes_d2h: u64,
+    pub(crate) bytes_d2h: u64,
     /// `bytes_h2d + bytes_d2h`.
-    pub bytes_moved: u64,
+    pub(crate) bytes_moved: u64,
     /// Wall time of the run, in seconds.
-    pub wall_seconds: f64,
+    pub(crate) wall_seconds: f64,
     /// `bytes_moved / wall_seconds / 1e9`.
-    pub gb_per_s: f64,
+    pub(crate) gb_per_s: f64,
     /// Distinct streams used.
-    pub streams_used: usize,
+    pub(crate) streams_used: usize,
     /// Distinct normal-priority streams used.
-    pub streams_used_normal: usize,
+    pub(crate) streams_used_normal: usize,
     /// Distinct high-priority streams used.
-    pub streams_used_high: usize,
+    pub(crate) streams_used_high: usize,
     /// Launches on normal-priority streams.
-    pub operations_normal: u64,
+    pub(crate) operations_normal: u64,
     /// Launches on high-priority streams.
-    pub operations_high: u64,
+    pub(crate) operations_high: u64,
     /// Launches per stream, by id.
-    pub streams: Vec<StreamCount>,
+    pub(crate) streams: Vec<StreamCount>,
 }
 
 impl RunReport {
     /// The report of a successful run.
-    pub fn new(args: &RunArgs, outcome: &RunOutcome) -> Self {
+    pub(crate) fn new(args: &RunArgs, outcome: &RunOutcome) -> Self {
         let plan = &outcome.plan;
         let total = args.threads as u64 * args.iterations;
         let iterations_run = outcome.verified;
@@ -146,7 +144,7 @@ impl RunReport {
     }
 
     /// The report as text for people.
-    pub fn to_text(&self) -> String {
+    pub(crate) fn to_text(&self) -> String {
         let mut out = String::new();
         let dims = self
             .dims
@@ -220,51 +218,6 @@ impl RunReport {
     }
 }
 
-/// Writes `text` to stdout. A closed pipe (`spyre info | head -1`) is not an
-/// error.
-///
-/// # Errors
-/// [`CliError::Failed`] when stdout cannot be written for another reason.
-pub fn emit(text: &str) -> Result<(), CliError> {
-    let mut stdout = io::stdout().lock();
-    match stdout
-        .write_all(text.as_bytes())
-        .and_then(|()| stdout.flush())
-    {
-        Err(e) if e.kind() != io::ErrorKind::BrokenPipe => {
-            Err(CliError::Failed(format!("cannot write to stdout: {e}")))
-        }
-        _ => Ok(()),
-    }
-}
-
-/// `value` as one line of JSON.
-///
-/// # Errors
-/// [`CliError::Failed`] if it cannot be serialized.
-pub fn to_json_line<T: Serialize>(value: &T) -> Result<String, CliError> {
-    serde_json::to_string(value)
-        .map(|mut line| {
-            line.push('\n');
-            line
-        })
-        .map_err(|e| CliError::Failed(format!("cannot serialize the report as JSON: {e}")))
-}
-
-/// Name/value pairs that serialize as a JSON object in their given order.
-#[derive(Clone, Debug, Default)]
-pub struct OrderedMap<V>(pub Vec<(String, V)>);
-
-impl<V: Serialize> Serialize for OrderedMap<V> {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut map = serializer.serialize_map(Some(self.0.len()))?;
-        for (key, value) in &self.0 {
-            map.serialize_entry(key, value)?;
-        }
-        map.end()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -272,6 +225,7 @@ mod tests {
 
     use super::*;
     use crate::cli::KernelArg;
+    use crate::output::to_json_line;
     use crate::run::Plan;
 
     fn args() -> RunArgs {
@@ -327,11 +281,5 @@ mod tests {
             (Some(3), Some("LOCAL_RANK"))
         );
         assert_eq!(json["streams"][2]["pool"], "high");
-    }
-
-    #[test]
-    fn ordered_map_keeps_order() {
-        let map = OrderedMap(vec![("b".to_string(), 1), ("a".to_string(), 2)]);
-        assert_eq!(serde_json::to_string(&map).unwrap(), r#"{"b":1,"a":2}"#);
     }
 }

@@ -14,26 +14,26 @@ use std::time::{Duration, Instant};
 use crate::verify;
 
 /// Runs estimated to take longer than this get a warning before they start.
-pub const WARN_AFTER: Duration = Duration::from_secs(60);
+pub(crate) const WARN_AFTER: Duration = Duration::from_secs(60);
 
 /// Side of the matrix timed to measure the host's multiply-add rate.
 const CALIBRATION_N: usize = 64;
 
 /// The multiply-adds of `iterations` matmuls of n×n matrices, counting the
 /// device's and the reference's.
-pub fn matmul_work(n: u64, iterations: u64) -> f64 {
+pub(crate) fn matmul_work(n: u64, iterations: u64) -> f64 {
     2.0 * (n as f64).powi(3) * iterations as f64
 }
 
 /// Seconds that `work` multiply-adds take at `rate` per second per core on
 /// `parallel` cores at once.
-pub fn seconds(work: f64, rate: f64, parallel: usize) -> f64 {
+pub(crate) fn seconds(work: f64, rate: f64, parallel: usize) -> f64 {
     work / (rate * parallel.max(1) as f64)
 }
 
 /// Measures this host's multiply-add rate on the reference matmul (per
 /// core, per second): the best of three timings of a 64×64 product.
-pub fn measure_rate() -> f64 {
+pub(crate) fn measure_rate() -> f64 {
     let a = vec![1.0f32; CALIBRATION_N * CALIBRATION_N];
     let best = (0..3)
         .map(|_| {
@@ -54,7 +54,7 @@ pub fn measure_rate() -> f64 {
 /// The warning for a matmul run of `iterations` iterations of side `n` on
 /// `threads` host threads, or `None` when it should take at most
 /// [`WARN_AFTER`].
-pub fn matmul_warning(n: u64, iterations: u64, threads: usize, rate: f64) -> Option<String> {
+pub(crate) fn matmul_warning(n: u64, iterations: u64, threads: usize, rate: f64) -> Option<String> {
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let work = matmul_work(n, iterations);
     let estimate = seconds(work, rate, threads.min(cores));

@@ -1,0 +1,57 @@
+//! The up-front check that the device's memory holds a run.
+
+use spyre_stream::{ADDRESS_ALIGNMENT, MemoryLayout};
+
+use super::plan::{BLOCKS_PER_ITERATION, DESCRIPTOR_BYTES, Plan};
+use crate::cli::RunArgs;
+use crate::error::CliError;
+use crate::size::format_size;
+
+/// Refuses a run that the software device's memory cannot hold, before any
+/// work starts: an operand larger than a region, or more iterations in
+/// flight than the device holds blocks for. With the memory layout known
+/// (the software device reports it), an accepted run never runs out of
+/// device memory.
+pub(super) fn check_capacity(
+    plan: &Plan,
+    args: &RunArgs,
+    layout: MemoryLayout,
+) -> Result<(), CliError> {
+    let MemoryLayout {
+        total_bytes: memory,
+        region_bytes: region,
+    } = layout;
+    let block = plan.block_bytes();
+    if block > region {
+        let largest_operand = (region - DESCRIPTOR_BYTES) / ADDRESS_ALIGNMENT * ADDRESS_ALIGNMENT;
+        return Err(CliError::Usage(format!(
+            "--size {} needs operands of {} bytes ({}), but one memory region of the device holds {} bytes ({}) and a kernel operand must lie in one region; use a --size of at most {}",
+            args.size,
+            plan.operand_bytes,
+            format_size(plan.operand_bytes),
+            region,
+            format_size(region),
+            largest_operand.saturating_mul(3)
+        )));
+    }
+    let blocks_held = layout.blocks_held(block);
+    let iterations_held = blocks_held / BLOCKS_PER_ITERATION;
+    if iterations_held == 0 {
+        return Err(CliError::Usage(format!(
+            "--size {} needs {BLOCKS_PER_ITERATION} blocks of {block} bytes per iteration, each in one memory region, but the device has {memory} bytes ({}) in regions of {region} bytes, which hold {blocks_held} such blocks; use a smaller --size",
+            args.size,
+            format_size(memory)
+        )));
+    }
+    let in_flight = (args.threads as u64).saturating_mul(args.in_flight as u64);
+    if in_flight > iterations_held {
+        return Err(CliError::Usage(format!(
+            "--size {} with --threads {} and --in-flight {} keeps {in_flight} iterations in flight, each in {BLOCKS_PER_ITERATION} blocks of {block} bytes that must each lie in one memory region, but the device has {memory} bytes ({}) in regions of {region} bytes, which hold {iterations_held} such iterations at once; lower --in-flight, --threads or --size",
+            args.size,
+            args.threads,
+            args.in_flight,
+            format_size(memory)
+        )));
+    }
+    Ok(())
+}

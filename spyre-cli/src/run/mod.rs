@@ -1,0 +1,170 @@
+//! `spyre run`: the verified workload.
+//!
+//! `--threads` host threads each run `--iterations` iterations, keeping up to
+//! `--in-flight` of them outstanding. An iteration takes a stream from the
+//! pool (priority 0 and -1 alternate, so both pools and all their streams are
+//! used), allocates its operands and a 128-byte kernel descriptor in device
+//! memory, and enqueues on that stream, in order:
+//!
+//! 1. H2D of the first input (`x` or `A`),
+//! 2. H2D of the second input (`y` or `B`),
+//! 3. H2D of the kernel descriptor,
+//! 4. compute,
+//! 5. D2H of the result, whose completion signals the thread.
+//!
+//! While the device works the thread computes the expected result on the
+//! host ([`crate::verify`]). When the thread waits for the iteration, it
+//! frees the device memory and compares the result bit for bit. The first
+//! failure stops every thread and is reported with its thread, iteration and
+//! stream.
+
+mod capacity;
+mod estimate;
+mod plan;
+mod report;
+mod worker;
+
+use std::collections::BTreeMap;
+use std::io::IsTerminal;
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use spyre_stream::{Device, DeviceSource};
+
+use self::capacity::check_capacity;
+pub(crate) use self::plan::Plan;
+pub(crate) use self::report::RunReport;
+use self::worker::{Shared, ThreadStats};
+use crate::cli::{KernelArg, RunArgs};
+use crate::error::CliError;
+
+/// What a finished run measured; see [`RunReport`].
+#[derive(Clone, Debug)]
+pub(crate) struct RunOutcome {
+    /// The backend's name.
+    pub(crate) backend: &'static str,
+    /// The logical device the process ran on.
+    pub(crate) device: u8,
+    /// What chose that device.
+    pub(crate) device_source: DeviceSource,
+    /// The plan every iteration followed.
+    pub(crate) plan: Plan,
+    /// Iterations whose result matched the reference.
+    pub(crate) verified: u64,
+    /// Launches by stream id.
+    pub(crate) launches_by_stream: BTreeMap<i64, u64>,
+    /// Time from the first submission to the last check.
+    pub(crate) wall: Duration,
+}
+
+/// Runs the workload.
+///
+/// # Errors
+/// [`CliError::Usage`] for sizes the device cannot hold; the stream layer's
+/// start error; [`CliError::Iteration`] for the first iteration that failed.
+pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
+    let plan = Plan::new(args.kernel, args.size)?;
+    let total = (args.threads as u64)
+        .checked_mul(args.iterations)
+        .ok_or_else(|| {
+            CliError::Usage(format!(
+                "--threads {} × --iterations {} is more iterations than can be counted",
+                args.threads, args.iterations
+            ))
+        })?;
+    spyre_stream::start_runtime().map_err(|e| CliError::stream("starting the Spyre runtime", e))?;
+    let info = spyre_stream::runtime_info()
+        .ok_or_else(|| CliError::Failed("the Spyre runtime did not start".into()))?;
+    let layout = spyre_stream::memory_layout(Device::CURRENT)
+        .map_err(|e| CliError::stream("reading the device's memory layout", e))?;
+    if let Some(layout) = layout {
+        check_capacity(&plan, args, layout)?;
+    }
+    if plan.kernel == KernelArg::Matmul
+        && info.backend == "mock"
+        && let Some(warning) =
+            estimate::matmul_warning(plan.n, total, args.threads, estimate::measure_rate())
+    {
+        eprintln!("{warning}");
+    }
+    tracing::info!(
+        backend = info.backend,
+        kernel = plan.kernel.name(),
+        n = plan.n,
+        operand_bytes = plan.operand_bytes,
+        "spyre run starting"
+    );
+
+    let progress = progress_bar(total);
+    let shared = Shared::new(plan, args, progress.clone());
+    let start = Instant::now();
+    let results: Vec<Option<ThreadStats>> = std::thread::scope(|scope| {
+        let mut handles = Vec::with_capacity(args.threads);
+        for thread in 0..args.threads {
+            let shared = &shared;
+            let spawned = std::thread::Builder::new()
+                .name(format!("spyre-run-{thread}"))
+                .spawn_scoped(scope, move || shared.worker(thread));
+            match spawned {
+                Ok(handle) => handles.push(handle),
+                Err(e) => {
+                    shared.fail_with(CliError::Failed(format!(
+                        "cannot start host thread {thread}: {e}"
+                    )));
+                    break;
+                }
+            }
+        }
+        handles
+            .into_iter()
+            .map(|h| match h.join() {
+                Ok(stats) => stats,
+                Err(_) => {
+                    shared.fail_with(CliError::Failed("a host thread panicked".into()));
+                    None
+                }
+            })
+            .collect()
+    });
+    let wall = start.elapsed();
+    progress.finish_and_clear();
+
+    let mut failures = shared.into_failures();
+    if !failures.is_empty() {
+        let others = failures.len() - 1;
+        if others > 0 {
+            tracing::warn!("{others} more iteration(s) failed after the first");
+        }
+        return Err(failures.swap_remove(0));
+    }
+    let mut launches_by_stream = BTreeMap::new();
+    let mut verified = 0;
+    for stats in results.into_iter().flatten() {
+        verified += stats.verified;
+        for (id, launches) in stats.launches_by_stream {
+            *launches_by_stream.entry(id).or_insert(0) += launches;
+        }
+    }
+    Ok(RunOutcome {
+        backend: info.backend,
+        device: info.device,
+        device_source: info.device_source,
+        plan,
+        verified,
+        launches_by_stream,
+        wall,
+    })
+}
+/// A progress bar on stderr when it is a terminal; hidden otherwise.
+fn progress_bar(total: u64) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(total);
+    if let Ok(style) = ProgressStyle::with_template(
+        "{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} iterations verified ({per_sec}, eta {eta})",
+    ) {
+        bar.set_style(style);
+    }
+    bar
+}
