@@ -4,7 +4,7 @@ use std::fmt;
 
 use flex_sys::bindings as sys;
 
-use crate::{FlexError, Result};
+use crate::error::{FlexError, Result};
 
 /// Alignment, in bytes, of every chunk offset (`FLEX_ADDRESS_ALIGNMENT`).
 pub const ADDRESS_ALIGNMENT: u64 = sys::FLEX_ADDRESS_ALIGNMENT as u64;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use parking_lot::lock_api::{ArcRwLockReadGuard, ArcRwLockWriteGuard};
 use parking_lot::{RawRwLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use crate::{FlexError, Result};
+use crate::error::{FlexError, Result};
 
 /// Host memory for asynchronous copies: shared, reference-counted bytes.
 ///

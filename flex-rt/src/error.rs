@@ -1,6 +1,6 @@
 //! The one error type of the flex runtime API.
 
-use crate::Status;
+use crate::status::Status;
 
 /// An error from a flex runtime: the status code, the call that failed, and the
 /// runtime's own message (for the FFI backend, the thread-local last-error

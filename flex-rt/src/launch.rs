@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::FlexError;
+use crate::error::FlexError;
 
 /// Called exactly once when an enqueued operation has finished (`Ok`) or
 /// failed (`Err` with the operation's error). Runs on a runtime thread; the

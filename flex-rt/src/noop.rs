@@ -30,10 +30,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use crate::{
-    Backend, CompositeAddress, DataFormat, FlexError, HostBuffer, HostCallback, LaunchOptions,
-    LogicalAddress, Result, Runtime, Status, Stream, StreamMode, StreamPriority,
-};
+use crate::address::{CompositeAddress, LogicalAddress};
+use crate::buffer::HostBuffer;
+use crate::error::{FlexError, Result};
+use crate::launch::{HostCallback, LaunchOptions};
+use crate::status::Status;
+use crate::traits::{Backend, Runtime, Stream};
+use crate::types::{DataFormat, StreamMode, StreamPriority};
 
 /// How many of each call a [`NoopRuntime`] has seen (a snapshot).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -41,7 +41,7 @@
 //!
 //! Used dims must be at least 1; unused dims, unused argument slots and
 //! reserved bytes must be 0. Kernels that take no alpha ignore it.
-use crate::LogicalAddress;
+use crate::address::LogicalAddress;
 
 /// Size of a kernel descriptor in bytes.
 pub const DESCRIPTOR_SIZE: usize = 128;

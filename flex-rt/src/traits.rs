@@ -2,10 +2,11 @@
 
 use std::fmt;
 
-use crate::{
-    CompositeAddress, DataFormat, FlexError, HostBuffer, HostCallback, LaunchOptions, MemoryLayout,
-    Result, StreamMode, StreamPriority,
-};
+use crate::address::CompositeAddress;
+use crate::buffer::HostBuffer;
+use crate::error::{FlexError, Result};
+use crate::launch::{HostCallback, LaunchOptions};
+use crate::types::{DataFormat, MemoryLayout, StreamMode, StreamPriority};
 
 /// A loaded device runtime library, or the software device: it counts the
 /// visible devices and creates runtimes.

@@ -4,7 +4,7 @@ use std::fmt;
 
 use flex_sys::bindings as sys;
 
-use crate::{FlexError, Result};
+use crate::error::{FlexError, Result};
 
 /// Priority of a hardware stream (`flex_stream_priority_t`).
 ///

@@ -5,8 +5,6 @@ use std::time::Duration;
 
 use flex_rt::{ADDRESS_ALIGNMENT, FlexError, Result};
 
-use crate::MockSystem;
-
 /// Number of devices a system has unless configured otherwise.
 pub const DEFAULT_DEVICES: u32 = 1;
 /// Device memory per runtime unless configured otherwise: 1 GiB.
@@ -125,7 +123,7 @@ impl MockConfig {
     /// Reads the configuration from `lookup`, which maps an environment
     /// variable name (one of [`ENV_VARS`]) to its value or `None` when unset.
     /// Values are trimmed; an empty value counts as unset; unset variables
-    /// keep their defaults. Pure: [`MockSystem::from_env`] passes a closure
+    /// keep their defaults. Pure: [`MockSystem::from_env`](crate::MockSystem::from_env) passes a closure
     /// over the process environment, tests pass a map.
     ///
     /// # Errors
@@ -201,7 +199,7 @@ impl fmt::Display for MockConfig {
     }
 }
 
-/// Builds a [`MockSystem`] (or only its [`MockConfig`]). Every setter is
+/// Builds a [`MockSystem`](crate::MockSystem) (or only its [`MockConfig`]). Every setter is
 /// optional; unset values keep the `DEFAULT_*` constants of this module.
 ///
 /// ```
@@ -371,14 +369,6 @@ impl MockSystemBuilder {
             op_latency: self.op_latency,
             copy_bandwidth: self.copy_bandwidth,
         })
-    }
-
-    /// Checks the values and makes the system.
-    ///
-    /// # Errors
-    /// As [`MockSystemBuilder::build_config`].
-    pub fn build(self) -> Result<MockSystem> {
-        Ok(MockSystem::with_config(self.build_config()?))
     }
 }
 

@@ -18,7 +18,7 @@ use std::time::Duration;
 use flex_rt::{FlexError, Result, Status};
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
-use crate::MockConfig;
+use crate::config::MockConfig;
 use crate::memory::DeviceMemory;
 use crate::op::{Op, panic_message};
 use crate::scheduler::{Job, Scheduler, Verdict};

@@ -26,7 +26,7 @@ use flex_rt::{
 };
 use parking_lot::{RwLock, RwLockReadGuard};
 
-use crate::MockConfig;
+use crate::config::MockConfig;
 
 /// One region of device memory.
 struct Region {
@@ -408,7 +408,7 @@ impl MemoryView<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::MockSystemBuilder;
+    use crate::config::MockSystemBuilder;
 
     fn memory(total: u64, region: u64) -> DeviceMemory {
         DeviceMemory::new(

@@ -8,7 +8,7 @@ use flex_rt::{
     StreamPriority,
 };
 
-use crate::MockConfig;
+use crate::config::MockConfig;
 use crate::engine::{Device, spawn_engines};
 use crate::faults::RuntimeFaults;
 use crate::stream::MockStream;

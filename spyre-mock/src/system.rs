@@ -134,3 +134,13 @@ impl Backend for MockSystem {
         Ok(Box::new(self.create_mock_runtime(logical_device)?))
     }
 }
+
+impl MockSystemBuilder {
+    /// Checks the values and makes the system.
+    ///
+    /// # Errors
+    /// As [`MockSystemBuilder::build_config`].
+    pub fn build(self) -> Result<MockSystem> {
+        Ok(MockSystem::with_config(self.build_config()?))
+    }
+}

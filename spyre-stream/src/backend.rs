@@ -6,7 +6,7 @@ use std::fmt;
 use flex_rt::Backend;
 
 use crate::env::BACKEND;
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 /// A backend this crate can be built with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -3,7 +3,12 @@
 use std::cell::RefCell;
 use std::marker::PhantomData;
 
-use crate::{Device, Error, Result, SpyreStream, StreamId, process_pool, runtime};
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::id::StreamId;
+use crate::process_pool;
+use crate::runtime;
+use crate::stream::SpyreStream;
 
 thread_local! {
     /// Current stream id per device index, for this thread (torch-spyre's

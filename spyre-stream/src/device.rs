@@ -2,7 +2,7 @@
 
 use std::cell::Cell;
 
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 /// A device argument (`c10::Device` of type PrivateUse1): a logical device
 /// index, or [`Device::CURRENT`] for the calling thread's current device

@@ -3,8 +3,8 @@
 
 use std::num::IntErrorKind;
 
+use crate::error::{Error, Result};
 use crate::id::{DEFAULT_HOST_COMPUTE_STREAMS, MAX_HOST_COMPUTE_STREAMS};
-use crate::{Error, Result};
 
 /// Logical device of the process when no thread-local device is set (torchrun sets it).
 pub const LOCAL_RANK: &str = "LOCAL_RANK";

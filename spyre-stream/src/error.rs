@@ -2,7 +2,7 @@
 
 use flex_rt::FlexError;
 
-use crate::StreamId;
+use crate::id::StreamId;
 
 /// Everything that can go wrong in the stream layer. Each variant carries the
 /// facts a caller needs: the id, the device indices, the variable and its raw

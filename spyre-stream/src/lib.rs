@@ -147,6 +147,7 @@ mod process_pool;
 mod runtime;
 mod state;
 mod stream;
+mod stream_operations;
 
 pub use backend::{BackendKind, parse_backend};
 pub use current::{StreamGuard, current_stream, set_current_stream};

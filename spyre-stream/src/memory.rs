@@ -6,7 +6,9 @@
 
 use flex_rt::{CompositeAddress, MemoryLayout};
 
-use crate::{Device, Result, runtime};
+use crate::device::Device;
+use crate::error::Result;
+use crate::runtime;
 
 /// Allocates `bytes` (> 0) of device memory on `device`, starting the
 /// runtime if needed. The chunks of the result are 128-byte aligned and add

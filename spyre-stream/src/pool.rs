@@ -5,12 +5,13 @@ use std::sync::atomic::Ordering;
 
 use flex_rt::{Runtime, Stream, StreamMode, StreamPriority};
 
+use crate::error::{Error, Result};
 use crate::id::{
     HIGH_POOL_START, HOST_COMPUTE_START, MAX_HOST_COMPUTE_STREAMS, MAX_STREAM_SLOTS,
-    NORMAL_POOL_START, STREAMS_PER_POOL,
+    NORMAL_POOL_START, STREAMS_PER_POOL, StreamId,
 };
 use crate::loom_shim::{AtomicBool, RwLock};
-use crate::{Error, Result, SpyreStream, StreamId};
+use crate::stream::SpyreStream;
 
 /// Configuration fixed when a pool is made.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -5,8 +5,10 @@
 
 use flex_rt::Stream;
 
+use crate::device::Device;
+use crate::error::{Error, Result};
 use crate::runtime::{self, pool_for};
-use crate::{Device, Error, Result, SpyreStream};
+use crate::stream::SpyreStream;
 
 /// The next stream of a pool on `device`, round robin (`getStreamFromPool`):
 /// `priority < 0` picks the high-priority pool (ids 33–64), otherwise the

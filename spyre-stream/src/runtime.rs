@@ -11,9 +11,12 @@ use flex_rt::{Backend, Runtime};
 use parking_lot::Mutex;
 
 use crate::backend::{self, BackendKind};
-use crate::device::{set_thread_device, thread_device};
+use crate::device::{Device, set_thread_device, thread_device};
 use crate::env::{self, MAX_DEVICE_INDEX};
-use crate::{Device, DeviceState, Error, PoolConfig, Result, SpyreStream, StreamPool};
+use crate::error::{Error, Result};
+use crate::pool::{PoolConfig, StreamPool};
+use crate::state::DeviceState;
+use crate::stream::SpyreStream;
 
 /// The started runtime. Leaked on purpose: handles must stay valid for the
 /// life of the process, even after [`free_runtime`], as the spec says.

@@ -7,7 +7,8 @@ use flex_sys::{FlexLibrary, LoadError};
 
 use super::call::{self, check};
 use super::runtime::HardwareRuntime;
-use crate::{Backend, Result, Runtime};
+use crate::error::Result;
+use crate::traits::{Backend, Runtime};
 
 /// The hardware backend: a flex runtime library loaded at run time
 /// (`Backend::name` is `"hardware"`).

@@ -10,7 +10,8 @@ use std::ptr::NonNull;
 use flex_sys::FlexLibrary;
 use flex_sys::bindings as sys;
 
-use crate::{FlexError, Result, Status};
+use crate::error::{FlexError, Result};
+use crate::status::Status;
 
 /// What a failed call reports when the library set no last-error message.
 const NO_MESSAGE: &str = "the library set no error message";

@@ -52,7 +52,10 @@ use std::ptr::NonNull;
 use flex_sys::bindings as sys;
 use parking_lot::Mutex;
 
-use crate::{Completion, FlexError, HostCallback, ReadLease, Status, WriteLease};
+use crate::buffer::{ReadLease, WriteLease};
+use crate::error::FlexError;
+use crate::launch::{Completion, HostCallback};
+use crate::status::Status;
 
 /// The call name of errors handed to a completion.
 const COMPLETION_CALL: &str = "completion";
@@ -396,7 +399,7 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
-    use crate::HostBuffer;
+    use crate::buffer::HostBuffer;
 
     static_assertions::assert_impl_all!(Payload: Send);
     static_assertions::assert_impl_all!(HostSlot: Send, Sync);

@@ -12,10 +12,11 @@ use super::call::{self, check};
 use super::callback;
 use super::handle::{RuntimeHandle, StreamHandle};
 use super::stream::{HardwareStream, RawAddress};
-use crate::{
-    AddressChunk, CompositeAddress, FlexError, MAX_ADDRESS_CHUNKS, Result, Runtime, Status, Stream,
-    StreamMode, StreamPriority,
-};
+use crate::address::{AddressChunk, CompositeAddress, MAX_ADDRESS_CHUNKS};
+use crate::error::{FlexError, Result};
+use crate::status::Status;
+use crate::traits::{Runtime, Stream};
+use crate::types::{StreamMode, StreamPriority};
 
 /// One device context bound to one logical device: a `flex_runtime_t`
 /// (torch-spyre's `flex::RuntimeContext`, made by

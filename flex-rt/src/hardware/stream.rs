@@ -11,10 +11,13 @@ use parking_lot::Mutex;
 use super::call::{self, check};
 use super::callback::{self, Lease, OpMeta, Payload, Submission};
 use super::handle::{RuntimeHandle, StreamHandle};
-use crate::{
-    CompositeAddress, DataFormat, FlexError, HostBuffer, HostCallback, LaunchOptions, Result,
-    Status, Stream, StreamPriority, check_copy_size, check_fill_size,
-};
+use crate::address::CompositeAddress;
+use crate::buffer::HostBuffer;
+use crate::error::{FlexError, Result};
+use crate::launch::{HostCallback, LaunchOptions};
+use crate::status::Status;
+use crate::traits::{Stream, check_copy_size, check_fill_size};
+use crate::types::{DataFormat, StreamPriority};
 
 /// One hardware queue of a [`HardwareRuntime`](super::HardwareRuntime): a
 /// `flex_stream_t` (torch-spyre's `flex::RuntimeStream`).
@@ -398,7 +401,7 @@ impl fmt::Debug for HardwareStream {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{AddressChunk, LogicalAddress};
+    use crate::address::{AddressChunk, LogicalAddress};
 
     static_assertions::assert_impl_all!(HardwareStream: Send, Sync, fmt::Debug);
 

@@ -15,7 +15,10 @@ use flex_rt::{
 };
 use parking_lot::Mutex;
 
-use crate::{MockRuntime, MockStream, MockSystem, Op};
+use crate::op::Op;
+use crate::runtime::MockRuntime;
+use crate::stream::MockStream;
+use crate::system::MockSystem;
 
 /// Generous bound for waits that only end if the device works; reaching it
 /// means a deadlock or lost wakeup.

@@ -1,0 +1,122 @@
+//! The operations of a [`SpyreStream`] (torch-spyre's `SpyreStream::query`,
+//! `synchronize`, `getError` and the launch chokepoint), each resolving the
+//! stream's handle through the process-wide pool. The value type itself is
+//! in `stream.rs`, below the pool, which takes it as an argument.
+
+use flex_rt::{CompositeAddress, DataFormat, HostBuffer, LaunchOptions, Stream};
+
+use crate::error::Result;
+use crate::runtime;
+use crate::state::StreamErrorState;
+use crate::stream::SpyreStream;
+
+impl SpyreStream {
+    /// The runtime handle behind this stream, resolved through the
+    /// process-wide pool ([`crate::StreamPool::resolve`]).
+    #[inline]
+    fn handle(self) -> Result<&'static dyn Stream> {
+        runtime::pool_of(self)?.resolve(self)
+    }
+
+    /// Whether all work enqueued on the stream has completed. Never blocks.
+    ///
+    /// # Errors
+    /// [`crate::Error::NoHandle`] when the id has no handle;
+    /// [`crate::Error::WrongDevice`] for a stream of another device;
+    /// [`crate::Error::ForkedProcess`] in a forked child; the runtime's
+    /// error, unchanged ([`crate::Error::Flex`]), if the stream has failed.
+    pub fn query(self) -> Result<bool> {
+        Ok(self.handle()?.query()?)
+    }
+
+    /// Blocks until all work enqueued on the stream has completed. No lock is
+    /// held while waiting.
+    ///
+    /// # Errors
+    /// As [`SpyreStream::query`].
+    pub fn synchronize(self) -> Result<()> {
+        Ok(self.handle()?.synchronize()?)
+    }
+
+    /// The stream's error state (`SpyreStreamGetError`): `Shutdown` when the
+    /// runtime says the stream needs a shutdown, else `Success`.
+    ///
+    /// # Errors
+    /// As [`SpyreStream::query`].
+    pub fn error(self) -> Result<StreamErrorState> {
+        Ok(StreamErrorState::of(self.handle()?)?)
+    }
+
+    /// Enqueues a host-to-device copy of all of `src` into `dst`
+    /// (`SpyreStream::launchH2D`); see [`flex_rt::Stream::launch_h2d`]. The
+    /// operation leases `src` until it completes.
+    ///
+    /// # Errors
+    /// As [`SpyreStream::query`], plus the launch's own errors (sizes that
+    /// differ, a buffer already leased, a refused launch).
+    pub fn launch_h2d(
+        self,
+        src: &HostBuffer,
+        dst: &CompositeAddress,
+        options: LaunchOptions,
+    ) -> Result<()> {
+        Ok(self.handle()?.launch_h2d(src, dst, options)?)
+    }
+
+    /// Enqueues a device-to-host copy of all of `src` into `dst`
+    /// (`SpyreStream::launchD2H`); see [`flex_rt::Stream::launch_d2h`]. The
+    /// operation leases `dst` exclusively until it completes.
+    ///
+    /// # Errors
+    /// As [`SpyreStream::launch_h2d`].
+    pub fn launch_d2h(
+        self,
+        src: &CompositeAddress,
+        dst: &HostBuffer,
+        options: LaunchOptions,
+    ) -> Result<()> {
+        Ok(self.handle()?.launch_d2h(src, dst, options)?)
+    }
+
+    /// Enqueues the compute program at `program` (`SpyreStream::launchCompute`;
+    /// the format is [`flex_rt::program`]); see
+    /// [`flex_rt::Stream::launch_compute`].
+    ///
+    /// # Errors
+    /// As [`SpyreStream::launch_h2d`].
+    pub fn launch_compute(self, program: &CompositeAddress, options: LaunchOptions) -> Result<()> {
+        Ok(self.handle()?.launch_compute(program, options)?)
+    }
+
+    /// Enqueues `callback` to run on a runtime thread in stream order
+    /// (`SpyreStream::launchHostCallback`); see
+    /// [`flex_rt::Stream::launch_host_callback`].
+    ///
+    /// # Errors
+    /// As [`SpyreStream::launch_h2d`]; on error the callback is dropped
+    /// without running.
+    pub fn launch_host_callback(
+        self,
+        callback: impl FnOnce() + Send + 'static,
+        options: LaunchOptions,
+    ) -> Result<()> {
+        Ok(self
+            .handle()?
+            .launch_host_callback(Box::new(callback), options)?)
+    }
+
+    /// Enqueues a fill of `dst` with `value` in `format`
+    /// (`SpyreStream::fillAsync`); see [`flex_rt::Stream::launch_fill`].
+    ///
+    /// # Errors
+    /// As [`SpyreStream::launch_h2d`].
+    pub fn launch_fill(
+        self,
+        dst: &CompositeAddress,
+        value: f64,
+        format: DataFormat,
+        options: LaunchOptions,
+    ) -> Result<()> {
+        Ok(self.handle()?.launch_fill(dst, value, format, options)?)
+    }
+}
