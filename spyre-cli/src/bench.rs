@@ -52,16 +52,21 @@ pub(crate) struct BenchReport {
     pub(crate) results: Vec<BenchResult>,
 }
 
-/// Runs batches of `batch` operations until `budget` is spent, after one
-/// untimed warm-up batch. Returns the operations timed and their time.
+/// Runs batches of operations until `budget` is spent, after one untimed
+/// warm-up operation, and returns the operations timed and their time.
+/// Batches start at one operation and double up to `max_batch` while the
+/// time per operation seen so far says the next batch fits in what is left
+/// of the budget, so a measurement overruns its budget by at most one
+/// operation, however slow the device (at least two operations always run).
 fn measure(
     budget: Duration,
-    batch: u64,
+    max_batch: u64,
     mut run_batch: impl FnMut(u64) -> Result<(), CliError>,
 ) -> Result<(u64, Duration), CliError> {
-    run_batch(batch)?;
+    run_batch(1)?;
     let start = Instant::now();
     let mut operations = 0;
+    let mut batch = 1;
     loop {
         run_batch(batch)?;
         operations += batch;
@@ -69,6 +74,9 @@ fn measure(
         if elapsed >= budget {
             return Ok((operations, elapsed));
         }
+        let per_operation = elapsed.as_secs_f64() / operations as f64;
+        let fits = ((budget - elapsed).as_secs_f64() / per_operation.max(1e-12)) as u64;
+        batch = (batch * 2).min(max_batch).min(fits).max(1);
     }
 }
 
@@ -222,6 +230,13 @@ fn bandwidth(
 ) -> Result<BenchResult, CliError> {
     let len = usize::try_from(size)
         .map_err(|_| CliError::Usage(format!("--sizes {size} is too large for this host")))?;
+    let copies = (BATCH_BYTES / size).clamp(1, MAX_COPIES_PER_BATCH);
+    // A D2H batch holds one buffer per copy; an H2D batch shares one.
+    let buffers = match direction {
+        Direction::HostToDevice => 1,
+        Direction::DeviceToHost => copies,
+    };
+    crate::host_memory::check(size.saturating_mul(buffers), &format!("--sizes {size}"))?;
     let device = spyre_stream::allocate(Device::CURRENT, size).map_err(|e| match e {
         spyre_stream::Error::Flex(flex) if flex.status() == Status::OUT_OF_MEMORY => {
             CliError::Usage(format!(
@@ -231,7 +246,6 @@ fn bandwidth(
         }
         other => CliError::stream("allocating device memory", other),
     })?;
-    let copies = (BATCH_BYTES / size).clamp(1, MAX_COPIES_PER_BATCH);
     // A D2H copy holds its host buffer exclusively until it completes, so
     // each copy of a batch gets its own buffer; H2D copies may share one.
     let buffers: Vec<HostBuffer> = match direction {
@@ -300,16 +314,42 @@ mod tests {
 
     #[test]
     fn measure_runs_whole_batches_until_the_budget() {
-        let mut calls = 0;
-        let (operations, elapsed) = measure(Duration::from_millis(5), 3, |batch| {
-            calls += 1;
-            assert_eq!(batch, 3);
-            std::thread::sleep(Duration::from_millis(1));
+        let mut batches = Vec::new();
+        let (operations, elapsed) = measure(Duration::from_millis(20), 4, |batch| {
+            batches.push(batch);
+            std::thread::sleep(Duration::from_micros(200) * batch as u32);
             Ok(())
         })
         .unwrap();
-        assert_eq!(operations, 3 * (calls - 1));
-        assert!(elapsed >= Duration::from_millis(5));
+        assert_eq!(batches[0], 1, "one warm-up operation");
+        assert_eq!(
+            &batches[1..4],
+            &[1, 2, 4],
+            "batches double up to the maximum"
+        );
+        assert!(batches.iter().all(|b| (1..=4).contains(b)));
+        assert_eq!(
+            operations,
+            batches[1..].iter().sum::<u64>(),
+            "the warm-up is not timed"
+        );
+        assert!(elapsed >= Duration::from_millis(20));
+    }
+
+    #[test]
+    fn a_slow_operation_overruns_the_budget_by_at_most_one_operation() {
+        // Each operation takes 30 ms, the budget is 1 ms: one warm-up and one
+        // timed operation, not a batch of 100.
+        let mut ran = 0;
+        let started = Instant::now();
+        let (operations, _) = measure(Duration::from_millis(1), 100, |batch| {
+            ran += batch;
+            std::thread::sleep(Duration::from_millis(30) * batch as u32);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!((ran, operations), (2, 1));
+        assert!(started.elapsed() < Duration::from_millis(200));
     }
 
     #[test]

@@ -41,8 +41,10 @@ pub(crate) enum Command {
     /// Quick measurements: handle resolution, pool assignment, empty-op round
     /// trip, H2D and D2H bandwidth. It takes 3 + 2 × (number of --sizes)
     /// measurements of --budget-ms each, so the total time is measurements ×
-    /// budget: 9 × 250 ms, about 2.3 s, by default. Progress is shown on a
-    /// terminal.
+    /// budget: 9 × 250 ms, about 2.3 s, by default. A measurement overruns
+    /// its budget by at most one operation, and runs at least two (one to
+    /// warm up), so a slow device (SPYRE_MOCK_OP_LATENCY_US) takes longer.
+    /// Progress is shown on a terminal.
     Bench(BenchArgs),
 }
 

@@ -25,6 +25,7 @@
 mod bench;
 mod cli;
 mod error;
+mod host_memory;
 mod info;
 mod output;
 mod run;
@@ -54,10 +55,23 @@ fn main() -> ExitCode {
     }
 }
 
-/// Logs to stderr, filtered by `RUST_LOG` (default `warn`), in colour only
-/// when stderr is a terminal and `NO_COLOR` is unset or empty.
+/// Logs to stderr, filtered by `RUST_LOG` (unset or empty: `warn`; a value
+/// that is not a filter: `warn`, with a warning that names it), in colour
+/// only when stderr is a terminal and `NO_COLOR` is unset or empty.
 fn init_tracing() {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
+    let raw = std::env::var("RUST_LOG").ok().filter(|v| !v.is_empty());
+    let filter = match raw.as_deref().map(EnvFilter::try_new) {
+        None => EnvFilter::new("warn"),
+        Some(Ok(filter)) => filter,
+        Some(Err(e)) => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "warning: RUST_LOG={:?} is not a log filter ({e}); using `warn`",
+                raw.unwrap_or_default()
+            );
+            EnvFilter::new("warn")
+        }
+    };
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -702,3 +702,102 @@ fn a_matmul_run_of_more_than_a_minute_says_so_before_it_starts() {
     );
     assert!(first.contains("Use a smaller --size"), "{first}");
 }
+
+#[test]
+fn the_memory_check_counts_only_iterations_that_can_be_in_flight() {
+    // 4 MiB in one region holds 11 blocks of 349 696 bytes: 3 iterations.
+    // --in-flight 4 with only 2 iterations keeps at most 2 in flight: it runs.
+    let memory = [
+        ("SPYRE_MOCK_MEMORY_BYTES", "4194304"),
+        ("SPYRE_MOCK_REGION_BYTES", "4194304"),
+    ];
+    let report = json(
+        &[
+            "run",
+            "--json",
+            "--threads",
+            "1",
+            "--iterations",
+            "2",
+            "--in-flight",
+            "4",
+        ],
+        &memory,
+    );
+    assert_eq!(report["iterations_verified"], 2);
+    // A region too small for any operand says so, not "--size of at most 0".
+    refused(
+        &["run", "--size", "12", "--threads", "1", "--iterations", "1"],
+        &[
+            ("SPYRE_MOCK_MEMORY_BYTES", "1024"),
+            ("SPYRE_MOCK_REGION_BYTES", "128"),
+        ],
+        &[
+            "each in a block of 256 bytes",
+            "no operand fits a region of 128 bytes",
+            "SPYRE_MOCK_REGION_BYTES of at least 256",
+        ],
+    );
+}
+
+#[test]
+fn an_empty_rust_log_is_unset_and_a_bad_one_is_named() {
+    let args = [
+        "run",
+        "--threads",
+        "1",
+        "--iterations",
+        "1",
+        "--size",
+        "4KiB",
+    ];
+    let capped = [("TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS", "9")];
+    for rust_log in [None, Some("")] {
+        let mut env = capped.to_vec();
+        env.extend(rust_log.map(|v| ("RUST_LOG", v)));
+        let output = spyre(&args, &env);
+        assert_eq!(output.status.code(), Some(0));
+        assert!(
+            stderr(&output).contains("capping host-compute streams at 8"),
+            "RUST_LOG={rust_log:?}: {}",
+            stderr(&output)
+        );
+    }
+    let output = spyre(&args, &[("RUST_LOG", "a=b=c")]);
+    assert_eq!(output.status.code(), Some(0));
+    assert!(
+        stderr(&output).contains("RUST_LOG=\"a=b=c\" is not a log filter"),
+        "{}",
+        stderr(&output)
+    );
+}
+
+#[test]
+fn a_run_larger_than_host_memory_is_refused_before_it_allocates() {
+    // The software device's memory is backed lazily, so 8 TiB of it costs
+    // nothing; the host buffers of a 3 TiB run would (about 4 TiB).
+    let huge_device = [
+        ("SPYRE_MOCK_MEMORY_BYTES", "8796093022208"),
+        ("SPYRE_MOCK_REGION_BYTES", "2199023255552"),
+    ];
+    refused(
+        &[
+            "run",
+            "--size",
+            "3TiB",
+            "--threads",
+            "1",
+            "--iterations",
+            "1",
+            "--in-flight",
+            "1",
+        ],
+        &huge_device,
+        &["--size 3298534883328", "of host memory, but the host has"],
+    );
+    refused(
+        &["bench", "--sizes", "2TiB", "--budget-ms", "1"],
+        &huge_device,
+        &["--sizes 2199023255552 needs", "of host memory"],
+    );
+}

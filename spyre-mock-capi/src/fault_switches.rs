@@ -7,7 +7,7 @@ use std::time::Duration;
 use flex_sys::bindings::{FLEX_API_VERSION_MAJOR, FLEX_API_VERSION_MINOR};
 use flex_sys::make_api_version;
 
-use flex_sys::bindings::FLEX_ERROR_RUNTIME_FAILED;
+use flex_sys::bindings::FLEX_ERROR_INVALID_ARGUMENT;
 use spyre_mock::MockConfig;
 
 use crate::boundary::Failure;
@@ -161,10 +161,10 @@ pub(super) fn process_env(name: &str) -> Option<String> {
 /// The environment switches for a call without a runtime.
 pub(crate) fn env_switches() -> Result<Switches, Failure> {
     Switches::from_lookup(process_env)
-        .map_err(|message| Failure::new(FLEX_ERROR_RUNTIME_FAILED, message))
+        .map_err(|message| Failure::new(FLEX_ERROR_INVALID_ARGUMENT, message))
 }
 
 /// The device configuration from the environment.
 pub(crate) fn env_config() -> Result<MockConfig, Failure> {
-    config(process_env).map_err(|message| Failure::new(FLEX_ERROR_RUNTIME_FAILED, message))
+    config(process_env).map_err(|message| Failure::new(FLEX_ERROR_INVALID_ARGUMENT, message))
 }

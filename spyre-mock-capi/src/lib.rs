@@ -67,7 +67,8 @@
 //! takes every other switch when it is created and keeps it. Values are
 //! trimmed; unset or empty means the default. A malformed device variable or
 //! switch makes `flex_get_device_count` and `flex_runtime_create` fail with
-//! `FLEX_ERROR_RUNTIME_FAILED`, naming the variable and its value.
+//! `FLEX_ERROR_INVALID_ARGUMENT`, naming the variable and its value (the
+//! library's configuration is the caller's argument, in effect).
 //!
 //! | variable | effect | default |
 //! |---|---|---|

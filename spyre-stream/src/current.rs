@@ -45,8 +45,12 @@ fn store(stream: SpyreStream) {
 ///
 /// # Errors
 /// As [`crate::default_stream`]; [`crate::Error::InvalidEnv`] for a
-/// malformed `LOCAL_RANK` when `device` is the current one before the start.
+/// malformed `LOCAL_RANK` when `device` is the current one before the start;
+/// [`crate::Error::ForkedProcess`] in a child forked after the start.
 pub fn current_stream(device: Device) -> Result<SpyreStream> {
+    // The thread's current stream survives fork() with the thread: refuse it
+    // in a forked child like everything else.
+    runtime::check_not_forked()?;
     let index = match device.explicit() {
         Some(index) => index,
         None => runtime::current_device()?,
@@ -62,9 +66,17 @@ pub fn current_stream(device: Device) -> Result<SpyreStream> {
 /// the stream's device if it has not started.
 ///
 /// # Errors
-/// [`Error::WrongDevice`] for a stream of a device other than the
-/// process's; the runtime's start error.
+/// [`Error::NoHandle`] for an id outside the pool's id space (0–64 and the
+/// host-compute ids), before anything starts; [`Error::WrongDevice`] for a
+/// stream of a device other than the process's; the runtime's start error.
 pub fn set_current_stream(stream: SpyreStream) -> Result<SpyreStream> {
+    if stream.id().slot().is_none() {
+        // No pool ever maps this id: refuse before anything starts.
+        return Err(Error::NoHandle {
+            id: stream.id(),
+            device: stream.device_index(),
+        });
+    }
     let device = Device::from_index(stream.device_index())?;
     runtime::pool_for(device).map_err(|e| match e {
         Error::OtherDevice { requested, bound } => Error::WrongDevice {

@@ -159,5 +159,19 @@ pub enum Error {
     Flex(#[from] FlexError),
 }
 
+impl Error {
+    /// A backend's error while counting devices or creating the runtime:
+    /// [`Error::BackendConfig`] when the backend refused its configuration
+    /// (`INVALID_ARGUMENT`: a bad `SPYRE_MOCK_*` value of the software device
+    /// or of its flex library), else [`Error::Flex`].
+    pub(crate) fn from_backend(error: FlexError) -> Self {
+        if error.status() == flex_rt::Status::INVALID_ARGUMENT {
+            Self::BackendConfig(error)
+        } else {
+            Self::Flex(error)
+        }
+    }
+}
+
 /// Result with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use crate::error::{Error, Result};
+
 /// A stream id (`c10::StreamId`, a signed 64-bit integer).
 ///
 /// The id space of one device is fixed (torch-spyre's layout):
@@ -63,6 +65,23 @@ pub const HOST_COMPUTE_START: i64 = 65;
 pub const DEFAULT_HOST_COMPUTE_STREAMS: usize = 4;
 /// Most host-compute streams; larger requests are capped to this.
 pub const MAX_HOST_COMPUTE_STREAMS: usize = 8;
+/// `Ok` when `id` is one of the `count` host-compute ids (65..65+count).
+///
+/// # Errors
+/// [`Error::NotHostComputeStream`] naming `id` and the range.
+pub(crate) fn check_host_compute_id(id: i64, count: usize) -> Result<()> {
+    let end = HOST_COMPUTE_START + count as i64;
+    if (HOST_COMPUTE_START..end).contains(&id) {
+        Ok(())
+    } else {
+        Err(Error::NotHostComputeStream {
+            id,
+            start: HOST_COMPUTE_START,
+            end,
+        })
+    }
+}
+
 /// Size of the handle table: every id that can ever be mapped.
 pub(crate) const MAX_STREAM_SLOTS: usize = HOST_COMPUTE_START as usize + MAX_HOST_COMPUTE_STREAMS;
 

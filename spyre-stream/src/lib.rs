@@ -53,18 +53,29 @@
 //! - **One device per process.** The pool is bound to the runtime's logical
 //!   device; asking for another fails with an error naming both. A request
 //!   that cannot be served binds nothing: the device is checked against the
-//!   visible devices before the runtime starts, and the first call that names
-//!   a device explicitly starts the runtime on that device.
+//!   visible devices, and arguments the call can check alone (a host-compute
+//!   id, an allocation of 0 bytes, a stream id outside the id space) are
+//!   checked, before the runtime starts; the first call that names a device
+//!   explicitly starts the runtime on that device.
 //! - **One reading of the current device.** A thread's current device is the
 //!   one it set with [`set_device`]; otherwise, once the runtime has started,
 //!   the runtime's device; before that, `LOCAL_RANK` read afresh (the same
-//!   reading the start uses). A thread's device and the runtime's cannot
-//!   disagree by accident.
+//!   reading the start uses). Once started, [`set_device`] accepts only the
+//!   runtime's device. The one way left for a thread's device to differ is a
+//!   thread that called `set_device(d)` and then named another device in the
+//!   call that started the runtime; its calls on the current device then
+//!   fail with [`Error::OtherDevice`], naming both.
 //! - **Device state does not cross `fork()`.** In a child forked after the
-//!   start, every entry point of the process-wide API returns
-//!   [`Error::ForkedProcess`] (PyTorch's "cannot re-initialize CUDA in forked
-//!   subprocess"), detected by a `pthread_atfork` handler at the cost of one
-//!   relaxed atomic load per call: never a hang, never the parent's streams.
+//!   start, every entry point of the process-wide API that returns a
+//!   `Result` returns [`Error::ForkedProcess`] (PyTorch's "cannot
+//!   re-initialize CUDA in forked subprocess"); [`device_state`] says
+//!   `NotInitialized`, [`runtime_info`] `None`, and [`free_runtime`] does
+//!   nothing. Detected by a `pthread_atfork` handler at the cost of one
+//!   relaxed atomic load per call, checked before any lock: never the
+//!   parent's streams. A backend created before a fork is not used in the
+//!   child, which makes its own. (A fork while another thread is inside
+//!   [`start_runtime`] leaves that start's lock held in the child; fork
+//!   before starting threads that start the runtime, or after the start.)
 //! - **The runtime starts once.** A failed start leaves nothing behind and can
 //!   be retried; after [`free_runtime`] a start is an explicit error, never a
 //!   silent no-op.

@@ -4,7 +4,7 @@
 //! `flex_memory_free`), through the process-wide runtime: the caller owns
 //! what it allocates and frees it when no stream uses it any more.
 
-use flex_rt::{CompositeAddress, MemoryLayout};
+use flex_rt::{CompositeAddress, FlexError, MemoryLayout};
 
 use crate::device::Device;
 use crate::error::Result;
@@ -22,6 +22,15 @@ use crate::runtime;
 /// `INVALID_ARGUMENT` for 0 bytes and `OUT_OF_MEMORY` when the device is
 /// full ([`crate::Error::Flex`]).
 pub fn allocate(device: Device, bytes: u64) -> Result<CompositeAddress> {
+    if bytes == 0 {
+        // Refused before anything starts: a request that cannot be served
+        // binds no device.
+        return Err(FlexError::invalid_argument(
+            "allocate",
+            "allocation size must be at least 1 byte, got 0",
+        )
+        .into());
+    }
     Ok(runtime::pool_for(device)?.runtime().allocate(bytes)?)
 }
 

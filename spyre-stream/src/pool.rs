@@ -8,7 +8,7 @@ use flex_rt::{Runtime, Stream, StreamMode, StreamPriority};
 use crate::error::{Error, Result};
 use crate::id::{
     HIGH_POOL_START, HOST_COMPUTE_START, MAX_HOST_COMPUTE_STREAMS, MAX_STREAM_SLOTS,
-    NORMAL_POOL_START, STREAMS_PER_POOL, StreamId,
+    NORMAL_POOL_START, STREAMS_PER_POOL, StreamId, check_host_compute_id,
 };
 use crate::loom_shim::{AtomicBool, RwLock};
 use crate::stream::SpyreStream;
@@ -285,14 +285,7 @@ impl<'rt> StreamPool<'rt> {
     /// [`Error::NotHostComputeStream`] naming `id` and the valid range; or as
     /// [`StreamPool::initialize`].
     pub fn host_compute_stream_by_id(&self, id: i64) -> Result<SpyreStream> {
-        let end = HOST_COMPUTE_START + self.config.host_compute_streams as i64;
-        if !(HOST_COMPUTE_START..end).contains(&id) {
-            return Err(Error::NotHostComputeStream {
-                id,
-                start: HOST_COMPUTE_START,
-                end,
-            });
-        }
+        check_host_compute_id(id, self.config.host_compute_streams)?;
         self.initialize()?;
         Ok(SpyreStream::from_parts(self.device, StreamId(id)))
     }

@@ -7,6 +7,7 @@ use flex_rt::Stream;
 
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::id::check_host_compute_id;
 use crate::runtime::{self, pool_for};
 use crate::stream::SpyreStream;
 
@@ -49,9 +50,13 @@ pub fn host_compute_stream(device: Device) -> Result<SpyreStream> {
 
 /// The host-compute stream `id` (`getHostComputeStreamById`).
 ///
+/// The id is checked before anything starts: an id outside the range binds
+/// no device.
+///
 /// # Errors
 /// [`Error::NotHostComputeStream`] outside 65..65+N; otherwise as [`stream_from_pool`].
 pub fn host_compute_stream_by_id(id: i64, device: Device) -> Result<SpyreStream> {
+    check_host_compute_id(id, runtime::host_compute_streams()?)?;
     pool_for(device)?.host_compute_stream_by_id(id)
 }
 
@@ -61,9 +66,8 @@ pub fn host_compute_stream_by_id(id: i64, device: Device) -> Result<SpyreStream>
 ///
 /// # Errors
 /// [`Error::OtherDevice`] for a device other than the process's;
-/// [`Error::ForkedProcess`] in a forked child; [`Error::InvalidEnv`] for a
-/// malformed `LOCAL_RANK` when `device` is the current one and nothing has
-/// started; [`Error::DeviceSynchronize`] naming the first stream that failed.
+/// [`Error::ForkedProcess`] in a forked child;
+/// [`Error::DeviceSynchronize`] naming the first stream that failed.
 pub fn synchronize_device(device: Device) -> Result<()> {
     match runtime::started_pool_for(device) {
         Ok(pool) => pool.synchronize_device(),

@@ -98,23 +98,57 @@ static RUNNING: OnceLock<Running> = OnceLock::new();
 /// Set by [`free_runtime`]; never cleared.
 static FREED: AtomicBool = AtomicBool::new(false);
 /// Serializes start/free and holds the backend until the runtime starts.
-static LIFECYCLE: Mutex<Option<Box<dyn Backend>>> = Mutex::new(None);
+static LIFECYCLE: Mutex<Option<Slot>> = Mutex::new(None);
+
+/// The backend waiting for the start.
+struct Slot {
+    backend: Box<dyn Backend>,
+    /// Installed by [`set_backend`] (kept when a start fails), rather than
+    /// created from the features and the environment (dropped then, so that
+    /// a retry reads the corrected environment).
+    installed: bool,
+    /// The fork generation it was created in: a child of `fork()` does not
+    /// use its parent's backend (a loaded, maybe initialized, library).
+    generation: ForkGeneration,
+}
+
+/// `Ok` unless the runtime was started in another process (this one is a
+/// forked child). Checked before taking [`LIFECYCLE`], which a thread of the
+/// parent may have held when it forked.
+pub(crate) fn check_not_forked() -> Result<()> {
+    RUNNING
+        .get()
+        .map_or(Ok(()), |r| r.check_process().map(drop))
+}
 
 /// Installs the backend the runtime will start on, instead of the one chosen
 /// by features and `SPYRE_BACKEND` (for example a software device with
 /// custom settings, or a library opened from a known path).
 ///
 /// # Errors
+/// [`Error::ForkedProcess`] in a child forked after the start;
 /// [`Error::RuntimeAlreadyStarted`] once the runtime has started;
-/// [`Error::RuntimeReset`] after [`free_runtime`].
+/// [`Error::RuntimeReset`] after [`free_runtime`]; [`Error::ForkWatch`]
+/// when the fork watcher cannot be registered.
 pub fn set_backend(backend: Box<dyn Backend>) -> Result<()> {
+    check_not_forked()?;
+    watch_forks()?;
     let mut slot = LIFECYCLE.lock();
     check_not_freed()?;
     if RUNNING.get().is_some() {
         return Err(Error::RuntimeAlreadyStarted);
     }
-    *slot = Some(backend);
+    *slot = Some(Slot {
+        backend,
+        installed: true,
+        generation: ForkGeneration::current(),
+    });
     Ok(())
+}
+
+/// Registers the fork watcher (once per process).
+fn watch_forks() -> Result<()> {
+    fork::watch_forks().map_err(|e| Error::ForkWatch(std::sync::Arc::new(e)))
 }
 
 fn check_not_freed() -> Result<()> {
@@ -126,13 +160,27 @@ fn check_not_freed() -> Result<()> {
 }
 
 /// The backend to start on: the installed one, else the one the features and
-/// `SPYRE_BACKEND` select (created and kept for later calls).
-fn backend_slot(slot: &mut Option<Box<dyn Backend>>) -> Result<&dyn Backend> {
-    if slot.is_none() {
-        let kind = backend::parse_backend(env::var(env::BACKEND).as_deref())?;
-        *slot = Some(backend::create(kind)?);
+/// `SPYRE_BACKEND` select (created and kept for later calls). A backend
+/// created before a `fork()` is left to the parent (never dropped in the
+/// child, where its library's state is the parent's) and made afresh.
+fn backend_slot(slot: &mut Option<Slot>) -> Result<&dyn Backend> {
+    if let Some(inherited) = slot.take_if(|s| !s.generation.is_current()) {
+        tracing::debug!("the backend was created before fork(); this child makes its own");
+        std::mem::forget(inherited);
     }
-    Ok(slot.as_deref().expect("the slot was filled above"))
+    if slot.is_none() {
+        watch_forks()?;
+        let kind = backend::parse_backend(env::var(env::BACKEND).as_deref())?;
+        *slot = Some(Slot {
+            backend: backend::create(kind)?,
+            installed: false,
+            generation: ForkGeneration::current(),
+        });
+    }
+    Ok(slot
+        .as_ref()
+        .map(|s| s.backend.as_ref())
+        .expect("the slot was filled above"))
 }
 
 /// The device `device` names for the calling thread, and why: the explicit
@@ -168,17 +216,22 @@ fn resolve(device: Device, running: Option<&Running>) -> Result<(u8, DeviceSourc
 ///
 /// # Errors
 /// [`Error::InvalidEnv`] for a malformed `LOCAL_RANK` before the runtime
-/// has started (the same error [`start_runtime`] would give).
+/// has started (the same error [`start_runtime`] would give);
+/// [`Error::ForkedProcess`] in a child forked after the start.
 pub fn current_device() -> Result<u8> {
+    check_not_forked()?;
     resolve(Device::CURRENT, RUNNING.get()).map(|(index, _)| index)
 }
 
-/// Makes `index` the calling thread's current device (torch-spyre's `set_device`).
+/// Makes `index` the calling thread's current device (torch-spyre's
+/// `set_device`). Once the runtime has started, only its device can be set:
+/// another would make every call on the current device fail.
 ///
 /// # Errors
 /// [`Error::InvalidDeviceIndex`] for an index outside 0..=127;
 /// [`Error::DeviceOutOfRange`] when it is not below [`device_count`];
-/// as [`device_count`] otherwise.
+/// [`Error::OtherDevice`] for another device than the started runtime's
+/// (nothing is changed); as [`device_count`] otherwise.
 pub fn set_device(index: i64) -> Result<()> {
     let device = u8::try_from(index)
         .ok()
@@ -188,13 +241,24 @@ pub fn set_device(index: i64) -> Result<()> {
     if u32::from(device) >= count {
         return Err(Error::DeviceOutOfRange { device, count });
     }
+    if let Some(running) = RUNNING.get() {
+        let bound = running.pool.device();
+        if device != bound {
+            return Err(Error::OtherDevice {
+                requested: device,
+                bound,
+            });
+        }
+    }
     set_thread_device(device);
     Ok(())
 }
 
 /// Starts the process-wide runtime (`startRuntime`) on the calling thread's
 /// current device: once per process; later calls return at once. A failed
-/// start leaves nothing behind and may be retried.
+/// start binds no device and may be retried: it keeps a backend installed
+/// with [`set_backend`], and drops one it created from the environment, so
+/// that the retry reads the environment again.
 ///
 /// It reads the environment once: the logical device ([`current_device`]),
 /// `TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS` and `SPYRE_HAZARD_TRACKER`; then
@@ -223,23 +287,35 @@ fn start_on(device: Device) -> Result<(&'static Running, u8)> {
     if let Some(running) = RUNNING.get() {
         return usable(running, device);
     }
+    let started = start_locked(&mut slot, device);
+    if started.is_err() && slot.as_ref().is_some_and(|s| !s.installed) {
+        *slot = None;
+    }
+    started
+}
+
+/// The start itself, under [`LIFECYCLE`].
+fn start_locked(slot: &mut Option<Slot>, device: Device) -> Result<(&'static Running, u8)> {
     let (device, device_source) = resolve(device, None)?;
     let host_compute =
         env::parse_host_compute_streams(env::var(env::NUM_HOST_COMPUTE_STREAMS).as_deref())?;
     let track_hazards = env::parse_hazard_tracker(env::var(env::HAZARD_TRACKER).as_deref())?;
     let config = PoolConfig::new(host_compute, track_hazards)?;
 
-    let backend = backend_slot(&mut slot)?;
-    let count = backend.device_count()?;
+    let backend = backend_slot(slot)?;
+    let count = backend.device_count().map_err(Error::from_backend)?;
     if u32::from(device) >= count {
         return Err(Error::DeviceOutOfRange { device, count });
     }
-    fork::watch_forks().map_err(|e| Error::ForkWatch(std::sync::Arc::new(e)))?;
     let generation = ForkGeneration::current();
-    let runtime: &'static dyn Runtime = Box::leak(backend.create_runtime(u32::from(device))?);
+    let runtime: &'static dyn Runtime = Box::leak(
+        backend
+            .create_runtime(u32::from(device))
+            .map_err(Error::from_backend)?,
+    );
     let pool = StreamPool::new(runtime, config)?;
     let backend: &'static dyn Backend =
-        Box::leak(slot.take().expect("backend_slot filled the slot"));
+        Box::leak(slot.take().expect("backend_slot filled the slot").backend);
     tracing::info!(
         backend = backend.name(),
         device,
@@ -273,8 +349,13 @@ fn usable(running: &'static Running, device: Device) -> Result<(&'static Running
 /// resolved keep working (the runtime and its streams are never destroyed:
 /// their handles stay valid), and [`start_runtime`] and everything that needs
 /// it fail with [`Error::RuntimeReset`] instead of silently doing nothing.
-/// Before any start it does nothing.
+/// Before any start it does nothing, and in a child forked after the start
+/// too (the runtime is the parent's).
 pub fn free_runtime() {
+    if check_not_forked().is_err() {
+        tracing::warn!("free_runtime in a forked child: the runtime is the parent's; nothing done");
+        return;
+    }
     let _slot = LIFECYCLE.lock();
     if RUNNING.get().is_some() {
         FREED.store(true, Ordering::Release);
@@ -374,7 +455,25 @@ pub fn device_count() -> Result<u32> {
     let mut slot = LIFECYCLE.lock();
     match RUNNING.get() {
         Some(running) => Ok(running.check_process()?.backend.device_count()?),
-        None => Ok(backend_slot(&mut slot)?.device_count()?),
+        None => backend_slot(&mut slot)?
+            .device_count()
+            .map_err(Error::from_backend),
+    }
+}
+
+/// The number of host-compute streams: the started pool's, or, before the
+/// start, what `TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS` would give it now.
+///
+/// # Errors
+/// [`Error::InvalidEnv`] for a malformed variable before the start;
+/// [`Error::ForkedProcess`] in a forked child.
+pub(crate) fn host_compute_streams() -> Result<usize> {
+    match running() {
+        Ok(running) => Ok(running.pool.config().host_compute_streams()),
+        Err(Error::NotStarted) => {
+            env::parse_host_compute_streams(env::var(env::NUM_HOST_COMPUTE_STREAMS).as_deref())
+        }
+        Err(other) => Err(other),
     }
 }
 

@@ -13,11 +13,12 @@ use std::time::{Duration, Instant};
 use flex_rt::{Backend, Runtime, Stream};
 use spyre_mock::{MockRuntime, MockSystem};
 
-/// The base seed: `SPYRE_STRESS_SEED` (decimal or `0x` hex) or a fixed default.
+/// The base seed: `SPYRE_STRESS_SEED` (decimal or `0x` hex), or a fixed
+/// default when it is unset or empty.
 pub fn seed() -> u64 {
     const DEFAULT: u64 = 0x5EED_5EED_2024_0001;
-    match std::env::var("SPYRE_STRESS_SEED") {
-        Ok(raw) => {
+    match flex_rt::env::var("SPYRE_STRESS_SEED") {
+        Some(raw) => {
             let raw = raw.trim();
             let parsed = match raw.strip_prefix("0x") {
                 Some(hex) => u64::from_str_radix(hex, 16),
@@ -25,7 +26,7 @@ pub fn seed() -> u64 {
             };
             parsed.unwrap_or_else(|e| panic!("SPYRE_STRESS_SEED={raw:?} is not a u64: {e}"))
         }
-        Err(_) => DEFAULT,
+        None => DEFAULT,
     }
 }
 
@@ -34,10 +35,10 @@ pub fn ops_per_worker(default: usize) -> usize {
     env_count("SPYRE_STRESS_OPS", default)
 }
 
-/// A count from the environment variable `name`, or `default`.
+/// A count from the environment variable `name`, or `default` when it is
+/// unset or empty.
 pub fn env_count(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
+    flex_rt::env::var(name)
         .map(|raw| {
             raw.parse()
                 .unwrap_or_else(|e| panic!("{name}={raw:?} is not a count: {e}"))

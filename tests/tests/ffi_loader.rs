@@ -187,7 +187,7 @@ fn a_malformed_switch_fails_runtime_creation_naming_it() {
     isolated!(mock_cdylib; &[("SPYRE_MOCK_FAIL_LAUNCH", "often")],
         || {
             let err = backend().create_runtime(0).unwrap_err();
-            assert_eq!(err.status(), Status::RUNTIME_FAILED, "{err}");
+            assert_eq!(err.status(), Status::INVALID_ARGUMENT, "{err}");
             assert!(
                 err.message()
                     .contains("SPYRE_MOCK_FAIL_LAUNCH=\"often\" is not valid"),
@@ -203,7 +203,7 @@ fn a_malformed_device_setting_fails_the_device_count_naming_it() {
         || {
             let backend = backend();
             let err = backend.device_count().unwrap_err();
-            assert_eq!(err.status(), Status::RUNTIME_FAILED, "{err}");
+            assert_eq!(err.status(), Status::INVALID_ARGUMENT, "{err}");
             assert_eq!(err.call(), "flex_get_device_count");
             assert!(
                 err.message()
@@ -213,8 +213,33 @@ fn a_malformed_device_setting_fails_the_device_count_naming_it() {
             assert!(err.message().contains("SPYRE_MOCK_ENGINES=\"0\""), "{err}");
             assert_eq!(
                 backend.create_runtime(0).unwrap_err().status(),
-                Status::RUNTIME_FAILED
+                Status::INVALID_ARGUMENT
             );
         },
+    );
+}
+
+#[test]
+fn a_bad_setting_of_the_library_is_a_configuration_error_of_the_start() {
+    let library = mock_cdylib().to_str().expect("a UTF-8 path").to_owned();
+    isolated!(
+        &[
+            ("SPYRE_BACKEND", "hardware"),
+            ("FLEX_RUNTIME_LIB", library.as_str()),
+            ("SPYRE_MOCK_DEVICES", "0"),
+        ],
+        || {
+            // The library refuses its own configuration (INVALID_ARGUMENT):
+            // the stream layer reports the environment, not a device failure.
+            let err = spyre_stream::start_runtime().unwrap_err();
+            assert!(
+                matches!(&err, spyre_stream::Error::BackendConfig(e) if e.status() == Status::INVALID_ARGUMENT),
+                "{err:?}"
+            );
+            assert!(
+                err.to_string().contains("SPYRE_MOCK_DEVICES=\"0\""),
+                "{err}"
+            );
+        }
     );
 }

@@ -591,3 +591,87 @@ fn a_corrected_local_rank_is_what_the_retry_and_every_thread_use() {
         },
     );
 }
+
+#[test]
+fn a_failed_start_reads_the_corrected_environment_on_retry() {
+    isolated!(
+        &[MOCK, ("SPYRE_MOCK_DEVICES", "1"), ("LOCAL_RANK", "1")],
+        || {
+            let err = start_runtime().unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    Error::DeviceOutOfRange {
+                        device: 1,
+                        count: 1
+                    }
+                ),
+                "{err:?}"
+            );
+            // The software device made from the environment is not kept:
+            // the retry sees two devices.
+            set_env_var("SPYRE_MOCK_DEVICES", Some("2"));
+            start_runtime().unwrap();
+            assert_eq!(runtime_info().unwrap().device, 1);
+        },
+    );
+}
+
+#[test]
+fn once_started_the_thread_device_can_only_be_the_runtime_device() {
+    isolated!(&[MOCK, ("SPYRE_MOCK_DEVICES", "2")], || {
+        start_runtime().unwrap();
+        let err = set_device(1).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::OtherDevice {
+                    requested: 1,
+                    bound: 0
+                }
+            ),
+            "{err:?}"
+        );
+        assert_eq!(
+            spyre_stream::current_device().unwrap(),
+            0,
+            "nothing changed"
+        );
+        set_device(0).unwrap();
+        assert_eq!(spyre_stream::current_device().unwrap(), 0);
+    });
+}
+
+#[test]
+fn requests_refused_for_their_arguments_bind_nothing() {
+    isolated!(&[MOCK, ("SPYRE_MOCK_DEVICES", "2")], || {
+        let device = Device::new(1).unwrap();
+        assert!(matches!(
+            host_compute_stream_by_id(1000, device),
+            Err(Error::NotHostComputeStream {
+                id: 1000,
+                start: 65,
+                end: 69
+            })
+        ));
+        assert!(matches!(
+            spyre_stream::allocate(device, 0),
+            Err(Error::Flex(e)) if e.status() == spyre_stream::Status::INVALID_ARGUMENT
+        ));
+        assert!(matches!(
+            set_current_stream(spyre_stream::SpyreStream::from_parts(1, StreamId(999))),
+            Err(Error::NoHandle {
+                id: StreamId(999),
+                device: 1
+            })
+        ));
+        assert!(runtime_info().is_none(), "nothing started");
+        // The first request that can be served binds its device.
+        assert_eq!(
+            host_compute_stream_by_id(65, device)
+                .unwrap()
+                .device_index(),
+            1
+        );
+    });
+}

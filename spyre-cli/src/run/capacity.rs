@@ -23,15 +23,27 @@ pub(super) fn check_capacity(
     } = layout;
     let block = plan.block_bytes();
     if block > region {
-        let largest_operand = (region - DESCRIPTOR_BYTES) / ADDRESS_ALIGNMENT * ADDRESS_ALIGNMENT;
+        // A block is an operand rounded up to 128 bytes, plus 128 bytes.
+        let largest_operand =
+            (region / ADDRESS_ALIGNMENT * ADDRESS_ALIGNMENT).saturating_sub(DESCRIPTOR_BYTES);
+        let advice = if largest_operand == 0 {
+            format!(
+                "no operand fits a region of {region} bytes; make the device's regions larger (SPYRE_MOCK_REGION_BYTES of at least {})",
+                2 * DESCRIPTOR_BYTES
+            )
+        } else {
+            format!(
+                "use a --size of at most {} (operands of {largest_operand} bytes)",
+                largest_operand.saturating_mul(3)
+            )
+        };
         return Err(CliError::Usage(format!(
-            "--size {} needs operands of {} bytes ({}), but one memory region of the device holds {} bytes ({}) and a kernel operand must lie in one region; use a --size of at most {}",
+            "--size {} needs operands of {} bytes ({}), each in a block of {block} bytes with its 128-byte tail, but one memory region of the device holds {} bytes ({}) and a block must lie in one region; {advice}",
             args.size,
             plan.operand_bytes,
             format_size(plan.operand_bytes),
             region,
             format_size(region),
-            largest_operand.saturating_mul(3)
         )));
     }
     let blocks_held = layout.blocks_held(block);
@@ -43,7 +55,9 @@ pub(super) fn check_capacity(
             format_size(memory)
         )));
     }
-    let in_flight = (args.threads as u64).saturating_mul(args.in_flight as u64);
+    // A thread never has more iterations in flight than it runs.
+    let per_thread = (args.in_flight as u64).min(args.iterations);
+    let in_flight = (args.threads as u64).saturating_mul(per_thread);
     if in_flight > iterations_held {
         return Err(CliError::Usage(format!(
             "--size {} with --threads {} and --in-flight {} keeps {in_flight} iterations in flight, each in {BLOCKS_PER_ITERATION} blocks of {block} bytes that must each lie in one memory region, but the device has {memory} bytes ({}) in regions of {region} bytes, which hold {iterations_held} such iterations at once; lower --in-flight, --threads or --size",

@@ -29,6 +29,7 @@ use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
+use spyre_stream::program::DESCRIPTOR_SIZE;
 use spyre_stream::{Device, DeviceSource};
 
 use self::capacity::check_capacity;
@@ -37,6 +38,7 @@ pub(crate) use self::report::RunReport;
 use self::worker::{Shared, ThreadStats};
 use crate::cli::{KernelArg, RunArgs};
 use crate::error::CliError;
+use crate::host_memory;
 
 /// What a finished run measured; see [`RunReport`].
 #[derive(Clone, Debug)]
@@ -80,6 +82,21 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
     if let Some(layout) = layout {
         check_capacity(&plan, args, layout)?;
     }
+    // Per iteration in flight: two inputs, the output and the expected
+    // result on the host, each an operand, and the program.
+    let in_flight =
+        (args.threads as u64).saturating_mul((args.in_flight as u64).min(args.iterations));
+    host_memory::check(
+        in_flight.saturating_mul(
+            plan.operand_bytes
+                .saturating_mul(4)
+                .saturating_add(DESCRIPTOR_SIZE as u64),
+        ),
+        &format!(
+            "--size {} with --threads {} and --in-flight {}",
+            args.size, args.threads, args.in_flight
+        ),
+    )?;
     if plan.kernel == KernelArg::Matmul
         && info.backend == "mock"
         && let Some(warning) =
