@@ -1,27 +1,47 @@
-//! The lock and atomics the pool uses, behind a shim so that loom can model
-//! them: `parking_lot` normally, loom's under `--cfg spyre_loom`.
+//! The lock, atomics and write-once cells the pool uses, behind a shim so
+//! that loom can model them: `parking_lot` and `std` normally, loom's under
+//! `--cfg spyre_loom`.
 
 #[cfg(not(spyre_loom))]
 mod imp {
     pub(crate) use std::sync::atomic::AtomicBool;
 
-    /// A reader-writer lock (`std::shared_mutex` in torch-spyre).
+    /// A cell written at most once and read without a lock (`OnceLock`): a
+    /// reader sees either nothing or the whole value, published with release
+    /// and read with acquire.
+    #[derive(Debug)]
+    pub(crate) struct WriteOnce<T>(std::sync::OnceLock<T>);
+
+    impl<T: Copy> WriteOnce<T> {
+        pub(crate) fn new() -> Self {
+            Self(std::sync::OnceLock::new())
+        }
+
+        /// The value, if written. One acquire load.
+        #[inline]
+        pub(crate) fn get(&self) -> Option<T> {
+            self.0.get().copied()
+        }
+
+        /// Writes `value` if the cell is empty; `false` if it was not.
+        pub(crate) fn set(&self, value: T) -> bool {
+            self.0.set(value).is_ok()
+        }
+    }
+
+    /// The pool's exclusive lock (torch-spyre's `unique_lock` on the
+    /// `shared_mutex`; nothing takes it shared any more).
     #[derive(Debug, Default)]
-    pub(crate) struct RwLock<T>(parking_lot::RwLock<T>);
+    pub(crate) struct Mutex<T>(parking_lot::Mutex<T>);
 
-    impl<T> RwLock<T> {
+    impl<T> Mutex<T> {
         pub(crate) fn new(value: T) -> Self {
-            Self(parking_lot::RwLock::new(value))
+            Self(parking_lot::Mutex::new(value))
         }
 
         #[inline]
-        pub(crate) fn read(&self) -> parking_lot::RwLockReadGuard<'_, T> {
-            self.0.read()
-        }
-
-        #[inline]
-        pub(crate) fn write(&self) -> parking_lot::RwLockWriteGuard<'_, T> {
-            self.0.write()
+        pub(crate) fn lock(&self) -> parking_lot::MutexGuard<'_, T> {
+            self.0.lock()
         }
     }
 }
@@ -30,24 +50,45 @@ mod imp {
 mod imp {
     pub(crate) use loom::sync::atomic::AtomicBool;
 
-    /// A reader-writer lock modelled by loom.
+    /// A write-once cell modelled by loom: every read and write is a point
+    /// where loom switches threads (std's `OnceLock` publishes with
+    /// release/acquire; the models check the pool's protocol around it).
     #[derive(Debug)]
-    pub(crate) struct RwLock<T>(loom::sync::RwLock<T>);
+    pub(crate) struct WriteOnce<T>(loom::sync::Mutex<Option<T>>);
 
-    impl<T> RwLock<T> {
+    impl<T: Copy> WriteOnce<T> {
+        pub(crate) fn new() -> Self {
+            Self(loom::sync::Mutex::new(None))
+        }
+
+        pub(crate) fn get(&self) -> Option<T> {
+            *self.0.lock().unwrap_or_else(|e| e.into_inner())
+        }
+
+        pub(crate) fn set(&self, value: T) -> bool {
+            let mut cell = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            if cell.is_some() {
+                return false;
+            }
+            *cell = Some(value);
+            true
+        }
+    }
+
+    /// The pool's exclusive lock, modelled by loom.
+    #[derive(Debug)]
+    pub(crate) struct Mutex<T>(loom::sync::Mutex<T>);
+
+    impl<T> Mutex<T> {
         pub(crate) fn new(value: T) -> Self {
-            Self(loom::sync::RwLock::new(value))
+            Self(loom::sync::Mutex::new(value))
         }
 
-        pub(crate) fn read(&self) -> loom::sync::RwLockReadGuard<'_, T> {
+        pub(crate) fn lock(&self) -> loom::sync::MutexGuard<'_, T> {
             // A poisoned lock means a panic inside the pool, which loom reports anyway.
-            self.0.read().unwrap_or_else(|e| e.into_inner())
-        }
-
-        pub(crate) fn write(&self) -> loom::sync::RwLockWriteGuard<'_, T> {
-            self.0.write().unwrap_or_else(|e| e.into_inner())
+            self.0.lock().unwrap_or_else(|e| e.into_inner())
         }
     }
 }
 
-pub(crate) use imp::{AtomicBool, RwLock};
+pub(crate) use imp::{AtomicBool, Mutex, WriteOnce};

@@ -10,7 +10,7 @@ use crate::id::{
     HIGH_POOL_START, HOST_COMPUTE_START, MAX_HOST_COMPUTE_STREAMS, MAX_STREAM_SLOTS,
     NORMAL_POOL_START, STREAMS_PER_POOL, StreamId, check_host_compute_id,
 };
-use crate::loom_shim::{AtomicBool, RwLock};
+use crate::loom_shim::{AtomicBool, Mutex, WriteOnce};
 use crate::stream::SpyreStream;
 
 /// Configuration fixed when a pool is made.
@@ -60,13 +60,8 @@ impl Default for PoolConfig {
     }
 }
 
-/// Everything the lock guards (`stream_handle_map`, the round-robin cursors
-/// and the init flag of the spec).
-struct PoolState<'rt> {
-    initialized: bool,
-    /// Slot `i` holds the handle of stream id `i`. Append-only: a slot goes
-    /// from `None` to `Some` at most once and never changes again.
-    handles: [Option<&'rt dyn Stream>; MAX_STREAM_SLOTS],
+/// The round-robin cursors: what the exclusive lock guards.
+struct Cursors {
     next_normal: usize,
     next_high: usize,
     next_host_compute: usize,
@@ -80,17 +75,22 @@ struct PoolState<'rt> {
 /// the round robin hands them out, at most once per id; no id is ever
 /// remapped or removed, and the pool never destroys a stream.
 ///
-/// Locking, exactly as the spec's table: [`StreamPool::resolve`],
-/// [`StreamPool::default_stream_handle`] and the snapshot of
-/// [`StreamPool::synchronize_device`] take the read lock; initialization and
-/// every assignment ([`StreamPool::stream_from_pool`],
-/// [`StreamPool::host_compute_stream`]) take the write lock and write the
-/// cursor. No lock is held while waiting on the device: query, synchronize and
-/// launches resolve the handle, drop the lock, then call the runtime.
+/// Locking: every write — initialization and every assignment
+/// ([`StreamPool::stream_from_pool`], [`StreamPool::host_compute_stream`]) —
+/// takes the exclusive lock and writes the cursor, as the spec says. Handle
+/// resolution ([`StreamPool::resolve`], [`StreamPool::default_stream_handle`],
+/// the snapshot of [`StreamPool::synchronize_device`]) takes no lock: the
+/// table is append-only and each slot is written once (published with
+/// release, read with acquire), so a reader sees a whole handle or none and
+/// never waits for a writer. This departs from the spec's shared lock on
+/// purpose; see the crate docs. No lock is held while waiting on the device.
 ///
-/// Initialization is atomic: the default-stream mapping, the host-compute
-/// streams and the cursors are built first and published together under the
-/// write lock, or not at all (a later call retries).
+/// Initialization is atomic: the default-stream mapping and the host-compute
+/// streams are created first, written to their slots, and published together
+/// by one release store of the `initialized` flag; a reader resolves an
+/// initialization id only after seeing the flag (acquire), so it sees all of
+/// them or none. A failed initialization writes nothing, and a later call
+/// retries.
 ///
 /// This is a value; the process-wide pool of the spec is one of them, behind
 /// the crate's free functions. Tests and embedders may build their own.
@@ -101,7 +101,13 @@ pub struct StreamPool<'rt> {
     device: u8,
     config: PoolConfig,
     track_hazards: AtomicBool,
-    state: RwLock<PoolState<'rt>>,
+    /// Slot `i` holds the handle of stream id `i`. Append-only: a slot is
+    /// written at most once, under `cursors`' lock, and never changes again.
+    handles: [WriteOnce<&'rt dyn Stream>; MAX_STREAM_SLOTS],
+    /// Set (release) once id 0 and the host-compute ids are written.
+    initialized: AtomicBool,
+    /// The exclusive section of every write.
+    cursors: Mutex<Cursors>,
 }
 
 impl<'rt> StreamPool<'rt> {
@@ -122,9 +128,9 @@ impl<'rt> StreamPool<'rt> {
             device,
             config,
             track_hazards: AtomicBool::new(config.track_hazards),
-            state: RwLock::new(PoolState {
-                initialized: false,
-                handles: [None; MAX_STREAM_SLOTS],
+            handles: std::array::from_fn(|_| WriteOnce::new()),
+            initialized: AtomicBool::new(false),
+            cursors: Mutex::new(Cursors {
                 next_normal: 0,
                 next_high: 0,
                 next_host_compute: 0,
@@ -159,9 +165,9 @@ impl<'rt> StreamPool<'rt> {
         self.track_hazards.store(enabled, Ordering::Relaxed);
     }
 
-    /// Whether the pool has been initialized (read lock).
+    /// Whether the pool has been initialized. No lock (one acquire load).
     pub fn is_initialized(&self) -> bool {
-        self.state.read().initialized
+        self.initialized.load(Ordering::Acquire)
     }
 
     /// Initializes the pool if it is not (`initializeStreamPoolImpl`): maps
@@ -172,14 +178,16 @@ impl<'rt> StreamPool<'rt> {
     /// The runtime's error if a host-compute stream cannot be created; then
     /// nothing is published and the next call retries.
     pub fn initialize(&self) -> Result<()> {
-        if self.state.read().initialized {
+        if self.is_initialized() {
             return Ok(());
         }
-        self.initialize_locked(&mut self.state.write())
+        self.initialize_locked(&mut self.cursors.lock())
     }
 
-    fn initialize_locked(&self, state: &mut PoolState<'rt>) -> Result<()> {
-        if state.initialized {
+    /// Initializes under the exclusive lock (`cursors` is its guard).
+    fn initialize_locked(&self, cursors: &mut Cursors) -> Result<()> {
+        if self.initialized.load(Ordering::Relaxed) {
+            // Written under this same lock: no ordering needed.
             return Ok(());
         }
         let default = self.runtime.default_stream();
@@ -191,13 +199,24 @@ impl<'rt> StreamPool<'rt> {
         {
             *slot = Some(self.create_stream(StreamPriority::High)?);
         }
-        state.handles[0] = Some(default);
+        // Written once: a failed initialization wrote nothing, so every
+        // slot here is still empty.
+        let written = self.handles[0].set(default);
+        debug_assert!(written, "slot 0 is written once");
         let first = HOST_COMPUTE_START as usize;
-        state.handles[first..first + MAX_HOST_COMPUTE_STREAMS].copy_from_slice(&host_compute);
-        state.next_normal = 0;
-        state.next_high = 0;
-        state.next_host_compute = 0;
-        state.initialized = true;
+        for (slot, handle) in self.handles[first..].iter().zip(host_compute) {
+            if let Some(handle) = handle {
+                let written = slot.set(handle);
+                debug_assert!(written, "a host-compute slot is written once");
+            }
+        }
+        *cursors = Cursors {
+            next_normal: 0,
+            next_high: 0,
+            next_host_compute: 0,
+        };
+        // Publishes every slot written above (release).
+        self.initialized.store(true, Ordering::Release);
         Ok(())
     }
 
@@ -222,23 +241,29 @@ impl<'rt> StreamPool<'rt> {
     /// assignment retries the same id.
     pub fn stream_from_pool(&self, priority: i32) -> Result<SpyreStream> {
         let high = priority < 0;
-        let mut state = self.state.write();
-        self.initialize_locked(&mut state)?;
+        let mut cursors = self.cursors.lock();
+        self.initialize_locked(&mut cursors)?;
         let (cursor, start, runtime_priority) = if high {
-            (state.next_high, HIGH_POOL_START, StreamPriority::High)
+            (cursors.next_high, HIGH_POOL_START, StreamPriority::High)
         } else {
-            (state.next_normal, NORMAL_POOL_START, StreamPriority::Normal)
+            (
+                cursors.next_normal,
+                NORMAL_POOL_START,
+                StreamPriority::Normal,
+            )
         };
         let id = start + cursor as i64;
-        let slot = id as usize;
-        if state.handles[slot].is_none() {
-            state.handles[slot] = Some(self.create_stream(runtime_priority)?);
+        let slot = &self.handles[id as usize];
+        if slot.get().is_none() {
+            // Only writers fill slots, one at a time under this lock.
+            let written = slot.set(self.create_stream(runtime_priority)?);
+            debug_assert!(written, "a pool slot is written once");
         }
         let next = (cursor + 1) % STREAMS_PER_POOL;
         if high {
-            state.next_high = next;
+            cursors.next_high = next;
         } else {
-            state.next_normal = next;
+            cursors.next_normal = next;
         }
         Ok(SpyreStream::from_parts(self.device, StreamId(id)))
     }
@@ -253,7 +278,7 @@ impl<'rt> StreamPool<'rt> {
     }
 
     /// The default stream's runtime handle (`getDefaultStreamRuntimeHandle`),
-    /// for code that talks to the runtime directly. Read lock.
+    /// for code that talks to the runtime directly. No lock once initialized.
     ///
     /// # Errors
     /// As [`StreamPool::initialize`].
@@ -268,10 +293,10 @@ impl<'rt> StreamPool<'rt> {
     /// # Errors
     /// As [`StreamPool::initialize`].
     pub fn host_compute_stream(&self) -> Result<SpyreStream> {
-        let mut state = self.state.write();
-        self.initialize_locked(&mut state)?;
-        let index = state.next_host_compute;
-        state.next_host_compute = (index + 1) % self.config.host_compute_streams;
+        let mut cursors = self.cursors.lock();
+        self.initialize_locked(&mut cursors)?;
+        let index = cursors.next_host_compute;
+        cursors.next_host_compute = (index + 1) % self.config.host_compute_streams;
         Ok(SpyreStream::from_parts(
             self.device,
             StreamId(HOST_COMPUTE_START + index as i64),
@@ -290,9 +315,11 @@ impl<'rt> StreamPool<'rt> {
         Ok(SpyreStream::from_parts(self.device, StreamId(id)))
     }
 
-    /// The runtime handle of `stream` (`resolveRuntimeHandle`). Read lock,
-    /// released before the handle is returned; the handle stays valid because
-    /// the table is append-only and the runtime outlives the pool.
+    /// The runtime handle of `stream` (`resolveRuntimeHandle`). Takes no
+    /// lock and never waits: one acquire load of the slot (and, for id 0 and
+    /// the host-compute ids, of the `initialized` flag). The handle stays
+    /// valid because the table is append-only and the runtime outlives the
+    /// pool.
     ///
     /// # Errors
     /// [`Error::WrongDevice`] for a stream of another device;
@@ -305,37 +332,38 @@ impl<'rt> StreamPool<'rt> {
                 pool_device: self.device,
             });
         }
-        let handle = stream
-            .id()
-            .slot()
-            .and_then(|slot| self.state.read().handles[slot]);
+        let handle = stream.id().slot().and_then(|slot| self.published(slot));
         handle.ok_or_else(|| Error::NoHandle {
             id: stream.id(),
             device: stream.device_index(),
         })
     }
 
+    /// The handle in `slot`, if published: initialization slots only once
+    /// the `initialized` flag is seen (acquire), so that a reader sees all of
+    /// them or none.
+    #[inline]
+    fn published(&self, slot: usize) -> Option<&'rt dyn Stream> {
+        let initialization_slot = slot == 0 || slot >= HOST_COMPUTE_START as usize;
+        if initialization_slot && !self.initialized.load(Ordering::Acquire) {
+            return None;
+        }
+        self.handles[slot].get()
+    }
+
     /// Synchronizes every stream of the device (`synchronizeDevice`): the
     /// default stream, each assigned normal and high-priority stream, then
     /// each host-compute stream, in that order, each once; ids never assigned
-    /// are skipped. The handles are collected under the read lock, which is
-    /// released before the first wait. If a stream fails, the others are
+    /// are skipped. The handles are collected without a lock before the first
+    /// wait. If a stream fails, the others are
     /// still synchronized. An uninitialized pool has nothing to synchronize.
     ///
     /// # Errors
     /// [`Error::DeviceSynchronize`] with the id and error of the first stream that failed.
     pub fn synchronize_device(&self) -> Result<()> {
-        let mut snapshot: Vec<(StreamId, &'rt dyn Stream)> = Vec::with_capacity(MAX_STREAM_SLOTS);
-        {
-            let state = self.state.read();
-            snapshot.extend(
-                state
-                    .handles
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(slot, handle)| handle.map(|h| (StreamId(slot as i64), h))),
-            );
-        }
+        let snapshot: Vec<(StreamId, &'rt dyn Stream)> = (0..MAX_STREAM_SLOTS)
+            .filter_map(|slot| Some((StreamId(slot as i64), self.published(slot)?)))
+            .collect();
         let mut first_error = None;
         for (id, handle) in snapshot {
             if let Err(source) = handle.synchronize() {
@@ -346,11 +374,11 @@ impl<'rt> StreamPool<'rt> {
         first_error.map_or(Ok(()), Err)
     }
 
-    /// The ids that have a handle, in table order (for diagnostics and tests). Read lock.
+    /// The ids that have a handle, in table order (for diagnostics and
+    /// tests). No lock.
     pub fn mapped_ids(&self) -> Vec<StreamId> {
-        let state = self.state.read();
         (0..MAX_STREAM_SLOTS)
-            .filter(|&slot| state.handles[slot].is_some())
+            .filter(|&slot| self.published(slot).is_some())
             .map(|slot| StreamId(slot as i64))
             .collect()
     }

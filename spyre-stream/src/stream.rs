@@ -6,9 +6,9 @@ use crate::id::StreamId;
 
 /// A Spyre stream: a small `Copy` value of (device index, stream id), like
 /// `c10::Stream`. It holds no handle and no interior mutability; every
-/// operation resolves the runtime handle through the process-wide pool under
-/// its read lock (torch-spyre's `resolveRuntimeHandle`), so a `SpyreStream`
-/// can be copied to and used from any thread.
+/// operation resolves the runtime handle through the process-wide pool
+/// (torch-spyre's `resolveRuntimeHandle`, here without a lock), so a
+/// `SpyreStream` can be copied to and used from any thread.
 ///
 /// Equality and hashing are on (device, id). [`SpyreStream::priority`]
 /// derives from the id alone.
