@@ -24,7 +24,7 @@
 #   -Zmiri-permissive-provenance  parking_lot_core (a dependency) casts
 #                                 integers to pointers; this silences Miri's
 #                                 warning about it.
-# The FFI backend (dlopen) is out of Miri's reach and is not run here.
+# The hardware backend (dlopen) is out of Miri's reach and is not run here.
 #
 # Needs a nightly toolchain with the `miri` and `rust-src` components; they
 # are installed with rustup when missing. When they cannot be installed, the

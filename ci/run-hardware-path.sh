@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the main workload (`spyre run`) through the hardware path: the
-# flex-sys loader and flex-rt's FFI backend, on the software device built as
+# flex-sys loader and flex-rt's hardware backend, on the software device built as
 # a shared library that exports flex.h (libspyre_mock_capi.so, crate
 # spyre-mock-capi). Fails unless the
 # run used the hardware backend and verified every iteration; prints one
@@ -66,5 +66,5 @@ if [[ -z "$total" || "$total" == "0" || "$verified" != "$total" ]]; then
     printf '%s\n' "$report" >&2
     exit 1
 fi
-printf 'hardware path OK: %s/%s iterations verified through the FFI backend on %s (%s launches, %s bytes moved, %.3f GB/s, %.3f s)\n' \
+printf 'hardware path OK: %s/%s iterations verified through the hardware backend on %s (%s launches, %s bytes moved, %.3f GB/s, %.3f s)\n' \
     "$verified" "$total" "$lib" "$operations" "$bytes" "$gbps" "$seconds"

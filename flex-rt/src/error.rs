@@ -3,7 +3,7 @@
 use crate::status::Status;
 
 /// An error from a flex runtime: the status code, the call that failed, and the
-/// runtime's own message (for the FFI backend, the thread-local last-error
+/// runtime's own message (for the hardware backend, the thread-local last-error
 /// message read right after the failing call, on the same thread).
 ///
 /// Cheap to clone: a stream's sticky error is handed out again by every later

@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use crate::address::{CompositeAddress, LogicalAddress};
+use crate::address::{ADDRESS_ALIGNMENT, CompositeAddress, LogicalAddress};
 use crate::buffer::HostBuffer;
 use crate::error::{FlexError, Result};
 use crate::launch::{HostCallback, LaunchOptions};
@@ -287,7 +287,7 @@ impl Runtime for NoopRuntime {
 
     fn allocate(&self, size: u64) -> Result<CompositeAddress> {
         Counters::bump(&self.shared.counters.allocations);
-        let reserved = size.div_ceil(crate::ADDRESS_ALIGNMENT) * crate::ADDRESS_ALIGNMENT;
+        let reserved = size.div_ceil(ADDRESS_ALIGNMENT) * ADDRESS_ALIGNMENT;
         let offset = self.next_offset.fetch_add(reserved, Ordering::Relaxed);
         CompositeAddress::single(
             LogicalAddress {

@@ -47,7 +47,7 @@ use crate::address::LogicalAddress;
 pub const DESCRIPTOR_SIZE: usize = 128;
 /// The first four bytes of every descriptor.
 pub const KERNEL_MAGIC: [u8; 4] = *b"SPYK";
-/// The descriptor version this device runs.
+/// The descriptor version the format defines.
 pub const KERNEL_DESCRIPTOR_VERSION: u16 = 1;
 /// Argument slots in a descriptor.
 pub const MAX_KERNEL_ARGS: usize = 4;
@@ -169,9 +169,9 @@ pub enum DescriptorError {
         /// The first four bytes, read as a little-endian `u32`.
         found: u32,
     },
-    /// A version this device does not run.
+    /// A version other than the one the format defines.
     #[error(
-        "unsupported descriptor version {found}; this device runs version {KERNEL_DESCRIPTOR_VERSION}"
+        "unsupported descriptor version {found}; the format is version {KERNEL_DESCRIPTOR_VERSION}"
     )]
     Version {
         /// The version in the descriptor.

@@ -90,7 +90,7 @@ pub trait Runtime: Send + Sync + fmt::Debug {
     fn free(&self, address: &CompositeAddress) -> Result<()>;
 
     /// The layout of this runtime's device memory, or `None` when the
-    /// backend cannot tell (flex.h 1.0 has no call for it, so the FFI backend
+    /// backend cannot tell (flex.h 1.0 has no call for it, so the hardware backend
     /// returns `None`). The default implementation returns `None`.
     fn memory_layout(&self) -> Option<MemoryLayout> {
         None

@@ -8,15 +8,15 @@
 
 use std::fmt::Write as _;
 use std::hint::black_box;
-use std::io::IsTerminal as _;
 use std::time::{Duration, Instant};
 
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 use serde::Serialize;
 use spyre_stream::{Device, HostBuffer, LaunchOptions, SpyreStream, Status};
 
 use crate::cli::BenchArgs;
 use crate::error::CliError;
+use crate::output;
 use crate::size::format_size;
 
 /// Host memory the bandwidth measurements use at most per batch.
@@ -187,15 +187,10 @@ struct Progress {
 
 impl Progress {
     fn new(measurements: u64, budget: Duration) -> Self {
-        let bar = if std::io::stderr().is_terminal() {
-            ProgressBar::new(measurements)
-        } else {
-            ProgressBar::hidden()
-        };
-        if let Ok(style) = ProgressStyle::with_template("{spinner} {msg}") {
-            bar.set_style(style);
+        Self {
+            bar: output::progress_bar(measurements, "{spinner} {msg}"),
+            budget,
         }
-        Self { bar, budget }
     }
 
     /// Names the next measurement, its place and the time left.

@@ -111,18 +111,12 @@ impl fmt::Display for IterationPlace {
     }
 }
 
-/// `normal` for ids 1–32, `high` for 33–64, else `default` (0) or `host-compute`.
+/// The pool an id is in, for messages: `default`, `normal`, `high`,
+/// `host-compute` (spyre-stream's [`spyre_stream::PoolKind`]), or `unknown`.
 pub(crate) fn pool_name(id: i64) -> &'static str {
-    use spyre_stream::{HIGH_POOL_END, HIGH_POOL_START, NORMAL_POOL_END, NORMAL_POOL_START};
-    if (NORMAL_POOL_START..=NORMAL_POOL_END).contains(&id) {
-        "normal"
-    } else if (HIGH_POOL_START..=HIGH_POOL_END).contains(&id) {
-        "high"
-    } else if id == 0 {
-        "default"
-    } else {
-        "host-compute"
-    }
+    spyre_stream::StreamId(id)
+        .pool()
+        .map_or("unknown", spyre_stream::PoolKind::as_str)
 }
 
 /// One iteration of `spyre run` that failed, and how.

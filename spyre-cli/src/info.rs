@@ -141,7 +141,7 @@ pub(crate) fn gather() -> (InfoReport, Option<CliError>) {
         );
         report.device = Some(info.device);
         report.device_source = Some(info.device_source.name());
-        report.device_source_detail = Some(info.device_source.as_str());
+        report.device_source_detail = Some(info.device_source.description());
         report.pool = Some(PoolLayout::new(info.host_compute_streams));
         report.hazard_tracking = Some(info.track_hazards);
     }
@@ -241,16 +241,25 @@ mod tests {
     #[test]
     fn every_variable_is_listed_once() {
         let names = environment_variables();
+        let software_device = ["SPYRE_MOCK_DEVICES", "SPYRE_MOCK_COPY_BANDWIDTH"];
         for name in [
             "LOCAL_RANK",
             "TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS",
             "SPYRE_HAZARD_TRACKER",
             "SPYRE_BACKEND",
             "FLEX_RUNTIME_LIB",
-            "SPYRE_MOCK_DEVICES",
-            "SPYRE_MOCK_COPY_BANDWIDTH",
-        ] {
+            "RUST_LOG",
+        ]
+        .into_iter()
+        .chain(
+            software_device
+                .into_iter()
+                .filter(|_| cfg!(feature = "mock")),
+        ) {
             assert_eq!(names.iter().filter(|n| **n == name).count(), 1, "{name}");
+        }
+        if !cfg!(feature = "mock") {
+            assert!(software_device.iter().all(|name| !names.contains(name)));
         }
     }
 }

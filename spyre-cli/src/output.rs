@@ -1,7 +1,9 @@
-//! Writing reports: text or one line of JSON, to stdout.
+//! Writing to the user: reports as text or one line of JSON on stdout, and
+//! progress bars on a terminal.
 
-use std::io::{self, Write as _};
+use std::io::{self, IsTerminal as _, Write as _};
 
+use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use serde::ser::SerializeMap;
 
@@ -50,6 +52,19 @@ impl<V: Serialize> Serialize for OrderedMap<V> {
         }
         map.end()
     }
+}
+
+/// A progress bar of `len` steps drawn with `template` on stderr when it is
+/// a terminal; hidden otherwise, so that pipes and `--json` get no bar.
+pub(crate) fn progress_bar(len: u64, template: &str) -> ProgressBar {
+    if !io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(len);
+    if let Ok(style) = ProgressStyle::with_template(template) {
+        bar.set_style(style);
+    }
+    bar
 }
 
 #[cfg(test)]

@@ -12,31 +12,31 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
-/// Variables of the stream layer and its backends that must not leak in
-/// from the test's own environment.
-const CLEARED: [&str; 13] = [
-    "LOCAL_RANK",
-    "TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS",
-    "SPYRE_HAZARD_TRACKER",
-    "SPYRE_BACKEND",
-    "FLEX_RUNTIME_LIB",
-    "SPYRE_MOCK_DEVICES",
-    "SPYRE_MOCK_MEMORY_BYTES",
-    "SPYRE_MOCK_REGION_BYTES",
-    "SPYRE_MOCK_ENGINES",
-    "SPYRE_MOCK_OP_LATENCY_US",
-    "SPYRE_MOCK_COPY_BANDWIDTH",
-    "RUST_LOG",
-    "RUST_BACKTRACE",
-];
+/// Removes every variable of the stream layer, its backends and logging
+/// from `command`'s environment (by prefix, so a new `SPYRE_MOCK_*` switch
+/// cannot leak in from the test's own environment).
+fn clear_environment(command: &mut Command) {
+    const PREFIXES: [&str; 6] = [
+        "SPYRE_",
+        "TORCH_SPYRE_",
+        "LOCAL_RANK",
+        "FLEX_RUNTIME_LIB",
+        "RUST_LOG",
+        "RUST_BACKTRACE",
+    ];
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        if PREFIXES.iter().any(|p| name.starts_with(p)) {
+            command.env_remove(name.as_ref());
+        }
+    }
+}
 
 /// `spyre` on the software device, with a clean environment plus `env`.
 fn spyre(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_spyre"));
     command.args(args);
-    for name in CLEARED {
-        command.env_remove(name);
-    }
+    clear_environment(&mut command);
     command.env("SPYRE_BACKEND", "mock");
     for (name, value) in env {
         command.env(name, value);
@@ -633,9 +633,7 @@ fn bench_shows_each_measurement_and_what_is_left_on_a_terminal() {
         &format!("{binary} bench --budget-ms 100 --sizes 4KiB"),
         "/dev/null",
     ]);
-    for name in CLEARED {
-        command.env_remove(name);
-    }
+    clear_environment(&mut command);
     let output = command
         .env("SPYRE_BACKEND", "mock")
         .output()

@@ -20,16 +20,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use flex_rt::Stream;
-use flex_sys::bindings::{flex_runtime_t, flex_stream_t};
+use flex_sys::bindings::{FLEX_ERROR_UNSUPPORTED, flex_runtime_t, flex_stream_t};
 use parking_lot::Mutex;
-
-use flex_sys::bindings::FLEX_ERROR_UNSUPPORTED;
+use spyre_mock::{MockRuntime, MockStream};
 
 use crate::boundary::Failure;
-use crate::fault_switches::Switches;
+use crate::environment::Switches;
 use crate::host_side::in_callback_of;
 use crate::late_completions::LateThread;
-use spyre_mock::{MockRuntime, MockStream};
 
 /// Everything behind one runtime handle.
 ///
@@ -52,7 +50,7 @@ impl RuntimeState {
         Arc::as_ptr(self) as usize
     }
 
-    /// Fails with [`super::UNDEFINED_STATUS`] when the switches name `call`.
+    /// Fails with [`crate::environment::UNDEFINED_STATUS`] when the switches name `call`.
     pub(super) fn check_switch(&self, call: &str) -> Result<(), Failure> {
         undefined_status_check(&self.switches, call)
     }
@@ -89,15 +87,15 @@ impl RuntimeState {
     }
 }
 
-/// `Err` with [`super::UNDEFINED_STATUS`] when `switches` name `call`.
+/// `Err` with [`crate::environment::UNDEFINED_STATUS`] when `switches` name `call`.
 pub(super) fn undefined_status_check(switches: &Switches, call: &str) -> Result<(), Failure> {
     if switches.undefined_status_for(call) {
         Err(Failure::new(
-            super::UNDEFINED_STATUS,
+            crate::environment::UNDEFINED_STATUS,
             format!(
                 "{call} returned status {} on purpose ({}={})",
-                super::UNDEFINED_STATUS,
-                super::ENV_UNDEFINED_STATUS,
+                crate::environment::UNDEFINED_STATUS,
+                crate::environment::ENV_UNDEFINED_STATUS,
                 switches.undefined_status.join(",")
             ),
         ))

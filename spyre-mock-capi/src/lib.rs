@@ -1,7 +1,7 @@
 //! The software Spyre device as a flex runtime library: every function of
 //! `flex.h`, exported with C linkage from this crate's `cdylib`
 //! (`libspyre_mock_capi.so`), so that the hardware path — flex-sys's loader
-//! and flex-rt's FFI backend — runs against a real dynamically loaded
+//! and flex-rt's hardware backend — runs against a real dynamically loaded
 //! library in every `cargo test`, and a vendor-conformance run can point
 //! `FLEX_RUNTIME_LIB` at it.
 //!
@@ -94,11 +94,11 @@
 //! | `handles` | the table of live runtime and stream handles |
 //! | `host_side` | what a launch carries across threads: raw host memory, C completions and host functions |
 //! | `late_completions` | the delivery thread of `SPYRE_MOCK_LATE_COMPLETIONS_MS` |
-//! | `fault_switches` | the `SPYRE_MOCK_*` misbehaviour switches and their parsing |
+//! | `environment` | what the library reads from the environment: the device configuration, the ABI version to report, the misbehaviour switches |
 
 mod args;
 mod boundary;
-mod fault_switches;
+mod environment;
 mod handles;
 mod host_side;
 mod late_completions;
@@ -111,10 +111,6 @@ mod stream;
 #[cfg(test)]
 mod tests;
 
-pub use fault_switches::{
-    ENV_ABI_VERSION, ENV_FAIL_LAUNCH, ENV_FAIL_RUNTIME_CREATE, ENV_LATE_COMPLETIONS_MS,
-    ENV_UNDEFINED_STATUS, UNDEFINED_STATUS,
-};
 pub use launch::{
     flex_launch_compute, flex_launch_d2h, flex_launch_fill, flex_launch_h2d,
     flex_launch_host_callback,

@@ -7,7 +7,7 @@ use flex_sys::bindings::{FLEX_SUCCESS, flex_status_t};
 
 use crate::args::out_param;
 use crate::boundary::{Failure, boundary, last_error_ptr, status_name};
-use crate::fault_switches::{self, env_config, env_switches, process_env};
+use crate::environment::{self, env_config, env_switches, process_env};
 use crate::handles::{self};
 
 /// `flex_get_api_version`: the header's version packed as
@@ -19,7 +19,7 @@ use crate::handles::{self};
 /// None: it takes no arguments and may be called at any time from any thread.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn flex_get_api_version() -> u32 {
-    std::panic::catch_unwind(|| fault_switches::abi_version(process_env)).unwrap_or(0)
+    std::panic::catch_unwind(|| environment::abi_version(process_env)).unwrap_or(0)
 }
 
 /// `flex_status_string`: the flex.h name of `status`, or

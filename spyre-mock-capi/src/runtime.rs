@@ -13,7 +13,7 @@ use spyre_mock::{MockConfig, MockSystem};
 
 use crate::args::out_param;
 use crate::boundary::{Failure, boundary};
-use crate::fault_switches::{ENV_FAIL_RUNTIME_CREATE, Switches, env_config, env_switches};
+use crate::environment::{ENV_FAIL_RUNTIME_CREATE, Switches, env_config, env_switches};
 use crate::handles::refuse_in_callback;
 use crate::handles::{self, RuntimeState};
 use crate::late_completions::LateThread;

@@ -2,6 +2,7 @@
 //! made with explicit configurations and switches (no environment), except
 //! where a test says otherwise.
 
+use spyre_testkit::f32_le_bytes;
 use std::ffi::{CStr, c_void};
 use std::ptr;
 use std::sync::Arc;
@@ -20,7 +21,10 @@ use flex_sys::bindings::{
     flex_completion_t, flex_composite_address_t, flex_runtime_t, flex_status_t, flex_stream_t,
 };
 
-use crate::fault_switches::{self, Switches};
+use crate::environment::{
+    self, ENV_FAIL_LAUNCH, ENV_FAIL_RUNTIME_CREATE, ENV_LATE_COMPLETIONS_MS, ENV_UNDEFINED_STATUS,
+    Switches,
+};
 use crate::handles;
 use crate::runtime::start_runtime;
 use crate::*;
@@ -203,10 +207,6 @@ fn last_error() -> String {
         .into_owned()
 }
 
-fn f32_bytes(values: &[f32]) -> Vec<u8> {
-    values.iter().flat_map(|v| v.to_le_bytes()).collect()
-}
-
 // ---------------------------------------------------------------------------
 // The ABI surface
 // ---------------------------------------------------------------------------
@@ -247,8 +247,8 @@ fn every_flex_h_function_is_exported_with_its_signature() {
     // flex.h: 23 functions, of which all but the version and the two string
     // getters return a status.
     assert_eq!(flex_sys::REQUIRED_SYMBOLS.len(), 23);
-    assert_eq!(fault_switches::status_calls().count(), 20);
-    assert!(fault_switches::status_calls().all(|call| call != "flex_status_string"));
+    assert_eq!(environment::status_calls().count(), 20);
+    assert!(environment::status_calls().all(|call| call != "flex_status_string"));
 }
 
 #[test]
@@ -272,7 +272,7 @@ fn status_strings_are_the_header_names() {
 
 #[test]
 fn api_version_is_the_header_version_or_the_switch() {
-    let version = |value: Option<&str>| fault_switches::abi_version(|_| value.map(str::to_owned));
+    let version = |value: Option<&str>| environment::abi_version(|_| value.map(str::to_owned));
     assert_eq!(version(None), 0x0001_0000);
     assert_eq!(version(Some("")), 0x0001_0000);
     assert_eq!(version(Some("2.0")), 0x0002_0000);
@@ -763,8 +763,8 @@ fn copies_fill_and_compute_move_the_right_bytes() {
 
     // axpy: 2 * [1, 2] + [10, 20] = [12, 24].
     let (x, y, out, program) = (rt.alloc(8), rt.alloc(8), rt.alloc(8), rt.alloc(128));
-    let xs = f32_bytes(&[1.0, 2.0]);
-    let ys = f32_bytes(&[10.0, 20.0]);
+    let xs = f32_le_bytes(&[1.0, 2.0]);
+    let ys = f32_le_bytes(&[10.0, 20.0]);
     let descriptor = KernelDescriptor::axpy(2, 2.0, x.start(), y.start(), out.start()).to_bytes();
     assert_eq!(h2d(stream, &xs, &x, NO_COMPLETION), FLEX_SUCCESS);
     assert_eq!(h2d(stream, &ys, &y, NO_COMPLETION), FLEX_SUCCESS);
@@ -784,7 +784,7 @@ fn copies_fill_and_compute_move_the_right_bytes() {
     assert_eq!(sync(stream), FLEX_SUCCESS);
     assert_eq!(back, data);
     assert_eq!(filled, [0xFE, 0xFF, 0xFF, 0xFF].repeat(4).as_slice());
-    assert_eq!(result.as_slice(), f32_bytes(&[12.0, 24.0]));
+    assert_eq!(result.as_slice(), f32_le_bytes(&[12.0, 24.0]));
     assert_eq!(*recorder.statuses.lock(), vec![FLEX_SUCCESS; 5]);
     assert!(
         recorder

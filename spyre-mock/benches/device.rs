@@ -45,13 +45,12 @@ use std::collections::VecDeque;
 use std::hint::black_box;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use flex_rt::{HostBuffer, LaunchOptions, Runtime, Stream, StreamMode, StreamPriority};
 use parking_lot::{Condvar, Mutex};
 use spyre_mock::{MockRuntime, MockStream, MockSystem};
-use spyre_testkit::bench_interleaved;
+use spyre_testkit::{batched, bench_interleaved};
 
 /// Launches timed back to back before the queue is drained, in `enqueue`.
 const BATCH: u64 = 256;
@@ -165,24 +164,6 @@ fn noop(stream: &MockStream) {
         .expect("launch");
 }
 
-/// Times `iters` calls of `launch` in batches of [`BATCH`], calling `drain`
-/// untimed after each batch.
-fn batched(iters: u64, mut launch: impl FnMut(), mut drain: impl FnMut()) -> Duration {
-    let mut total = Duration::ZERO;
-    let mut left = iters;
-    while left > 0 {
-        let n = left.min(BATCH);
-        let start = Instant::now();
-        for _ in 0..n {
-            launch();
-        }
-        total += start.elapsed();
-        drain();
-        left -= n;
-    }
-    total
-}
-
 fn bench_enqueue(c: &mut Criterion) {
     let runtime = runtime();
     let stream = new_stream(&runtime);
@@ -193,6 +174,7 @@ fn bench_enqueue(c: &mut Criterion) {
         b.iter_custom(|iters| {
             batched(
                 iters,
+                BATCH,
                 || executor.submit(Box::new(|| {})),
                 || executor.wait(),
             )
@@ -202,6 +184,7 @@ fn bench_enqueue(c: &mut Criterion) {
         b.iter_custom(|iters| {
             batched(
                 iters,
+                BATCH,
                 || noop(stream),
                 || stream.synchronize().expect("synchronize"),
             )

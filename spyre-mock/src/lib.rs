@@ -104,7 +104,7 @@
 //!
 //! The crate `spyre-mock-capi` builds this device as a flex runtime library
 //! (`libspyre_mock_capi.so`) that exports every function of `flex.h`, so
-//! flex-sys's loader and flex-rt's FFI backend run against a real
+//! flex-sys's loader and flex-rt's hardware backend run against a real
 //! dynamically loaded library without a Spyre card; its `SPYRE_MOCK_*`
 //! misbehaviour switches are documented there. This crate has no `unsafe`
 //! code.

@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 pub enum BackendKind {
     /// The software device (`spyre-mock`), feature `mock`.
     Mock,
-    /// A flex runtime library loaded at run time (flex-rt's FFI backend), feature `hardware`.
+    /// A flex runtime library loaded at run time (flex-rt's hardware backend), feature `hardware`.
     Hardware,
 }
 

@@ -6,7 +6,6 @@ use std::marker::PhantomData;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::id::StreamId;
-use crate::process_pool;
 use crate::runtime;
 use crate::stream::SpyreStream;
 
@@ -48,16 +47,14 @@ fn store(stream: SpyreStream) {
 /// malformed `LOCAL_RANK` when `device` is the current one before the start;
 /// [`crate::Error::ForkedProcess`] in a child forked after the start.
 pub fn current_stream(device: Device) -> Result<SpyreStream> {
-    // The thread's current stream survives fork() with the thread: refuse it
-    // in a forked child like everything else.
-    runtime::check_not_forked()?;
-    let index = match device.explicit() {
-        Some(index) => index,
-        None => runtime::current_device()?,
-    };
+    // A stored current stream implies a started runtime (only
+    // `set_current_stream`, which starts it, stores one), so starting here
+    // changes nothing then; it resolves the device once for both paths.
+    let pool = runtime::pool_for(device)?;
+    let index = pool.device();
     match lookup(index) {
         Some(id) => Ok(SpyreStream::from_parts(index, id)),
-        None => process_pool::default_stream(device),
+        None => pool.default_stream(),
     }
 }
 

@@ -2,8 +2,6 @@
 
 use std::fmt;
 
-use crate::error::{Error, Result};
-
 /// A stream id (`c10::StreamId`, a signed 64-bit integer).
 ///
 /// The id space of one device is fixed (torch-spyre's layout):
@@ -34,12 +32,50 @@ impl StreamId {
         if self.0 <= NORMAL_POOL_END { 0 } else { -1 }
     }
 
+    /// The part of the id space this id is in: the default stream (0), the
+    /// normal pool (1–32), the high-priority pool (33–64) or the host-compute
+    /// streams (65 and up); `None` for a negative id.
+    pub fn pool(self) -> Option<PoolKind> {
+        match self.0 {
+            i64::MIN..0 => None,
+            0 => Some(PoolKind::Default),
+            NORMAL_POOL_START..=NORMAL_POOL_END => Some(PoolKind::Normal),
+            HIGH_POOL_START..=HIGH_POOL_END => Some(PoolKind::High),
+            _ => Some(PoolKind::HostCompute),
+        }
+    }
+
     /// The table slot of this id, if it is inside the largest possible id space.
     #[inline]
     pub(crate) fn slot(self) -> Option<usize> {
         usize::try_from(self.0)
             .ok()
             .filter(|&slot| slot < MAX_STREAM_SLOTS)
+    }
+}
+
+/// The parts of a device's stream-id space ([`StreamId::pool`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PoolKind {
+    /// Id 0, the default stream.
+    Default,
+    /// Ids 1–32, handed out round robin for priority 0 and above.
+    Normal,
+    /// Ids 33–64, handed out round robin for negative priorities.
+    High,
+    /// Ids 65 and up, the host-compute streams.
+    HostCompute,
+}
+
+impl PoolKind {
+    /// `"default"`, `"normal"`, `"high"` or `"host-compute"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Default => "default",
+            Self::Normal => "normal",
+            Self::High => "high",
+            Self::HostCompute => "host-compute",
+        }
     }
 }
 
@@ -65,23 +101,6 @@ pub const HOST_COMPUTE_START: i64 = 65;
 pub const DEFAULT_HOST_COMPUTE_STREAMS: usize = 4;
 /// Most host-compute streams; larger requests are capped to this.
 pub const MAX_HOST_COMPUTE_STREAMS: usize = 8;
-/// `Ok` when `id` is one of the `count` host-compute ids (65..65+count).
-///
-/// # Errors
-/// [`Error::NotHostComputeStream`] naming `id` and the range.
-pub(crate) fn check_host_compute_id(id: i64, count: usize) -> Result<()> {
-    let end = HOST_COMPUTE_START + count as i64;
-    if (HOST_COMPUTE_START..end).contains(&id) {
-        Ok(())
-    } else {
-        Err(Error::NotHostComputeStream {
-            id,
-            start: HOST_COMPUTE_START,
-            end,
-        })
-    }
-}
-
 /// Size of the handle table: every id that can ever be mapped.
 pub(crate) const MAX_STREAM_SLOTS: usize = HOST_COMPUTE_START as usize + MAX_HOST_COMPUTE_STREAMS;
 
@@ -96,6 +115,18 @@ mod tests {
         assert_eq!(StreamId(33).priority(), -1);
         assert_eq!(StreamId(64).priority(), -1);
         assert_eq!(StreamId(65).priority(), -1);
+    }
+
+    #[test]
+    fn every_id_names_its_pool() {
+        assert_eq!(StreamId(-1).pool(), None);
+        assert_eq!(StreamId(0).pool(), Some(PoolKind::Default));
+        assert_eq!(StreamId(1).pool(), Some(PoolKind::Normal));
+        assert_eq!(StreamId(32).pool(), Some(PoolKind::Normal));
+        assert_eq!(StreamId(33).pool(), Some(PoolKind::High));
+        assert_eq!(StreamId(64).pool(), Some(PoolKind::High));
+        assert_eq!(StreamId(65).pool(), Some(PoolKind::HostCompute));
+        assert_eq!(PoolKind::HostCompute.as_str(), "host-compute");
     }
 
     #[test]

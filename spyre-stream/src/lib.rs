@@ -184,7 +184,8 @@ pub use flex_rt::{
 };
 pub use id::{
     DEFAULT_HOST_COMPUTE_STREAMS, HIGH_POOL_END, HIGH_POOL_START, HOST_COMPUTE_START,
-    MAX_HOST_COMPUTE_STREAMS, NORMAL_POOL_END, NORMAL_POOL_START, STREAMS_PER_POOL, StreamId,
+    MAX_HOST_COMPUTE_STREAMS, NORMAL_POOL_END, NORMAL_POOL_START, PoolKind, STREAMS_PER_POOL,
+    StreamId,
 };
 pub use memory::{allocate, free, memory_layout};
 pub use pool::{PoolConfig, StreamPool};

@@ -8,10 +8,27 @@ use flex_rt::{Runtime, Stream, StreamMode, StreamPriority};
 use crate::error::{Error, Result};
 use crate::id::{
     HIGH_POOL_START, HOST_COMPUTE_START, MAX_HOST_COMPUTE_STREAMS, MAX_STREAM_SLOTS,
-    NORMAL_POOL_START, STREAMS_PER_POOL, StreamId, check_host_compute_id,
+    NORMAL_POOL_START, STREAMS_PER_POOL, StreamId,
 };
 use crate::loom_shim::{AtomicBool, Mutex, WriteOnce};
 use crate::stream::SpyreStream;
+
+/// `Ok` when `id` is one of the `count` host-compute ids (65..65+count).
+///
+/// # Errors
+/// [`Error::NotHostComputeStream`] naming `id` and the range.
+pub(crate) fn check_host_compute_id(id: i64, count: usize) -> Result<()> {
+    let end = HOST_COMPUTE_START + count as i64;
+    if (HOST_COMPUTE_START..end).contains(&id) {
+        Ok(())
+    } else {
+        Err(Error::NotHostComputeStream {
+            id,
+            start: HOST_COMPUTE_START,
+            end,
+        })
+    }
+}
 
 /// Configuration fixed when a pool is made.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

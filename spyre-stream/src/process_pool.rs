@@ -7,7 +7,7 @@ use flex_rt::Stream;
 
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::id::check_host_compute_id;
+use crate::pool::check_host_compute_id;
 use crate::runtime::{self, pool_for};
 use crate::stream::SpyreStream;
 
@@ -51,7 +51,9 @@ pub fn host_compute_stream(device: Device) -> Result<SpyreStream> {
 /// The host-compute stream `id` (`getHostComputeStreamById`).
 ///
 /// The id is checked before anything starts: an id outside the range binds
-/// no device.
+/// no device. Before the start, that check reads
+/// `TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS` once more (the start reads it too);
+/// afterwards it uses the pool's count.
 ///
 /// # Errors
 /// [`Error::NotHostComputeStream`] outside 65..65+N; otherwise as [`stream_from_pool`].

@@ -82,8 +82,9 @@ impl DeviceSource {
         }
     }
 
-    /// A short description for diagnostics.
-    pub fn as_str(self) -> &'static str {
+    /// A sentence-length description for diagnostics ([`DeviceSource::name`]
+    /// is the stable short name).
+    pub fn description(self) -> &'static str {
         match self {
             Self::Requested => "the device named by the first call",
             Self::ThreadDevice => "the thread's current device (set_device)",
@@ -319,7 +320,7 @@ fn start_locked(slot: &mut Option<Slot>, device: Device) -> Result<(&'static Run
     tracing::info!(
         backend = backend.name(),
         device,
-        source = device_source.as_str(),
+        source = device_source.description(),
         host_compute_streams = host_compute,
         track_hazards,
         "Spyre runtime started"

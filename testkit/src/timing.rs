@@ -23,6 +23,30 @@ pub fn interleaved(iters: u64, me: usize, ops: &[&dyn Fn()]) -> Duration {
     total
 }
 
+/// Times `iters` calls of `launch` in batches of at most `batch`, calling
+/// `drain` untimed after each batch (for asynchronous work that must be
+/// waited for, such as launches on a stream, without timing the wait).
+pub fn batched(
+    iters: u64,
+    batch: u64,
+    mut launch: impl FnMut(),
+    mut drain: impl FnMut(),
+) -> Duration {
+    let mut total = Duration::ZERO;
+    let mut left = iters;
+    while left > 0 {
+        let n = left.min(batch.max(1));
+        let start = Instant::now();
+        for _ in 0..n {
+            launch();
+        }
+        total += start.elapsed();
+        drain();
+        left -= n;
+    }
+    total
+}
+
 /// Benchmarks every `(name, op)` of `members` in `group`, each timed with
 /// [`interleaved`] against all the others.
 #[cfg(feature = "criterion")]
@@ -43,6 +67,18 @@ mod tests {
     use std::cell::Cell;
 
     use super::*;
+
+    #[test]
+    fn batches_launch_everything_and_drain_after_each() {
+        let (launched, drained) = (Cell::new(0), Cell::new(0));
+        batched(
+            10,
+            4,
+            || launched.set(launched.get() + 1),
+            || drained.set(drained.get() + 1),
+        );
+        assert_eq!((launched.get(), drained.get()), (10, 3), "4 + 4 + 2");
+    }
 
     #[test]
     fn every_op_runs_every_round_and_only_one_is_timed() {

@@ -31,15 +31,13 @@
 //! the mock shared library (see `spyre_tests::mock_cdylib`), outside any
 //! measurement.
 
-use std::time::{Duration, Instant};
-
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use flex_rt::{
     Backend, CompositeAddress, HardwareBackend, HostBuffer, LaunchOptions, Runtime, Stream,
     StreamMode, StreamPriority,
 };
 use spyre_mock::MockSystem;
-use spyre_testkit::bench_interleaved;
+use spyre_testkit::{batched, bench_interleaved};
 
 /// Launches timed back to back before the queue is drained, in `ffi_enqueue`.
 const BATCH: u64 = 256;
@@ -95,19 +93,12 @@ fn bench_enqueue(c: &mut Criterion, sides: &[Side]) {
         let stream = side.stream();
         group.bench_function(side.name, |b| {
             b.iter_custom(|iters| {
-                let mut total = Duration::ZERO;
-                let mut left = iters;
-                while left > 0 {
-                    let n = left.min(BATCH);
-                    let start = Instant::now();
-                    for _ in 0..n {
-                        noop(stream);
-                    }
-                    total += start.elapsed();
-                    stream.synchronize().expect("synchronize");
-                    left -= n;
-                }
-                total
+                batched(
+                    iters,
+                    BATCH,
+                    || noop(stream),
+                    || stream.synchronize().expect("synchronize"),
+                )
             });
         });
     }

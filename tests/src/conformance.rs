@@ -19,6 +19,7 @@
 //! Expected values come from `flex.h` and from arithmetic done by hand in
 //! the comments, and for compute also from [`spyre_mock::reference`].
 
+use spyre_testkit::{f32_le_bytes, f32s_from_le};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
@@ -209,17 +210,6 @@ fn new_stream(runtime: &dyn Runtime, priority: StreamPriority) -> &dyn Stream {
 fn pattern(n: usize, seed: u8) -> Vec<u8> {
     (0..n)
         .map(|i| ((i * 7 + usize::from(seed)) % 251) as u8)
-        .collect()
-}
-
-fn f32_bytes(values: &[f32]) -> Vec<u8> {
-    values.iter().flat_map(|v| v.to_le_bytes()).collect()
-}
-
-fn f32_values(bytes: &[u8]) -> Vec<f32> {
-    bytes
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
         .collect()
 }
 
@@ -899,7 +889,7 @@ fn run_kernel(
     stream
         .launch_compute(&program, completions.options())
         .expect("launch_compute");
-    let values = f32_values(&download(stream, out));
+    let values = f32s_from_le(&download(stream, out));
     assert_eq!(completions.results(), vec![Ok(())]);
     values
 }
@@ -912,8 +902,8 @@ pub fn compute_axpy(backend: &dyn Backend, profile: &Profile) {
     let stream = new_stream(&*runtime, StreamPriority::Normal);
     let run = |alpha: f32, x: &[f32], y: &[f32]| {
         let n = x.len() as u64;
-        let xa = upload(&*runtime, stream, f32_bytes(x));
-        let ya = upload(&*runtime, stream, f32_bytes(y));
+        let xa = upload(&*runtime, stream, f32_le_bytes(x));
+        let ya = upload(&*runtime, stream, f32_le_bytes(y));
         let out = runtime.allocate(4 * n).expect("allocate");
         let descriptor = KernelDescriptor::axpy(n, alpha, xa.start(), ya.start(), out.start());
         run_kernel(&*runtime, stream, &descriptor, &out)
@@ -940,8 +930,8 @@ pub fn compute_matmul(backend: &dyn Backend, profile: &Profile) {
     let runtime = runtime(backend);
     let stream = new_stream(&*runtime, StreamPriority::Normal);
     let run = |m: u64, k: u64, n: u64, a: &[f32], b: &[f32]| {
-        let aa = upload(&*runtime, stream, f32_bytes(a));
-        let ba = upload(&*runtime, stream, f32_bytes(b));
+        let aa = upload(&*runtime, stream, f32_le_bytes(a));
+        let ba = upload(&*runtime, stream, f32_le_bytes(b));
         let c = runtime.allocate(4 * m * n).expect("allocate");
         let descriptor = KernelDescriptor::matmul(m, k, n, aa.start(), ba.start(), c.start());
         run_kernel(&*runtime, stream, &descriptor, &c)

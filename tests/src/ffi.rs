@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::mock_cdylib;
+use crate::mock_cdylib::mock_cdylib;
 use flex_rt::HardwareBackend;
 
 /// The mock shared library, loaded through flex-sys.

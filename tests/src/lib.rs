@@ -20,10 +20,13 @@
 //!   `FLEX_RUNTIME_LIB` (`tests/conformance_vendor.rs`, ignored unless run
 //!   with `--ignored`).
 
+#![deny(unsafe_code)]
+
 pub mod conformance;
 pub mod ffi;
 pub mod isolated;
 mod mock_cdylib;
+#[allow(unsafe_code)] // forking and changing the environment: see the module
 pub mod process;
 pub mod reliability;
 

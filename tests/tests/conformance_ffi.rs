@@ -1,6 +1,6 @@
 //! The conformance suite against the software device as a shared library
 //! (`libspyre_mock_capi.so`, built by `spyre_tests::mock_cdylib`), loaded by
-//! flex-sys and driven through flex-rt's FFI backend (`HardwareBackend`). This
+//! flex-sys and driven through flex-rt's hardware backend (`HardwareBackend`). This
 //! is the hardware path of the workspace, run without hardware.
 //!
 //! The library takes its configuration from `SPYRE_MOCK_*` environment

@@ -1,4 +1,4 @@
-//! flex-rt's FFI backend against a misbehaving library: the mock shared
+//! flex-rt's hardware backend against a misbehaving library: the mock shared
 //! library with its `SPYRE_MOCK_*` switches (see the `spyre-mock-capi` crate). Each
 //! test runs in a fresh process (`isolated`) with only the switches it names.
 //!

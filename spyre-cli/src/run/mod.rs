@@ -20,44 +20,26 @@
 
 mod capacity;
 mod estimate;
+mod outcome;
 mod plan;
 mod report;
 mod worker;
 
 use std::collections::BTreeMap;
-use std::io::IsTerminal;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use indicatif::{ProgressBar, ProgressStyle};
+use spyre_stream::Device;
 use spyre_stream::program::DESCRIPTOR_SIZE;
-use spyre_stream::{Device, DeviceSource};
 
 use self::capacity::check_capacity;
+pub(crate) use self::outcome::RunOutcome;
 pub(crate) use self::plan::Plan;
 pub(crate) use self::report::RunReport;
 use self::worker::{Shared, ThreadStats};
 use crate::cli::{KernelArg, RunArgs};
 use crate::error::CliError;
 use crate::host_memory;
-
-/// What a finished run measured; see [`RunReport`].
-#[derive(Clone, Debug)]
-pub(crate) struct RunOutcome {
-    /// The backend's name.
-    pub(crate) backend: &'static str,
-    /// The logical device the process ran on.
-    pub(crate) device: u8,
-    /// What chose that device.
-    pub(crate) device_source: DeviceSource,
-    /// The plan every iteration followed.
-    pub(crate) plan: Plan,
-    /// Iterations whose result matched the reference.
-    pub(crate) verified: u64,
-    /// Launches by stream id.
-    pub(crate) launches_by_stream: BTreeMap<i64, u64>,
-    /// Time from the first submission to the last check.
-    pub(crate) wall: Duration,
-}
+use crate::output;
 
 /// Runs the workload.
 ///
@@ -112,7 +94,10 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
         "spyre run starting"
     );
 
-    let progress = progress_bar(total);
+    let progress = output::progress_bar(
+        total,
+        "{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} iterations verified ({per_sec}, eta {eta})",
+    );
     let shared = Shared::new(plan, args, progress.clone());
     let start = Instant::now();
     let results: Vec<Option<ThreadStats>> = std::thread::scope(|scope| {
@@ -171,17 +156,4 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
         launches_by_stream,
         wall,
     })
-}
-/// A progress bar on stderr when it is a terminal; hidden otherwise.
-fn progress_bar(total: u64) -> ProgressBar {
-    if !std::io::stderr().is_terminal() {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::new(total);
-    if let Ok(style) = ProgressStyle::with_template(
-        "{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} iterations verified ({per_sec}, eta {eta})",
-    ) {
-        bar.set_style(style);
-    }
-    bar
 }

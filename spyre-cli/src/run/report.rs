@@ -3,8 +3,9 @@
 use std::fmt::Write as _;
 
 use serde::Serialize;
+use spyre_stream::PoolKind;
 
-use super::RunOutcome;
+use super::outcome::RunOutcome;
 use super::plan::{H2D_PER_ITERATION, LAUNCHES_PER_ITERATION};
 use crate::cli::RunArgs;
 use crate::error::pool_name;
@@ -135,10 +136,12 @@ impl RunReport {
                 0.0
             },
             streams_used: streams.len(),
-            streams_used_normal: in_pool("normal").count(),
-            streams_used_high: in_pool("high").count(),
-            operations_normal: in_pool("normal").map(|s| s.operations).sum(),
-            operations_high: in_pool("high").map(|s| s.operations).sum(),
+            streams_used_normal: in_pool(PoolKind::Normal.as_str()).count(),
+            streams_used_high: in_pool(PoolKind::High.as_str()).count(),
+            operations_normal: in_pool(PoolKind::Normal.as_str())
+                .map(|s| s.operations)
+                .sum(),
+            operations_high: in_pool(PoolKind::High.as_str()).map(|s| s.operations).sum(),
             streams,
         }
     }
@@ -199,7 +202,11 @@ impl RunReport {
             self.streams_used_high,
             self.operations_high
         );
-        for (pool, range) in [("normal", "ids 1–32"), ("high", "ids 33–64")] {
+        for (pool, range) in [
+            (PoolKind::Normal, "ids 1–32"),
+            (PoolKind::High, "ids 33–64"),
+        ] {
+            let pool = pool.as_str();
             let entries: Vec<String> = self
                 .streams
                 .iter()

@@ -4,6 +4,7 @@ use flex_rt::{
     CompositeAddress, DataFormat, HostBuffer, LaunchOptions, LogicalAddress, Runtime, Status,
     Stream,
 };
+use spyre_testkit::{f32_le_bytes, f32s_from_le};
 
 use super::*;
 use crate::reference;
@@ -21,11 +22,11 @@ fn run_bytes(rt: &MockRuntime, s: &dyn Stream, program: Vec<u8>) -> Result<(), F
 }
 
 fn put(rt: &MockRuntime, s: &dyn Stream, values: &[f32]) -> CompositeAddress {
-    upload(rt, s, f32_bytes(values))
+    upload(rt, s, f32_le_bytes(values))
 }
 
 fn get(s: &dyn Stream, address: &CompositeAddress) -> Vec<f32> {
-    f32s(&download(s, address).unwrap())
+    f32s_from_le(&download(s, address).unwrap())
 }
 
 fn bits(values: &[f32]) -> Vec<u32> {

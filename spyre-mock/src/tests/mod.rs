@@ -150,14 +150,3 @@ pub(crate) fn download(
     stream.synchronize()?;
     Ok(out.to_vec())
 }
-
-pub(crate) fn f32_bytes(values: &[f32]) -> Vec<u8> {
-    values.iter().flat_map(|v| v.to_le_bytes()).collect()
-}
-
-pub(crate) fn f32s(bytes: &[u8]) -> Vec<f32> {
-    bytes
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-        .collect()
-}

@@ -1,36 +1,36 @@
 //! The environment variables the shared library reads: the device
-//! configuration and the misbehaviour switches. Parsing is pure (a lookup
+//! configuration, the ABI version to report, and the misbehaviour switches. Parsing is pure (a lookup
 //! closure), so tests need not touch the process environment.
 
 use std::time::Duration;
 
-use flex_sys::bindings::{FLEX_API_VERSION_MAJOR, FLEX_API_VERSION_MINOR};
+use flex_sys::bindings::{
+    FLEX_API_VERSION_MAJOR, FLEX_API_VERSION_MINOR, FLEX_ERROR_INVALID_ARGUMENT,
+};
 use flex_sys::make_api_version;
-
-use flex_sys::bindings::FLEX_ERROR_INVALID_ARGUMENT;
 use spyre_mock::MockConfig;
 
 use crate::boundary::Failure;
 
 /// `SPYRE_MOCK_ABI_VERSION=M.m`: the version `flex_get_api_version` reports.
-pub const ENV_ABI_VERSION: &str = "SPYRE_MOCK_ABI_VERSION";
+pub(crate) const ENV_ABI_VERSION: &str = "SPYRE_MOCK_ABI_VERSION";
 /// `SPYRE_MOCK_UNDEFINED_STATUS=<call>[,<call>...]`: these calls return
 /// [`UNDEFINED_STATUS`] and do nothing else.
-pub const ENV_UNDEFINED_STATUS: &str = "SPYRE_MOCK_UNDEFINED_STATUS";
+pub(crate) const ENV_UNDEFINED_STATUS: &str = "SPYRE_MOCK_UNDEFINED_STATUS";
 /// `SPYRE_MOCK_FAIL_LAUNCH=N`: the `N`th launch on each stream is refused.
-pub const ENV_FAIL_LAUNCH: &str = "SPYRE_MOCK_FAIL_LAUNCH";
+pub(crate) const ENV_FAIL_LAUNCH: &str = "SPYRE_MOCK_FAIL_LAUNCH";
 /// `SPYRE_MOCK_LATE_COMPLETIONS_MS=N`: completions are delivered `N` ms late
 /// from a thread of the runtime; `N` is at most 10 000 (10 s).
-pub const ENV_LATE_COMPLETIONS_MS: &str = "SPYRE_MOCK_LATE_COMPLETIONS_MS";
+pub(crate) const ENV_LATE_COMPLETIONS_MS: &str = "SPYRE_MOCK_LATE_COMPLETIONS_MS";
 /// Largest delay of `SPYRE_MOCK_LATE_COMPLETIONS_MS`: 10 000 ms (10 s).
-pub const MAX_LATE_COMPLETIONS_MS: u64 = 10_000;
+pub(crate) const MAX_LATE_COMPLETIONS_MS: u64 = 10_000;
 /// `SPYRE_MOCK_FAIL_RUNTIME_CREATE=1` (a boolean: `1/0/true/false/on/off/yes/no`):
 /// `flex_runtime_create` fails.
-pub const ENV_FAIL_RUNTIME_CREATE: &str = "SPYRE_MOCK_FAIL_RUNTIME_CREATE";
+pub(crate) const ENV_FAIL_RUNTIME_CREATE: &str = "SPYRE_MOCK_FAIL_RUNTIME_CREATE";
 
 /// The status a call named in `SPYRE_MOCK_UNDEFINED_STATUS` returns: a value
 /// flex.h does not define.
-pub const UNDEFINED_STATUS: i32 = 977;
+pub(crate) const UNDEFINED_STATUS: i32 = 977;
 
 /// The misbehaviour switches a runtime (or a call without one) follows.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
