@@ -43,4 +43,4 @@ pub use hardware::{
 pub use launch::{Completion, HostCallback, LaunchOptions};
 pub use status::Status;
 pub use traits::{Backend, Runtime, Stream, check_copy_size, check_fill_size};
-pub use types::{DataFormat, MemoryLayout, StreamMode, StreamPriority};
+pub use types::{DataFormat, MemoryLayout, StreamMode, StreamPriority, SyncPolicy};

@@ -174,6 +174,52 @@ impl MemoryLayout {
     }
 }
 
+/// How a thread waits in `synchronize` — and how a device's workers wait
+/// for work — the choices CUDA offers (`cudaDeviceScheduleSpin`, `Yield`,
+/// `BlockingSync`, `Auto`). Spinning answers in well under a microsecond but
+/// burns a core while it waits; blocking costs a thread wake-up (several
+/// microseconds) and burns nothing.
+///
+/// A backend chooses per runtime; the software device takes it from its
+/// configuration (`SPYRE_MOCK_SYNC_POLICY`). A flex library decides on its
+/// own (flex.h 1.0 has no call to choose).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum SyncPolicy {
+    /// Spin for a short while ([`SyncPolicy::AUTO_SPIN`]), then block: fast
+    /// for short waits, and no more than that spin burned on long ones.
+    #[default]
+    Auto,
+    /// Spin until done.
+    Spin,
+    /// Yield the processor between checks until done.
+    Yield,
+    /// Block at once (a condition variable).
+    Blocking,
+}
+
+impl SyncPolicy {
+    /// How long [`SyncPolicy::Auto`] spins before it blocks: 20 µs.
+    pub const AUTO_SPIN: std::time::Duration = std::time::Duration::from_micros(20);
+
+    /// `"auto"`, `"spin"`, `"yield"` or `"blocking"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Spin => "spin",
+            Self::Yield => "yield",
+            Self::Blocking => "blocking",
+        }
+    }
+
+    /// The policy named `raw` (one of [`SyncPolicy::as_str`]'s names, any
+    /// case), or `None`.
+    pub fn parse(raw: &str) -> Option<Self> {
+        [Self::Auto, Self::Spin, Self::Yield, Self::Blocking]
+            .into_iter()
+            .find(|p| raw.eq_ignore_ascii_case(p.as_str()))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -230,5 +276,20 @@ mod tests {
         assert_eq!(layout(1 << 20, 1 << 20).blocks_held((1 << 20) + 1), 0);
         assert_eq!(layout(1 << 20, 0).blocks_held(128), 0);
         assert_eq!(layout(1 << 20, 1 << 20).blocks_held(0), 0);
+    }
+
+    #[test]
+    fn sync_policies_parse_their_names_in_any_case() {
+        for policy in [
+            SyncPolicy::Auto,
+            SyncPolicy::Spin,
+            SyncPolicy::Yield,
+            SyncPolicy::Blocking,
+        ] {
+            assert_eq!(SyncPolicy::parse(policy.as_str()), Some(policy));
+        }
+        assert_eq!(SyncPolicy::parse("SPIN"), Some(SyncPolicy::Spin));
+        assert_eq!(SyncPolicy::parse("busy"), None);
+        assert_eq!(SyncPolicy::default(), SyncPolicy::Auto);
     }
 }

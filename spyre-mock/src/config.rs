@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use flex_rt::{ADDRESS_ALIGNMENT, FlexError, Result};
+use flex_rt::{ADDRESS_ALIGNMENT, FlexError, Result, SyncPolicy};
 
 /// Number of devices a system has unless configured otherwise.
 pub const DEFAULT_DEVICES: u32 = 1;
@@ -45,15 +45,32 @@ pub const ENV_OP_LATENCY_US: &str = "SPYRE_MOCK_OP_LATENCY_US";
 /// as the host allows).
 pub const ENV_COPY_BANDWIDTH: &str = "SPYRE_MOCK_COPY_BANDWIDTH";
 
-/// Every environment variable [`MockConfig::from_lookup`] reads, in the order
-/// it reads them.
-pub const ENV_VARS: [&str; 6] = [
+/// Environment variable: how `synchronize` and the engines wait
+/// ([`SyncPolicy`]: `auto`, `spin`, `yield` or `blocking`, any case; unset
+/// for `auto`).
+pub const ENV_SYNC_POLICY: &str = "SPYRE_MOCK_SYNC_POLICY";
+
+/// The numeric variables of [`MockConfig::from_lookup`], in the order it
+/// reads them.
+const NUMERIC_ENV_VARS: [&str; 6] = [
     ENV_DEVICES,
     ENV_MEMORY_BYTES,
     ENV_REGION_BYTES,
     ENV_ENGINES,
     ENV_OP_LATENCY_US,
     ENV_COPY_BANDWIDTH,
+];
+
+/// Every environment variable [`MockConfig::from_lookup`] reads, in the order
+/// it reads them.
+pub const ENV_VARS: [&str; 7] = [
+    ENV_DEVICES,
+    ENV_MEMORY_BYTES,
+    ENV_REGION_BYTES,
+    ENV_ENGINES,
+    ENV_OP_LATENCY_US,
+    ENV_COPY_BANDWIDTH,
+    ENV_SYNC_POLICY,
 ];
 
 /// A checked configuration of the software device. Made by
@@ -67,6 +84,7 @@ pub struct MockConfig {
     engines: u32,
     op_latency: Duration,
     copy_bandwidth: Option<u64>,
+    sync_policy: SyncPolicy,
 }
 
 impl Default for MockConfig {
@@ -78,6 +96,7 @@ impl Default for MockConfig {
             engines: DEFAULT_ENGINES,
             op_latency: Duration::ZERO,
             copy_bandwidth: None,
+            sync_policy: SyncPolicy::Auto,
         }
     }
 }
@@ -120,6 +139,11 @@ impl MockConfig {
         self.copy_bandwidth
     }
 
+    /// How `synchronize` and the engines wait.
+    pub fn sync_policy(&self) -> SyncPolicy {
+        self.sync_policy
+    }
+
     /// Reads the configuration from `lookup`, which maps an environment
     /// variable name (one of [`ENV_VARS`]) to its value or `None` when unset.
     /// Values are trimmed; an empty value counts as unset; unset variables
@@ -138,7 +162,19 @@ impl MockConfig {
         const CALL: &str = "MockSystem::from_env";
         let mut builder = MockSystemBuilder::new();
         let mut used = Vec::new();
-        for name in ENV_VARS {
+        if let Some(raw) = lookup(ENV_SYNC_POLICY).filter(|raw| !raw.trim().is_empty()) {
+            let policy = SyncPolicy::parse(raw.trim()).ok_or_else(|| {
+                FlexError::invalid_argument(
+                    CALL,
+                    format!(
+                        "{ENV_SYNC_POLICY}={raw:?} is not valid: expected auto, spin, yield or blocking"
+                    ),
+                )
+            })?;
+            builder = builder.sync_policy(policy);
+            used.push(format!("{ENV_SYNC_POLICY}={raw:?}"));
+        }
+        for name in NUMERIC_ENV_VARS {
             let Some(raw) = lookup(name) else { continue };
             let value = raw.trim();
             if value.is_empty() {
@@ -193,9 +229,10 @@ impl fmt::Display for MockConfig {
             self.op_latency
         )?;
         match self.copy_bandwidth {
-            Some(bw) => write!(f, "{bw} B/s"),
-            None => write!(f, "unlimited"),
+            Some(bw) => write!(f, "{bw} B/s")?,
+            None => write!(f, "unlimited")?,
         }
+        write!(f, ", sync policy {}", self.sync_policy.as_str())
     }
 }
 
@@ -224,6 +261,7 @@ pub struct MockSystemBuilder {
     engines: u32,
     op_latency: Duration,
     copy_bandwidth: Option<u64>,
+    sync_policy: SyncPolicy,
 }
 
 impl Default for MockSystemBuilder {
@@ -236,6 +274,7 @@ impl Default for MockSystemBuilder {
             engines: defaults.engines,
             op_latency: defaults.op_latency,
             copy_bandwidth: defaults.copy_bandwidth,
+            sync_policy: defaults.sync_policy,
         }
     }
 }
@@ -290,6 +329,13 @@ impl MockSystemBuilder {
     /// extra `n / bandwidth` seconds. Default: unlimited.
     pub fn copy_bandwidth(mut self, bytes_per_sec: u64) -> Self {
         self.copy_bandwidth = Some(bytes_per_sec);
+        self
+    }
+
+    /// How `synchronize` and the engines wait ([`SyncPolicy`]). Default
+    /// [`SyncPolicy::Auto`]: spin up to [`SyncPolicy::AUTO_SPIN`], then block.
+    pub fn sync_policy(mut self, policy: SyncPolicy) -> Self {
+        self.sync_policy = policy;
         self
     }
 
@@ -368,6 +414,7 @@ impl MockSystemBuilder {
             engines: self.engines,
             op_latency: self.op_latency,
             copy_bandwidth: self.copy_bandwidth,
+            sync_policy: self.sync_policy,
         })
     }
 }
@@ -459,6 +506,23 @@ mod tests {
 
         let err = MockConfig::from_lookup(lookup(&[(ENV_COPY_BANDWIDTH, "0")])).unwrap_err();
         assert!(err.message().contains("copy_bandwidth"), "{err}");
+
+        let config = MockConfig::from_lookup(lookup(&[(ENV_SYNC_POLICY, " Spin ")])).unwrap();
+        assert_eq!(config.sync_policy(), SyncPolicy::Spin);
+        assert_eq!(
+            MockConfig::from_lookup(lookup(&[(ENV_SYNC_POLICY, "")]))
+                .unwrap()
+                .sync_policy(),
+            SyncPolicy::Auto,
+            "empty is unset"
+        );
+        let err = MockConfig::from_lookup(lookup(&[(ENV_SYNC_POLICY, "busy")])).unwrap_err();
+        assert!(
+            err.message().contains(
+                "SPYRE_MOCK_SYNC_POLICY=\"busy\" is not valid: expected auto, spin, yield or blocking"
+            ),
+            "{err}"
+        );
 
         // 2^32 µs would make every operation sleep 71 minutes.
         let err =

@@ -13,9 +13,9 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use flex_rt::{FlexError, Result, Status};
+use flex_rt::{FlexError, Result, Status, SyncPolicy};
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use crate::config::MockConfig;
@@ -88,6 +88,14 @@ pub(crate) struct Device {
     pub(crate) work: Condvar,
     /// `synchronize` waits here for completions.
     pub(crate) done: Condvar,
+    /// How `synchronize` and the engines wait.
+    pub(crate) sync_policy: SyncPolicy,
+    /// Bumped (release) whenever a stream becomes ready: what a spinning
+    /// engine watches instead of taking the scheduler lock.
+    pub(crate) work_epoch: AtomicU64,
+    /// Bumped (release) whenever an operation finishes: what a spinning
+    /// `synchronize` watches instead of taking the scheduler lock.
+    pub(crate) done_epoch: AtomicU64,
 }
 
 impl Device {
@@ -104,6 +112,9 @@ impl Device {
             scheduler: Mutex::new(Scheduler::default()),
             work: Condvar::new(),
             done: Condvar::new(),
+            sync_policy: config.sync_policy(),
+            work_epoch: AtomicU64::new(0),
+            done_epoch: AtomicU64::new(0),
         }
     }
 
@@ -115,7 +126,42 @@ impl Device {
     /// Tells the engines to stop once nothing is ready.
     pub(crate) fn begin_shutdown(&self) {
         self.scheduler.lock().shutting_down = true;
+        self.work_epoch.fetch_add(1, Ordering::Release);
         self.work.notify_all();
+    }
+
+    /// Waits, without the scheduler lock, until `epoch` moves past `seen`,
+    /// as the sync policy says: spin, yield, or neither (`Blocking`); at most
+    /// `limit` (`None`: until it moves). Returns whether it moved; the
+    /// caller then takes the lock and looks, and blocks on a condition
+    /// variable if it still has to wait.
+    pub(crate) fn wait_for_epoch(
+        &self,
+        epoch: &AtomicU64,
+        seen: u64,
+        limit: Option<Duration>,
+    ) -> bool {
+        let yields = match self.sync_policy {
+            SyncPolicy::Blocking => return false,
+            SyncPolicy::Yield => true,
+            SyncPolicy::Spin | SyncPolicy::Auto => false,
+        };
+        let started = Instant::now();
+        loop {
+            for _ in 0..64 {
+                if epoch.load(Ordering::Acquire) != seen {
+                    return true;
+                }
+                if yields {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+            if limit.is_some_and(|limit| started.elapsed() >= limit) {
+                return false;
+            }
+        }
     }
 }
 
@@ -168,7 +214,17 @@ fn engine_main(device: Arc<Device>) {
                 run_job(&device, &mut scheduler, job);
             }
             None if scheduler.shutting_down => break,
-            None => device.work.wait(&mut scheduler),
+            None => {
+                // Idle: watch for new work for a moment without the lock
+                // (not at all under `Blocking`), then block.
+                let seen = device.work_epoch.load(Ordering::Acquire);
+                let moved = MutexGuard::unlocked(&mut scheduler, || {
+                    device.wait_for_epoch(&device.work_epoch, seen, Some(SyncPolicy::AUTO_SPIN))
+                });
+                if !moved && !scheduler.has_ready() && !scheduler.shutting_down {
+                    device.work.wait(&mut scheduler);
+                }
+            }
         }
     }
 }
@@ -233,5 +289,6 @@ fn run_job(device: &Device, scheduler: &mut MutexGuard<'_, Scheduler>, job: Job)
     // If the stream has more work, this engine takes it (or something more
     // urgent) on its next turn; no other engine needs waking.
     scheduler.finish(stream);
+    device.done_epoch.fetch_add(1, Ordering::Release);
     device.done.notify_all();
 }

@@ -1,12 +1,14 @@
 //! One stream of the software device: a FIFO queue of operations.
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use flex_rt::{
     CompositeAddress, DataFormat, FlexError, HostBuffer, HostCallback, LaunchOptions, Result,
-    Status, Stream, StreamMode, StreamPriority, check_copy_size,
+    Status, Stream, StreamMode, StreamPriority, SyncPolicy, check_copy_size,
 };
+use parking_lot::MutexGuard;
 
 use crate::engine::Device;
 use crate::op::Op;
@@ -78,6 +80,7 @@ impl MockStream {
         match admitted {
             Ok(became_ready) => {
                 if became_ready {
+                    self.device.work_epoch.fetch_add(1, Ordering::Release);
                     self.device.work.notify_one();
                 }
                 Ok(())
@@ -197,11 +200,26 @@ impl Stream for MockStream {
                 "synchronize was called from a completion or host callback of the same runtime; it would wait for itself",
             ));
         }
-        let mut scheduler = self.device.scheduler.lock();
+        let device = &self.device;
+        let mut scheduler = device.scheduler.lock();
         scheduler.log_synchronize(self.id);
         let target = scheduler.stream(self.index).submitted;
+        // Watch for completions without the lock as the sync policy says
+        // (spin or yield; `Auto` only for `AUTO_SPIN`), then block.
+        let limit = match device.sync_policy {
+            SyncPolicy::Spin | SyncPolicy::Yield => None,
+            SyncPolicy::Auto | SyncPolicy::Blocking => Some(SyncPolicy::AUTO_SPIN),
+        };
         while scheduler.stream(self.index).completed < target {
-            self.device.done.wait(&mut scheduler);
+            let seen = device.done_epoch.load(Ordering::Acquire);
+            let moved = MutexGuard::unlocked(&mut scheduler, || {
+                device.wait_for_epoch(&device.done_epoch, seen, limit)
+            });
+            if !moved {
+                while scheduler.stream(self.index).completed < target {
+                    device.done.wait(&mut scheduler);
+                }
+            }
         }
         match &scheduler.stream(self.index).error {
             Some(err) => Err(err.clone()),

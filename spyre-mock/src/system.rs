@@ -127,6 +127,7 @@ impl Backend for MockSystem {
                 c.copy_bandwidth()
                     .map_or_else(|| "unlimited".to_string(), |bw| format!("{bw} B/s")),
             ),
+            ("sync_policy", c.sync_policy().as_str().to_string()),
         ]
     }
 

@@ -4,7 +4,9 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
 
-use flex_rt::{HostBuffer, LaunchOptions, Runtime, Status, Stream, StreamMode, StreamPriority};
+use flex_rt::{
+    HostBuffer, LaunchOptions, Runtime, Status, Stream, StreamMode, StreamPriority, SyncPolicy,
+};
 
 use super::*;
 use flex_rt::program::KernelDescriptor;
@@ -510,4 +512,56 @@ fn pipeline_barrier_changes_nothing_observable() {
         log.take(),
         (0..10).map(|i| i.to_string()).collect::<Vec<_>>()
     );
+}
+
+#[test]
+fn every_sync_policy_waits_for_the_work_and_reports_its_error() {
+    for policy in [
+        SyncPolicy::Auto,
+        SyncPolicy::Spin,
+        SyncPolicy::Yield,
+        SyncPolicy::Blocking,
+    ] {
+        let rt = crate::MockSystemBuilder::new()
+            .memory_bytes(1 << 20)
+            .region_bytes(1 << 18)
+            .sync_policy(policy)
+            .build()
+            .unwrap()
+            .create_mock_runtime(0)
+            .unwrap();
+        let s = rt.default_mock_stream();
+        let ran = Arc::new(AtomicUsize::new(0));
+        for _ in 0..3 {
+            let ran = Arc::clone(&ran);
+            // Longer than the automatic spin, so `Auto` blocks in the end.
+            s.launch_host_callback(
+                Box::new(move || {
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                    ran.fetch_add(1, Ordering::SeqCst);
+                }),
+                LaunchOptions::new(),
+            )
+            .unwrap();
+        }
+        s.synchronize().unwrap();
+        assert_eq!(
+            ran.load(Ordering::SeqCst),
+            3,
+            "{policy:?}: synchronize returned early"
+        );
+        // Short work, many times: the spinning paths see each completion.
+        for _ in 0..200 {
+            s.launch_host_callback(Box::new(|| {}), LaunchOptions::new())
+                .unwrap();
+            s.synchronize().unwrap();
+        }
+        s.launch_host_callback(
+            Box::new(|| panic!("fails the stream")),
+            LaunchOptions::new(),
+        )
+        .unwrap();
+        let err = s.synchronize().unwrap_err();
+        assert_eq!(err.status(), Status::HOST_CALLBACK_FAILED, "{policy:?}");
+    }
 }
