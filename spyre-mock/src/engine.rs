@@ -131,24 +131,26 @@ impl Device {
     }
 
     /// Waits, without the scheduler lock, until `epoch` moves past `seen`,
-    /// as the sync policy says: spin, yield, or neither (`Blocking`); at most
-    /// `limit` (`None`: until it moves). Returns whether it moved; the
-    /// caller then takes the lock and looks, and blocks on a condition
-    /// variable if it still has to wait.
+    /// as the sync policy says: spin, yield, or neither (`Blocking`); until
+    /// `deadline` at the latest (`None`: until it moves). Returns whether it
+    /// moved; the caller then takes the lock and looks, and blocks on a
+    /// condition variable if it still has to wait. Callers keep one deadline
+    /// across every wait of one blocking call, so the spinning a call burns
+    /// is bounded however often the epoch moves for others.
     pub(crate) fn wait_for_epoch(
         &self,
         epoch: &AtomicU64,
         seen: u64,
-        limit: Option<Duration>,
+        deadline: Option<Instant>,
     ) -> bool {
-        let yields = match self.sync_policy {
+        let (yields, checks_per_clock_read) = match self.sync_policy {
             SyncPolicy::Blocking => return false,
-            SyncPolicy::Yield => true,
-            SyncPolicy::Spin | SyncPolicy::Auto => false,
+            // A yield takes long: read the clock after each.
+            SyncPolicy::Yield => (true, 1),
+            SyncPolicy::Spin | SyncPolicy::Auto => (false, 64),
         };
-        let started = Instant::now();
         loop {
-            for _ in 0..64 {
+            for _ in 0..checks_per_clock_read {
                 if epoch.load(Ordering::Acquire) != seen {
                     return true;
                 }
@@ -158,7 +160,7 @@ impl Device {
                     std::hint::spin_loop();
                 }
             }
-            if limit.is_some_and(|limit| started.elapsed() >= limit) {
+            if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
                 return false;
             }
         }
@@ -203,9 +205,13 @@ pub(crate) fn spawn_engines(device: &Arc<Device>, count: u32) -> Result<Vec<Join
 fn engine_main(device: Arc<Device>) {
     ENGINE_OF.with(|t| t.set(device.token));
     let mut scheduler = device.scheduler.lock();
+    // When this engine ran out of work, for its spin budget: kept across
+    // wake-ups that find nothing for it, reset only when it takes a job.
+    let mut idle_since: Option<Instant> = None;
     loop {
         match scheduler.next_job() {
             Some(job) => {
+                idle_since = None;
                 if scheduler.has_ready() {
                     // More streams are waiting: make sure an idle engine
                     // looks, whoever was woken for them before.
@@ -218,8 +224,9 @@ fn engine_main(device: Arc<Device>) {
                 // Idle: watch for new work for a moment without the lock
                 // (not at all under `Blocking`), then block.
                 let seen = device.work_epoch.load(Ordering::Acquire);
+                let deadline = *idle_since.get_or_insert_with(Instant::now) + SyncPolicy::AUTO_SPIN;
                 let moved = MutexGuard::unlocked(&mut scheduler, || {
-                    device.wait_for_epoch(&device.work_epoch, seen, Some(SyncPolicy::AUTO_SPIN))
+                    device.wait_for_epoch(&device.work_epoch, seen, Some(deadline))
                 });
                 if !moved && !scheduler.has_ready() && !scheduler.shutting_down {
                     device.work.wait(&mut scheduler);

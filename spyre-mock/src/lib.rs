@@ -99,7 +99,7 @@
 //! | `SPYRE_MOCK_ENGINES`        | engine threads per runtime                | 2         |
 //! | `SPYRE_MOCK_OP_LATENCY_US`  | extra time per operation, microseconds, 0..=1000000 (at most 1 s) | 0 |
 //! | `SPYRE_MOCK_COPY_BANDWIDTH` | H2D/D2H bandwidth, bytes per second, at least 1000000 (1 MB/s) | unlimited |
-//! | `SPYRE_MOCK_SYNC_POLICY`    | how `synchronize` and idle engines wait: `auto` (spin 20 µs, then block), `spin`, `yield`, `blocking` ([`flex_rt::SyncPolicy`]) | `auto` |
+//! | `SPYRE_MOCK_SYNC_POLICY`    | how `synchronize` waits: `auto` (spin 20 µs per call, then block), `spin` or `yield` (until done), `blocking` ([`flex_rt::SyncPolicy`]); idle engines spin 20 µs before they park under every policy but `blocking` | `auto` |
 //!
 //! # The shared library
 //!

@@ -2,7 +2,7 @@
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use flex_rt::{
     CompositeAddress, DataFormat, FlexError, HostBuffer, HostCallback, LaunchOptions, Result,
@@ -206,14 +206,16 @@ impl Stream for MockStream {
         let target = scheduler.stream(self.index).submitted;
         // Watch for completions without the lock as the sync policy says
         // (spin or yield; `Auto` only for `AUTO_SPIN`), then block.
-        let limit = match device.sync_policy {
+        // One deadline for the whole call: completions on other streams move
+        // the epoch too, and must not restart the spin.
+        let deadline = match device.sync_policy {
             SyncPolicy::Spin | SyncPolicy::Yield => None,
-            SyncPolicy::Auto | SyncPolicy::Blocking => Some(SyncPolicy::AUTO_SPIN),
+            SyncPolicy::Auto | SyncPolicy::Blocking => Some(Instant::now() + SyncPolicy::AUTO_SPIN),
         };
         while scheduler.stream(self.index).completed < target {
             let seen = device.done_epoch.load(Ordering::Acquire);
             let moved = MutexGuard::unlocked(&mut scheduler, || {
-                device.wait_for_epoch(&device.done_epoch, seen, limit)
+                device.wait_for_epoch(&device.done_epoch, seen, deadline)
             });
             if !moved {
                 while scheduler.stream(self.index).completed < target {

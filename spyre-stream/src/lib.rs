@@ -50,7 +50,7 @@
 //!   On error nothing is written and a later call retries.
 //! - **No lock is held while waiting on the device**, and none is taken to
 //!   resolve a handle: `resolve` is an acquire load; [`synchronize_device`]
-//!   snapshots the published handles, then waits.
+//!   snapshots the table under the exclusive lock, releases it, then waits.
 //! - **One device per process.** The pool is bound to the runtime's logical
 //!   device; asking for another fails with an error naming both. A request
 //!   that cannot be served binds nothing: the device is checked against the
@@ -87,7 +87,7 @@
 //! |---|---|---|
 //! | [`StreamPool::resolve`] (every stream operation) | shared lock | no lock: acquire load of a write-once slot |
 //! | [`StreamPool::default_stream_handle`] | shared lock | no lock (after initialization) |
-//! | [`StreamPool::synchronize_device`] | shared lock while collecting handles | no lock while collecting; none while waiting |
+//! | [`StreamPool::synchronize_device`] | shared lock while collecting handles | exclusive lock while collecting (one consistent snapshot of the table); none while waiting |
 //! | pool initialization | exclusive lock | exclusive lock; published by a release store |
 //! | [`StreamPool::stream_from_pool`], [`StreamPool::host_compute_stream`] | exclusive lock; the cursor is written on every assignment | the same |
 //!
@@ -117,8 +117,9 @@
 //! # Where this differs from torch-spyre, on purpose
 //!
 //! - **Handle resolution takes no lock** (the spec's table has a shared
-//!   lock for `resolveRuntimeHandle`, `getDefaultStreamRuntimeHandle` and the
-//!   snapshot of `synchronizeDevice`). The spec's own invariants make the
+//!   lock for `resolveRuntimeHandle` and `getDefaultStreamRuntimeHandle`;
+//!   the snapshot of `synchronizeDevice`, which needs the whole table at one
+//!   moment, takes the exclusive lock briefly instead of the shared one). The spec's own invariants make the
 //!   lock unnecessary: the table is append-only, an id is never remapped,
 //!   and the pool never destroys a handle. So a slot, once written, never
 //!   changes: publishing it with release and reading it with acquire gives a

@@ -95,12 +95,14 @@ struct Cursors {
 /// Locking: every write — initialization and every assignment
 /// ([`StreamPool::stream_from_pool`], [`StreamPool::host_compute_stream`]) —
 /// takes the exclusive lock and writes the cursor, as the spec says. Handle
-/// resolution ([`StreamPool::resolve`], [`StreamPool::default_stream_handle`],
-/// the snapshot of [`StreamPool::synchronize_device`]) takes no lock: the
-/// table is append-only and each slot is written once (published with
-/// release, read with acquire), so a reader sees a whole handle or none and
-/// never waits for a writer. This departs from the spec's shared lock on
-/// purpose; see the crate docs. No lock is held while waiting on the device.
+/// resolution ([`StreamPool::resolve`], [`StreamPool::default_stream_handle`])
+/// takes no lock: the table is append-only and each slot is written once
+/// (published with release, read with acquire), so a reader sees a whole
+/// handle or none and never waits for a writer. This departs from the spec's
+/// shared lock on purpose; see the crate docs. The snapshot of
+/// [`StreamPool::synchronize_device`] needs the whole table at one moment, so
+/// it takes the exclusive lock briefly. No lock is held while waiting on the
+/// device.
 ///
 /// Initialization is atomic: the default-stream mapping and the host-compute
 /// streams are created first, written to their slots, and published together
@@ -371,16 +373,14 @@ impl<'rt> StreamPool<'rt> {
     /// Synchronizes every stream of the device (`synchronizeDevice`): the
     /// default stream, each assigned normal and high-priority stream, then
     /// each host-compute stream, in that order, each once; ids never assigned
-    /// are skipped. The handles are collected without a lock before the first
-    /// wait. If a stream fails, the others are
+    /// are skipped. The handles are collected as one snapshot under the
+    /// exclusive lock, which is released before the first wait. If a stream fails, the others are
     /// still synchronized. An uninitialized pool has nothing to synchronize.
     ///
     /// # Errors
     /// [`Error::DeviceSynchronize`] with the id and error of the first stream that failed.
     pub fn synchronize_device(&self) -> Result<()> {
-        let snapshot: Vec<(StreamId, &'rt dyn Stream)> = (0..MAX_STREAM_SLOTS)
-            .filter_map(|slot| Some((StreamId(slot as i64), self.published(slot)?)))
-            .collect();
+        let snapshot = self.snapshot();
         let mut first_error = None;
         for (id, handle) in snapshot {
             if let Err(source) = handle.synchronize() {
@@ -392,11 +392,25 @@ impl<'rt> StreamPool<'rt> {
     }
 
     /// The ids that have a handle, in table order (for diagnostics and
-    /// tests). No lock.
+    /// tests). A consistent snapshot, taken under the exclusive lock.
     pub fn mapped_ids(&self) -> Vec<StreamId> {
+        self.snapshot().into_iter().map(|(id, _)| id).collect()
+    }
+
+    /// Every published handle with its id, in table order, as one
+    /// consistent state of the table: taken under the exclusive lock that
+    /// every write holds (the spec's snapshot; one load per slot would see
+    /// a table in between two writes — slot 65 without slot 0, or id 3
+    /// without id 2 — and could miss a stream whose work must be waited
+    /// for). Released before the caller waits on anything.
+    fn snapshot(&self) -> Vec<(StreamId, &'rt dyn Stream)> {
+        let _writes = self.cursors.lock();
+        if !self.initialized.load(Ordering::Relaxed) {
+            // Written under this same lock: no ordering needed.
+            return Vec::new();
+        }
         (0..MAX_STREAM_SLOTS)
-            .filter(|&slot| self.published(slot).is_some())
-            .map(|slot| StreamId(slot as i64))
+            .filter_map(|slot| Some((StreamId(slot as i64), self.handles[slot].get()?)))
             .collect()
     }
 }

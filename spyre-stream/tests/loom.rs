@@ -22,6 +22,7 @@
 //! | a resolve racing the first assignment of that id | `resolve_races_first_assignment_of_that_id` |
 //! | device synchronization racing an assignment | `device_sync_races_assignment` |
 //! | device synchronization waits with the lock released | `device_sync_releases_the_lock_before_waiting` |
+//! | a snapshot of the table racing initialization and an assignment | `snapshots_see_one_state_of_the_table` |
 //!
 //! Each model fails on a pool broken the way it guards against (see
 //! RELIABILITY.md for the breakages tried).
@@ -338,5 +339,26 @@ fn device_sync_releases_the_lock_before_waiting() {
         syncer.join().unwrap();
         assert_eq!(stream.id(), StreamId(1));
         assert_eq!(runtime.synchronizes_of(0), Some(1));
+    });
+}
+
+/// A snapshot of the table (`mapped_ids`, the same one `synchronize_device`
+/// takes) racing initialization and the first assignment sees one state of
+/// the table: nothing, or 0 and 65 together, and id 1 only with both.
+#[test]
+fn snapshots_see_one_state_of_the_table() {
+    loom::model(|| {
+        let runtime = leak_runtime();
+        let pool = pool(runtime);
+        let observer = {
+            let pool = pool.clone();
+            loom::thread::spawn(move || pool.mapped_ids())
+        };
+        pool.stream_from_pool(0).unwrap();
+        let seen: Vec<i64> = observer.join().unwrap().iter().map(|id| id.get()).collect();
+        assert!(
+            seen.is_empty() || seen == [0, 65] || seen == [0, 1, 65],
+            "saw a table in between two writes: {seen:?}"
+        );
     });
 }

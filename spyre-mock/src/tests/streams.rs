@@ -565,3 +565,40 @@ fn every_sync_policy_waits_for_the_work_and_reports_its_error() {
         assert_eq!(err.status(), Status::HOST_CALLBACK_FAILED, "{policy:?}");
     }
 }
+
+#[test]
+fn a_spinning_wait_ends_at_its_deadline_or_when_the_epoch_moves() {
+    use std::sync::atomic::AtomicU64;
+    use std::time::{Duration, Instant};
+
+    for policy in [SyncPolicy::Auto, SyncPolicy::Spin, SyncPolicy::Yield] {
+        let config = crate::MockSystemBuilder::new()
+            .memory_bytes(1 << 20)
+            .region_bytes(1 << 18)
+            .sync_policy(policy)
+            .build_config()
+            .unwrap();
+        let device = crate::engine::Device::new(0, &config);
+        let epoch = AtomicU64::new(7);
+        // Moved already: returns at once.
+        assert!(device.wait_for_epoch(&epoch, 6, None), "{policy:?}");
+        // Not moving: ends at the deadline, however often it is called.
+        let started = Instant::now();
+        let deadline = started + Duration::from_millis(5);
+        for _ in 0..3 {
+            assert!(!device.wait_for_epoch(&epoch, 7, Some(deadline)), "{policy:?}");
+        }
+        let spent = started.elapsed();
+        assert!(spent >= Duration::from_millis(5), "{policy:?}: {spent:?}");
+        assert!(spent < Duration::from_millis(500), "{policy:?}: {spent:?}");
+    }
+    let blocking = crate::MockSystemBuilder::new()
+        .memory_bytes(1 << 20)
+        .region_bytes(1 << 18)
+        .sync_policy(SyncPolicy::Blocking)
+        .build_config()
+        .unwrap();
+    let device = crate::engine::Device::new(0, &blocking);
+    let epoch = AtomicU64::new(7);
+    assert!(!device.wait_for_epoch(&epoch, 7, None), "blocking never spins");
+}
