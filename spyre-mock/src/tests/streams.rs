@@ -586,7 +586,10 @@ fn a_spinning_wait_ends_at_its_deadline_or_when_the_epoch_moves() {
         let started = Instant::now();
         let deadline = started + Duration::from_millis(5);
         for _ in 0..3 {
-            assert!(!device.wait_for_epoch(&epoch, 7, Some(deadline)), "{policy:?}");
+            assert!(
+                !device.wait_for_epoch(&epoch, 7, Some(deadline)),
+                "{policy:?}"
+            );
         }
         let spent = started.elapsed();
         assert!(spent >= Duration::from_millis(5), "{policy:?}: {spent:?}");
@@ -600,5 +603,8 @@ fn a_spinning_wait_ends_at_its_deadline_or_when_the_epoch_moves() {
         .unwrap();
     let device = crate::engine::Device::new(0, &blocking);
     let epoch = AtomicU64::new(7);
-    assert!(!device.wait_for_epoch(&epoch, 7, None), "blocking never spins");
+    assert!(
+        !device.wait_for_epoch(&epoch, 7, None),
+        "blocking never spins"
+    );
 }
