@@ -33,7 +33,8 @@ pub const ENV_DEVICES: &str = "SPYRE_MOCK_DEVICES";
 /// positive multiple of 128).
 pub const ENV_MEMORY_BYTES: &str = "SPYRE_MOCK_MEMORY_BYTES";
 /// Environment variable: size of one memory region in bytes (decimal, a
-/// positive multiple of 128, not above the memory size).
+/// positive multiple of 128, not above the memory size). Unset: 256 MiB, or
+/// the whole memory when smaller.
 pub const ENV_REGION_BYTES: &str = "SPYRE_MOCK_REGION_BYTES";
 /// Environment variable: engine threads per runtime (decimal, 1..=256).
 pub const ENV_ENGINES: &str = "SPYRE_MOCK_ENGINES";
@@ -257,7 +258,8 @@ impl fmt::Display for MockConfig {
 pub struct MockSystemBuilder {
     devices: u32,
     memory_bytes: u64,
-    region_bytes: u64,
+    /// `None`: [`DEFAULT_REGION_BYTES`], or the whole memory when smaller.
+    region_bytes: Option<u64>,
     engines: u32,
     op_latency: Duration,
     copy_bandwidth: Option<u64>,
@@ -270,7 +272,7 @@ impl Default for MockSystemBuilder {
         Self {
             devices: defaults.devices,
             memory_bytes: defaults.memory_bytes,
-            region_bytes: defaults.region_bytes,
+            region_bytes: None,
             engines: defaults.engines,
             op_latency: defaults.op_latency,
             copy_bandwidth: defaults.copy_bandwidth,
@@ -302,11 +304,12 @@ impl MockSystemBuilder {
 
     /// Size of one memory region in bytes (a positive multiple of 128, at
     /// most the memory size, at most [`MAX_REGIONS`] regions). Default
-    /// 256 MiB. A chunk of an allocation never crosses a region, so an
+    /// 256 MiB ([`DEFAULT_REGION_BYTES`]), or the whole memory when that is
+    /// smaller, so that a small `memory_bytes` alone is a valid system. A chunk of an allocation never crosses a region, so an
     /// allocation larger than the free space of one region gets several
     /// chunks.
     pub fn region_bytes(mut self, bytes: u64) -> Self {
-        self.region_bytes = bytes;
+        self.region_bytes = Some(bytes);
         self
     }
 
@@ -349,6 +352,9 @@ impl MockSystemBuilder {
     /// [`MAX_OP_LATENCY`]; a copy bandwidth below [`MIN_COPY_BANDWIDTH`].
     pub fn build_config(self) -> Result<MockConfig> {
         const CALL: &str = "MockSystemBuilder::build";
+        let region_bytes = self
+            .region_bytes
+            .unwrap_or(DEFAULT_REGION_BYTES.min(self.memory_bytes));
         let fail = |message: String| Err(FlexError::invalid_argument(CALL, message));
         if self.devices == 0 {
             return fail("devices must be at least 1, got 0".into());
@@ -368,7 +374,7 @@ impl MockSystemBuilder {
         }
         for (name, value) in [
             ("memory_bytes", self.memory_bytes),
-            ("region_bytes", self.region_bytes),
+            ("region_bytes", region_bytes),
         ] {
             if value == 0 || !value.is_multiple_of(ADDRESS_ALIGNMENT) {
                 return fail(format!(
@@ -376,23 +382,22 @@ impl MockSystemBuilder {
                 ));
             }
         }
-        if self.region_bytes > self.memory_bytes {
+        if region_bytes > self.memory_bytes {
             return fail(format!(
-                "region_bytes ({}) must not exceed memory_bytes ({})",
-                self.region_bytes, self.memory_bytes
+                "region_bytes ({region_bytes}) must not exceed memory_bytes ({})",
+                self.memory_bytes
             ));
         }
-        if usize::try_from(self.region_bytes).is_err() {
+        if usize::try_from(region_bytes).is_err() {
             return fail(format!(
-                "region_bytes ({}) does not fit in this host's address space",
-                self.region_bytes
+                "region_bytes ({region_bytes}) does not fit in this host's address space"
             ));
         }
-        let regions = self.memory_bytes.div_ceil(self.region_bytes);
+        let regions = self.memory_bytes.div_ceil(region_bytes);
         if regions > MAX_REGIONS {
             return fail(format!(
-                "memory_bytes ({}) / region_bytes ({}) makes {regions} regions; at most {MAX_REGIONS} are supported, so use larger regions",
-                self.memory_bytes, self.region_bytes
+                "memory_bytes ({}) / region_bytes ({region_bytes}) makes {regions} regions; at most {MAX_REGIONS} are supported, so use larger regions",
+                self.memory_bytes
             ));
         }
         if self.op_latency > MAX_OP_LATENCY {
@@ -410,7 +415,7 @@ impl MockSystemBuilder {
         Ok(MockConfig {
             devices: self.devices,
             memory_bytes: self.memory_bytes,
-            region_bytes: self.region_bytes,
+            region_bytes,
             engines: self.engines,
             op_latency: self.op_latency,
             copy_bandwidth: self.copy_bandwidth,
@@ -463,6 +468,22 @@ mod tests {
         assert_eq!(config.engines(), 5);
         assert_eq!(config.op_latency(), Duration::from_micros(250));
         assert_eq!(config.copy_bandwidth(), Some(1_000_000));
+    }
+
+    #[test]
+    fn a_small_memory_alone_is_one_region_of_that_size() {
+        // 64 MiB < the 256 MiB default region: the region shrinks to fit.
+        let config = MockConfig::from_lookup(lookup(&[(ENV_MEMORY_BYTES, "67108864")])).unwrap();
+        assert_eq!(config.memory_bytes(), 64 << 20);
+        assert_eq!(config.region_bytes(), 64 << 20);
+        assert_eq!(config.region_count(), 1);
+        // 768 MiB keeps the default regions: three of 256 MiB.
+        let config = MockSystemBuilder::new()
+            .memory_bytes(768 << 20)
+            .build_config()
+            .unwrap();
+        assert_eq!(config.region_bytes(), DEFAULT_REGION_BYTES);
+        assert_eq!(config.region_count(), 3);
     }
 
     #[test]

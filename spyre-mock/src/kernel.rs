@@ -84,6 +84,5 @@ pub(crate) fn execute(view: &MemoryView<'_>, program: &CompositeAddress) -> Resu
         }
         _ => return Err(format!("kernel {} got the wrong operands", kernel.name())),
     };
-    view.write(std::slice::from_ref(output), &to_bytes(&result));
-    Ok(())
+    view.write(std::slice::from_ref(output), &to_bytes(&result))
 }

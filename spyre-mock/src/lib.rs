@@ -68,7 +68,9 @@
 //! # Memory
 //!
 //! `memory_bytes` per runtime (default 1 GiB) in regions of `region_bytes`
-//! (default 256 MiB), backed lazily. Allocations are 128-byte aligned and
+//! (default 256 MiB, or the whole memory when smaller), backed lazily; a
+//! region larger than the host memory available is refused with
+//! `OUT_OF_MEMORY` when first written. Allocations are 128-byte aligned and
 //! may span several chunks; see [`Runtime::allocate`](flex_rt::Runtime::allocate).
 //!
 //! # Compute

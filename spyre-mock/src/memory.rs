@@ -353,7 +353,11 @@ impl MemoryView<'_> {
     }
 
     /// Writes `data`, in order, into `spans` until `data` runs out.
-    pub(crate) fn write(&self, spans: &[Span], data: &[u8]) {
+    ///
+    /// # Errors
+    /// When a region written for the first time cannot be backed with host
+    /// memory (see [`back`]); the spans before it were written.
+    pub(crate) fn write(&self, spans: &[Span], data: &[u8]) -> Result<(), String> {
         let mut pos = 0;
         for span in spans {
             let Some(region) = self.region(span) else {
@@ -361,9 +365,7 @@ impl MemoryView<'_> {
             };
             let n = span.len.min(data.len() - pos);
             let mut bytes = region.data.write();
-            if bytes.is_empty() {
-                *bytes = vec![0u8; region.size];
-            }
+            back(&mut bytes, region.size, span.region)?;
             if let Some(dst) = bytes.get_mut(span.start..span.start + n) {
                 dst.copy_from_slice(&data[pos..pos + n]);
             }
@@ -372,13 +374,17 @@ impl MemoryView<'_> {
                 break;
             }
         }
+        Ok(())
     }
 
     /// Fills `spans` with `pattern` repeated; the pattern runs on across
     /// span boundaries as if the spans were one buffer.
-    pub(crate) fn fill(&self, spans: &[Span], pattern: &[u8]) {
+    ///
+    /// # Errors
+    /// As [`Self::write`].
+    pub(crate) fn fill(&self, spans: &[Span], pattern: &[u8]) -> Result<(), String> {
         if pattern.is_empty() {
-            return;
+            return Ok(());
         }
         let mut phase = 0;
         for span in spans {
@@ -386,9 +392,7 @@ impl MemoryView<'_> {
                 continue;
             };
             let mut bytes = region.data.write();
-            if bytes.is_empty() {
-                *bytes = vec![0u8; region.size];
-            }
+            back(&mut bytes, region.size, span.region)?;
             if let Some(dst) = bytes.get_mut(span.start..span.start + span.len) {
                 let mut rotated = pattern.to_vec();
                 rotated.rotate_left(phase);
@@ -402,7 +406,44 @@ impl MemoryView<'_> {
             }
             phase = (phase + span.len) % pattern.len();
         }
+        Ok(())
     }
+}
+
+/// Gives a region its host memory the first time it is written: `size`
+/// zeroed bytes (the OS maps the pages on first touch). Refuses, instead of
+/// aborting the process in the allocator, a region larger than the host
+/// memory available now (`MemAvailable` in `/proc/meminfo`, where it can
+/// be read).
+fn back(bytes: &mut Vec<u8>, size: usize, index: usize) -> Result<(), String> {
+    if !bytes.is_empty() {
+        return Ok(());
+    }
+    if let Some(available) = host_memory_available().filter(|&a| size as u64 > a) {
+        return Err(format!(
+            "the software device cannot back memory region {index} ({size} bytes) with host memory: the host has {available} bytes available; use a smaller SPYRE_MOCK_REGION_BYTES"
+        ));
+    }
+    *bytes = vec![0u8; size];
+    Ok(())
+}
+
+/// `MemAvailable` of `/proc/meminfo` in bytes, or `None` where it cannot be
+/// read (and under Miri, whose isolation forbids opening files).
+fn host_memory_available() -> Option<u64> {
+    if cfg!(miri) {
+        return None;
+    }
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line
+        .trim_start_matches("MemAvailable:")
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    kib.checked_mul(1024)
 }
 
 #[cfg(test)]
@@ -422,6 +463,22 @@ mod tests {
 
     fn sizes(address: &CompositeAddress) -> Vec<u64> {
         address.chunks().iter().map(|c| c.size).collect()
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "Miri cannot read the host's available memory")]
+    fn backing_more_than_the_host_has_is_refused_not_aborted() {
+        // Half the address space is more than any host has available, so
+        // the refusal comes before the allocator is asked.
+        let size = usize::MAX / 2;
+        let mut bytes = Vec::new();
+        let message = back(&mut bytes, size, 7).unwrap_err();
+        assert!(message.contains("memory region 7"), "{message}");
+        assert!(message.contains(&format!("({size} bytes)")), "{message}");
+        assert!(message.contains("SPYRE_MOCK_REGION_BYTES"), "{message}");
+        assert!(bytes.is_empty(), "nothing is backed after a refusal");
+        back(&mut bytes, 16, 0).unwrap();
+        assert_eq!(bytes, vec![0u8; 16], "a small region is backed with zeros");
     }
 
     #[test]
@@ -516,7 +573,7 @@ mod tests {
         let view = mem.view();
         let spans = view.spans(&a).unwrap();
         let data: Vec<u8> = (0..1500u32).map(|i| (i % 251) as u8).collect();
-        view.write(&spans, &data);
+        view.write(&spans, &data).unwrap();
         let mut back = vec![0; 1500];
         view.read(&spans, &mut back);
         assert_eq!(back, data);
@@ -552,7 +609,7 @@ mod tests {
             view.span(LogicalAddress { offset: 3, ..start }, 1027, &"b")
                 .unwrap(),
         ];
-        view.fill(&spans, &[1, 2, 3, 4]);
+        view.fill(&spans, &[1, 2, 3, 4]).unwrap();
         let mut back = vec![0; 1030];
         view.read(&spans, &mut back);
         let expected: Vec<u8> = (0..1030).map(|i| [1, 2, 3, 4][i % 4]).collect();

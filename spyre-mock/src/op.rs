@@ -183,12 +183,12 @@ impl Op {
     pub(crate) fn execute(self, memory: &DeviceMemory) -> Result<()> {
         let call = self.call();
         let failed = |message: String| FlexError::new(Status::EXECUTION_FAILED, call, message);
+        let out_of_memory = |message: String| FlexError::new(Status::OUT_OF_MEMORY, call, message);
         match self {
             Self::H2d { src, dst } => {
                 let view = memory.view();
                 let spans = view.spans(&dst).map_err(failed)?;
-                view.write(&spans, src.bytes());
-                Ok(())
+                view.write(&spans, src.bytes()).map_err(out_of_memory)
             }
             Self::D2h { src, mut dst } => {
                 let view = memory.view();
@@ -199,8 +199,8 @@ impl Op {
             Self::Fill { dst, value, format } => {
                 let view = memory.view();
                 let spans = view.spans(&dst).map_err(failed)?;
-                view.fill(&spans, &encode_fill_value(value, format));
-                Ok(())
+                view.fill(&spans, &encode_fill_value(value, format))
+                    .map_err(out_of_memory)
             }
             Self::Compute { program } => kernel::execute(&memory.view(), &program).map_err(failed),
             Self::HostFn(f) => match catch_unwind(AssertUnwindSafe(f)) {
