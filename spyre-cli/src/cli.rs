@@ -48,6 +48,18 @@ pub(crate) enum Command {
     Bench(BenchArgs),
 }
 
+impl Command {
+    /// Whether a failure is reported on stdout as one JSON line
+    /// (`{"error": ..., "exit_code": ...}`): `run` and `bench` with `--json`.
+    /// `info --json` prints its report, which names the error, either way.
+    pub(crate) fn reports_errors_as_json(&self) -> bool {
+        match self {
+            Self::Info(_) => false,
+            Self::Run(RunArgs { json, .. }) | Self::Bench(BenchArgs { json, .. }) => *json,
+        }
+    }
+}
+
 /// Arguments of `spyre info`.
 #[derive(Debug, Args)]
 pub(crate) struct InfoArgs {
@@ -104,7 +116,8 @@ pub(crate) struct RunArgs {
     /// it, its thread and its index.
     #[arg(long, default_value_t = 1)]
     pub(crate) seed: u64,
-    /// Print one JSON object instead of text.
+    /// Print one JSON object instead of text; on failure, one JSON object
+    /// {"error": MESSAGE, "exit_code": CODE}.
     #[arg(long)]
     pub(crate) json: bool,
 }
@@ -128,7 +141,8 @@ pub(crate) struct BenchArgs {
         value_parser = parse_positive_size
     )]
     pub(crate) sizes: Vec<u64>,
-    /// Print one JSON object instead of a table.
+    /// Print one JSON object instead of a table; on failure, one JSON object
+    /// {"error": MESSAGE, "exit_code": CODE}.
     #[arg(long)]
     pub(crate) json: bool,
 }

@@ -60,6 +60,27 @@ impl CliError {
     }
 }
 
+/// A failure as `--json` reports it on stdout:
+/// `{"error": "<message>", "exit_code": <code>}`, so that a script reading
+/// stdout gets one JSON line whether the command succeeded or not.
+#[derive(Debug, serde::Serialize)]
+pub(crate) struct ErrorReport {
+    /// The message also printed on stderr, without the `error: ` prefix.
+    error: String,
+    /// The process exit code (see the [module docs](self)).
+    exit_code: u8,
+}
+
+impl ErrorReport {
+    /// The report of `error`.
+    pub(crate) fn new(error: &CliError) -> Self {
+        Self {
+            error: error.to_string(),
+            exit_code: error.exit_code(),
+        }
+    }
+}
+
 /// Whether a stream-layer error means the environment is set up wrong (a
 /// malformed variable, a backend this build lacks, a flex library that
 /// cannot be loaded, a device that does not exist, a bad `SPYRE_MOCK_*`

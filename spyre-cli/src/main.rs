@@ -39,7 +39,7 @@ use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
 use crate::cli::{Cli, Command};
-use crate::error::CliError;
+use crate::error::{CliError, ErrorReport};
 use crate::output::{emit, to_json_line};
 use crate::run::RunReport;
 
@@ -50,12 +50,16 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::from(error::EXIT_OK),
         Err(error) => {
             let _ = writeln!(std::io::stderr(), "error: {error}");
+            if cli.command.reports_errors_as_json() {
+                // Whoever parses stdout gets one line either way.
+                let _ = to_json_line(&ErrorReport::new(&error)).and_then(|line| emit(&line));
+            }
             error.process_exit_code()
         }
     }
 }
 
-/// Logs to stderr, filtered by `RUST_LOG` (unset or empty: `warn`; a value
+/// Logs to stderr (lines that cannot be written are dropped), filtered by `RUST_LOG` (unset or empty: `warn`; a value
 /// that is not a filter: `warn`, with a warning that names it), in colour
 /// only when stderr is a terminal and `NO_COLOR` is unset or empty.
 fn init_tracing() {
@@ -75,6 +79,9 @@ fn init_tracing() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // A log line that cannot be written (stderr closed or a full pipe)
+        // is dropped; reporting that on stderr again would panic.
+        .log_internal_errors(false)
         .with_ansi(use_colour(
             std::io::stderr().is_terminal(),
             std::env::var_os("NO_COLOR").as_deref(),

@@ -8,7 +8,7 @@
 //! to run these on, so the file is empty there.
 #![cfg(feature = "mock")]
 
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
 
@@ -477,6 +477,27 @@ fn logs_to_a_pipe_carry_no_colour_codes() {
 }
 
 #[test]
+fn a_closed_stderr_loses_the_log_not_the_run() {
+    // The log's reader goes away before the run logs anything: every log
+    // line meets a closed pipe (EPIPE), and the run must still finish and
+    // report on stdout.
+    let mut command = Command::new(env!("CARGO_BIN_EXE_spyre"));
+    command.args(["run", "--threads", "1", "--iterations", "4", "--json"]);
+    clear_environment(&mut command);
+    command
+        .env("SPYRE_BACKEND", "mock")
+        .env("RUST_LOG", "debug")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = command.spawn().expect("the spyre binary runs");
+    drop(child.stderr.take());
+    let output = child.wait_with_output().expect("spyre finishes");
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    let report: Value = serde_json::from_str(&stdout(&output)).expect("stdout is JSON");
+    assert_eq!(report["iterations_verified"], 4, "{report}");
+}
+
+#[test]
 fn info_json_describes_the_process() {
     let info = json(&["info", "--json"], &[]);
     assert_eq!(info["backend"], "mock");
@@ -556,6 +577,30 @@ fn info_still_reports_when_the_runtime_cannot_start() {
     let error = info["error"].as_str().expect("error is a string");
     assert!(error.contains("logical_device_id=5"), "{error}");
     assert!(stderr(&output).contains("logical_device_id=5"));
+}
+
+#[test]
+fn json_failures_print_one_json_line_naming_the_error() {
+    // A bad environment: exit 2 (the invocation is wrong).
+    for args in [
+        &["run", "--iterations", "1", "--json"][..],
+        &["bench", "--budget-ms", "1", "--json"][..],
+    ] {
+        let output = spyre(args, &[("LOCAL_RANK", "abc")]);
+        assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+        let report: Value = serde_json::from_str(&stdout(&output)).expect("stdout is JSON");
+        assert_eq!(report["exit_code"], 2, "spyre {args:?}: {report}");
+        let error = report["error"].as_str().expect("error is a string");
+        assert!(error.contains("LOCAL_RANK=\"abc\""), "{error}");
+        assert!(
+            stderr(&output).contains(error),
+            "stderr has the same message"
+        );
+    }
+    // Without --json, stdout stays empty.
+    let output = spyre(&["run", "--iterations", "1"], &[("LOCAL_RANK", "abc")]);
+    assert_eq!(output.status.code(), Some(2));
+    assert_eq!(stdout(&output), "");
 }
 
 #[test]

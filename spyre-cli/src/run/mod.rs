@@ -26,6 +26,7 @@ mod report;
 mod worker;
 
 use std::collections::BTreeMap;
+use std::io::Write as _;
 use std::time::Instant;
 
 use spyre_stream::Device;
@@ -84,7 +85,8 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
         && let Some(warning) =
             estimate::matmul_warning(plan.n, total, args.threads, estimate::measure_rate())
     {
-        eprintln!("{warning}");
+        // Advice only: a closed stderr must not fail (or panic) the run.
+        let _ = writeln!(std::io::stderr(), "{warning}");
     }
     tracing::info!(
         backend = info.backend,
