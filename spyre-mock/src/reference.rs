@@ -34,21 +34,27 @@ pub fn axpy(alpha: f32, x: &[f32], y: &[f32]) -> Vec<f32> {
 /// adds `A[i][p] * B[p][j]` for `p = 0, 1, …, k-1` in that order, rounding
 /// the product and then the sum to `f32` at every step.
 ///
+/// The loops run i, p, j (one row of accumulators at a time), so `B` is
+/// read in order and the inner loop vectorizes; every `C[i][j]` still sees
+/// its terms in ascending `p`, so the result is bit for bit that of the
+/// i, j, p order.
+///
 /// Returns `None` when `a.len() != m*k`, `b.len() != k*n`, or a size
 /// overflows `usize`.
 pub fn matmul(m: usize, k: usize, n: usize, a: &[f32], b: &[f32]) -> Option<Vec<f32>> {
     if a.len() != m.checked_mul(k)? || b.len() != k.checked_mul(n)? {
         return None;
     }
-    let mut c = Vec::with_capacity(m.checked_mul(n)?);
-    for i in 0..m {
-        let row = &a[i * k..(i + 1) * k];
-        for j in 0..n {
-            let mut acc = 0.0f32;
-            for (p, &a_ip) in row.iter().enumerate() {
-                acc += a_ip * b[p * n + j];
+    let mut c = vec![0.0f32; m.checked_mul(n)?];
+    if n == 0 {
+        return Some(c);
+    }
+    for (row, a_row) in c.chunks_exact_mut(n).zip(a.chunks_exact(k.max(1))) {
+        for (&a_ip, b_row) in a_row.iter().zip(b.chunks_exact(n)) {
+            for (acc, &b_pj) in row.iter_mut().zip(b_row) {
+                let product = a_ip * b_pj;
+                *acc += product;
             }
-            c.push(acc);
         }
     }
     Some(c)
@@ -90,6 +96,47 @@ mod tests {
         // 0.1 * 0.1 + 0.0: the product is rounded before the add.
         let c = matmul(1, 1, 1, &[0.1], &[0.1]).unwrap();
         assert_eq!(c[0].to_bits(), (0.1f32 * 0.1f32).to_bits());
+    }
+
+    #[test]
+    fn matmul_is_bitwise_the_textbook_order() {
+        // The definition, loops i, j, p, against the vectorizable i, p, j
+        // order, on non-square shapes (and empty ones) with values of
+        // mixed sign and magnitude, so that any reordering of a sum shows.
+        fn textbook(m: usize, k: usize, n: usize, a: &[f32], b: &[f32]) -> Vec<f32> {
+            let mut c = Vec::with_capacity(m * n);
+            for i in 0..m {
+                for j in 0..n {
+                    let mut acc = 0.0f32;
+                    for p in 0..k {
+                        acc += a[i * k + p] * b[p * n + j];
+                    }
+                    c.push(acc);
+                }
+            }
+            c
+        }
+        let mut state = 0x9E37_79B9u32;
+        let mut value = || {
+            state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (state >> 8) as f32 / (1 << 12) as f32 - 2048.0
+        };
+        for (m, k, n) in [
+            (3, 5, 7),
+            (7, 5, 3),
+            (1, 33, 17),
+            (16, 16, 16),
+            (0, 3, 2),
+            (2, 0, 3),
+            (2, 3, 0),
+        ] {
+            let a: Vec<f32> = (0..m * k).map(|_| value()).collect();
+            let b: Vec<f32> = (0..k * n).map(|_| value()).collect();
+            let got = matmul(m, k, n, &a, &b).unwrap();
+            let want = textbook(m, k, n, &a, &b);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "{m}×{k} · {k}×{n}");
+        }
     }
 
     #[test]
