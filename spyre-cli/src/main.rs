@@ -35,7 +35,7 @@ mod verify;
 use std::io::{IsTerminal as _, Write as _};
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::Parser as _;
 use tracing_subscriber::EnvFilter;
 
 use crate::cli::{Cli, Command};
@@ -44,7 +44,10 @@ use crate::output::{emit, to_json_line};
 use crate::run::RunReport;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => return argument_error(&error),
+    };
     init_tracing();
     match dispatch(&cli.command) {
         Ok(()) => ExitCode::from(error::EXIT_OK),
@@ -57,6 +60,22 @@ fn main() -> ExitCode {
             error.process_exit_code()
         }
     }
+}
+
+/// Reports an argument clap refused (or `--help`/`--version`) as clap does,
+/// and, when `--json` is among the arguments, also as the one JSON line that
+/// `--json` promises for failures (`{"error": ..., "exit_code": 2}`).
+fn argument_error(error: &clap::Error) -> ExitCode {
+    let _ = error.print();
+    let code = error.exit_code();
+    if code != 0 && std::env::args_os().any(|arg| arg == "--json") {
+        let rendered = error.render().to_string();
+        let first_line = rendered.lines().next().unwrap_or_default();
+        let message = first_line.strip_prefix("error: ").unwrap_or(first_line);
+        let report = ErrorReport::new(&CliError::Usage(message.to_owned()));
+        let _ = to_json_line(&report).and_then(|line| emit(&line));
+    }
+    ExitCode::from(u8::try_from(code).unwrap_or(error::EXIT_USAGE))
 }
 
 /// Logs to stderr (lines that cannot be written are dropped), filtered by `RUST_LOG` (unset or empty: `warn`; a value

@@ -347,7 +347,7 @@ fn bad_sizes_exit_2_naming_the_value() {
         &[
             "--threads 1 and --in-flight 3 keeps 3 iterations in flight",
             "3 blocks of 104857728 bytes",
-            "which hold 2 such iterations at once",
+            "which hold at most 2 of them at once",
         ],
     );
     // Fits once, but not four times over two threads.
@@ -597,6 +597,17 @@ fn json_failures_print_one_json_line_naming_the_error() {
             "stderr has the same message"
         );
     }
+    // Arguments clap refuses get the same line on stdout.
+    let output = spyre(&["run", "--json", "--threads", "0"], &[]);
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    let report: Value = serde_json::from_str(&stdout(&output)).expect("stdout is JSON");
+    assert_eq!(report["exit_code"], 2, "{report}");
+    let error = report["error"].as_str().expect("error is a string");
+    assert!(
+        error.contains("'0'") && error.contains("--threads"),
+        "{error}"
+    );
+    assert!(!error.starts_with("error:"), "{error}");
     // Without --json, stdout stays empty.
     let output = spyre(&["run", "--iterations", "1"], &[("LOCAL_RANK", "abc")]);
     assert_eq!(output.status.code(), Some(2));

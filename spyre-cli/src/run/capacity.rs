@@ -28,7 +28,7 @@ pub(super) fn check_capacity(
             (region / ADDRESS_ALIGNMENT * ADDRESS_ALIGNMENT).saturating_sub(DESCRIPTOR_BYTES);
         let advice = if largest_operand == 0 {
             format!(
-                "no operand fits a region of {region} bytes; make the device's regions larger (SPYRE_MOCK_REGION_BYTES of at least {})",
+                "no operand fits a region of {region} bytes; make the device's regions larger (SPYRE_MOCK_REGION_BYTES of at least {}, with SPYRE_MOCK_MEMORY_BYTES at least as large)",
                 2 * DESCRIPTOR_BYTES
             )
         } else {
@@ -60,7 +60,7 @@ pub(super) fn check_capacity(
     let in_flight = (args.threads as u64).saturating_mul(per_thread);
     if in_flight > iterations_held {
         return Err(CliError::Usage(format!(
-            "--size {} with --threads {} and --in-flight {} keeps {in_flight} iterations in flight, each in {BLOCKS_PER_ITERATION} blocks of {block} bytes that must each lie in one memory region, but the device has {memory} bytes ({}) in regions of {region} bytes, which hold {iterations_held} such iterations at once; lower --in-flight, --threads or --size",
+            "--size {} with --threads {} and --in-flight {} keeps {in_flight} iterations in flight, each in {BLOCKS_PER_ITERATION} blocks of {block} bytes that must each lie in one memory region, but the device has {memory} bytes ({}) in regions of {region} bytes, which hold at most {iterations_held} of them at once; lower --in-flight, --threads or --size",
             args.size,
             args.threads,
             args.in_flight,
