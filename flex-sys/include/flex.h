@@ -35,6 +35,13 @@
  *    destroyed by flex_runtime_destroy.
  *  - Device memory from flex_memory_allocate belongs to the caller until
  *    flex_memory_free or until its runtime is destroyed.
+ *  - A flex_event_t (ABI 1.1) belongs to the runtime that made it and is
+ *    owned by the caller until flex_event_destroy or until its runtime is
+ *    destroyed.
+ *
+ * Versions: 1.0 is the first ABI. 1.1 adds events and capabilities (the
+ * section "Events" below). A loader built for 1.1 accepts a 1.0 library; the
+ * 1.1 functions are then absent, and a caller must report them unsupported.
  */
 #ifndef FLEX_H
 #define FLEX_H
@@ -55,7 +62,7 @@ extern "C" {
 #define FLEX_API_VERSION_MAJOR 1
 /** Minor version of the ABI this header declares. A library with a newer
  *  minor version is compatible: it only adds functions or status codes. */
-#define FLEX_API_VERSION_MINOR 0
+#define FLEX_API_VERSION_MINOR 1
 
 /** Packs a major and a minor version into the value that
  *  flex_get_api_version returns: major in bits 16..31, minor in bits 0..15. */
@@ -80,7 +87,8 @@ typedef int32_t flex_status_t;
 
 /** The call succeeded. */
 #define FLEX_SUCCESS 0
-/** flex_stream_query only: work enqueued on the stream has not finished. */
+/** flex_stream_query, flex_event_query and flex_event_elapsed_time only:
+ *  the work waited for has not finished. */
 #define FLEX_NOT_READY 1
 /** An argument is out of range, null where a value is required, misaligned,
  *  or inconsistent with another argument. Nothing was done. */
@@ -411,6 +419,122 @@ flex_status_t flex_launch_fill(flex_stream_t *stream,
                                double value, flex_data_format_t format,
                                int32_t pipeline_barrier,
                                flex_completion_t completion);
+
+/* ------------------------------------------------------------------------ */
+/* Capabilities (ABI 1.1)                                                   */
+/* ------------------------------------------------------------------------ */
+
+/** A capability a runtime may have; queried with
+ *  flex_runtime_get_capability. */
+typedef int32_t flex_capability_t;
+/** 1 if flex_stream_wait_event makes the stream wait on the device side
+ *  (the call returns at once; the device holds the stream's later work);
+ *  0 if the call instead blocks the calling host thread until the event has
+ *  completed (the ordering is the same, but the host waits). */
+#define FLEX_CAPABILITY_DEVICE_SIDE_WAIT 0
+/** 1 if events created with FLEX_EVENT_TIMING take device timestamps, so
+ *  flex_event_elapsed_time can work; 0 if it never can. */
+#define FLEX_CAPABILITY_EVENT_TIMING 1
+
+/** Writes the value of `capability` for this runtime to *value_out (0 or 1
+ *  for the capabilities above). Returns FLEX_SUCCESS;
+ *  FLEX_ERROR_INVALID_HANDLE; FLEX_ERROR_INVALID_ARGUMENT (value_out NULL,
+ *  or a capability this library does not know). */
+flex_status_t flex_runtime_get_capability(flex_runtime_t *runtime,
+                                          flex_capability_t capability,
+                                          int32_t *value_out);
+
+/* ------------------------------------------------------------------------ */
+/* Events (ABI 1.1)                                                         */
+/*                                                                          */
+/* An event marks a point in a stream's FIFO. Recording it on a stream      */
+/* captures exactly the work enqueued on that stream before the record;     */
+/* the event completes when that work has completed. Recording again moves  */
+/* the event: query, synchronize and later waits see only the latest        */
+/* record, while a wait already enqueued keeps the record it saw. An event  */
+/* never recorded is complete. If the recording stream fails before the     */
+/* event's point, the event is failed with the stream's error; a stream     */
+/* that waits on a failed event fails with FLEX_ERROR_STREAM_FAILED (its    */
+/* message names the event's stream) instead of waiting forever.            */
+/* ------------------------------------------------------------------------ */
+
+/** One marker in stream order. Opaque. */
+typedef struct flex_event flex_event_t;
+
+/** Flags of flex_event_create, OR-ed together. */
+typedef int32_t flex_event_flags_t;
+/** No flags: the event orders work but takes no timestamp (cheaper). */
+#define FLEX_EVENT_DEFAULT 0
+/** The event takes a device timestamp when it completes, for
+ *  flex_event_elapsed_time. */
+#define FLEX_EVENT_TIMING 1
+
+/** Creates an event on the runtime, not yet recorded, and writes it to
+ *  *event_out. Returns FLEX_SUCCESS; FLEX_ERROR_INVALID_HANDLE;
+ *  FLEX_ERROR_INVALID_ARGUMENT (event_out NULL, or an unknown flag bit);
+ *  FLEX_ERROR_RUNTIME_FAILED (no more events can be made). */
+flex_status_t flex_event_create(flex_runtime_t *runtime,
+                                flex_event_flags_t flags,
+                                flex_event_t **event_out);
+
+/** Destroys an event. Never blocks: work already enqueued that records or
+ *  waits on the event is unaffected (pending waits are still honoured) and
+ *  the event's resources are released when that work is done. The handle is
+ *  invalid afterwards. Returns FLEX_SUCCESS or FLEX_ERROR_INVALID_HANDLE
+ *  (NULL, or an event of another runtime). */
+flex_status_t flex_event_destroy(flex_runtime_t *runtime,
+                                 flex_event_t *event);
+
+/** Records the event on `stream`: the event now marks the end of the work
+ *  enqueued on the stream so far. `completion` follows flex_completion_fn:
+ *  it is called once when the event completes (FLEX_SUCCESS) or fails (the
+ *  stream's error). Calls recording the same event from several threads at
+ *  once are serialized by the library. Returns FLEX_SUCCESS (recorded), or,
+ *  having changed nothing: FLEX_ERROR_INVALID_HANDLE;
+ *  FLEX_ERROR_INVALID_ARGUMENT (the event and the stream belong to
+ *  different runtimes); FLEX_ERROR_STREAM_FAILED; FLEX_ERROR_SHUTDOWN;
+ *  FLEX_ERROR_LAUNCH_FAILED. */
+flex_status_t flex_event_record(flex_event_t *event, flex_stream_t *stream,
+                                flex_completion_t completion);
+
+/** Makes every operation enqueued on `stream` after this call start only
+ *  after the event's latest record (as of this call) has completed. A no-op
+ *  for an event never recorded and for an event recorded on `stream`
+ *  itself. With FLEX_CAPABILITY_DEVICE_SIDE_WAIT the call returns at once;
+ *  without it the call blocks until the event has completed. If the event
+ *  has failed, the stream fails (see above). Returns FLEX_SUCCESS, or,
+ *  having changed nothing: FLEX_ERROR_INVALID_HANDLE;
+ *  FLEX_ERROR_INVALID_ARGUMENT (different runtimes);
+ *  FLEX_ERROR_STREAM_FAILED; FLEX_ERROR_SHUTDOWN; FLEX_ERROR_LAUNCH_FAILED.
+ *  Without device-side waits it must not be called from a completion
+ *  callback or host function of the same runtime (FLEX_ERROR_UNSUPPORTED). */
+flex_status_t flex_stream_wait_event(flex_stream_t *stream,
+                                     flex_event_t *event);
+
+/** Does not block. Returns FLEX_SUCCESS when the event's latest record has
+ *  completed (or it was never recorded); FLEX_NOT_READY when it has not;
+ *  the recording stream's error if the record failed;
+ *  FLEX_ERROR_INVALID_HANDLE. */
+flex_status_t flex_event_query(flex_event_t *event);
+
+/** Blocks until the event's latest record (as of this call) has completed.
+ *  Returns at once for an event never recorded. Returns FLEX_SUCCESS, the
+ *  recording stream's error if the record failed, FLEX_ERROR_INVALID_HANDLE,
+ *  or FLEX_ERROR_UNSUPPORTED when called from a completion callback or host
+ *  function of the same runtime. */
+flex_status_t flex_event_synchronize(flex_event_t *event);
+
+/** Writes the device time from the completion of `start` to the completion
+ *  of `end`, in nanoseconds, to *nanoseconds_out (negative when `end`
+ *  completed first). Timestamps are taken when the device reaches each event
+ *  in stream order, not when the host recorded it. Returns FLEX_SUCCESS;
+ *  FLEX_ERROR_INVALID_HANDLE; FLEX_ERROR_INVALID_ARGUMENT (nanoseconds_out
+ *  NULL, an event created without FLEX_EVENT_TIMING, an event never
+ *  recorded, or events of different runtimes); FLEX_NOT_READY (an event has
+ *  not completed); the recording stream's error if a record failed. The
+ *  last-error message names the precondition that failed. */
+flex_status_t flex_event_elapsed_time(flex_event_t *start, flex_event_t *end,
+                                      int64_t *nanoseconds_out);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -4,7 +4,7 @@
 // run `cargo run --manifest-path flex-sys/gen/Cargo.toml` instead.
 
 pub const FLEX_API_VERSION_MAJOR: i32 = 1;
-pub const FLEX_API_VERSION_MINOR: i32 = 0;
+pub const FLEX_API_VERSION_MINOR: i32 = 1;
 pub const FLEX_SUCCESS: i32 = 0;
 pub const FLEX_NOT_READY: i32 = 1;
 pub const FLEX_ERROR_INVALID_ARGUMENT: i32 = 2;
@@ -28,6 +28,10 @@ pub const FLEX_DATA_FORMAT_INT32: i32 = 2;
 pub const FLEX_DATA_FORMAT_UINT8: i32 = 3;
 pub const FLEX_ADDRESS_ALIGNMENT: i32 = 128;
 pub const FLEX_MAX_ADDRESS_CHUNKS: i32 = 64;
+pub const FLEX_CAPABILITY_DEVICE_SIDE_WAIT: i32 = 0;
+pub const FLEX_CAPABILITY_EVENT_TIMING: i32 = 1;
+pub const FLEX_EVENT_DEFAULT: i32 = 0;
+pub const FLEX_EVENT_TIMING: i32 = 1;
 #[doc = " Result of a flex call. An integer, not an enum: a library may return a\n  value this header does not name, and callers must treat it as an error."]
 pub type flex_status_t = i32;
 #[doc = " Priority of a stream. When more streams have work than the device has\n  engines, queued work of HIGH streams starts first."]
@@ -157,6 +161,17 @@ pub type flex_completion_t = flex_completion;
 pub type flex_host_fn = ::std::option::Option<
     unsafe extern "C" fn(user_data: *mut ::std::os::raw::c_void) -> flex_status_t,
 >;
+#[doc = " A capability a runtime may have; queried with\n  flex_runtime_get_capability."]
+pub type flex_capability_t = i32;
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct flex_event {
+    _unused: [u8; 0],
+}
+#[doc = " One marker in stream order. Opaque."]
+pub type flex_event_t = flex_event;
+#[doc = " Flags of flex_event_create, OR-ed together."]
+pub type flex_event_flags_t = i32;
 pub struct FlexApi {
     __library: ::libloading::Library,
     pub flex_get_api_version: Result<unsafe extern "C" fn() -> u32, ::libloading::Error>,
@@ -307,6 +322,57 @@ pub struct FlexApi {
         ) -> flex_status_t,
         ::libloading::Error,
     >,
+    pub flex_runtime_get_capability: Result<
+        unsafe extern "C" fn(
+            runtime: *mut flex_runtime_t,
+            capability: flex_capability_t,
+            value_out: *mut i32,
+        ) -> flex_status_t,
+        ::libloading::Error,
+    >,
+    pub flex_event_create: Result<
+        unsafe extern "C" fn(
+            runtime: *mut flex_runtime_t,
+            flags: flex_event_flags_t,
+            event_out: *mut *mut flex_event_t,
+        ) -> flex_status_t,
+        ::libloading::Error,
+    >,
+    pub flex_event_destroy: Result<
+        unsafe extern "C" fn(
+            runtime: *mut flex_runtime_t,
+            event: *mut flex_event_t,
+        ) -> flex_status_t,
+        ::libloading::Error,
+    >,
+    pub flex_event_record: Result<
+        unsafe extern "C" fn(
+            event: *mut flex_event_t,
+            stream: *mut flex_stream_t,
+            completion: flex_completion_t,
+        ) -> flex_status_t,
+        ::libloading::Error,
+    >,
+    pub flex_stream_wait_event: Result<
+        unsafe extern "C" fn(stream: *mut flex_stream_t, event: *mut flex_event_t) -> flex_status_t,
+        ::libloading::Error,
+    >,
+    pub flex_event_query: Result<
+        unsafe extern "C" fn(event: *mut flex_event_t) -> flex_status_t,
+        ::libloading::Error,
+    >,
+    pub flex_event_synchronize: Result<
+        unsafe extern "C" fn(event: *mut flex_event_t) -> flex_status_t,
+        ::libloading::Error,
+    >,
+    pub flex_event_elapsed_time: Result<
+        unsafe extern "C" fn(
+            start: *mut flex_event_t,
+            end: *mut flex_event_t,
+            nanoseconds_out: *mut i64,
+        ) -> flex_status_t,
+        ::libloading::Error,
+    >,
 }
 impl FlexApi {
     pub unsafe fn new<P>(path: P) -> Result<Self, ::libloading::Error>
@@ -360,6 +426,18 @@ impl FlexApi {
         let flex_launch_host_callback =
             unsafe { __library.get(b"flex_launch_host_callback\0") }.map(|sym| *sym);
         let flex_launch_fill = unsafe { __library.get(b"flex_launch_fill\0") }.map(|sym| *sym);
+        let flex_runtime_get_capability =
+            unsafe { __library.get(b"flex_runtime_get_capability\0") }.map(|sym| *sym);
+        let flex_event_create = unsafe { __library.get(b"flex_event_create\0") }.map(|sym| *sym);
+        let flex_event_destroy = unsafe { __library.get(b"flex_event_destroy\0") }.map(|sym| *sym);
+        let flex_event_record = unsafe { __library.get(b"flex_event_record\0") }.map(|sym| *sym);
+        let flex_stream_wait_event =
+            unsafe { __library.get(b"flex_stream_wait_event\0") }.map(|sym| *sym);
+        let flex_event_query = unsafe { __library.get(b"flex_event_query\0") }.map(|sym| *sym);
+        let flex_event_synchronize =
+            unsafe { __library.get(b"flex_event_synchronize\0") }.map(|sym| *sym);
+        let flex_event_elapsed_time =
+            unsafe { __library.get(b"flex_event_elapsed_time\0") }.map(|sym| *sym);
         Ok(FlexApi {
             __library,
             flex_get_api_version,
@@ -385,6 +463,14 @@ impl FlexApi {
             flex_launch_compute,
             flex_launch_host_callback,
             flex_launch_fill,
+            flex_runtime_get_capability,
+            flex_event_create,
+            flex_event_destroy,
+            flex_event_record,
+            flex_stream_wait_event,
+            flex_event_query,
+            flex_event_synchronize,
+            flex_event_elapsed_time,
         })
     }
     #[doc = " The ABI version the library implements, packed as FLEX_MAKE_API_VERSION.\n  Never fails; needs no runtime. A loader calls this first."]
@@ -742,6 +828,114 @@ impl FlexApi {
                 pipeline_barrier,
                 completion,
             )
+        }
+    }
+    #[must_use]
+    #[doc = " Writes the value of `capability` for this runtime to *value_out (0 or 1\n  for the capabilities above). Returns FLEX_SUCCESS;\n  FLEX_ERROR_INVALID_HANDLE; FLEX_ERROR_INVALID_ARGUMENT (value_out NULL,\n  or a capability this library does not know)."]
+    pub unsafe fn flex_runtime_get_capability(
+        &self,
+        runtime: *mut flex_runtime_t,
+        capability: flex_capability_t,
+        value_out: *mut i32,
+    ) -> flex_status_t {
+        unsafe {
+            (self
+                .flex_runtime_get_capability
+                .as_ref()
+                .expect("Expected function, got error."))(runtime, capability, value_out)
+        }
+    }
+    #[must_use]
+    #[doc = " Creates an event on the runtime, not yet recorded, and writes it to\n  *event_out. Returns FLEX_SUCCESS; FLEX_ERROR_INVALID_HANDLE;\n  FLEX_ERROR_INVALID_ARGUMENT (event_out NULL, or an unknown flag bit);\n  FLEX_ERROR_RUNTIME_FAILED (no more events can be made)."]
+    pub unsafe fn flex_event_create(
+        &self,
+        runtime: *mut flex_runtime_t,
+        flags: flex_event_flags_t,
+        event_out: *mut *mut flex_event_t,
+    ) -> flex_status_t {
+        unsafe {
+            (self
+                .flex_event_create
+                .as_ref()
+                .expect("Expected function, got error."))(runtime, flags, event_out)
+        }
+    }
+    #[must_use]
+    #[doc = " Destroys an event. Never blocks: work already enqueued that records or\n  waits on the event is unaffected (pending waits are still honoured) and\n  the event's resources are released when that work is done. The handle is\n  invalid afterwards. Returns FLEX_SUCCESS or FLEX_ERROR_INVALID_HANDLE\n  (NULL, or an event of another runtime)."]
+    pub unsafe fn flex_event_destroy(
+        &self,
+        runtime: *mut flex_runtime_t,
+        event: *mut flex_event_t,
+    ) -> flex_status_t {
+        unsafe {
+            (self
+                .flex_event_destroy
+                .as_ref()
+                .expect("Expected function, got error."))(runtime, event)
+        }
+    }
+    #[must_use]
+    #[doc = " Records the event on `stream`: the event now marks the end of the work\n  enqueued on the stream so far. `completion` follows flex_completion_fn:\n  it is called once when the event completes (FLEX_SUCCESS) or fails (the\n  stream's error). Calls recording the same event from several threads at\n  once are serialized by the library. Returns FLEX_SUCCESS (recorded), or,\n  having changed nothing: FLEX_ERROR_INVALID_HANDLE;\n  FLEX_ERROR_INVALID_ARGUMENT (the event and the stream belong to\n  different runtimes); FLEX_ERROR_STREAM_FAILED; FLEX_ERROR_SHUTDOWN;\n  FLEX_ERROR_LAUNCH_FAILED."]
+    pub unsafe fn flex_event_record(
+        &self,
+        event: *mut flex_event_t,
+        stream: *mut flex_stream_t,
+        completion: flex_completion_t,
+    ) -> flex_status_t {
+        unsafe {
+            (self
+                .flex_event_record
+                .as_ref()
+                .expect("Expected function, got error."))(event, stream, completion)
+        }
+    }
+    #[must_use]
+    #[doc = " Makes every operation enqueued on `stream` after this call start only\n  after the event's latest record (as of this call) has completed. A no-op\n  for an event never recorded and for an event recorded on `stream`\n  itself. With FLEX_CAPABILITY_DEVICE_SIDE_WAIT the call returns at once;\n  without it the call blocks until the event has completed. If the event\n  has failed, the stream fails (see above). Returns FLEX_SUCCESS, or,\n  having changed nothing: FLEX_ERROR_INVALID_HANDLE;\n  FLEX_ERROR_INVALID_ARGUMENT (different runtimes);\n  FLEX_ERROR_STREAM_FAILED; FLEX_ERROR_SHUTDOWN; FLEX_ERROR_LAUNCH_FAILED.\n  Without device-side waits it must not be called from a completion\n  callback or host function of the same runtime (FLEX_ERROR_UNSUPPORTED)."]
+    pub unsafe fn flex_stream_wait_event(
+        &self,
+        stream: *mut flex_stream_t,
+        event: *mut flex_event_t,
+    ) -> flex_status_t {
+        unsafe {
+            (self
+                .flex_stream_wait_event
+                .as_ref()
+                .expect("Expected function, got error."))(stream, event)
+        }
+    }
+    #[must_use]
+    #[doc = " Does not block. Returns FLEX_SUCCESS when the event's latest record has\n  completed (or it was never recorded); FLEX_NOT_READY when it has not;\n  the recording stream's error if the record failed;\n  FLEX_ERROR_INVALID_HANDLE."]
+    pub unsafe fn flex_event_query(&self, event: *mut flex_event_t) -> flex_status_t {
+        unsafe {
+            (self
+                .flex_event_query
+                .as_ref()
+                .expect("Expected function, got error."))(event)
+        }
+    }
+    #[must_use]
+    #[doc = " Blocks until the event's latest record (as of this call) has completed.\n  Returns at once for an event never recorded. Returns FLEX_SUCCESS, the\n  recording stream's error if the record failed, FLEX_ERROR_INVALID_HANDLE,\n  or FLEX_ERROR_UNSUPPORTED when called from a completion callback or host\n  function of the same runtime."]
+    pub unsafe fn flex_event_synchronize(&self, event: *mut flex_event_t) -> flex_status_t {
+        unsafe {
+            (self
+                .flex_event_synchronize
+                .as_ref()
+                .expect("Expected function, got error."))(event)
+        }
+    }
+    #[must_use]
+    #[doc = " Writes the device time from the completion of `start` to the completion\n  of `end`, in nanoseconds, to *nanoseconds_out (negative when `end`\n  completed first). Timestamps are taken when the device reaches each event\n  in stream order, not when the host recorded it. Returns FLEX_SUCCESS;\n  FLEX_ERROR_INVALID_HANDLE; FLEX_ERROR_INVALID_ARGUMENT (nanoseconds_out\n  NULL, an event created without FLEX_EVENT_TIMING, an event never\n  recorded, or events of different runtimes); FLEX_NOT_READY (an event has\n  not completed); the recording stream's error if a record failed. The\n  last-error message names the precondition that failed."]
+    pub unsafe fn flex_event_elapsed_time(
+        &self,
+        start: *mut flex_event_t,
+        end: *mut flex_event_t,
+        nanoseconds_out: *mut i64,
+    ) -> flex_status_t {
+        unsafe {
+            (self
+                .flex_event_elapsed_time
+                .as_ref()
+                .expect("Expected function, got error."))(start, end, nanoseconds_out)
         }
     }
 }

@@ -83,20 +83,50 @@ pub enum LoadError {
         path: PathBuf,
     },
 
-    /// The library does not export a function that `flex.h` requires.
+    /// The library does not export a function that the ABI version it
+    /// reports requires.
     #[error(
-        "{} does not export `{symbol}`, which flex ABI {current} requires, so it is not a \
+        "{} does not export `{symbol}`, which flex ABI {version} requires, so it is not a \
          complete flex runtime library (a stub, an older build, or another library). Install \
          a complete flex runtime, or point FLEX_RUNTIME_LIB at one",
-        path.display(),
-        current = AbiVersion::CURRENT
+        path.display()
     )]
     MissingSymbol {
-        /// The name of the missing function, one of [`crate::REQUIRED_SYMBOLS`].
+        /// The name of the missing function, one of [`crate::REQUIRED_SYMBOLS`]
+        /// or (for a library reporting ABI 1.1 or later)
+        /// [`crate::ABI_1_1_SYMBOLS`].
         symbol: &'static str,
+        /// The ABI version the library reported.
+        version: AbiVersion,
         /// The file that was loaded.
         path: PathBuf,
     },
+}
+
+/// A function of a later ABI minor version than the loaded library's: the
+/// library loaded (it reports an older minor version), and the feature that
+/// needs the function is unavailable with it.
+///
+/// Displays as, for example: "unsupported by this flex library (ABI 1.0):
+/// `flex_event_create` was added in flex ABI 1.1, and /usr/lib/libflex.so.1
+/// implements ABI 1.0; install a flex runtime with ABI 1.1 or later to use
+/// it".
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "unsupported by this flex library (ABI {version}): `{symbol}` was added in flex ABI \
+     {added_in}, and {} implements ABI {version}; install a flex runtime with ABI {added_in} or \
+     later to use it",
+    path.display()
+)]
+pub struct MissingFunction {
+    /// The function that is missing, for example `flex_event_create`.
+    pub symbol: &'static str,
+    /// The ABI version that added it.
+    pub added_in: AbiVersion,
+    /// The ABI version the library reported.
+    pub version: AbiVersion,
+    /// The file that was loaded.
+    pub path: PathBuf,
 }
 
 /// One default library name that the loader tried, and why it failed.
@@ -218,6 +248,7 @@ mod tests {
     fn missing_symbol_names_the_symbol_and_the_path() {
         let e = LoadError::MissingSymbol {
             symbol: "flex_launch_fill",
+            version: AbiVersion { major: 1, minor: 0 },
             path: "/usr/lib/libflex.so.1".into(),
         };
         assert_eq!(
@@ -225,6 +256,22 @@ mod tests {
             "/usr/lib/libflex.so.1 does not export `flex_launch_fill`, which flex ABI 1.0 \
              requires, so it is not a complete flex runtime library (a stub, an older build, or \
              another library). Install a complete flex runtime, or point FLEX_RUNTIME_LIB at one"
+        );
+    }
+
+    #[test]
+    fn missing_function_says_unsupported_and_names_symbol_and_versions() {
+        let e = MissingFunction {
+            symbol: "flex_event_create",
+            added_in: AbiVersion { major: 1, minor: 1 },
+            version: AbiVersion { major: 1, minor: 0 },
+            path: "/usr/lib/libflex.so.1".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "unsupported by this flex library (ABI 1.0): `flex_event_create` was added in flex \
+             ABI 1.1, and /usr/lib/libflex.so.1 implements ABI 1.0; install a flex runtime with \
+             ABI 1.1 or later to use it"
         );
     }
 }

@@ -44,8 +44,14 @@
 //! 2. `flex_get_api_version` is called first. A different major version than
 //!    [`AbiVersion::CURRENT`] is [`LoadError::AbiMismatch`], showing both
 //!    versions; an older or newer minor version is accepted.
-//! 3. Every function in [`REQUIRED_SYMBOLS`] must resolve, or the load fails
-//!    with [`LoadError::MissingSymbol`] naming the first one missing.
+//! 3. Every function in [`REQUIRED_SYMBOLS`] (ABI 1.0) must resolve, or the
+//!    load fails with [`LoadError::MissingSymbol`] naming the first one
+//!    missing. The functions ABI 1.1 added ([`ABI_1_1_SYMBOLS`]: events and
+//!    capabilities) are required of a library reporting 1.1 or later; a 1.0
+//!    library loads without them and [`FlexLibrary::require`] returns a
+//!    [`MissingFunction`] ("unsupported by this flex library (ABI 1.0)")
+//!    naming the function, so callers report the feature unsupported
+//!    instead of calling a function the library does not promise.
 //!
 //! [`FlexLibrary::path`] then tells which file was actually loaded.
 //! Nothing in this crate panics on a bad library; every failure is a
@@ -97,8 +103,8 @@ mod loader;
 mod symbols;
 mod version;
 
-pub use error::{Attempt, LoadError};
+pub use error::{Attempt, LoadError, MissingFunction};
 #[cfg(unix)]
 pub use loader::{FlexLibrary, RUNTIME_LIB_ENV};
-pub use symbols::REQUIRED_SYMBOLS;
+pub use symbols::{ABI_1_1_SYMBOLS, REQUIRED_SYMBOLS};
 pub use version::{AbiVersion, api_version_major, api_version_minor, make_api_version};

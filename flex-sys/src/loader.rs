@@ -10,8 +10,8 @@ use std::sync::Arc;
 use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
 
 use crate::bindings::FlexApi;
-use crate::error::{Attempt, LoadError};
-use crate::symbols::{REQUIRED_SYMBOLS, first_missing};
+use crate::error::{Attempt, LoadError, MissingFunction};
+use crate::symbols::{ABI_1_1_SYMBOLS, REQUIRED_SYMBOLS, first_missing, first_missing_1_1};
 use crate::version::AbiVersion;
 
 /// The environment variable that names the flex runtime library to load:
@@ -140,14 +140,17 @@ impl FlexLibrary {
     /// 2. `flex_get_api_version` is resolved and called before anything else,
     ///    and its major version must equal [`AbiVersion::CURRENT`]'s. Any
     ///    minor version, older or newer, is accepted.
-    /// 3. Every function in [`crate::REQUIRED_SYMBOLS`] must resolve.
+    /// 3. Every function in [`crate::REQUIRED_SYMBOLS`] must resolve, and,
+    ///    for a library reporting minor version 1 or later, every function in
+    ///    [`crate::ABI_1_1_SYMBOLS`] too. A 1.0 library loads without the
+    ///    1.1 functions; [`FlexLibrary::require`] reports them unsupported.
     ///
     /// # Errors
     ///
     /// - [`LoadError::Open`]: step 1 failed (missing file, a directory, not a
     ///   shared library, a wrong architecture, an unresolvable dependency);
     /// - [`LoadError::MissingSymbol`]: `flex_get_api_version` or another
-    ///   required function is not exported;
+    ///   function the reported version requires is not exported;
     /// - [`LoadError::AbiMismatch`]: the library reports another major
     ///   version.
     pub fn open(path: impl AsRef<Path>) -> Result<Arc<FlexLibrary>, LoadError> {
@@ -190,6 +193,7 @@ impl FlexLibrary {
             Err(_) => {
                 return Err(LoadError::MissingSymbol {
                     symbol: "flex_get_api_version",
+                    version: AbiVersion::CURRENT,
                     path,
                 });
             }
@@ -215,8 +219,19 @@ impl FlexLibrary {
             path: path.clone(),
             reason: e.to_string(),
         })?;
-        if let Some(symbol) = first_missing(&api) {
-            return Err(LoadError::MissingSymbol { symbol, path });
+        let required = first_missing(&api).or_else(|| {
+            if found.minor >= 1 {
+                first_missing_1_1(&api)
+            } else {
+                None
+            }
+        });
+        if let Some(symbol) = required {
+            return Err(LoadError::MissingSymbol {
+                symbol,
+                version: found,
+                path,
+            });
         }
         Ok(FlexLibrary {
             api,
@@ -245,12 +260,38 @@ impl FlexLibrary {
         self.version
     }
 
+    /// Whether the library provides `symbol`: every ABI 1.0 function does;
+    /// an ABI 1.1 function ([`crate::ABI_1_1_SYMBOLS`]: events and
+    /// capabilities) only when the library reports minor version 1 or later
+    /// (the loader then checked that it exports all of them). A 1.0 library's
+    /// exports of those names are not used: their behaviour is not promised.
+    ///
+    /// # Errors
+    ///
+    /// [`MissingFunction`] naming `symbol`, the version that added it, and
+    /// the library's version and path ("unsupported by this flex library
+    /// (ABI 1.0)"). Call this before any ABI 1.1 method of
+    /// [`FlexLibrary::api`].
+    pub fn require(&self, symbol: &'static str) -> Result<(), MissingFunction> {
+        if self.version.minor >= 1 || !ABI_1_1_SYMBOLS.contains(&symbol) {
+            return Ok(());
+        }
+        Err(MissingFunction {
+            symbol,
+            added_in: AbiVersion { major: 1, minor: 1 },
+            version: self.version,
+            path: self.path.clone(),
+        })
+    }
+
     /// The library's functions.
     ///
-    /// Every field of the returned [`FlexApi`] is `Ok`: each symbol was
-    /// resolved and checked when the library was loaded. So the generated
-    /// methods (`api.flex_get_device_count(..)` and so on) can never reach
-    /// the `expect` inside them. They remain `unsafe`: each call must follow
+    /// Every ABI 1.0 field of the returned [`FlexApi`] is `Ok`, and every
+    /// ABI 1.1 field is `Ok` when the library reports 1.1 or later: each symbol
+    /// was resolved and checked when the library was loaded. So the
+    /// generated methods (`api.flex_get_device_count(..)` and so on) can
+    /// never reach the `expect` inside them, provided an ABI 1.1 method is
+    /// called only after [`FlexLibrary::require`] returned `Ok` for it. They remain `unsafe`: each call must follow
     /// the rules `flex.h` documents for that function (valid pointers and
     /// handles, thread restrictions, lifetimes of buffers).
     ///

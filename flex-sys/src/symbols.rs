@@ -1,30 +1,50 @@
-//! The functions of `flex.h` that a library must export.
+//! The functions of `flex.h` that a library must export, by ABI minor version.
 //!
-//! One list drives both [`REQUIRED_SYMBOLS`] and the load-time check over the
-//! fields of [`FlexApi`](crate::bindings::FlexApi), so they cannot drift apart.
-//! A unit test compares the list with the generated bindings, so a function
-//! added to `flex.h` cannot be forgotten here.
+//! One list per minor version drives both the public symbol lists and the
+//! load-time checks over the fields of [`FlexApi`](crate::bindings::FlexApi),
+//! so they cannot drift apart. A unit test compares the lists with the
+//! generated bindings, so a function added to `flex.h` cannot be forgotten
+//! here.
 
-/// Declares the symbol list and the check over `FlexApi`'s fields.
+/// Declares the symbol lists and the checks over `FlexApi`'s fields.
 macro_rules! flex_functions {
-    ($($name:ident),+ $(,)?) => {
-        /// The name of every function declared in `include/flex.h` (ABI
-        /// [`AbiVersion::CURRENT`](crate::AbiVersion::CURRENT)), in header
-        /// order, `flex_get_api_version` first.
-        ///
-        /// All of them are required: the loader refuses a library that lacks
-        /// any of them with [`LoadError::MissingSymbol`](crate::LoadError::MissingSymbol).
-        /// When a later minor version of the header adds functions, they will
-        /// be optional for libraries of an older minor version.
-        pub const REQUIRED_SYMBOLS: &[&str] = &[$(stringify!($name)),+];
+    (
+        abi_1_0: [$($base:ident),+ $(,)?],
+        abi_1_1: [$($added:ident),+ $(,)?] $(,)?
+    ) => {
+        /// The functions of flex ABI 1.0, in header order,
+        /// `flex_get_api_version` first. Every library must export all of
+        /// them: the loader refuses one that lacks any with
+        /// [`LoadError::MissingSymbol`](crate::LoadError::MissingSymbol).
+        pub const REQUIRED_SYMBOLS: &[&str] = &[$(stringify!($base)),+];
+
+        /// The functions flex ABI 1.1 adds (events and capabilities), in
+        /// header order. A library reporting minor version 1 or later must
+        /// export all of them (the loader refuses it otherwise, as for
+        /// [`REQUIRED_SYMBOLS`]); a 1.0 library loads without them, and
+        /// [`FlexLibrary::require`](crate::FlexLibrary::require) reports each
+        /// unsupported.
+        pub const ABI_1_1_SYMBOLS: &[&str] = &[$(stringify!($added)),+];
 
         /// The first field of `api`, in [`REQUIRED_SYMBOLS`] order, whose
         /// symbol did not resolve.
         #[cfg(unix)]
         pub(crate) fn first_missing(api: &crate::bindings::FlexApi) -> Option<&'static str> {
             $(
-                if api.$name.is_err() {
-                    return Some(stringify!($name));
+                if api.$base.is_err() {
+                    return Some(stringify!($base));
+                }
+            )+
+            None
+        }
+
+        /// The first field of `api`, in [`ABI_1_1_SYMBOLS`] order, whose
+        /// symbol did not resolve.
+        #[cfg(unix)]
+        pub(crate) fn first_missing_1_1(api: &crate::bindings::FlexApi) -> Option<&'static str> {
+            $(
+                if api.$added.is_err() {
+                    return Some(stringify!($added));
                 }
             )+
             None
@@ -32,37 +52,49 @@ macro_rules! flex_functions {
     };
 }
 
-flex_functions![
-    flex_get_api_version,
-    flex_status_string,
-    flex_get_last_error_message,
-    flex_get_device_count,
-    flex_runtime_create,
-    flex_runtime_destroy,
-    flex_runtime_get_logical_device,
-    flex_runtime_get_default_stream,
-    flex_runtime_create_stream,
-    flex_stream_destroy,
-    flex_runtime_has_stream_error,
-    flex_memory_allocate,
-    flex_memory_free,
-    flex_stream_get_id,
-    flex_stream_get_priority,
-    flex_stream_query,
-    flex_stream_synchronize,
-    flex_stream_needs_shutdown,
-    flex_launch_h2d,
-    flex_launch_d2h,
-    flex_launch_compute,
-    flex_launch_host_callback,
-    flex_launch_fill,
-];
+flex_functions! {
+    abi_1_0: [
+        flex_get_api_version,
+        flex_status_string,
+        flex_get_last_error_message,
+        flex_get_device_count,
+        flex_runtime_create,
+        flex_runtime_destroy,
+        flex_runtime_get_logical_device,
+        flex_runtime_get_default_stream,
+        flex_runtime_create_stream,
+        flex_stream_destroy,
+        flex_runtime_has_stream_error,
+        flex_memory_allocate,
+        flex_memory_free,
+        flex_stream_get_id,
+        flex_stream_get_priority,
+        flex_stream_query,
+        flex_stream_synchronize,
+        flex_stream_needs_shutdown,
+        flex_launch_h2d,
+        flex_launch_d2h,
+        flex_launch_compute,
+        flex_launch_host_callback,
+        flex_launch_fill,
+    ],
+    abi_1_1: [
+        flex_runtime_get_capability,
+        flex_event_create,
+        flex_event_destroy,
+        flex_event_record,
+        flex_stream_wait_event,
+        flex_event_query,
+        flex_event_synchronize,
+        flex_event_elapsed_time,
+    ],
+}
 
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeSet;
 
-    use super::REQUIRED_SYMBOLS;
+    use super::{ABI_1_1_SYMBOLS, REQUIRED_SYMBOLS};
 
     const BINDINGS: &str = include_str!("bindings.rs");
 
@@ -100,22 +132,29 @@ mod tests {
     #[test]
     fn list_covers_every_field_of_flex_api() {
         let fields = flex_api_fields();
-        // 23 functions in flex.h 1.0; guards the parser against matching nothing.
+        // 23 functions in flex.h 1.0 and 8 added by 1.1; guards the parser
+        // against matching nothing.
         assert_eq!(
             fields.len(),
-            23,
+            23 + 8,
             "fields parsed from bindings.rs: {fields:?}"
         );
-        assert_eq!(
-            fields, REQUIRED_SYMBOLS,
-            "order and names must match bindings.rs"
-        );
+        let listed: Vec<&str> = REQUIRED_SYMBOLS
+            .iter()
+            .chain(ABI_1_1_SYMBOLS)
+            .copied()
+            .collect();
+        assert_eq!(fields, listed, "order and names must match bindings.rs");
     }
 
     #[test]
     fn list_covers_every_generated_function() {
         let methods: BTreeSet<_> = flex_api_methods().into_iter().collect();
-        let listed: BTreeSet<_> = REQUIRED_SYMBOLS.iter().copied().collect();
+        let listed: BTreeSet<_> = REQUIRED_SYMBOLS
+            .iter()
+            .chain(ABI_1_1_SYMBOLS)
+            .copied()
+            .collect();
         assert_eq!(methods, listed);
     }
 }

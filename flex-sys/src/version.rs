@@ -108,8 +108,8 @@ mod tests {
 
     #[test]
     fn current_is_the_header_version() {
-        assert_eq!(AbiVersion::CURRENT, AbiVersion { major: 1, minor: 0 });
-        assert_eq!(AbiVersion::CURRENT.packed(), 0x0001_0000);
+        assert_eq!(AbiVersion::CURRENT, AbiVersion { major: 1, minor: 1 });
+        assert_eq!(AbiVersion::CURRENT.packed(), 0x0001_0001);
     }
 
     #[test]

@@ -17,7 +17,9 @@ use std::sync::Arc;
 use flex_sys::bindings::{
     FLEX_ERROR_INVALID_ARGUMENT, FLEX_ERROR_NO_DEVICE, FLEX_SUCCESS, flex_runtime_t,
 };
-use flex_sys::{AbiVersion, Attempt, FlexLibrary, LoadError, REQUIRED_SYMBOLS};
+use flex_sys::{
+    ABI_1_1_SYMBOLS, AbiVersion, Attempt, FlexLibrary, LoadError, MissingFunction, REQUIRED_SYMBOLS,
+};
 use support::Stub;
 
 /// Asserts that `reason`, a `dlerror()` text, contains `expected`. The texts
@@ -137,6 +139,7 @@ fn library_missing_flex_launch_fill_is_refused_naming_the_symbol() {
         error,
         LoadError::MissingSymbol {
             symbol: "flex_launch_fill",
+            version: AbiVersion::CURRENT,
             path: path.clone()
         }
     );
@@ -158,10 +161,75 @@ fn every_required_symbol_is_checked_at_load() {
             FlexLibrary::open(&path).unwrap_err(),
             LoadError::MissingSymbol {
                 symbol,
+                version: AbiVersion::CURRENT,
                 path: path.clone()
             },
             "library without {symbol}"
         );
+    }
+}
+
+#[test]
+fn a_1_1_library_must_export_every_1_1_function() {
+    for &symbol in ABI_1_1_SYMBOLS {
+        let path = Stub::new().omit(symbol).build();
+        assert_eq!(
+            FlexLibrary::open(&path).unwrap_err(),
+            LoadError::MissingSymbol {
+                symbol,
+                version: AbiVersion { major: 1, minor: 1 },
+                path: path.clone()
+            },
+            "1.1 library without {symbol}"
+        );
+    }
+}
+
+#[test]
+fn a_1_0_library_loads_and_reports_the_1_1_functions_unsupported() {
+    let path = Stub::new()
+        .version(1, 0)
+        .define("FLEX_TEST_ABI_1_0")
+        .build();
+    let library = FlexLibrary::open(&path).expect("a 1.0 library is compatible with 1.1");
+    assert_eq!(library.version(), AbiVersion { major: 1, minor: 0 });
+    assert_eq!(device_count(&library), (FLEX_SUCCESS, 3));
+    assert_eq!(library.require("flex_launch_fill"), Ok(()));
+    for &symbol in ABI_1_1_SYMBOLS {
+        let missing = library.require(symbol).unwrap_err();
+        assert_eq!(
+            missing,
+            MissingFunction {
+                symbol,
+                added_in: AbiVersion { major: 1, minor: 1 },
+                version: AbiVersion { major: 1, minor: 0 },
+                path: path.clone(),
+            }
+        );
+        assert!(
+            missing
+                .to_string()
+                .starts_with("unsupported by this flex library (ABI 1.0): "),
+            "{missing}"
+        );
+    }
+}
+
+#[test]
+fn a_1_0_library_that_exports_1_1_names_still_gets_no_1_1_calls() {
+    // The 1.1 names of a 1.0 library promise nothing: they are not used.
+    let library = FlexLibrary::open(Stub::new().version(1, 0).build()).unwrap();
+    assert_eq!(
+        library.require("flex_event_record").unwrap_err().symbol,
+        "flex_event_record"
+    );
+}
+
+#[test]
+fn a_1_1_library_has_the_1_1_functions() {
+    let library = FlexLibrary::open(Stub::new().build()).unwrap();
+    for &symbol in ABI_1_1_SYMBOLS {
+        assert_eq!(library.require(symbol), Ok(()));
     }
 }
 
@@ -181,7 +249,7 @@ fn other_major_version_is_an_abi_mismatch_with_both_versions() {
         let text = error.to_string();
         assert!(
             text.starts_with(&format!(
-                "{} implements flex ABI {major}.{minor}, but this program was built for flex ABI 1.0",
+                "{} implements flex ABI {major}.{minor}, but this program was built for flex ABI 1.1",
                 path.display()
             )),
             "{text}"
@@ -206,7 +274,7 @@ fn version_is_checked_before_the_other_symbols() {
 #[test]
 fn newer_minor_version_is_accepted() {
     let path = Stub::new().version(1, 7).build();
-    let library = FlexLibrary::open(&path).expect("a 1.7 library is compatible with 1.0");
+    let library = FlexLibrary::open(&path).expect("a 1.7 library is compatible with 1.1");
     assert_eq!(library.version(), AbiVersion { major: 1, minor: 7 });
     assert_eq!(library.path(), path);
     assert_eq!(device_count(&library), (FLEX_SUCCESS, 3));
@@ -219,7 +287,7 @@ fn newer_minor_version_is_accepted() {
 #[test]
 fn good_library_loads_and_answers_through_api() {
     let path = Stub::new().build();
-    let library = FlexLibrary::open(&path).expect("the stub is a complete flex 1.0 library");
+    let library = FlexLibrary::open(&path).expect("the stub is a complete flex 1.1 library");
     assert_eq!(library.path(), path);
     assert_eq!(library.version(), AbiVersion::CURRENT);
     assert_eq!(device_count(&library), (FLEX_SUCCESS, 3));
@@ -307,7 +375,7 @@ fn open_is_never_cached_and_each_handle_keeps_the_library_loaded() {
     assert_eq!(
         format!("{second:?}"),
         format!(
-            "FlexLibrary {{ path: {path:?}, version: AbiVersion {{ major: 1, minor: 0 }}, .. }}"
+            "FlexLibrary {{ path: {path:?}, version: AbiVersion {{ major: 1, minor: 1 }}, .. }}"
         )
     );
 }

@@ -113,10 +113,12 @@ const NON_STATUS_CALLS: [&str; 3] = [
 ];
 
 /// Every flex.h function that returns a `flex_status_t`: all of
-/// [`flex_sys::REQUIRED_SYMBOLS`] but the three that return a version or a string.
+/// [`flex_sys::REQUIRED_SYMBOLS`] and [`flex_sys::ABI_1_1_SYMBOLS`] but the
+/// three that return a version or a string.
 pub(super) fn status_calls() -> impl Iterator<Item = &'static str> {
     flex_sys::REQUIRED_SYMBOLS
         .iter()
+        .chain(flex_sys::ABI_1_1_SYMBOLS)
         .copied()
         .filter(|name| !NON_STATUS_CALLS.contains(name))
 }

@@ -17,15 +17,16 @@ fn canonical_library() -> PathBuf {
     std::fs::canonicalize(mock_cdylib()).expect("the library exists")
 }
 
-const V1_0: AbiVersion = AbiVersion { major: 1, minor: 0 };
+const V1_1: AbiVersion = AbiVersion { major: 1, minor: 1 };
 
 #[test]
 fn the_library_exports_flex_h_at_the_header_version() {
     isolated!(mock_cdylib; &[],
         || {
-            // `open` checks every symbol of flex.h (flex_sys::REQUIRED_SYMBOLS).
+            // `open` checks every symbol of flex.h 1.1 (flex_sys::REQUIRED_SYMBOLS
+            // and flex_sys::ABI_1_1_SYMBOLS).
             let library = FlexLibrary::open(mock_cdylib()).expect("open");
-            assert_eq!(library.version(), V1_0);
+            assert_eq!(library.version(), V1_1);
             assert_eq!(library.path(), canonical_library());
             assert_eq!(library.status_string(4), "FLEX_ERROR_OUT_OF_MEMORY");
             assert_eq!(library.status_string(977), "FLEX_UNKNOWN_STATUS");
@@ -45,7 +46,7 @@ fn the_library_exports_flex_h_at_the_header_version() {
                 backend.details(),
                 vec![
                     ("library", canonical_library().display().to_string()),
-                    ("abi version", "1.0".to_owned()),
+                    ("abi version", "1.1".to_owned()),
                 ]
             );
         },
@@ -60,14 +61,14 @@ fn another_major_version_is_refused_naming_both_versions() {
             assert_eq!(
                 err,
                 LoadError::AbiMismatch {
-                    expected: V1_0,
+                    expected: V1_1,
                     found: AbiVersion { major: 2, minor: 0 },
                     path: canonical_library(),
                 }
             );
             let text = err.to_string();
             assert!(text.contains("implements flex ABI 2.0"), "{text}");
-            assert!(text.contains("built for flex ABI 1.0"), "{text}");
+            assert!(text.contains("built for flex ABI 1.1"), "{text}");
             // Through FLEX_RUNTIME_LIB, the error also names the variable.
             let err = FlexLibrary::load_from(Some(mock_cdylib().into())).unwrap_err();
             assert!(

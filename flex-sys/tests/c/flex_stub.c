@@ -16,6 +16,8 @@
  *
  *  -DFLEX_TEST_VERSION=<packed>    the version flex_get_api_version reports
  *  -DOMIT_<function name>          leave that function out of the library
+ *  -DFLEX_TEST_ABI_1_0             leave out every function ABI 1.1 added
+ *                                  (build a 1.0 library with it)
  *  -DFLEX_TEST_NULL_STRINGS        flex_status_string and
  *                                  flex_get_last_error_message return NULL
  *  -DFLEX_TEST_BAD_UTF8            the "no device" message holds a byte that
@@ -320,3 +322,81 @@ flex_status_t flex_launch_fill(flex_stream_t *stream,
     return NOT_IMPLEMENTED();
 }
 #endif
+
+/* ABI 1.1: events and capabilities. */
+#ifndef FLEX_TEST_ABI_1_0
+
+#ifndef OMIT_flex_runtime_get_capability
+flex_status_t flex_runtime_get_capability(flex_runtime_t *runtime,
+                                          flex_capability_t capability,
+                                          int32_t *value_out) {
+    (void)runtime;
+    (void)capability;
+    (void)value_out;
+    return NOT_IMPLEMENTED();
+}
+#endif
+
+#ifndef OMIT_flex_event_create
+flex_status_t flex_event_create(flex_runtime_t *runtime,
+                                flex_event_flags_t flags,
+                                flex_event_t **event_out) {
+    (void)runtime;
+    (void)flags;
+    (void)event_out;
+    return NOT_IMPLEMENTED();
+}
+#endif
+
+#ifndef OMIT_flex_event_destroy
+flex_status_t flex_event_destroy(flex_runtime_t *runtime, flex_event_t *event) {
+    (void)runtime;
+    (void)event;
+    return NOT_IMPLEMENTED();
+}
+#endif
+
+#ifndef OMIT_flex_event_record
+flex_status_t flex_event_record(flex_event_t *event, flex_stream_t *stream,
+                                flex_completion_t completion) {
+    (void)event;
+    (void)stream;
+    (void)completion;
+    return NOT_IMPLEMENTED();
+}
+#endif
+
+#ifndef OMIT_flex_stream_wait_event
+flex_status_t flex_stream_wait_event(flex_stream_t *stream,
+                                     flex_event_t *event) {
+    (void)stream;
+    (void)event;
+    return NOT_IMPLEMENTED();
+}
+#endif
+
+#ifndef OMIT_flex_event_query
+flex_status_t flex_event_query(flex_event_t *event) {
+    (void)event;
+    return NOT_IMPLEMENTED();
+}
+#endif
+
+#ifndef OMIT_flex_event_synchronize
+flex_status_t flex_event_synchronize(flex_event_t *event) {
+    (void)event;
+    return NOT_IMPLEMENTED();
+}
+#endif
+
+#ifndef OMIT_flex_event_elapsed_time
+flex_status_t flex_event_elapsed_time(flex_event_t *start, flex_event_t *end,
+                                      int64_t *nanoseconds_out) {
+    (void)start;
+    (void)end;
+    (void)nanoseconds_out;
+    return NOT_IMPLEMENTED();
+}
+#endif
+
+#endif /* FLEX_TEST_ABI_1_0 */
