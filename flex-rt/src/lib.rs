@@ -19,6 +19,7 @@ mod address;
 mod buffer;
 pub mod env;
 mod error;
+mod event;
 #[cfg(unix)]
 pub mod hardware;
 mod launch;
@@ -33,12 +34,14 @@ pub use address::{
 };
 pub use buffer::{HostBuffer, ReadLease, WriteLease};
 pub use error::{FlexError, Result};
+pub use event::{Capabilities, Event};
 pub use flex_sys::fork;
 #[cfg(unix)]
 pub use flex_sys::{AbiVersion, FlexLibrary, LoadError, RUNTIME_LIB_ENV};
 #[cfg(unix)]
 pub use hardware::{
-    CloseError, HardwareBackend, HardwareRuntime, HardwareStream, TeardownError, TeardownStep,
+    CloseError, HardwareBackend, HardwareEvent, HardwareRuntime, HardwareStream, TeardownError,
+    TeardownStep,
 };
 pub use launch::{Completion, HostCallback, LaunchOptions};
 pub use status::Status;

@@ -25,15 +25,17 @@
 //! # Ok::<(), flex_rt::FlexError>(())
 //! ```
 
+use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::address::{ADDRESS_ALIGNMENT, CompositeAddress, LogicalAddress};
 use crate::buffer::HostBuffer;
 use crate::error::{FlexError, Result};
-use crate::launch::{HostCallback, LaunchOptions};
+use crate::event::{Capabilities, Event};
+use crate::launch::{Completion, HostCallback, LaunchOptions};
 use crate::status::Status;
 use crate::traits::{Backend, Runtime, Stream};
 use crate::types::{DataFormat, StreamMode, StreamPriority};
@@ -302,6 +304,75 @@ impl Runtime for NoopRuntime {
         Counters::bump(&self.shared.counters.frees);
         Ok(())
     }
+
+    /// Device-side waits and timing: every event completes when recorded.
+    fn capabilities(&self) -> Result<Capabilities> {
+        Ok(Capabilities {
+            device_side_wait: true,
+            event_timing: true,
+        })
+    }
+
+    fn create_event(&self, timing: bool) -> Result<Box<dyn Event>> {
+        Ok(Box::new(NoopEvent {
+            device: self.logical_device(),
+            timing,
+            recorded: AtomicBool::new(false),
+        }))
+    }
+}
+
+/// An event of a [`NoopRuntime`]: complete as soon as it is recorded, since
+/// work takes no time; elapsed times are 0.
+#[derive(Debug)]
+struct NoopEvent {
+    device: u32,
+    timing: bool,
+    recorded: AtomicBool,
+}
+
+impl Event for NoopEvent {
+    fn logical_device(&self) -> u32 {
+        self.device
+    }
+
+    fn timing(&self) -> bool {
+        self.timing
+    }
+
+    fn query(&self) -> Result<bool> {
+        Ok(true)
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn elapsed_nanos(&self, end: &dyn Event) -> Result<i64> {
+        const CALL: &str = "elapsed_time";
+        let end = end.as_any().downcast_ref::<NoopEvent>().ok_or_else(|| {
+            FlexError::invalid_argument(CALL, "the end event belongs to another backend")
+        })?;
+        for (name, event) in [("start", self), ("end", end)] {
+            if !event.timing {
+                return Err(FlexError::invalid_argument(
+                    CALL,
+                    format!("the {name} event was created without timing"),
+                ));
+            }
+            if !event.recorded.load(Ordering::Acquire) {
+                return Err(FlexError::invalid_argument(
+                    CALL,
+                    format!("the {name} event was never recorded"),
+                ));
+            }
+        }
+        Ok(0)
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
 }
 
 /// One stream of a [`NoopRuntime`], handed out as `&dyn Stream`.
@@ -400,6 +471,23 @@ impl Stream for NoopStream {
         options: LaunchOptions,
     ) -> Result<()> {
         self.complete(options)
+    }
+
+    /// Counted as a launch; the event completes at once.
+    fn record_event(&self, event: &dyn Event, completion: Option<Completion>) -> Result<()> {
+        let event = event.as_any().downcast_ref::<NoopEvent>().ok_or_else(|| {
+            FlexError::invalid_argument("record_event", "the event belongs to another backend")
+        })?;
+        event.recorded.store(true, Ordering::Release);
+        self.complete(LaunchOptions {
+            pipeline_barrier: false,
+            completion,
+        })
+    }
+
+    /// Nothing to wait for: every event is complete.
+    fn wait_event(&self, _event: &dyn Event) -> Result<()> {
+        Ok(())
     }
 }
 

@@ -5,7 +5,8 @@ use std::fmt;
 use crate::address::CompositeAddress;
 use crate::buffer::HostBuffer;
 use crate::error::{FlexError, Result};
-use crate::launch::{HostCallback, LaunchOptions};
+use crate::event::{Capabilities, Event};
+use crate::launch::{Completion, HostCallback, LaunchOptions};
 use crate::types::{DataFormat, MemoryLayout, StreamMode, StreamPriority};
 
 /// A loaded device runtime library, or the software device: it counts the
@@ -95,6 +96,23 @@ pub trait Runtime: Send + Sync + fmt::Debug {
     fn memory_layout(&self) -> Option<MemoryLayout> {
         None
     }
+
+    /// What the runtime can do beyond flex ABI 1.0
+    /// (`flex_runtime_get_capability`).
+    ///
+    /// # Errors
+    /// [`crate::Status::UNSUPPORTED`] when the backend has no events (a flex
+    /// 1.0 library: "unsupported by this flex library (ABI 1.0)", naming the
+    /// missing function).
+    fn capabilities(&self) -> Result<Capabilities>;
+
+    /// Creates an event, not yet recorded (`flex_event_create`); with
+    /// `timing` it takes device timestamps for [`Event::elapsed_nanos`].
+    ///
+    /// # Errors
+    /// [`crate::Status::UNSUPPORTED`] as for [`Runtime::capabilities`]; the
+    /// runtime's error when no event can be made.
+    fn create_event(&self, timing: bool) -> Result<Box<dyn Event>>;
 }
 
 /// A borrowed runtime is a runtime: `Box::new(&runtime)` hands a runtime
@@ -132,6 +150,14 @@ impl<R: Runtime + ?Sized> Runtime for &R {
 
     fn memory_layout(&self) -> Option<MemoryLayout> {
         (**self).memory_layout()
+    }
+
+    fn capabilities(&self) -> Result<Capabilities> {
+        (**self).capabilities()
+    }
+
+    fn create_event(&self, timing: bool) -> Result<Box<dyn Event>> {
+        (**self).create_event(timing)
     }
 }
 
@@ -234,6 +260,33 @@ pub trait Stream: Send + Sync + fmt::Debug {
         format: DataFormat,
         options: LaunchOptions,
     ) -> Result<()>;
+
+    /// Records `event` here (`flex_event_record`; `cudaEventRecord`): the
+    /// event now marks the end of the work enqueued on this stream so far.
+    /// `completion`, if any, is called exactly once when the event completes
+    /// (`Ok`) or fails (the stream's error), on a runtime thread, as for a
+    /// launch; it is dropped uncalled when this returns `Err`. See [`Event`]
+    /// for the contract.
+    ///
+    /// # Errors
+    /// [`crate::Status::INVALID_ARGUMENT`] for an event of another runtime or
+    /// backend; the stream's error if it has failed or needs shutdown; the
+    /// runtime's refusal; [`crate::Status::UNSUPPORTED`] without events. On
+    /// error the event is unchanged.
+    fn record_event(&self, event: &dyn Event, completion: Option<Completion>) -> Result<()>;
+
+    /// Makes every operation enqueued here after this call start only after
+    /// `event`'s latest record (as of this call) has completed
+    /// (`flex_stream_wait_event`; `cudaStreamWaitEvent`). A no-op for an
+    /// event never recorded or recorded on this stream. Returns at once when
+    /// the runtime has [`Capabilities::device_side_wait`], else blocks until
+    /// the event has completed. A failed event fails this stream.
+    ///
+    /// # Errors
+    /// As [`Stream::record_event`]; without device-side waits,
+    /// [`crate::Status::UNSUPPORTED`] from a completion or host callback of
+    /// the same runtime.
+    fn wait_event(&self, event: &dyn Event) -> Result<()>;
 }
 
 /// Checks that a copy's host and device sizes agree; every backend's

@@ -13,6 +13,10 @@
 //!   says: nothing above flex-rt ever destroys a stream, and a stream cannot
 //!   outlive its context (the borrow checker refuses it).
 //! - [`HardwareStream`] is one `flex_stream_t` (`flex::RuntimeStream`).
+//! - [`HardwareEvent`] is one `flex_event_t` (flex.h ABI 1.1). With a 1.0
+//!   library, events and capabilities fail with
+//!   [`Status::UNSUPPORTED`](crate::Status::UNSUPPORTED): "unsupported by
+//!   this flex library (ABI 1.0)", naming the missing function.
 //!
 //! # How calls cross the ABI
 //!
@@ -54,10 +58,12 @@
 mod backend;
 mod call;
 mod callback;
+mod event;
 mod handle;
 mod runtime;
 mod stream;
 
 pub use backend::HardwareBackend;
+pub use event::HardwareEvent;
 pub use runtime::{CloseError, HardwareRuntime, TeardownError, TeardownStep};
 pub use stream::HardwareStream;

@@ -6,14 +6,16 @@ use std::sync::Arc;
 
 use flex_sys::FlexLibrary;
 use flex_sys::bindings as sys;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 
 use super::call::{self, check};
 use super::callback;
+use super::event::{HardwareEvent, Liveness, read_capabilities, require_1_1};
 use super::handle::{RuntimeHandle, StreamHandle};
 use super::stream::{HardwareStream, RawAddress};
 use crate::address::{AddressChunk, CompositeAddress, MAX_ADDRESS_CHUNKS};
 use crate::error::{FlexError, Result};
+use crate::event::{Capabilities, Event};
 use crate::status::Status;
 use crate::traits::{Runtime, Stream};
 use crate::types::{StreamMode, StreamPriority};
@@ -85,6 +87,11 @@ pub struct HardwareRuntime {
     create_lock: Mutex<()>,
     /// Set by the first teardown; a second one does nothing.
     torn_down: bool,
+    /// Shared with every event of the runtime; cleared by the teardown.
+    alive: Liveness,
+    /// Read at creation: the capabilities, or why there are none (a flex 1.0
+    /// library, with no events).
+    capabilities: Result<Capabilities>,
 }
 
 impl HardwareRuntime {
@@ -126,6 +133,7 @@ impl HardwareRuntime {
             }
         };
         tracing::debug!(logical_device, path = %lib.path().display(), "created a flex runtime");
+        let capabilities = read_capabilities(&lib, handle);
         Ok(HardwareRuntime {
             lib,
             handle,
@@ -134,6 +142,8 @@ impl HardwareRuntime {
             streams: boxcar::Vec::new(),
             create_lock: Mutex::new(()),
             torn_down: false,
+            alive: Arc::new(RwLock::new(true)),
+            capabilities,
         })
     }
 
@@ -288,6 +298,8 @@ impl HardwareRuntime {
                 });
             }
         }
+        // Events die with the runtime: no event call may start from here on.
+        *self.alive.write() = false;
         if let Err(error) = destroy_runtime(&self.lib, self.handle) {
             errors.push(TeardownError {
                 step: TeardownStep::DestroyRuntime,
@@ -346,6 +358,24 @@ fn free_raw_chunks(lib: &FlexLibrary, handle: RuntimeHandle, chunks: &[sys::flex
 impl Runtime for HardwareRuntime {
     fn logical_device(&self) -> u32 {
         self.logical_device
+    }
+
+    fn capabilities(&self) -> Result<Capabilities> {
+        self.capabilities.clone()
+    }
+
+    fn create_event(&self, timing: bool) -> Result<Box<dyn Event>> {
+        require_1_1(&self.lib, "flex_event_create")?;
+        let capabilities = self.capabilities.clone()?;
+        let event = HardwareEvent::create(
+            &self.lib,
+            self.handle,
+            &self.alive,
+            self.logical_device,
+            timing,
+            capabilities,
+        )?;
+        Ok(Box::new(event))
     }
 
     fn default_stream(&self) -> &dyn Stream {

@@ -10,11 +10,13 @@ use parking_lot::Mutex;
 
 use super::call::{self, check};
 use super::callback::{self, Lease, OpMeta, Payload, Submission};
+use super::event::HardwareEvent;
 use super::handle::{RuntimeHandle, StreamHandle};
 use crate::address::CompositeAddress;
 use crate::buffer::HostBuffer;
 use crate::error::{FlexError, Result};
-use crate::launch::{HostCallback, LaunchOptions};
+use crate::event::Event;
+use crate::launch::{Completion, HostCallback, LaunchOptions};
 use crate::status::Status;
 use crate::traits::{Stream, check_copy_size, check_fill_size};
 use crate::types::{DataFormat, StreamPriority};
@@ -383,6 +385,62 @@ impl Stream for HardwareStream {
                     submission.completion(),
                 )
             }
+        })
+    }
+
+    fn record_event(&self, event: &dyn Event, completion: Option<Completion>) -> Result<()> {
+        const CALL: &str = "flex_event_record";
+        let event = HardwareEvent::of(event, CALL)?;
+        let options = LaunchOptions {
+            pipeline_barrier: false,
+            completion,
+        };
+        let (submission, _) = self.payload(CALL, options, Lease::None, None);
+        event.use_for_stream(self.runtime, CALL, |raw_event| {
+            self.submit(CALL, submission, |submission| {
+                // SAFETY: the stream is alive while `&self` is, and the
+                // submission lock is held; the event is alive and of the
+                // same live runtime (`use_for_stream` checked both, holding
+                // the runtime's liveness lock). The completion takes the
+                // payload only on FLEX_SUCCESS (see `submit`).
+                unsafe {
+                    self.lib.api().flex_event_record(
+                        raw_event,
+                        self.handle.as_ptr(),
+                        submission.completion(),
+                    )
+                }
+            })
+        })
+    }
+
+    fn wait_event(&self, event: &dyn Event) -> Result<()> {
+        const CALL: &str = "flex_stream_wait_event";
+        let event = HardwareEvent::of(event, CALL)?;
+        if !event.device_side_wait() && callback::in_callback_of(event.runtime_key()) {
+            return Err(FlexError::new(
+                Status::UNSUPPORTED,
+                CALL,
+                "this device cannot wait on the device side, so wait_event blocks the host; called from a completion or host callback of the same runtime it would wait for itself",
+            ));
+        }
+        event.use_for_stream(self.runtime, CALL, |raw_event| {
+            let status = {
+                let _serialized = self.submit.lock();
+                // SAFETY: the stream is alive while `&self` is and the
+                // submission lock is held (a wait is enqueued like a
+                // launch); the event is alive and of the same live runtime
+                // (checked by `use_for_stream` under the liveness lock).
+                // Without device-side waits the call blocks, which is
+                // allowed here: this thread runs no callback of the runtime
+                // (checked above).
+                unsafe {
+                    self.lib
+                        .api()
+                        .flex_stream_wait_event(self.handle.as_ptr(), raw_event)
+                }
+            };
+            check(&self.lib, status, CALL)
         })
     }
 }

@@ -1,0 +1,87 @@
+//! Events: markers in stream order (flex.h ABI 1.1), and the runtime's
+//! capabilities that decide how waiting on them behaves.
+
+use std::any::Any;
+use std::fmt;
+
+use crate::error::Result;
+
+/// What a runtime can do beyond flex ABI 1.0
+/// (`flex_runtime_get_capability`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Capabilities {
+    /// `FLEX_CAPABILITY_DEVICE_SIDE_WAIT`: [`Stream::wait_event`](crate::Stream::wait_event)
+    /// returns at once and the device holds the stream's later work. When
+    /// false, `wait_event` blocks the calling thread until the event has
+    /// completed instead (the same ordering, but the host waits); today's
+    /// Spyre card is such a device.
+    pub device_side_wait: bool,
+    /// `FLEX_CAPABILITY_EVENT_TIMING`: events created with timing take
+    /// device timestamps, so [`Event::elapsed_nanos`] can work.
+    pub event_timing: bool,
+}
+
+/// A marker in stream order (`flex_event_t`; `cudaEvent_t`,
+/// `torch.cuda.Event`).
+///
+/// Made by [`Runtime::create_event`](crate::Runtime::create_event), recorded
+/// by [`Stream::record_event`](crate::Stream::record_event), waited on by
+/// [`Stream::wait_event`](crate::Stream::wait_event). The contract, the same
+/// for every backend (PyTorch's and CUDA's rules):
+///
+/// - a record captures exactly the work enqueued on its stream before it;
+///   the event completes when that work has completed, and later launches do
+///   not delay it;
+/// - recording again moves the event: `query` and `synchronize` see only the
+///   latest record, while a wait already enqueued keeps the record it saw;
+/// - an event never recorded is complete (query `Ok(true)`, synchronize
+///   returns at once, a wait on it is a no-op);
+/// - if the recording stream fails before the event's point, the event is
+///   failed: `query` and `synchronize` return that error, and a stream that
+///   waits on it fails too (its error names the event's stream) instead of
+///   waiting forever;
+/// - dropping the event never blocks: pending records and waits are still
+///   honoured and its resources are freed when they are done.
+///
+/// Thread-safety: `Send + Sync`; concurrent records of one event are
+/// serialized by the backend.
+pub trait Event: Send + Sync + fmt::Debug {
+    /// The logical device of the runtime that made the event.
+    fn logical_device(&self) -> u32;
+
+    /// Whether the event was created with timing (`FLEX_EVENT_TIMING`).
+    fn timing(&self) -> bool;
+
+    /// Whether the latest record has completed: `Ok(true)` complete (or
+    /// never recorded), `Ok(false)` still pending (`flex_event_query`).
+    /// Never blocks.
+    ///
+    /// # Errors
+    /// The recording stream's error if the record failed.
+    fn query(&self) -> Result<bool>;
+
+    /// Blocks until the latest record (as of this call) has completed
+    /// (`flex_event_synchronize`); returns at once for an event never
+    /// recorded.
+    ///
+    /// # Errors
+    /// The recording stream's error if the record failed;
+    /// [`Status::UNSUPPORTED`](crate::Status::UNSUPPORTED) when called from a
+    /// completion or host callback of the same runtime.
+    fn synchronize(&self) -> Result<()>;
+
+    /// Device time from this event's completion to `end`'s, in nanoseconds;
+    /// negative when `end` completed first (`flex_event_elapsed_time`).
+    ///
+    /// # Errors
+    /// [`Status::INVALID_ARGUMENT`](crate::Status::INVALID_ARGUMENT) when an
+    /// event was created without timing, was never recorded, or the two
+    /// belong to different runtimes or backends;
+    /// [`Status::NOT_READY`](crate::Status::NOT_READY) when one has not
+    /// completed; a record's error. The message names the event and the
+    /// precondition.
+    fn elapsed_nanos(&self, end: &dyn Event) -> Result<i64>;
+
+    /// The event as `Any`, so a backend can recognise its own events.
+    fn as_any(&self) -> &dyn Any;
+}

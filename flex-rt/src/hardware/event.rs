@@ -1,0 +1,277 @@
+//! `HardwareEvent`: one `flex_event_t` (flex.h ABI 1.1).
+
+use std::any::Any;
+use std::fmt;
+use std::ptr::{self, NonNull};
+use std::sync::Arc;
+
+use flex_sys::FlexLibrary;
+use flex_sys::bindings as sys;
+use parking_lot::RwLock;
+
+use super::call::{self, check};
+use super::callback;
+use super::handle::RuntimeHandle;
+use crate::error::{FlexError, Result};
+use crate::event::{Capabilities, Event};
+use crate::status::Status;
+
+/// Whether a runtime is still alive, shared by the runtime and its events.
+///
+/// The runtime's teardown takes the write lock and clears it before
+/// `flex_runtime_destroy` (which destroys the runtime's events); every event
+/// call holds the read lock across its FFI call, so none runs on a destroyed
+/// handle.
+pub(super) type Liveness = Arc<RwLock<bool>>;
+
+/// The `UNSUPPORTED` error for the ABI 1.1 function `call` when the library
+/// is 1.0 ("unsupported by this flex library (ABI 1.0)", naming it).
+pub(super) fn require_1_1(lib: &FlexLibrary, call: &'static str) -> Result<()> {
+    lib.require(call)
+        .map_err(|missing| FlexError::new(Status::UNSUPPORTED, call, missing.to_string()))
+}
+
+/// Reads the runtime's capabilities (`flex_runtime_get_capability`).
+pub(super) fn read_capabilities(lib: &FlexLibrary, runtime: RuntimeHandle) -> Result<Capabilities> {
+    const CALL: &str = "flex_runtime_get_capability";
+    require_1_1(lib, CALL)?;
+    let read = |capability: sys::flex_capability_t| -> Result<bool> {
+        let mut value = 0i32;
+        // SAFETY: `runtime` is alive (the caller owns it); `require` returned
+        // Ok, so the symbol is resolved; `value` is a valid `int32_t` out
+        // pointer for the call.
+        let status = unsafe {
+            lib.api()
+                .flex_runtime_get_capability(runtime.as_ptr(), capability, &raw mut value)
+        };
+        check(lib, status, CALL)?;
+        Ok(call::bool_from_raw(value))
+    };
+    Ok(Capabilities {
+        device_side_wait: read(sys::FLEX_CAPABILITY_DEVICE_SIDE_WAIT)?,
+        event_timing: read(sys::FLEX_CAPABILITY_EVENT_TIMING)?,
+    })
+}
+
+/// An event of a [`HardwareRuntime`](super::HardwareRuntime): a
+/// `flex_event_t` (torch-spyre would call it `SpyreEvent`'s handle).
+///
+/// Destroyed with `flex_event_destroy` on drop, which never blocks (flex.h:
+/// pending records and waits are still honoured). If the runtime is closed
+/// first, the event is gone with it: its methods then fail with
+/// [`Status::INVALID_HANDLE`] and drop does nothing.
+///
+/// Thread-safety: `Send + Sync`; flex.h lets every event function be called
+/// from any thread, and serializes concurrent records of one event.
+pub struct HardwareEvent {
+    lib: Arc<FlexLibrary>,
+    runtime: RuntimeHandle,
+    handle: NonNull<sys::flex_event_t>,
+    alive: Liveness,
+    logical_device: u32,
+    timing: bool,
+    device_side_wait: bool,
+}
+
+// SAFETY: the event handle is an opaque token passed back to the library;
+// flex.h lets every function be called from any thread with any handle, and
+// serializes concurrent records of one event itself. The other fields are
+// `Send + Sync`.
+unsafe impl Send for HardwareEvent {}
+// SAFETY: as for `Send`: `&HardwareEvent` only shares the pointer value.
+unsafe impl Sync for HardwareEvent {}
+
+impl HardwareEvent {
+    /// Creates an event on `runtime` (`flex_event_create`).
+    pub(super) fn create(
+        lib: &Arc<FlexLibrary>,
+        runtime: RuntimeHandle,
+        alive: &Liveness,
+        logical_device: u32,
+        timing: bool,
+        capabilities: Capabilities,
+    ) -> Result<Self> {
+        const CALL: &str = "flex_event_create";
+        require_1_1(lib, CALL)?;
+        let flags = if timing {
+            sys::FLEX_EVENT_TIMING
+        } else {
+            sys::FLEX_EVENT_DEFAULT
+        };
+        let mut out: *mut sys::flex_event_t = ptr::null_mut();
+        // SAFETY: `runtime` is alive (the caller borrows it); the 1.1 symbols
+        // are resolved (checked above); `out` is a valid out pointer.
+        let status = unsafe {
+            lib.api()
+                .flex_event_create(runtime.as_ptr(), flags, &raw mut out)
+        };
+        check(lib, status, CALL)?;
+        let handle = call::non_null(out, CALL, "event handle")?;
+        Ok(Self {
+            lib: Arc::clone(lib),
+            runtime,
+            handle,
+            alive: Arc::clone(alive),
+            logical_device,
+            timing,
+            device_side_wait: capabilities.device_side_wait,
+        })
+    }
+
+    /// Runs `f` with the event's handle while the runtime is known alive.
+    fn with_handle<T>(
+        &self,
+        call: &'static str,
+        f: impl FnOnce(*mut sys::flex_event_t) -> Result<T>,
+    ) -> Result<T> {
+        let alive = self.alive.read();
+        if !*alive {
+            return Err(FlexError::new(
+                Status::INVALID_HANDLE,
+                call,
+                "the event's runtime was closed, which destroyed the event",
+            ));
+        }
+        f(self.handle.as_ptr())
+    }
+
+    /// The raw handle, for a stream of the same runtime: `f` runs while the
+    /// runtime is known alive.
+    pub(super) fn use_for_stream<T>(
+        &self,
+        runtime: RuntimeHandle,
+        call: &'static str,
+        f: impl FnOnce(*mut sys::flex_event_t) -> Result<T>,
+    ) -> Result<T> {
+        if runtime != self.runtime {
+            return Err(FlexError::invalid_argument(
+                call,
+                format!(
+                    "the event belongs to another runtime (logical device {}) than the stream",
+                    self.logical_device
+                ),
+            ));
+        }
+        self.with_handle(call, f)
+    }
+
+    /// Whether the runtime waits on the device side (else `wait_event`
+    /// blocks the host).
+    pub(super) fn device_side_wait(&self) -> bool {
+        self.device_side_wait
+    }
+
+    /// The key of the event's runtime, to recognise its callback threads.
+    pub(super) fn runtime_key(&self) -> usize {
+        self.runtime.key()
+    }
+
+    /// Recognises a hardware event among `dyn Event`s.
+    pub(super) fn of<'a>(event: &'a dyn Event, call: &'static str) -> Result<&'a HardwareEvent> {
+        event.as_any().downcast_ref().ok_or_else(|| {
+            FlexError::invalid_argument(
+                call,
+                format!("{event:?} is not an event of the hardware backend"),
+            )
+        })
+    }
+}
+
+impl fmt::Debug for HardwareEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HardwareEvent")
+            .field("logical_device", &self.logical_device)
+            .field("timing", &self.timing)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Event for HardwareEvent {
+    fn logical_device(&self) -> u32 {
+        self.logical_device
+    }
+
+    fn timing(&self) -> bool {
+        self.timing
+    }
+
+    fn query(&self) -> Result<bool> {
+        const CALL: &str = "flex_event_query";
+        self.with_handle(CALL, |event| {
+            // SAFETY: the event is alive (not destroyed: `self` exists, and
+            // the runtime is alive under the read lock); the symbol is
+            // resolved (the event was created). Never blocks.
+            let status = unsafe { self.lib.api().flex_event_query(event) };
+            call::query_result(status, CALL, || self.lib.last_error_message())
+        })
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        const CALL: &str = "flex_event_synchronize";
+        if callback::in_callback_of(self.runtime.key()) {
+            return Err(FlexError::new(
+                Status::UNSUPPORTED,
+                CALL,
+                "synchronize was called from a completion or host callback of the event's runtime; it would wait for itself",
+            ));
+        }
+        self.with_handle(CALL, |event| {
+            // SAFETY: as in `query`; this thread runs no callback of the
+            // runtime (checked above), as flex.h requires for a blocking call.
+            let status = unsafe { self.lib.api().flex_event_synchronize(event) };
+            check(&self.lib, status, CALL)
+        })
+    }
+
+    fn elapsed_nanos(&self, end: &dyn Event) -> Result<i64> {
+        const CALL: &str = "flex_event_elapsed_time";
+        let end = HardwareEvent::of(end, CALL)?;
+        if end.runtime != self.runtime {
+            return Err(FlexError::invalid_argument(
+                CALL,
+                format!(
+                    "the start event is of logical device {} and the end event of another runtime (logical device {}); both must be of one runtime",
+                    self.logical_device, end.logical_device
+                ),
+            ));
+        }
+        self.with_handle(CALL, |start| {
+            let mut nanos = 0i64;
+            // SAFETY: both events are alive and of this live runtime
+            // (checked above, under the read lock); `nanos` is a valid
+            // `int64_t` out pointer. `flex_event_elapsed_time` does not block.
+            let status = unsafe {
+                self.lib
+                    .api()
+                    .flex_event_elapsed_time(start, end.handle.as_ptr(), &raw mut nanos)
+            };
+            check(&self.lib, status, CALL)?;
+            Ok(nanos)
+        })
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl Drop for HardwareEvent {
+    fn drop(&mut self) {
+        let alive = self.alive.read();
+        if !*alive {
+            return;
+        }
+        // SAFETY: the runtime is alive (read lock held) and the event was
+        // created by it and not destroyed yet; this is its last use.
+        // `flex_event_destroy` never blocks, so it is safe on any thread,
+        // callbacks included.
+        let status = unsafe {
+            self.lib
+                .api()
+                .flex_event_destroy(self.runtime.as_ptr(), self.handle.as_ptr())
+        };
+        if let Err(error) = check(&self.lib, status, "flex_event_destroy") {
+            tracing::warn!(logical_device = self.logical_device, "{error}");
+        }
+    }
+}
