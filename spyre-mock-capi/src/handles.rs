@@ -19,8 +19,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use flex_rt::Stream;
-use flex_sys::bindings::{FLEX_ERROR_UNSUPPORTED, flex_runtime_t, flex_stream_t};
+use flex_rt::{Event, Stream};
+use flex_sys::bindings::{FLEX_ERROR_UNSUPPORTED, flex_event_t, flex_runtime_t, flex_stream_t};
 use parking_lot::Mutex;
 use spyre_mock::{MockRuntime, MockStream};
 
@@ -134,17 +134,80 @@ struct Entry {
     id: u64,
 }
 
+/// What a `flex_event_t *` points to: the device event and its runtime.
+pub(super) struct EventEntry {
+    pub(super) state: Arc<RuntimeState>,
+    pub(super) event: Box<dyn Event>,
+}
+
 struct Registry {
     /// Runtime handle address → state.
     runtimes: BTreeMap<usize, Arc<RuntimeState>>,
     /// Stream handle address → runtime and id.
     streams: BTreeMap<usize, Entry>,
+    /// Event handle address (of the `EventEntry` inside the `Arc`) → event.
+    events: BTreeMap<usize, Arc<EventEntry>>,
 }
 
 static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
     runtimes: BTreeMap::new(),
     streams: BTreeMap::new(),
+    events: BTreeMap::new(),
 });
+
+/// Registers a new event; returns its handle (the address of the entry,
+/// never dereferenced: only looked up).
+pub(super) fn register_event(entry: EventEntry) -> *mut flex_event_t {
+    let entry = Arc::new(entry);
+    let handle = Arc::as_ptr(&entry).cast_mut().cast::<flex_event_t>();
+    REGISTRY.lock().events.insert(handle as usize, entry);
+    handle
+}
+
+/// The entry of a live event handle; the `Arc` keeps it alive for the call
+/// even if another thread destroys the handle meanwhile.
+///
+/// # Errors
+/// `FLEX_ERROR_INVALID_HANDLE` for NULL or an address that is not a live
+/// event of this library.
+pub(super) fn event(handle: *mut flex_event_t) -> Result<Arc<EventEntry>, Failure> {
+    if handle.is_null() {
+        return Err(Failure::invalid_handle("the event handle is NULL"));
+    }
+    REGISTRY
+        .lock()
+        .events
+        .get(&(handle as usize))
+        .cloned()
+        .ok_or_else(|| {
+            Failure::invalid_handle(format!(
+                "{handle:p} is not a live event of this library (never created by it, destroyed, or its runtime was destroyed)"
+            ))
+        })
+}
+
+/// Removes an event handle of `state` from the table; the event is dropped
+/// when the last call using it returns (a drop never blocks).
+///
+/// # Errors
+/// `FLEX_ERROR_INVALID_HANDLE` for NULL, an address that is not a live
+/// event, or an event of another runtime (which stays live).
+pub(super) fn unregister_event(
+    state: &Arc<RuntimeState>,
+    handle: *mut flex_event_t,
+) -> Result<(), Failure> {
+    let entry = event(handle)?;
+    if !Arc::ptr_eq(&entry.state, state) {
+        return Err(Failure::invalid_handle(format!(
+            "{handle:p} is an event of another runtime"
+        )));
+    }
+    let removed = REGISTRY.lock().events.remove(&(handle as usize));
+    drop(entry);
+    // Dropped outside the table's lock: dropping an event is device code.
+    drop(removed);
+    Ok(())
+}
 
 /// The handle of a device stream.
 pub(super) fn stream_handle(stream: &MockStream) -> *mut flex_stream_t {
@@ -253,6 +316,9 @@ pub(super) fn unregister_runtime(handle: *mut flex_runtime_t) -> Option<Arc<Runt
         registry
             .streams
             .retain(|_, entry| !Arc::ptr_eq(&entry.runtime, &state));
+        registry
+            .events
+            .retain(|_, entry| !Arc::ptr_eq(&entry.state, &state));
         state
     };
     // SAFETY: the address was in the table, and only `register_runtime`

@@ -172,7 +172,7 @@ fn status_of(result: &flex_rt::Result<()>) -> flex_status_t {
 /// The device completion that calls the caller's C completion: directly on
 /// the engine thread, or through the delivery thread when completions are
 /// late. `None` when the caller gave none.
-fn completion_for(
+pub(crate) fn completion_for(
     state: &Arc<RuntimeState>,
     stream: u64,
     completion: flex_completion_t,

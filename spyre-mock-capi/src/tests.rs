@@ -238,16 +238,25 @@ fn exports_have_the_bindgen_signatures(api: &mut FlexApi) {
     api.flex_launch_compute = Ok(flex_launch_compute);
     api.flex_launch_host_callback = Ok(flex_launch_host_callback);
     api.flex_launch_fill = Ok(flex_launch_fill);
+    api.flex_runtime_get_capability = Ok(flex_runtime_get_capability);
+    api.flex_event_create = Ok(flex_event_create);
+    api.flex_event_destroy = Ok(flex_event_destroy);
+    api.flex_event_record = Ok(flex_event_record);
+    api.flex_stream_wait_event = Ok(flex_stream_wait_event);
+    api.flex_event_query = Ok(flex_event_query);
+    api.flex_event_synchronize = Ok(flex_event_synchronize);
+    api.flex_event_elapsed_time = Ok(flex_event_elapsed_time);
 }
 
 #[test]
 fn every_flex_h_function_is_exported_with_its_signature() {
     // The assignment above is the signature check; this keeps it compiled.
     let _: fn(&mut FlexApi) = exports_have_the_bindgen_signatures;
-    // flex.h: 23 functions, of which all but the version and the two string
-    // getters return a status.
+    // flex.h 1.0: 23 functions; 1.1 adds 8; all but the version and the
+    // two string getters return a status.
     assert_eq!(flex_sys::REQUIRED_SYMBOLS.len(), 23);
-    assert_eq!(environment::status_calls().count(), 20);
+    assert_eq!(flex_sys::ABI_1_1_SYMBOLS.len(), 8);
+    assert_eq!(environment::status_calls().count(), 28);
     assert!(environment::status_calls().all(|call| call != "flex_status_string"));
 }
 
@@ -273,8 +282,9 @@ fn status_strings_are_the_header_names() {
 #[test]
 fn api_version_is_the_header_version_or_the_switch() {
     let version = |value: Option<&str>| environment::abi_version(|_| value.map(str::to_owned));
-    assert_eq!(version(None), 0x0001_0000);
-    assert_eq!(version(Some("")), 0x0001_0000);
+    assert_eq!(version(None), 0x0001_0001);
+    assert_eq!(version(Some("")), 0x0001_0001);
+    assert_eq!(version(Some("1.0")), 0x0001_0000);
     assert_eq!(version(Some("2.0")), 0x0002_0000);
     assert_eq!(version(Some(" 1.7 ")), 0x0001_0007);
     assert_eq!(version(Some("65535.65535")), 0xFFFF_FFFF);

@@ -51,6 +51,12 @@ pub const ENV_COPY_BANDWIDTH: &str = "SPYRE_MOCK_COPY_BANDWIDTH";
 /// for `auto`).
 pub const ENV_SYNC_POLICY: &str = "SPYRE_MOCK_SYNC_POLICY";
 
+/// Environment variable: whether a stream can wait on an event on the device
+/// side (a boolean: `1`/`true`/`yes`/`on` or `0`/`false`/`no`/`off`; unset
+/// for yes). `0` makes the device behave like today's Spyre card, where
+/// `wait_event` blocks the host until the event completes.
+pub const ENV_DEVICE_SIDE_WAIT: &str = "SPYRE_MOCK_DEVICE_SIDE_WAIT";
+
 /// The numeric variables of [`MockConfig::from_lookup`], in the order it
 /// reads them.
 const NUMERIC_ENV_VARS: [&str; 6] = [
@@ -64,7 +70,7 @@ const NUMERIC_ENV_VARS: [&str; 6] = [
 
 /// Every environment variable [`MockConfig::from_lookup`] reads, in the order
 /// it reads them.
-pub const ENV_VARS: [&str; 7] = [
+pub const ENV_VARS: [&str; 8] = [
     ENV_DEVICES,
     ENV_MEMORY_BYTES,
     ENV_REGION_BYTES,
@@ -72,6 +78,7 @@ pub const ENV_VARS: [&str; 7] = [
     ENV_OP_LATENCY_US,
     ENV_COPY_BANDWIDTH,
     ENV_SYNC_POLICY,
+    ENV_DEVICE_SIDE_WAIT,
 ];
 
 /// A checked configuration of the software device. Made by
@@ -86,6 +93,7 @@ pub struct MockConfig {
     op_latency: Duration,
     copy_bandwidth: Option<u64>,
     sync_policy: SyncPolicy,
+    device_side_wait: bool,
 }
 
 impl Default for MockConfig {
@@ -98,6 +106,7 @@ impl Default for MockConfig {
             op_latency: Duration::ZERO,
             copy_bandwidth: None,
             sync_policy: SyncPolicy::Auto,
+            device_side_wait: true,
         }
     }
 }
@@ -145,6 +154,13 @@ impl MockConfig {
         self.sync_policy
     }
 
+    /// Whether a stream waits on an event on the device side (the
+    /// scheduler holds its later work; no thread blocks), or, when false,
+    /// `wait_event` blocks the calling thread as on today's Spyre card.
+    pub fn device_side_wait(&self) -> bool {
+        self.device_side_wait
+    }
+
     /// Reads the configuration from `lookup`, which maps an environment
     /// variable name (one of [`ENV_VARS`]) to its value or `None` when unset.
     /// Values are trimmed; an empty value counts as unset; unset variables
@@ -174,6 +190,18 @@ impl MockConfig {
             })?;
             builder = builder.sync_policy(policy);
             used.push(format!("{ENV_SYNC_POLICY}={raw:?}"));
+        }
+        if let Some(raw) = lookup(ENV_DEVICE_SIDE_WAIT).filter(|raw| !raw.trim().is_empty()) {
+            let wait = flex_rt::env::parse_bool(raw.trim()).ok_or_else(|| {
+                FlexError::invalid_argument(
+                    CALL,
+                    format!(
+                        "{ENV_DEVICE_SIDE_WAIT}={raw:?} is not valid: expected 1, true, yes, on, 0, false, no or off"
+                    ),
+                )
+            })?;
+            builder = builder.device_side_wait(wait);
+            used.push(format!("{ENV_DEVICE_SIDE_WAIT}={raw:?}"));
         }
         for name in NUMERIC_ENV_VARS {
             let Some(raw) = lookup(name) else { continue };
@@ -233,7 +261,13 @@ impl fmt::Display for MockConfig {
             Some(bw) => write!(f, "{bw} B/s")?,
             None => write!(f, "unlimited")?,
         }
-        write!(f, ", sync policy {}", self.sync_policy.as_str())
+        write!(f, ", sync policy {}", self.sync_policy.as_str())?;
+        let wait = if self.device_side_wait {
+            "device side"
+        } else {
+            "host blocks"
+        };
+        write!(f, ", event waits: {wait}")
     }
 }
 
@@ -264,6 +298,7 @@ pub struct MockSystemBuilder {
     op_latency: Duration,
     copy_bandwidth: Option<u64>,
     sync_policy: SyncPolicy,
+    device_side_wait: bool,
 }
 
 impl Default for MockSystemBuilder {
@@ -277,6 +312,7 @@ impl Default for MockSystemBuilder {
             op_latency: defaults.op_latency,
             copy_bandwidth: defaults.copy_bandwidth,
             sync_policy: defaults.sync_policy,
+            device_side_wait: defaults.device_side_wait,
         }
     }
 }
@@ -339,6 +375,14 @@ impl MockSystemBuilder {
     /// [`SyncPolicy::Auto`]: spin up to [`SyncPolicy::AUTO_SPIN`], then block.
     pub fn sync_policy(mut self, policy: SyncPolicy) -> Self {
         self.sync_policy = policy;
+        self
+    }
+
+    /// Whether streams wait on events on the device side (default true);
+    /// false models today's Spyre card, where `wait_event` blocks the host
+    /// (see [`MockConfig::device_side_wait`]).
+    pub fn device_side_wait(mut self, device_side_wait: bool) -> Self {
+        self.device_side_wait = device_side_wait;
         self
     }
 
@@ -420,6 +464,7 @@ impl MockSystemBuilder {
             op_latency: self.op_latency,
             copy_bandwidth: self.copy_bandwidth,
             sync_policy: self.sync_policy,
+            device_side_wait: self.device_side_wait,
         })
     }
 }

@@ -19,6 +19,7 @@ use flex_rt::{FlexError, Result, Status, SyncPolicy};
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use crate::config::MockConfig;
+use crate::event::Record;
 use crate::memory::DeviceMemory;
 use crate::op::{Op, panic_message};
 use crate::scheduler::{Job, Scheduler, Verdict};
@@ -64,6 +65,9 @@ pub(crate) struct Timing {
 
 impl Timing {
     fn delay(&self, op: &Op) -> Duration {
+        if !op.is_timed() {
+            return Duration::ZERO;
+        }
         let copy = match self.copy_bandwidth {
             Some(bw) if op.copy_bytes() > 0 => {
                 Duration::try_from_secs_f64(op.copy_bytes() as f64 / bw as f64)
@@ -90,6 +94,9 @@ pub(crate) struct Device {
     pub(crate) done: Condvar,
     /// How `synchronize` and the engines wait.
     pub(crate) sync_policy: SyncPolicy,
+    /// Whether waits on events are held by the scheduler (else they block
+    /// the calling thread).
+    pub(crate) device_side_wait: bool,
     /// Bumped (release) whenever a stream becomes ready: what a spinning
     /// engine watches instead of taking the scheduler lock.
     pub(crate) work_epoch: AtomicU64,
@@ -113,6 +120,7 @@ impl Device {
             work: Condvar::new(),
             done: Condvar::new(),
             sync_policy: config.sync_policy(),
+            device_side_wait: config.device_side_wait(),
             work_epoch: AtomicU64::new(0),
             done_epoch: AtomicU64::new(0),
         }
@@ -121,6 +129,44 @@ impl Device {
     /// Whether the calling thread is one of this device's engines.
     pub(crate) fn is_engine_thread(&self) -> bool {
         ENGINE_OF.with(Cell::get) == self.token
+    }
+
+    /// Blocks until the device has reached `record` and returns its
+    /// outcome: the host side of `Event::synchronize` and of a wait without
+    /// device-side waits.
+    ///
+    /// # Errors
+    /// The recording stream's error if the record failed;
+    /// [`Status::UNSUPPORTED`] on an engine thread of this device, where
+    /// waiting could never end.
+    pub(crate) fn wait_for_record(&self, record: &Record, call: &'static str) -> Result<()> {
+        if record.outcome().is_none() && self.is_engine_thread() {
+            return Err(FlexError::new(
+                Status::UNSUPPORTED,
+                call,
+                "called from a completion or host callback of the same runtime; it would wait for itself",
+            ));
+        }
+        let deadline = match self.sync_policy {
+            SyncPolicy::Spin | SyncPolicy::Yield => None,
+            SyncPolicy::Auto | SyncPolicy::Blocking => Some(Instant::now() + SyncPolicy::AUTO_SPIN),
+        };
+        if record.outcome().is_none() {
+            let mut scheduler = self.scheduler.lock();
+            while record.outcome().is_none() {
+                let seen = self.done_epoch.load(Ordering::Acquire);
+                let moved = MutexGuard::unlocked(&mut scheduler, || {
+                    self.wait_for_epoch(&self.done_epoch, seen, deadline)
+                });
+                if !moved && record.outcome().is_none() {
+                    self.done.wait(&mut scheduler);
+                }
+            }
+        }
+        match record.outcome() {
+            Some(Err(error)) => Err(error.clone()),
+            _ => Ok(()),
+        }
     }
 
     /// Tells the engines to stop once nothing is ready.
@@ -249,6 +295,7 @@ fn run_job(device: &Device, scheduler: &mut MutexGuard<'_, Scheduler>, job: Job)
     let op = pending.op;
     let result = MutexGuard::unlocked(scheduler, || match verdict {
         Verdict::Skip(err) => {
+            op.abandon(&err);
             // Dropping releases host leases and closures; their Drop is user code.
             let _ = catch_unwind(AssertUnwindSafe(move || drop(op)));
             Err(err)

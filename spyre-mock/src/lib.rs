@@ -115,6 +115,7 @@
 
 pub mod config;
 mod engine;
+mod event;
 mod faults;
 mod kernel;
 mod memory;
@@ -130,6 +131,7 @@ mod tests;
 
 pub use config::{MockConfig, MockSystemBuilder};
 pub use engine::live_engine_threads;
+pub use event::{EventRecord, MockEvent};
 pub use faults::{RuntimeFaults, SystemFaults};
 pub use op::{HostFn, HostSink, HostSource, Op, encode_fill_value, panic_message};
 pub use runtime::MockRuntime;

@@ -16,6 +16,7 @@ use flex_rt::{
     check_copy_size, check_fill_size,
 };
 
+use crate::event::EventRecord;
 use crate::kernel;
 use crate::memory::DeviceMemory;
 
@@ -110,6 +111,10 @@ pub enum Op {
     },
     /// Runs a host function on an engine thread in stream order.
     HostFn(HostFn),
+    /// An event's record: completes the event, with a timestamp, when the
+    /// stream reaches it. Made only by [`crate::MockStream`]'s
+    /// `record_event`; takes no time in the timing model.
+    Record(EventRecord),
 }
 
 impl Op {
@@ -154,6 +159,7 @@ impl Op {
             Self::Compute { .. } => "launch_compute",
             Self::Fill { .. } => "launch_fill",
             Self::HostFn(_) => "launch_host_callback",
+            Self::Record(_) => "record_event",
         }
     }
 
@@ -164,7 +170,21 @@ impl Op {
             Self::H2d { src, dst } => check_copy_size(call, src.bytes().len(), dst),
             Self::D2h { src, dst } => check_copy_size(call, dst.bytes_mut().len(), src),
             Self::Fill { dst, format, .. } => check_fill_size(call, dst, *format),
-            Self::Compute { .. } | Self::HostFn(_) => Ok(()),
+            Self::Compute { .. } | Self::HostFn(_) | Self::Record(_) => Ok(()),
+        }
+    }
+
+    /// Whether the timing model charges this operation (an event record is
+    /// a marker and takes no time).
+    pub(crate) fn is_timed(&self) -> bool {
+        !matches!(self, Self::Record(_))
+    }
+
+    /// Settles an event record that will not run (its stream failed first)
+    /// with the error its completion gets.
+    pub(crate) fn abandon(&self, error: &FlexError) {
+        if let Self::Record(EventRecord(record)) = self {
+            record.settle(Err(error.clone()));
         }
     }
 
@@ -203,6 +223,10 @@ impl Op {
                     .map_err(out_of_memory)
             }
             Self::Compute { program } => kernel::execute(&memory.view(), &program).map_err(failed),
+            Self::Record(EventRecord(record)) => {
+                record.settle(Ok(std::time::Instant::now()));
+                Ok(())
+            }
             Self::HostFn(f) => match catch_unwind(AssertUnwindSafe(f)) {
                 Ok(Ok(())) => Ok(()),
                 Ok(Err(message)) => Err(FlexError::new(
@@ -242,6 +266,7 @@ impl fmt::Debug for Op {
                 .field("format", format)
                 .finish(),
             Self::HostFn(_) => f.write_str("HostFn"),
+            Self::Record(record) => record.fmt(f),
         }
     }
 }

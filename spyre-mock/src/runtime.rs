@@ -4,12 +4,13 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use flex_rt::{
-    CompositeAddress, FlexError, MemoryLayout, Result, Runtime, Status, Stream, StreamMode,
-    StreamPriority,
+    Capabilities, CompositeAddress, Event, FlexError, MemoryLayout, Result, Runtime, Status,
+    Stream, StreamMode, StreamPriority,
 };
 
 use crate::config::MockConfig;
 use crate::engine::{Device, spawn_engines};
+use crate::event::MockEvent;
 use crate::faults::RuntimeFaults;
 use crate::stream::MockStream;
 
@@ -205,6 +206,21 @@ impl Runtime for MockRuntime {
 
     fn memory_layout(&self) -> Option<MemoryLayout> {
         Some(self.device.memory.layout())
+    }
+
+    /// Timing always; device-side waits unless configured off
+    /// ([`MockConfig::device_side_wait`](crate::MockConfig::device_side_wait)).
+    fn capabilities(&self) -> Result<Capabilities> {
+        Ok(Capabilities {
+            device_side_wait: self.device.device_side_wait,
+            event_timing: true,
+        })
+    }
+
+    /// A [`MockEvent`]; it keeps the runtime's device state alive while it
+    /// exists.
+    fn create_event(&self, timing: bool) -> Result<Box<dyn Event>> {
+        Ok(Box::new(MockEvent::new(Arc::clone(&self.device), timing)))
     }
 }
 

@@ -6,12 +6,21 @@
 //! among those the one whose front operation was enqueued first. A stream
 //! runs at most one operation at a time: from taking it until its
 //! completion has returned, the stream is *running* and not ready.
+//!
+//! A device-side wait on an event is a *gate* in the waiting stream: it
+//! holds the operations enqueued after it until the event's record has
+//! completed. A stream whose front operation is behind a closed gate is
+//! *blocked*: not ready, and listed as a waiter of the recording stream,
+//! which looks at its waiters again each time one of its operations
+//! finishes. No thread waits for a gate.
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, VecDeque};
+use std::sync::Arc;
 use std::time::Duration;
 
 use flex_rt::{Completion, FlexError, Status, StreamPriority};
 
+use crate::event::Record;
 use crate::op::Op;
 
 /// An enqueued operation.
@@ -33,11 +42,23 @@ impl Pending {
     }
 }
 
+/// A device-side wait: operations from the `before`th one enqueued on the
+/// stream (0-based) on start only after `record` has completed.
+struct Gate {
+    before: u64,
+    record: Arc<Record>,
+}
+
 /// Scheduling state of one stream.
 pub(crate) struct StreamState {
     priority: StreamPriority,
     queue: VecDeque<Pending>,
     running: bool,
+    /// Waits not yet passed, in enqueue order (so by `before`).
+    gates: VecDeque<Gate>,
+    /// Streams blocked on a record of this stream; looked at again each time
+    /// an operation of this stream finishes.
+    waiters: Vec<usize>,
     /// Operations enqueued so far.
     pub(crate) submitted: u64,
     /// Operations whose completion has returned.
@@ -92,6 +113,8 @@ impl Scheduler {
             priority,
             queue: VecDeque::new(),
             running: false,
+            gates: VecDeque::new(),
+            waiters: Vec::new(),
             submitted: 0,
             completed: 0,
             error: None,
@@ -151,23 +174,10 @@ impl Scheduler {
     ) -> Result<bool, (FlexError, Pending)> {
         let call = pending.op.call();
         let seq = self.next_seq;
+        if let Err(err) = self.check_accepts(index, call) {
+            return Err((err, pending));
+        }
         let state = &mut self.streams[index];
-        if state.needs_shutdown {
-            let err = FlexError::new(
-                Status::SHUTDOWN,
-                call,
-                "the stream needs a shutdown of its runtime and accepts no more work",
-            );
-            return Err((err, pending));
-        }
-        if let Some(first) = &state.error {
-            let err = FlexError::new(
-                Status::STREAM_FAILED,
-                call,
-                format!("the stream has failed and accepts no more work; its first error: {first}"),
-            );
-            return Err((err, pending));
-        }
         if let Some(n) = state.fail_launch_in {
             state.fail_launch_in = n.checked_sub(1).filter(|&left| left > 0);
             if n <= 1 {
@@ -183,11 +193,86 @@ impl Scheduler {
         pending.seq = seq;
         state.submitted += 1;
         state.queue.push_back(pending);
-        let became_ready = !state.running && state.queue.len() == 1;
-        if became_ready {
-            self.ready.insert((Reverse(state.priority), seq, index));
+        let first_in_line = !state.running && state.queue.len() == 1;
+        Ok(first_in_line && self.schedule(index))
+    }
+
+    /// Whether stream `index` accepts work: `Err` with [`Status::SHUTDOWN`]
+    /// if it needs shutdown, with [`Status::STREAM_FAILED`] if it has failed.
+    pub(crate) fn check_accepts(&self, index: usize, call: &'static str) -> Result<(), FlexError> {
+        let state = &self.streams[index];
+        if state.needs_shutdown {
+            return Err(FlexError::new(
+                Status::SHUTDOWN,
+                call,
+                "the stream needs a shutdown of its runtime and accepts no more work",
+            ));
         }
-        Ok(became_ready)
+        if let Some(first) = &state.error {
+            return Err(FlexError::new(
+                Status::STREAM_FAILED,
+                call,
+                format!("the stream has failed and accepts no more work; its first error: {first}"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Adds a device-side wait to stream `index`: its operations enqueued
+    /// from now on start only after `record` has completed. A record of the
+    /// stream itself is already ordered, and adds nothing.
+    ///
+    /// # Errors
+    /// As [`Self::admit`]'s stream-state checks; nothing is added then.
+    pub(crate) fn add_gate(&mut self, index: usize, record: Arc<Record>) -> Result<(), FlexError> {
+        self.check_accepts(index, "wait_event")?;
+        if record.stream == index {
+            return Ok(());
+        }
+        let state = &mut self.streams[index];
+        state.gates.push_back(Gate {
+            before: state.submitted,
+            record,
+        });
+        Ok(())
+    }
+
+    /// Makes stream `index` ready if it is idle, has work, and no closed gate
+    /// holds its front operation: passes every open gate in front of it (a
+    /// gate whose record failed fails the stream, naming the recording
+    /// stream), and registers the stream as a waiter of the recording stream
+    /// of a closed one. Returns whether the stream became ready.
+    fn schedule(&mut self, index: usize) -> bool {
+        loop {
+            let state = &mut self.streams[index];
+            if state.running || state.queue.is_empty() {
+                return false;
+            }
+            let front = state.submitted - state.queue.len() as u64;
+            let Some(gate) = state.gates.front().filter(|gate| gate.before <= front) else {
+                break;
+            };
+            let record = Arc::clone(&gate.record);
+            match record.outcome() {
+                None => {
+                    self.streams[record.stream].waiters.push(index);
+                    return false;
+                }
+                Some(outcome) => {
+                    state.gates.pop_front();
+                    if let Err(cause) = outcome {
+                        let error = record.wait_error(cause);
+                        self.record_error(index, error);
+                    }
+                }
+            }
+        }
+        let state = &self.streams[index];
+        if let Some(front) = state.queue.front() {
+            self.ready
+                .insert((Reverse(state.priority), front.seq, index));
+        }
+        true
     }
 
     /// Takes the next operation to run, if any stream is ready, and marks
@@ -237,18 +322,18 @@ impl Scheduler {
     /// Marks the running operation of stream `index` complete (its
     /// completion has returned) and makes the stream ready again if it has
     /// more work. Returns whether it did.
+    ///
+    /// Streams blocked on a record of this stream are looked at again (the
+    /// finished operation may be that record); any that became ready show up
+    /// in [`Self::has_ready`].
     pub(crate) fn finish(&mut self, index: usize) -> bool {
         let state = &mut self.streams[index];
         state.running = false;
         state.completed += 1;
-        match state.queue.front() {
-            Some(front) => {
-                self.ready
-                    .insert((Reverse(state.priority), front.seq, index));
-                true
-            }
-            None => false,
+        for waiter in std::mem::take(&mut state.waiters) {
+            self.schedule(waiter);
         }
+        self.schedule(index)
     }
 }
 

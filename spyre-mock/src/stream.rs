@@ -5,12 +5,13 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use flex_rt::{
-    CompositeAddress, DataFormat, FlexError, HostBuffer, HostCallback, LaunchOptions, Result,
-    Status, Stream, StreamMode, StreamPriority, SyncPolicy, check_copy_size,
+    Completion, CompositeAddress, DataFormat, Event, FlexError, HostBuffer, HostCallback,
+    LaunchOptions, Result, Status, Stream, StreamMode, StreamPriority, SyncPolicy, check_copy_size,
 };
 use parking_lot::MutexGuard;
 
 use crate::engine::Device;
+use crate::event::{EventRecord, MockEvent, Record};
 use crate::op::Op;
 use crate::scheduler::Pending;
 
@@ -72,11 +73,21 @@ impl MockStream {
             pipeline_barrier: _,
             completion,
         } = options;
-        let admitted = self
-            .device
-            .scheduler
-            .lock()
-            .admit(self.index, Pending::new(op, completion));
+        self.submit(Pending::new(op, completion), || {})
+    }
+
+    /// Admits `pending` to the scheduler, runs `on_admitted` under the
+    /// scheduler lock if it was, and wakes an engine if the stream became
+    /// ready. A refused operation is dropped after the lock is released.
+    fn submit(&self, pending: Pending, on_admitted: impl FnOnce()) -> Result<()> {
+        let admitted = {
+            let mut scheduler = self.device.scheduler.lock();
+            let admitted = scheduler.admit(self.index, pending);
+            if admitted.is_ok() {
+                on_admitted();
+            }
+            admitted
+        };
         match admitted {
             Ok(became_ready) => {
                 if became_ready {
@@ -284,5 +295,53 @@ impl Stream for MockStream {
         options: LaunchOptions,
     ) -> Result<()> {
         self.enqueue(Op::fill(dst.clone(), value, format), options)
+    }
+
+    /// A marker operation in the FIFO: the event completes, with a
+    /// timestamp, when the stream reaches it, and takes no time in the
+    /// timing model. Counts as a launch for `fail_nth_launch`.
+    fn record_event(&self, event: &dyn Event, completion: Option<Completion>) -> Result<()> {
+        let event = MockEvent::of(event, &self.device, "record_event")?;
+        let record = Arc::new(Record::new(self.index, self.id));
+        let marker = Op::Record(EventRecord(Arc::clone(&record)));
+        self.submit(Pending::new(marker, completion), || {
+            *event.latest.lock() = Some(record);
+        })
+    }
+
+    /// With device-side waits (the default) a gate in the scheduler: no
+    /// thread blocks. Without them (`device_side_wait(false)`, like today's
+    /// card) blocks until the event completes.
+    fn wait_event(&self, event: &dyn Event) -> Result<()> {
+        const CALL: &str = "wait_event";
+        let event = MockEvent::of(event, &self.device, CALL)?;
+        let record = {
+            let mut scheduler = self.device.scheduler.lock();
+            let Some(record) = event.latest.lock().clone() else {
+                return Ok(());
+            };
+            if self.device.device_side_wait {
+                return scheduler.add_gate(self.index, record);
+            }
+            scheduler.check_accepts(self.index, CALL)?;
+            if record.stream == self.index {
+                return Ok(());
+            }
+            record
+        };
+        if record.outcome().is_none() && self.device.is_engine_thread() {
+            return Err(FlexError::new(
+                Status::UNSUPPORTED,
+                CALL,
+                "this device cannot wait on the device side, so wait_event blocks the host; called from a completion or host callback of the same runtime it would wait for itself",
+            ));
+        }
+        if let Err(cause) = self.device.wait_for_record(&record, CALL) {
+            self.device
+                .scheduler
+                .lock()
+                .record_error(self.index, record.wait_error(&cause));
+        }
+        Ok(())
     }
 }

@@ -31,6 +31,9 @@ use flex_rt::{
 };
 use spyre_mock::{MockSystem, reference};
 
+mod events;
+pub use events::*;
+
 /// A conformance case.
 pub type Case = fn(&dyn Backend, &Profile);
 
@@ -63,6 +66,9 @@ pub struct SoftwareDevice {
     pub region_bytes: u64,
     /// Engine threads per runtime.
     pub engines: u32,
+    /// Whether streams wait on events on the device side (else the host
+    /// blocks, as on today's Spyre card).
+    pub device_side_wait: bool,
 }
 
 /// The software device both mock backends run the suite on: 4 MiB of memory
@@ -72,6 +78,14 @@ pub const SOFTWARE_DEVICE: SoftwareDevice = SoftwareDevice {
     memory_bytes: 4 << 20,
     region_bytes: 64 << 10,
     engines: 2,
+    device_side_wait: true,
+};
+
+/// [`SOFTWARE_DEVICE`] without device-side waits, like today's Spyre card:
+/// the event cases run on it too, so both ways of waiting are tested.
+pub const SOFTWARE_DEVICE_HOST_WAIT: SoftwareDevice = SoftwareDevice {
+    device_side_wait: false,
+    ..SOFTWARE_DEVICE
 };
 
 impl SoftwareDevice {
@@ -84,25 +98,32 @@ impl SoftwareDevice {
             .memory_bytes(self.memory_bytes)
             .region_bytes(self.region_bytes)
             .engines(self.engines)
+            .device_side_wait(self.device_side_wait)
             .build()
             .expect("the conformance configuration is valid")
     }
 
     /// The `SPYRE_MOCK_*` variables that configure the shared library the
     /// same way.
-    pub fn env(&self) -> [(&'static str, String); 3] {
+    pub fn env(&self) -> [(&'static str, String); 4] {
         [
             ("SPYRE_MOCK_MEMORY_BYTES", self.memory_bytes.to_string()),
             ("SPYRE_MOCK_REGION_BYTES", self.region_bytes.to_string()),
             ("SPYRE_MOCK_ENGINES", self.engines.to_string()),
+            (
+                "SPYRE_MOCK_DEVICE_SIDE_WAIT",
+                u8::from(self.device_side_wait).to_string(),
+            ),
         ]
     }
 }
 
 /// The one list of conformance cases, each a function of this module:
-/// calls `$callback! { $($args)* general: [...]; software_device: [...]; }`.
-/// `general` holds for any flex library; `software_device` needs
-/// [`Profile::software_device`] (the built-in kernels, two engines, ...).
+/// calls `$callback! { $($args)* general: [...]; events: [...];
+/// software_device: [...]; }`. `general` and `events` hold for any flex
+/// library (`events` for ABI 1.1; a 1.0 library must refuse them
+/// consistently); `software_device` needs [`Profile::software_device`] (the
+/// built-in kernels, two engines, ...).
 /// A case added to the module is added here, and so reaches every backend.
 #[macro_export]
 macro_rules! with_conformance_cases {
@@ -126,6 +147,18 @@ macro_rules! with_conformance_cases {
                 dropping_the_runtime_completes_pending_work,
                 launches_from_several_threads_are_serialized,
             ];
+            events: [
+                an_event_never_recorded_is_complete,
+                a_record_captures_exactly_the_work_before_it,
+                a_wait_orders_later_work_after_the_event,
+                re_recording_moves_the_event_but_not_an_earlier_wait,
+                waiting_on_the_same_stream_is_a_no_op,
+                a_failed_record_poisons_the_event_and_its_waiters,
+                dropping_an_event_with_pending_work_keeps_its_waits,
+                elapsed_time_is_device_time_with_named_preconditions,
+                an_event_of_another_runtime_is_refused,
+                concurrent_records_are_serialized,
+            ];
             software_device: [
                 compute_axpy,
                 compute_matmul,
@@ -137,7 +170,9 @@ macro_rules! with_conformance_cases {
 }
 
 /// Generates one `#[test]` per conformance case of a suite: `general` (any
-/// flex library) or `software_device` (general and software-device cases).
+/// flex library: general and event cases), `events` (the event cases
+/// alone, for a second device configuration) or `software_device` (every
+/// case).
 ///
 /// `runner` is a `fn(&'static str, spyre_tests::conformance::Case)`: it gets
 /// the test's name and the case, and runs the case against its backend.
@@ -161,15 +196,24 @@ macro_rules! conformance_tests {
     };
     (@general [$($attr:tt)*] $runner:path;
         general: [$($general:ident),* $(,)?];
+        events: [$($events:ident),* $(,)?];
         software_device: [$($software:ident),* $(,)?];
     ) => {
-        $crate::conformance_tests!(@each [$($attr)*] $runner; $($general),*);
+        $crate::conformance_tests!(@each [$($attr)*] $runner; $($general,)* $($events),*);
+    };
+    (@events [$($attr:tt)*] $runner:path;
+        general: [$($general:ident),* $(,)?];
+        events: [$($events:ident),* $(,)?];
+        software_device: [$($software:ident),* $(,)?];
+    ) => {
+        $crate::conformance_tests!(@each [$($attr)*] $runner; $($events),*);
     };
     (@software_device [$($attr:tt)*] $runner:path;
         general: [$($general:ident),* $(,)?];
+        events: [$($events:ident),* $(,)?];
         software_device: [$($software:ident),* $(,)?];
     ) => {
-        $crate::conformance_tests!(@each [$($attr)*] $runner; $($general,)* $($software),*);
+        $crate::conformance_tests!(@each [$($attr)*] $runner; $($general,)* $($events,)* $($software),*);
     };
     (@each [$($attr:tt)*] $runner:path; $case:ident $(, $rest:ident)*) => {
         #[test]
@@ -188,9 +232,9 @@ macro_rules! conformance_tests {
 
 /// Longest wait for something that only happens if the backend works;
 /// reaching it means a lost wakeup or a deadlock.
-const PATIENCE: Duration = Duration::from_secs(20);
+pub(crate) const PATIENCE: Duration = Duration::from_secs(20);
 
-fn runtime(backend: &dyn Backend) -> Box<dyn Runtime> {
+pub(crate) fn runtime(backend: &dyn Backend) -> Box<dyn Runtime> {
     backend.create_runtime(0).unwrap_or_else(|err| {
         panic!(
             "{} cannot create a runtime on device 0: {err}",
@@ -199,7 +243,7 @@ fn runtime(backend: &dyn Backend) -> Box<dyn Runtime> {
     })
 }
 
-fn new_stream(runtime: &dyn Runtime, priority: StreamPriority) -> &dyn Stream {
+pub(crate) fn new_stream(runtime: &dyn Runtime, priority: StreamPriority) -> &dyn Stream {
     runtime
         .create_stream(priority, StreamMode::StrictOrdering, false)
         .expect("create_stream")
@@ -304,6 +348,11 @@ impl Gate {
     pub fn open(&self) {
         *self.open.lock().unwrap() = true;
         self.changed.notify_all();
+    }
+
+    /// Whether the gate has been opened.
+    pub fn is_open(&self) -> bool {
+        *self.open.lock().unwrap()
     }
 
     /// Waits until the gate is open, at most 20 s (a wait that long means

@@ -1,0 +1,445 @@
+//! Conformance cases for events (flex.h ABI 1.1): the contract of
+//! `flex_rt::Event`, `Stream::record_event` and `Stream::wait_event`, the
+//! same for every backend, with and without device-side waits.
+//!
+//! Every case first asks the runtime for its capabilities. A library without
+//! events (ABI 1.0) must say so with `UNSUPPORTED` from both
+//! `capabilities` and `create_event`; the case checks that and ends there.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use flex_rt::{
+    Backend, Capabilities, Event, LaunchOptions, Runtime, Status, Stream, StreamPriority,
+};
+
+use super::{Completions, Gate, PATIENCE, Profile, new_stream, runtime};
+
+/// The runtime's capabilities, or `None` (after checking that events are
+/// refused consistently) for a library without events.
+fn capabilities(runtime: &dyn Runtime) -> Option<Capabilities> {
+    match runtime.capabilities() {
+        Ok(capabilities) => Some(capabilities),
+        Err(err) => {
+            assert_eq!(err.status(), Status::UNSUPPORTED, "{err}");
+            let refused = runtime.create_event(false).unwrap_err();
+            assert_eq!(refused.status(), Status::UNSUPPORTED, "{refused}");
+            None
+        }
+    }
+}
+
+fn event(runtime: &dyn Runtime, timing: bool) -> Box<dyn Event> {
+    runtime.create_event(timing).expect("create_event")
+}
+
+/// Holds `stream` at a gate: a host callback that waits until the gate
+/// opens. Returns the gate.
+fn hold(stream: &dyn Stream) -> Arc<Gate> {
+    let gate = Gate::new();
+    let g = Arc::clone(&gate);
+    stream
+        .launch_host_callback(Box::new(move || g.wait()), LaunchOptions::new())
+        .expect("launch the holding callback");
+    gate
+}
+
+/// Appends `entry` to `log` in stream order.
+fn log_on(stream: &dyn Stream, log: &Arc<Mutex<Vec<&'static str>>>, entry: &'static str) {
+    let log = Arc::clone(log);
+    stream
+        .launch_host_callback(
+            Box::new(move || log.lock().unwrap().push(entry)),
+            LaunchOptions::new(),
+        )
+        .expect("launch the logging callback");
+}
+
+/// Calls `wait_event`; without device-side waits the call blocks until the
+/// event completes, so a helper thread opens `gate` after a moment (with
+/// them, the gate is opened by the case, and the helper only guards against
+/// a hang). Returns whether `wait_event` returned before the gate opened.
+fn wait_while_held(
+    capabilities: Capabilities,
+    waiter: &dyn Stream,
+    event: &dyn Event,
+    gate: &Arc<Gate>,
+) -> bool {
+    let delay = if capabilities.device_side_wait {
+        PATIENCE
+    } else {
+        Duration::from_millis(100)
+    };
+    let opener = {
+        let gate = Arc::clone(gate);
+        thread::spawn(move || {
+            thread::sleep(delay);
+            gate.open();
+        })
+    };
+    waiter.wait_event(event).expect("wait_event");
+    let returned_first = !gate.is_open();
+    if capabilities.device_side_wait {
+        // Detach the guard thread; the case opens the gate itself.
+        drop(opener);
+    } else {
+        opener.join().expect("opener thread");
+    }
+    returned_first
+}
+
+/// flex.h, "Events": an event never recorded is complete — query is ready,
+/// synchronize returns at once, a wait is a no-op — and has no time.
+pub fn an_event_never_recorded_is_complete(backend: &dyn Backend, _: &Profile) {
+    let runtime = runtime(backend);
+    let Some(_) = capabilities(&*runtime) else {
+        return;
+    };
+    let stream = new_stream(&*runtime, StreamPriority::Normal);
+    let never = event(&*runtime, true);
+    assert_eq!(never.query(), Ok(true));
+    assert_eq!(never.synchronize(), Ok(()));
+    stream
+        .wait_event(&*never)
+        .expect("waiting on it is a no-op");
+    let log = Arc::new(Mutex::new(Vec::new()));
+    log_on(stream, &log, "ran");
+    stream.synchronize().expect("the stream runs as before");
+    assert_eq!(*log.lock().unwrap(), ["ran"]);
+    let other = event(&*runtime, true);
+    stream.record_event(&*other, None).expect("record");
+    let err = never.elapsed_nanos(&*other).unwrap_err();
+    assert_eq!(err.status(), Status::INVALID_ARGUMENT, "{err}");
+    assert!(err.message().contains("never recorded"), "{err}");
+}
+
+/// A record captures exactly the work enqueued before it: the event is not
+/// ready while that work is held, and work launched after the record does
+/// not delay it. Its completion is called exactly once.
+pub fn a_record_captures_exactly_the_work_before_it(backend: &dyn Backend, _: &Profile) {
+    let runtime = runtime(backend);
+    let Some(_) = capabilities(&*runtime) else {
+        return;
+    };
+    let stream = new_stream(&*runtime, StreamPriority::Normal);
+    let before = hold(stream);
+    let marker = event(&*runtime, false);
+    let completions = Completions::new();
+    stream
+        .record_event(&*marker, completions.options().completion)
+        .expect("record");
+    let after = hold(stream);
+    assert_eq!(marker.query(), Ok(false), "the work before it is held");
+    before.open();
+    marker
+        .synchronize()
+        .expect("completes once the earlier work has");
+    assert_eq!(
+        marker.query(),
+        Ok(true),
+        "the later, still held work does not delay it"
+    );
+    assert_eq!(stream.query(), Ok(false));
+    after.open();
+    stream.synchronize().expect("synchronize");
+    assert_eq!(completions.results(), vec![Ok(())]);
+    assert_eq!(completions.drops(), 1);
+}
+
+/// A wait orders every later launch on the waiting stream after the event;
+/// with device-side waits it does not block the caller, and every other
+/// stream keeps running meanwhile (the wait holds no engine).
+pub fn a_wait_orders_later_work_after_the_event(backend: &dyn Backend, _: &Profile) {
+    let runtime = runtime(backend);
+    let Some(capabilities) = capabilities(&*runtime) else {
+        return;
+    };
+    let producer = new_stream(&*runtime, StreamPriority::Normal);
+    let consumer = new_stream(&*runtime, StreamPriority::Normal);
+    let bystander = new_stream(&*runtime, StreamPriority::Normal);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let gate = hold(producer);
+    log_on(producer, &log, "produced");
+    let produced = event(&*runtime, false);
+    producer.record_event(&*produced, None).expect("record");
+    let returned_first = wait_while_held(capabilities, consumer, &*produced, &gate);
+    assert_eq!(
+        returned_first, capabilities.device_side_wait,
+        "wait_event blocks the host exactly when the device cannot wait"
+    );
+    log_on(consumer, &log, "consumed");
+    if capabilities.device_side_wait {
+        log_on(bystander, &log, "bystander");
+        bystander
+            .synchronize()
+            .expect("another stream runs while the consumer waits");
+        assert_eq!(*log.lock().unwrap(), ["bystander"]);
+        assert_eq!(consumer.query(), Ok(false), "the consumer is held");
+        gate.open();
+    }
+    consumer.synchronize().expect("synchronize");
+    let log = log.lock().unwrap();
+    let position = |entry| log.iter().position(|e| *e == entry).unwrap();
+    assert!(
+        position("produced") < position("consumed"),
+        "consumer ran before the event: {log:?}"
+    );
+}
+
+/// Re-recording moves the event: query and synchronize see only the latest
+/// record, while a wait already made keeps the record it saw.
+pub fn re_recording_moves_the_event_but_not_an_earlier_wait(backend: &dyn Backend, _: &Profile) {
+    let runtime = runtime(backend);
+    let Some(capabilities) = capabilities(&*runtime) else {
+        return;
+    };
+    let first = new_stream(&*runtime, StreamPriority::Normal);
+    let second = new_stream(&*runtime, StreamPriority::Normal);
+    let waiter = new_stream(&*runtime, StreamPriority::Normal);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let gate = hold(first);
+    log_on(first, &log, "first");
+    let moving = event(&*runtime, false);
+    first
+        .record_event(&*moving, None)
+        .expect("record on the held stream");
+    wait_while_held(capabilities, waiter, &*moving, &gate);
+    log_on(waiter, &log, "waiter");
+    second
+        .record_event(&*moving, None)
+        .expect("record again, on an idle stream");
+    moving
+        .synchronize()
+        .expect("synchronize sees only the latest record");
+    assert_eq!(moving.query(), Ok(true));
+    if capabilities.device_side_wait {
+        assert_eq!(
+            waiter.query(),
+            Ok(false),
+            "the wait keeps the first record, still held"
+        );
+        gate.open();
+    }
+    waiter.synchronize().expect("synchronize");
+    assert_eq!(*log.lock().unwrap(), ["first", "waiter"]);
+}
+
+/// Waiting on an event recorded on the same stream (as after the round
+/// robin wraps) is a no-op, not a self-deadlock, even while the stream is
+/// held.
+pub fn waiting_on_the_same_stream_is_a_no_op(backend: &dyn Backend, _: &Profile) {
+    let runtime = runtime(backend);
+    let Some(_) = capabilities(&*runtime) else {
+        return;
+    };
+    let stream = new_stream(&*runtime, StreamPriority::Normal);
+    let gate = hold(stream);
+    let own = event(&*runtime, false);
+    stream.record_event(&*own, None).expect("record");
+    stream
+        .wait_event(&*own)
+        .expect("returns at once: nothing to wait for");
+    assert_eq!(own.query(), Ok(false));
+    gate.open();
+    stream.synchronize().expect("synchronize");
+    assert_eq!(own.query(), Ok(true));
+}
+
+/// A record whose stream fails before reaching it poisons the event: query
+/// and synchronize return the stream's error, never "not ready" forever,
+/// and a stream that waits on it fails with an error naming the event's
+/// stream instead of hanging.
+pub fn a_failed_record_poisons_the_event_and_its_waiters(backend: &dyn Backend, _: &Profile) {
+    let runtime = runtime(backend);
+    let Some(capabilities) = capabilities(&*runtime) else {
+        return;
+    };
+    let failing = new_stream(&*runtime, StreamPriority::Normal);
+    let waiter = new_stream(&*runtime, StreamPriority::Normal);
+    let gate = hold(failing);
+    failing
+        .launch_host_callback(
+            Box::new(|| panic!("deliberate panic")),
+            LaunchOptions::new(),
+        )
+        .expect("launch");
+    let poisoned = event(&*runtime, false);
+    let completions = Completions::new();
+    failing
+        .record_event(&*poisoned, completions.options().completion)
+        .expect("record is accepted; the stream fails later");
+    wait_while_held(capabilities, waiter, &*poisoned, &gate);
+    gate.open();
+    let err = poisoned.synchronize().unwrap_err();
+    assert_eq!(err.status(), Status::STREAM_FAILED, "{err}");
+    assert_eq!(
+        poisoned.query().unwrap_err().status(),
+        Status::STREAM_FAILED
+    );
+    assert_eq!(completions.results(), vec![Err(Status::STREAM_FAILED)]);
+    // The waiter's later work fails instead of waiting for ever.
+    let ran = Arc::new(AtomicBool::new(false));
+    let r = Arc::clone(&ran);
+    let launched = waiter.launch_host_callback(
+        Box::new(move || r.store(true, Ordering::SeqCst)),
+        LaunchOptions::new(),
+    );
+    let err = match launched {
+        Ok(()) => waiter.synchronize().unwrap_err(),
+        Err(refused) => refused,
+    };
+    assert_eq!(err.status(), Status::STREAM_FAILED, "{err}");
+    let named = format!("stream {}", failing.id());
+    assert!(
+        err.message().contains(&named),
+        "the error names the event's stream ({named}): {err}"
+    );
+    assert!(!ran.load(Ordering::SeqCst));
+}
+
+/// An event may be dropped while its record and a wait on it are pending:
+/// the wait is still honoured, nothing blocks and nothing panics.
+pub fn dropping_an_event_with_pending_work_keeps_its_waits(backend: &dyn Backend, _: &Profile) {
+    let runtime = runtime(backend);
+    let Some(capabilities) = capabilities(&*runtime) else {
+        return;
+    };
+    let producer = new_stream(&*runtime, StreamPriority::Normal);
+    let consumer = new_stream(&*runtime, StreamPriority::Normal);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let gate = hold(producer);
+    log_on(producer, &log, "produced");
+    let dropped = event(&*runtime, true);
+    producer.record_event(&*dropped, None).expect("record");
+    wait_while_held(capabilities, consumer, &*dropped, &gate);
+    log_on(consumer, &log, "consumed");
+    let started = Instant::now();
+    drop(dropped);
+    assert!(
+        started.elapsed() < PATIENCE,
+        "dropping an event does not wait"
+    );
+    if capabilities.device_side_wait {
+        // Time enough for an engine to run the consumer if nothing held it.
+        thread::sleep(Duration::from_millis(50));
+        assert_eq!(
+            consumer.query(),
+            Ok(false),
+            "the wait is still honoured after the drop"
+        );
+        assert!(log.lock().unwrap().is_empty());
+    }
+    gate.open();
+    consumer.synchronize().expect("synchronize");
+    producer.synchronize().expect("synchronize");
+    assert_eq!(*log.lock().unwrap(), ["produced", "consumed"]);
+}
+
+/// Elapsed time needs two timed, recorded, completed events of one runtime
+/// and says which precondition failed; the time is taken when the device
+/// reaches each event, not when the host recorded it; reversed, it is
+/// negative.
+pub fn elapsed_time_is_device_time_with_named_preconditions(backend: &dyn Backend, _: &Profile) {
+    let runtime = runtime(backend);
+    let Some(capabilities) = capabilities(&*runtime) else {
+        return;
+    };
+    let stream = new_stream(&*runtime, StreamPriority::Normal);
+    let untimed = event(&*runtime, false);
+    let start = event(&*runtime, true);
+    let end = event(&*runtime, true);
+    stream.record_event(&*untimed, None).expect("record");
+    stream.synchronize().expect("synchronize");
+    let err = untimed.elapsed_nanos(&*end).unwrap_err();
+    assert_eq!(err.status(), Status::INVALID_ARGUMENT);
+    assert!(
+        err.message().contains("start") && err.message().contains("timing"),
+        "{err}"
+    );
+    let err = start.elapsed_nanos(&*end).unwrap_err();
+    assert_eq!(err.status(), Status::INVALID_ARGUMENT);
+    assert!(
+        err.message().contains("start") && err.message().contains("never recorded"),
+        "{err}"
+    );
+    if !capabilities.event_timing {
+        return;
+    }
+    let gate = hold(stream);
+    stream.record_event(&*start, None).expect("record start");
+    // The host records both at once; the device reaches `end` 30 ms later.
+    const HELD: Duration = Duration::from_millis(30);
+    stream
+        .launch_host_callback(Box::new(|| thread::sleep(HELD)), LaunchOptions::new())
+        .expect("launch");
+    stream.record_event(&*end, None).expect("record end");
+    let err = start.elapsed_nanos(&*end).unwrap_err();
+    assert_eq!(err.status(), Status::NOT_READY, "{err}");
+    gate.open();
+    end.synchronize().expect("synchronize");
+    let forward = start.elapsed_nanos(&*end).expect("elapsed time");
+    assert!(
+        forward >= HELD.as_nanos() as i64,
+        "{forward} ns between the events, but the device spent at least {HELD:?} between them"
+    );
+    assert_eq!(end.elapsed_nanos(&*start), Ok(-forward));
+}
+
+/// Events of one runtime cannot be recorded on or waited for by another
+/// runtime's stream: `INVALID_ARGUMENT`, and nothing changes.
+pub fn an_event_of_another_runtime_is_refused(backend: &dyn Backend, _: &Profile) {
+    let first = runtime(backend);
+    let Some(_) = capabilities(&*first) else {
+        return;
+    };
+    let second = runtime(backend);
+    let foreign = event(&*first, false);
+    let stream = new_stream(&*second, StreamPriority::Normal);
+    let completions = Completions::new();
+    let err = stream
+        .record_event(&*foreign, completions.options().completion)
+        .unwrap_err();
+    assert_eq!(err.status(), Status::INVALID_ARGUMENT, "{err}");
+    assert_eq!((completions.calls(), completions.drops()), (0, 1));
+    let err = stream.wait_event(&*foreign).unwrap_err();
+    assert_eq!(err.status(), Status::INVALID_ARGUMENT, "{err}");
+    assert_eq!(foreign.query(), Ok(true), "still never recorded");
+}
+
+/// Concurrent records of one event from several threads are serialized:
+/// every record completes exactly once, and afterwards the event is ready.
+pub fn concurrent_records_are_serialized(backend: &dyn Backend, _: &Profile) {
+    const THREADS: usize = 4;
+    const RECORDS: usize = 50;
+    let runtime = runtime(backend);
+    let Some(_) = capabilities(&*runtime) else {
+        return;
+    };
+    let shared = event(&*runtime, true);
+    let completions = Completions::new();
+    let streams: Vec<&dyn Stream> = (0..THREADS)
+        .map(|_| new_stream(&*runtime, StreamPriority::Normal))
+        .collect();
+    thread::scope(|scope| {
+        for &stream in &streams {
+            let shared = &shared;
+            let completions = &completions;
+            scope.spawn(move || {
+                for _ in 0..RECORDS {
+                    stream
+                        .record_event(&**shared, completions.options().completion)
+                        .expect("record");
+                    shared.query().expect("query never fails here");
+                }
+            });
+        }
+    });
+    for stream in &streams {
+        stream.synchronize().expect("synchronize");
+    }
+    assert_eq!(shared.query(), Ok(true));
+    assert_eq!(completions.calls(), THREADS * RECORDS);
+    assert_eq!(completions.drops(), THREADS * RECORDS);
+}
