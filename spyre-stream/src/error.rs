@@ -154,9 +154,65 @@ pub enum Error {
         source: FlexError,
     },
 
+    /// The runtime cannot do what was asked: events and capabilities with a
+    /// flex library of ABI 1.0 ("unsupported by this flex library (ABI
+    /// 1.0)", naming the missing function).
+    #[error("{0}")]
+    Unsupported(FlexError),
+    /// [`crate::SpyreEvent::elapsed_time`] with an event created without
+    /// timing.
+    #[error(
+        "elapsed_time: the {which} event was created without timing; create both events with SpyreEvent::with_timing()"
+    )]
+    EventWithoutTiming {
+        /// Which of the two events.
+        which: EventRole,
+    },
+    /// [`crate::SpyreEvent::elapsed_time`] with an event never recorded.
+    #[error("elapsed_time: the {which} event was never recorded; record both events first")]
+    EventNotRecorded {
+        /// Which of the two events.
+        which: EventRole,
+    },
+    /// [`crate::SpyreEvent::elapsed_time`] with an event whose record has
+    /// not completed.
+    #[error(
+        "elapsed_time: the {which} event has not completed yet; synchronize (or await) it first"
+    )]
+    EventNotComplete {
+        /// Which of the two events.
+        which: EventRole,
+    },
+    /// [`crate::SpyreEvent::elapsed_time`] where the end event completed
+    /// before the start event.
+    #[error(
+        "elapsed_time: the end event completed {by:?} before the start event; call start.elapsed_time(&end) with the event that completes first as start"
+    )]
+    EventsOutOfOrder {
+        /// How much earlier the end event completed.
+        by: std::time::Duration,
+    },
     /// An error of the flex runtime, unchanged.
     #[error(transparent)]
     Flex(#[from] FlexError),
+}
+
+/// Which event of [`crate::SpyreEvent::elapsed_time`] an error is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EventRole {
+    /// The event the call is made on.
+    Start,
+    /// The event passed as the argument.
+    End,
+}
+
+impl std::fmt::Display for EventRole {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Start => "start",
+            Self::End => "end",
+        })
+    }
 }
 
 impl Error {

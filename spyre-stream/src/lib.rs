@@ -114,6 +114,21 @@
 //! | `SpyreGuardImpl::tls_idx`, `set_device` | [`current_device`], [`set_device`] |
 //! | `get/set_hazard_tracker_enabled` | [`hazard_tracker_enabled`], [`set_hazard_tracker_enabled`] |
 //!
+//! # Events: PyTorch and cudarc names
+//!
+//! torch-spyre has no events yet ("event-based stream synchronization is not
+//! yet implemented"); these follow `torch.cuda` and cudarc.
+//!
+//! | PyTorch (`torch.cuda`) / cudarc | here |
+//! |---|---|
+//! | `torch.cuda.Event()` / `Event(enable_timing=True)`; `CudaEvent` | [`SpyreEvent::new`] / [`SpyreEvent::with_timing`] |
+//! | `Event.record(stream)`, `Stream.record_event(event)`; `CudaEvent::record` | [`SpyreEvent::record`], [`SpyreStream::record_event`] |
+//! | `Event.wait(stream)`, `Stream.wait_event(event)`; `CudaStream::wait` | [`SpyreEvent::wait`], [`SpyreStream::wait_event`] |
+//! | `Stream.wait_stream(other)`; `CudaStream::join` | [`SpyreStream::wait_stream`] |
+//! | `Event.query()` / `Event.synchronize()` | [`SpyreEvent::query`] / [`SpyreEvent::synchronize`] |
+//! | `Event.elapsed_time(end)` (ms, `float`) | [`SpyreEvent::elapsed_time`] ([`std::time::Duration`]) |
+//! | (none: awaiting a CUDA event needs polling) | [`SpyreEvent::synchronize_async`], [`SpyreStream::synchronize_async`] |
+//!
 //! # Where this differs from torch-spyre, on purpose
 //!
 //! - **Handle resolution takes no lock** (the spec's table has a shared
@@ -165,12 +180,14 @@ mod current;
 mod device;
 pub mod env;
 mod error;
+mod event;
 mod id;
 mod loom_shim;
 mod memory;
 mod pool;
 mod process_pool;
 mod runtime;
+mod signal;
 mod state;
 mod stream;
 mod stream_operations;
@@ -178,10 +195,11 @@ mod stream_operations;
 pub use backend::{BackendKind, parse_backend};
 pub use current::{StreamGuard, current_stream, set_current_stream};
 pub use device::Device;
-pub use error::{Error, Result};
+pub use error::{Error, EventRole, Result};
+pub use event::{SpyreEvent, SynchronizeFuture, capabilities};
 pub use flex_rt::{
-    ADDRESS_ALIGNMENT, CompositeAddress, DataFormat, FlexError, HostBuffer, LaunchOptions,
-    LogicalAddress, MemoryLayout, Status, program,
+    ADDRESS_ALIGNMENT, Capabilities, CompositeAddress, DataFormat, FlexError, HostBuffer,
+    LaunchOptions, LogicalAddress, MemoryLayout, Status, program,
 };
 pub use id::{
     DEFAULT_HOST_COMPUTE_STREAMS, HIGH_POOL_END, HIGH_POOL_START, HOST_COMPUTE_START,

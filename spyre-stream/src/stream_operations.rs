@@ -14,7 +14,7 @@ impl SpyreStream {
     /// The runtime handle behind this stream, resolved through the
     /// process-wide pool ([`crate::StreamPool::resolve`]).
     #[inline]
-    fn handle(self) -> Result<&'static dyn Stream> {
+    pub(crate) fn handle(self) -> Result<&'static dyn Stream> {
         runtime::pool_of(self)?.resolve(self)
     }
 

@@ -1,0 +1,363 @@
+//! `SpyreEvent`: a marker in stream order, to order work across streams
+//! without blocking the host, to time it, and to await it.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use flex_rt::{Capabilities, FlexError, Status};
+use parking_lot::Mutex;
+
+use crate::device::Device;
+use crate::error::{Error, EventRole, Result};
+use crate::runtime;
+use crate::signal::Signal;
+use crate::stream::SpyreStream;
+
+/// A marker in a stream's order (torch-spyre would call it `SpyreEvent`;
+/// `torch.cuda.Event`, cudarc's `CudaEvent`).
+///
+/// [`SpyreEvent::record`] on a stream captures exactly the work enqueued
+/// there so far; the event completes when that work has. Other streams can
+/// [`wait`](SpyreEvent::wait) for it without blocking the host, the host can
+/// [`query`](SpyreEvent::query), [`synchronize`](SpyreEvent::synchronize) or
+/// `.await` it ([`SpyreEvent::synchronize_async`]), and two events created
+/// [`with_timing`](SpyreEvent::with_timing) give the device time between
+/// them ([`SpyreEvent::elapsed_time`]).
+///
+/// ```
+/// # fn main() -> spyre_stream::Result<()> {
+/// use spyre_stream::{Device, LaunchOptions, SpyreEvent};
+///
+/// spyre_stream::set_backend(Box::new(spyre_mock::MockSystem::default()))?;
+/// let copy = spyre_stream::stream_from_pool(Device::CURRENT, 0)?;
+/// let compute = spyre_stream::stream_from_pool(Device::CURRENT, 0)?;
+/// copy.launch_host_callback(|| println!("copy in"), LaunchOptions::new())?;
+/// let copied = SpyreEvent::new()?;
+/// copied.record(copy)?;
+/// // Work on `compute` from here on starts after the copy, and this
+/// // thread does not wait.
+/// copied.wait(compute)?;
+/// compute.launch_host_callback(|| println!("compute"), LaunchOptions::new())?;
+/// compute.synchronize()?;
+/// assert!(copied.query()?);
+/// # Ok(()) }
+/// ```
+///
+/// # The contract (PyTorch's and CUDA's rules, the same on every backend)
+///
+/// - Recording again moves the event: `query`, `synchronize` and later
+///   waits see only the latest record; a wait already made keeps the record
+///   it saw.
+/// - An event never recorded is complete: `query` is `true`, `synchronize`
+///   returns at once, `wait` does nothing.
+/// - If the recording stream fails before the event's point, the event
+///   fails: `query` and `synchronize` return the stream's error, and a
+///   stream that waits on it fails too instead of waiting forever; its
+///   error names the event's stream by its runtime id
+///   ([`flex_rt::Stream::id`] of [`crate::StreamPool::resolve`]).
+/// - Waiting on an event recorded on the same stream is a no-op.
+/// - Dropping an event never blocks: records and waits already made are
+///   honoured, and its resources are freed when they are done.
+///
+/// # Device-side waits
+///
+/// Where the device can make a stream wait ([`capabilities`]`.device_side_wait`,
+/// the software device by default), [`SpyreEvent::wait`] returns at once. On
+/// today's Spyre card it cannot: `wait` then blocks the calling thread until
+/// the event has completed, which keeps the ordering correct but makes the
+/// host wait. Check the capability where that matters.
+///
+/// # Thread-safety
+///
+/// `Send + Sync`: an event may be recorded, waited on, queried and awaited
+/// from any thread; concurrent records are serialized, the last one wins.
+pub struct SpyreEvent {
+    event: Box<dyn flex_rt::Event>,
+    device: u8,
+    timing: bool,
+    /// The completion signal of the latest record; `None` before the first.
+    /// Held across each record, which serializes concurrent records.
+    latest: Mutex<Option<Arc<Signal>>>,
+}
+
+impl SpyreEvent {
+    /// An event without timing (`torch.cuda.Event()`), on the process's
+    /// device; starts the runtime if needed, as [`crate::stream_from_pool`]
+    /// does.
+    ///
+    /// # Errors
+    /// As [`crate::stream_from_pool`] for the current device;
+    /// [`Error::Unsupported`] when the runtime has no events (a flex library
+    /// of ABI 1.0); the runtime's error ([`Error::Flex`]).
+    pub fn new() -> Result<Self> {
+        Self::create(false)
+    }
+
+    /// An event that takes a device timestamp when it completes
+    /// (`torch.cuda.Event(enable_timing=True)`), for
+    /// [`SpyreEvent::elapsed_time`]. Slightly more costly to complete.
+    ///
+    /// # Errors
+    /// As [`SpyreEvent::new`].
+    pub fn with_timing() -> Result<Self> {
+        Self::create(true)
+    }
+
+    fn create(timing: bool) -> Result<Self> {
+        let pool = runtime::pool_for(Device::CURRENT)?;
+        let event = pool
+            .runtime()
+            .create_event(timing)
+            .map_err(Error::from_event_call)?;
+        Ok(Self {
+            event,
+            device: pool.device(),
+            timing,
+            latest: Mutex::new(None),
+        })
+    }
+
+    /// The logical device the event belongs to.
+    pub fn device_index(&self) -> u8 {
+        self.device
+    }
+
+    /// Whether the event was created with timing.
+    pub fn timing(&self) -> bool {
+        self.timing
+    }
+
+    /// Records the event on `stream` (`Event.record(stream)`;
+    /// `cudaEventRecord`): it now marks the end of the work enqueued there
+    /// so far. Never blocks.
+    ///
+    /// # Errors
+    /// As [`SpyreStream::query`] for the stream ([`Error::WrongDevice`] for a
+    /// stream of another device); the stream's error if it has failed. On
+    /// error the event is unchanged.
+    pub fn record(&self, stream: SpyreStream) -> Result<()> {
+        let handle = stream.handle()?;
+        let mut latest = self.latest.lock();
+        let signal = Signal::new();
+        let completes = Arc::clone(&signal);
+        handle.record_event(
+            &*self.event,
+            Some(Box::new(move |outcome| completes.complete(outcome))),
+        )?;
+        *latest = Some(signal);
+        Ok(())
+    }
+
+    /// Makes every operation enqueued on `stream` from now on start only
+    /// after the event's latest record has completed (`Event.wait(stream)`;
+    /// `cudaStreamWaitEvent`). Returns at once where the device waits on the
+    /// device side; else blocks until the event has completed (see
+    /// "Device-side waits"). A no-op for an event never recorded or recorded
+    /// on `stream`.
+    ///
+    /// # Errors
+    /// As [`SpyreEvent::record`]; without device-side waits,
+    /// [`Error::Flex`] with `UNSUPPORTED` when called from a completion or
+    /// host callback (it would wait for itself).
+    pub fn wait(&self, stream: SpyreStream) -> Result<()> {
+        Ok(stream.handle()?.wait_event(&*self.event)?)
+    }
+
+    /// Whether the latest record has completed (`Event.query()`): `true`
+    /// also for an event never recorded. Never blocks.
+    ///
+    /// # Errors
+    /// The recording stream's error if the record failed ([`Error::Flex`]).
+    pub fn query(&self) -> Result<bool> {
+        Ok(self.event.query()?)
+    }
+
+    /// Blocks until the latest record has completed (`Event.synchronize()`);
+    /// returns at once for an event never recorded. No lock of the pool is
+    /// held while waiting.
+    ///
+    /// # Errors
+    /// The recording stream's error if the record failed; `UNSUPPORTED` from
+    /// a completion or host callback ([`Error::Flex`]).
+    pub fn synchronize(&self) -> Result<()> {
+        Ok(self.event.synchronize()?)
+    }
+
+    /// A future that resolves when the latest record (as of this call) has
+    /// completed, with `Ok(())` or the recording stream's error; at once for
+    /// an event never recorded. Its waker is driven by the device's
+    /// completion callback: no thread blocks and nothing polls. Works on any
+    /// executor; dropping it early is fine.
+    pub fn synchronize_async(&self) -> SynchronizeFuture {
+        SynchronizeFuture {
+            signal: self.latest.lock().clone(),
+            _event: None,
+        }
+    }
+
+    /// The device time from this event's completion to `end`'s
+    /// (`Event.elapsed_time(end)`, there in milliseconds; here a
+    /// [`Duration`]). Timestamps are taken when the device reaches each
+    /// event in stream order, not when the host recorded it.
+    ///
+    /// # Errors
+    /// [`Error::EventWithoutTiming`], [`Error::EventNotRecorded`] or
+    /// [`Error::EventNotComplete`] naming the event (start or end) whose
+    /// precondition failed; [`Error::EventsOutOfOrder`] when `end` completed
+    /// before this event; a record's error ([`Error::Flex`]).
+    pub fn elapsed_time(&self, end: &SpyreEvent) -> Result<Duration> {
+        let both = [(EventRole::Start, self), (EventRole::End, end)];
+        // Each precondition for both events before the next one, so the
+        // error names the first that fails in the order a caller fixes them.
+        for (which, event) in both {
+            if !event.timing {
+                return Err(Error::EventWithoutTiming { which });
+            }
+        }
+        for (which, event) in both {
+            if event.latest.lock().is_none() {
+                return Err(Error::EventNotRecorded { which });
+            }
+        }
+        for (which, event) in both {
+            if !event.query()? {
+                return Err(Error::EventNotComplete { which });
+            }
+        }
+        let nanos = self.event.elapsed_nanos(&*end.event)?;
+        match u64::try_from(nanos) {
+            Ok(forward) => Ok(Duration::from_nanos(forward)),
+            Err(_) => Err(Error::EventsOutOfOrder {
+                by: Duration::from_nanos(nanos.unsigned_abs()),
+            }),
+        }
+    }
+}
+
+impl fmt::Debug for SpyreEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SpyreEvent")
+            .field("device", &self.device)
+            .field("timing", &self.timing)
+            .field("recorded", &self.latest.lock().is_some())
+            .finish()
+    }
+}
+
+/// The future of [`SpyreEvent::synchronize_async`] and
+/// [`SpyreStream::synchronize_async`]: resolves with `Ok(())` when the
+/// awaited work has completed, or with the error it failed with
+/// ([`Error::Flex`]). `Send`; dropping it before completion is safe.
+#[must_use = "a future does nothing unless awaited"]
+pub struct SynchronizeFuture {
+    /// `None`: nothing to wait for.
+    signal: Option<Arc<Signal>>,
+    /// The marker event of a stream's future, kept until the future is
+    /// dropped (dropping it never blocks).
+    _event: Option<Box<dyn flex_rt::Event>>,
+}
+
+impl Future for SynchronizeFuture {
+    type Output = Result<()>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match &self.signal {
+            None => Poll::Ready(Ok(())),
+            Some(signal) => signal.poll(cx).map(|outcome| outcome.map_err(Error::Flex)),
+        }
+    }
+}
+
+impl fmt::Debug for SynchronizeFuture {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SynchronizeFuture")
+            .field("waits", &self.signal.is_some())
+            .finish()
+    }
+}
+
+impl SpyreStream {
+    /// Records `event` on this stream (`Stream.record_event(event)`); see
+    /// [`SpyreEvent::record`].
+    ///
+    /// # Errors
+    /// As [`SpyreEvent::record`].
+    pub fn record_event(self, event: &SpyreEvent) -> Result<()> {
+        event.record(self)
+    }
+
+    /// Makes this stream's later work wait for `event`
+    /// (`Stream.wait_event(event)`; cudarc's `CudaStream::wait`); see
+    /// [`SpyreEvent::wait`].
+    ///
+    /// # Errors
+    /// As [`SpyreEvent::wait`].
+    pub fn wait_event(self, event: &SpyreEvent) -> Result<()> {
+        event.wait(self)
+    }
+
+    /// Makes this stream's later work wait for all work enqueued on `other`
+    /// so far (`Stream.wait_stream(other)`; cudarc's `CudaStream::join`):
+    /// records a fresh event on `other` and waits on it. A no-op when
+    /// `other` is this stream. Never blocks the host where the device waits
+    /// on the device side.
+    ///
+    /// # Errors
+    /// As [`SpyreEvent::new`] and [`SpyreEvent::wait`], for either stream.
+    pub fn wait_stream(self, other: SpyreStream) -> Result<()> {
+        if other == self {
+            return Ok(());
+        }
+        let marker = SpyreEvent::new()?;
+        marker.record(other)?;
+        marker.wait(self)
+    }
+
+    /// A future that resolves when all work enqueued on this stream so far
+    /// has completed: the awaitable form of [`SpyreStream::synchronize`],
+    /// driven by the device's completion callback (no thread blocks, no
+    /// polling). Resolves with the stream's error if that work fails.
+    ///
+    /// # Errors
+    /// As [`SpyreEvent::new`] and [`SpyreEvent::record`].
+    pub fn synchronize_async(self) -> Result<SynchronizeFuture> {
+        let marker = SpyreEvent::new()?;
+        marker.record(self)?;
+        let SpyreEvent { event, latest, .. } = marker;
+        Ok(SynchronizeFuture {
+            signal: latest.into_inner(),
+            _event: Some(event),
+        })
+    }
+}
+
+/// What the process's device can do beyond flex ABI 1.0: whether a stream
+/// waits on an event on the device side, and whether events can be timed.
+/// Starts the runtime if needed.
+///
+/// # Errors
+/// As [`crate::stream_from_pool`] for the device; [`Error::Unsupported`] for
+/// a flex library of ABI 1.0.
+pub fn capabilities(device: Device) -> Result<Capabilities> {
+    runtime::pool_for(device)?
+        .runtime()
+        .capabilities()
+        .map_err(Error::from_event_call)
+}
+
+impl Error {
+    /// An error of creating an event or reading the capabilities:
+    /// [`Error::Unsupported`] when the runtime has no events (its
+    /// `UNSUPPORTED`), else [`Error::Flex`].
+    fn from_event_call(error: FlexError) -> Self {
+        if error.status() == Status::UNSUPPORTED {
+            Self::Unsupported(error)
+        } else {
+            Self::Flex(error)
+        }
+    }
+}

@@ -1,0 +1,112 @@
+//! A one-shot completion signal that a device completion callback sets and
+//! futures await: the hand-off between the runtime's thread and an async
+//! executor, with no thread blocked and no polling loop.
+
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use flex_rt::FlexError;
+
+use crate::loom_shim::Mutex;
+
+/// Set once, by the completion of one event record; read by every future
+/// waiting for that record.
+#[derive(Debug, Default)]
+pub(crate) struct Signal {
+    state: Mutex<SignalState>,
+}
+
+#[derive(Debug, Default)]
+struct SignalState {
+    /// `None` until the record completes; then its outcome, for good.
+    outcome: Option<Result<(), FlexError>>,
+    /// Tasks to wake when it does.
+    wakers: Vec<Waker>,
+}
+
+impl Signal {
+    /// A signal not yet set.
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// Sets the outcome (the first call wins) and wakes every waiting task,
+    /// after releasing the lock: a waker may run the task inline.
+    pub(crate) fn complete(&self, outcome: Result<(), FlexError>) {
+        let wakers = {
+            let mut state = self.state.lock();
+            if state.outcome.is_some() {
+                return;
+            }
+            state.outcome = Some(outcome);
+            std::mem::take(&mut state.wakers)
+        };
+        for waker in wakers {
+            waker.wake();
+        }
+    }
+
+    /// The outcome if set; else registers `cx`'s waker (once per task) and
+    /// returns `Pending`. The check and the registration happen under one
+    /// lock, so a completion between them cannot be missed.
+    pub(crate) fn poll(&self, cx: &mut Context<'_>) -> Poll<Result<(), FlexError>> {
+        let mut state = self.state.lock();
+        if let Some(outcome) = &state.outcome {
+            return Poll::Ready(outcome.clone());
+        }
+        let waker = cx.waker();
+        if !state.wakers.iter().any(|known| known.will_wake(waker)) {
+            state.wakers.push(waker.clone());
+        }
+        Poll::Pending
+    }
+
+    /// The outcome, without registering anything.
+    #[cfg(test)]
+    pub(crate) fn outcome(&self) -> Option<Result<(), FlexError>> {
+        self.state.lock().outcome.clone()
+    }
+}
+
+#[cfg(all(test, not(spyre_loom)))]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::Wake;
+
+    use flex_rt::Status;
+
+    use super::*;
+
+    struct CountingWaker(AtomicUsize);
+
+    impl Wake for CountingWaker {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn a_waiting_task_is_woken_once_and_then_sees_the_outcome() {
+        let signal = Signal::new();
+        let counter = Arc::new(CountingWaker(AtomicUsize::new(0)));
+        let waker = Waker::from(Arc::clone(&counter));
+        let mut cx = Context::from_waker(&waker);
+        assert!(signal.poll(&mut cx).is_pending());
+        assert!(
+            signal.poll(&mut cx).is_pending(),
+            "polled twice, registered once"
+        );
+        signal.complete(Ok(()));
+        assert_eq!(counter.0.load(Ordering::SeqCst), 1);
+        assert!(matches!(signal.poll(&mut cx), Poll::Ready(Ok(()))));
+    }
+
+    #[test]
+    fn the_first_outcome_wins() {
+        let signal = Signal::new();
+        let failure = FlexError::new(Status::STREAM_FAILED, "record_event", "boom");
+        signal.complete(Err(failure.clone()));
+        signal.complete(Ok(()));
+        assert_eq!(signal.outcome(), Some(Err(failure)));
+    }
+}

@@ -1,0 +1,281 @@
+//! Events through the process-wide pool (`SpyreEvent`, the stream methods
+//! `record_event` / `wait_event` / `wait_stream`, and the awaitable
+//! `synchronize_async`), on the software device in process and through the
+//! FFI path. Each test runs in a fresh process (the runtime starts once per
+//! process).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use flex_rt::HardwareBackend;
+use spyre_stream::{
+    Device, Error, EventRole, LaunchOptions, SpyreEvent, SpyreStream, Status, capabilities,
+    set_backend, stream_from_pool,
+};
+use spyre_tests::conformance::Gate;
+use spyre_tests::{isolated, mock_cdylib};
+
+const MOCK: (&str, &str) = ("SPYRE_BACKEND", "mock");
+
+fn pool_stream() -> SpyreStream {
+    stream_from_pool(Device::CURRENT, 0).expect("stream_from_pool")
+}
+
+/// Holds `stream` until the returned gate opens.
+fn hold(stream: SpyreStream) -> Arc<Gate> {
+    let gate = Gate::new();
+    let g = Arc::clone(&gate);
+    stream
+        .launch_host_callback(move || g.wait(), LaunchOptions::new())
+        .expect("launch");
+    gate
+}
+
+fn log_on(stream: SpyreStream, log: &Arc<Mutex<Vec<&'static str>>>, entry: &'static str) {
+    let log = Arc::clone(log);
+    stream
+        .launch_host_callback(
+            move || log.lock().unwrap().push(entry),
+            LaunchOptions::new(),
+        )
+        .expect("launch");
+}
+
+#[test]
+fn wait_stream_orders_work_without_blocking_the_host() {
+    isolated!(&[MOCK], || {
+        assert!(capabilities(Device::CURRENT).unwrap().device_side_wait);
+        let producer = pool_stream();
+        let consumer = pool_stream();
+        assert_ne!(producer, consumer);
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let gate = hold(producer);
+        log_on(producer, &log, "produced");
+        consumer.wait_stream(producer).expect("returns at once");
+        log_on(consumer, &log, "consumed");
+        assert!(!consumer.query().unwrap(), "held behind the producer");
+        gate.open();
+        consumer.synchronize().unwrap();
+        assert_eq!(*log.lock().unwrap(), ["produced", "consumed"]);
+        // Waiting on itself is a no-op.
+        consumer.wait_stream(consumer).unwrap();
+        consumer.synchronize().unwrap();
+    });
+}
+
+#[test]
+fn elapsed_time_names_the_event_whose_precondition_failed() {
+    isolated!(&[MOCK], || {
+        let stream = pool_stream();
+        let untimed = SpyreEvent::new().unwrap();
+        let start = SpyreEvent::with_timing().unwrap();
+        let end = SpyreEvent::with_timing().unwrap();
+        assert!(matches!(
+            untimed.elapsed_time(&end),
+            Err(Error::EventWithoutTiming {
+                which: EventRole::Start
+            })
+        ));
+        assert!(matches!(
+            start.elapsed_time(&untimed),
+            Err(Error::EventWithoutTiming {
+                which: EventRole::End
+            })
+        ));
+        assert!(matches!(
+            start.elapsed_time(&end),
+            Err(Error::EventNotRecorded {
+                which: EventRole::Start
+            })
+        ));
+        start.record(stream).unwrap();
+        start.synchronize().unwrap();
+        let gate = hold(stream);
+        stream
+            .launch_host_callback(
+                || std::thread::sleep(Duration::from_millis(20)),
+                LaunchOptions::new(),
+            )
+            .unwrap();
+        end.record(stream).unwrap();
+        let err = start.elapsed_time(&end).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::EventNotComplete {
+                    which: EventRole::End
+                }
+            ),
+            "{err:?}"
+        );
+        assert_eq!(
+            err.to_string(),
+            "elapsed_time: the end event has not completed yet; synchronize (or await) it first"
+        );
+        gate.open();
+        end.synchronize().unwrap();
+        let elapsed = start.elapsed_time(&end).unwrap();
+        assert!(elapsed >= Duration::from_millis(20), "{elapsed:?}");
+        match end.elapsed_time(&start) {
+            Err(Error::EventsOutOfOrder { by }) => assert_eq!(by, elapsed),
+            other => panic!("expected EventsOutOfOrder, got {other:?}"),
+        }
+    });
+}
+
+#[test]
+fn a_thousand_awaits_on_one_current_thread_runtime_never_block_it() {
+    isolated!(&[MOCK], || {
+        const TASKS: usize = 1000;
+        let stream = pool_stream();
+        let gate = hold(stream);
+        let event = Arc::new(SpyreEvent::new().unwrap());
+        event.record(stream).unwrap();
+        let done = Arc::new(AtomicUsize::new(0));
+        let executor = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        executor.block_on(async {
+            let mut tasks = Vec::with_capacity(TASKS);
+            for i in 0..TASKS {
+                let done = Arc::clone(&done);
+                // Half await the event, half the stream's work so far.
+                let future = if i % 2 == 0 {
+                    event.synchronize_async()
+                } else {
+                    stream.synchronize_async().unwrap()
+                };
+                tasks.push(tokio::spawn(async move {
+                    future.await.expect("the work completes");
+                    done.fetch_add(1, Ordering::SeqCst);
+                }));
+            }
+            // Every task has run to its await and is pending: the executor,
+            // a single thread, is not blocked by any of them.
+            for _ in 0..10 {
+                tokio::task::yield_now().await;
+            }
+            assert_eq!(done.load(Ordering::SeqCst), 0, "the stream is held");
+            gate.open();
+            for task in tasks {
+                task.await.unwrap();
+            }
+        });
+        assert_eq!(done.load(Ordering::SeqCst), TASKS);
+    });
+}
+
+#[test]
+fn awaiting_works_on_another_executor_and_a_future_may_be_dropped_early() {
+    isolated!(&[MOCK], || {
+        let stream = pool_stream();
+        let gate = hold(stream);
+        let never = SpyreEvent::new().unwrap();
+        futures_executor::block_on(never.synchronize_async()).expect("never recorded: ready");
+        let dropped_early = stream.synchronize_async().unwrap();
+        drop(dropped_early);
+        let event = SpyreEvent::new().unwrap();
+        event.record(stream).unwrap();
+        let future = event.synchronize_async();
+        let opener = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            gate.open();
+        });
+        futures_executor::block_on(future).expect("completes");
+        opener.join().unwrap();
+        assert!(event.query().unwrap());
+    });
+}
+
+#[test]
+fn a_failed_stream_fails_its_awaits_and_its_waiters() {
+    isolated!(&[MOCK], || {
+        let failing = pool_stream();
+        let waiter = pool_stream();
+        let gate = hold(failing);
+        failing
+            .launch_host_callback(|| panic!("deliberate panic"), LaunchOptions::new())
+            .unwrap();
+        let event = SpyreEvent::new().unwrap();
+        event.record(failing).unwrap();
+        waiter.wait_event(&event).unwrap();
+        let future = event.synchronize_async();
+        gate.open();
+        let err = futures_executor::block_on(future).unwrap_err();
+        assert!(
+            matches!(&err, Error::Flex(e) if e.status() == Status::STREAM_FAILED),
+            "{err:?}"
+        );
+        waiter_fails_naming(waiter, failing);
+    });
+}
+
+/// Work on `waiter` fails (at launch or on the device) with an error naming
+/// `failing` by its runtime id.
+fn waiter_fails_naming(waiter: SpyreStream, failing: SpyreStream) {
+    let err = match waiter.launch_host_callback(|| {}, LaunchOptions::new()) {
+        Ok(()) => waiter.synchronize().unwrap_err(),
+        Err(refused) => refused,
+    };
+    let runtime_id = spyre_stream::global_pool()
+        .unwrap()
+        .resolve(failing)
+        .unwrap()
+        .id();
+    let named = format!("event recorded on stream {runtime_id},");
+    assert!(err.to_string().contains(&named), "{err}");
+}
+
+#[test]
+fn events_through_the_ffi_path() {
+    isolated!(mock_cdylib; &[], || {
+        let backend = HardwareBackend::open(mock_cdylib()).unwrap();
+        set_backend(Box::new(backend)).unwrap();
+        let producer = pool_stream();
+        let consumer = pool_stream();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let gate = hold(producer);
+        log_on(producer, &log, "produced");
+        let event = SpyreEvent::with_timing().unwrap();
+        event.record(producer).unwrap();
+        consumer.wait_event(&event).unwrap();
+        log_on(consumer, &log, "consumed");
+        let future = consumer.synchronize_async().unwrap();
+        gate.open();
+        futures_executor::block_on(future).unwrap();
+        assert_eq!(*log.lock().unwrap(), ["produced", "consumed"]);
+        assert!(event.query().unwrap());
+    });
+}
+
+#[test]
+fn a_flex_1_0_library_reports_events_unsupported_naming_the_function() {
+    isolated!(mock_cdylib; &[("SPYRE_MOCK_ABI_VERSION", "1.0")], || {
+        let backend = HardwareBackend::open(mock_cdylib()).unwrap();
+        assert_eq!(backend.library().version().to_string(), "1.0");
+        set_backend(Box::new(backend)).unwrap();
+        let stream = pool_stream();
+        stream.synchronize().expect("1.0 calls work");
+        let err = SpyreEvent::new().unwrap_err();
+        let Error::Unsupported(inner) = &err else {
+            panic!("expected Error::Unsupported, got {err:?}");
+        };
+        assert_eq!(inner.status(), Status::UNSUPPORTED);
+        let text = err.to_string();
+        assert!(
+            text.contains("unsupported by this flex library (ABI 1.0): `flex_event_create`"),
+            "{text}"
+        );
+        let err = capabilities(Device::CURRENT).unwrap_err();
+        assert!(
+            err.to_string().contains("`flex_runtime_get_capability`"),
+            "{err}"
+        );
+        // wait_stream needs an event: refused the same way, nothing enqueued.
+        assert!(matches!(
+            pool_stream().wait_stream(stream),
+            Err(Error::Unsupported(_))
+        ));
+    });
+}
