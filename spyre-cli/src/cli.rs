@@ -39,9 +39,11 @@ pub(crate) enum Command {
     /// host reference.
     Run(RunArgs),
     /// Quick measurements: handle resolution, pool assignment, empty-op round
-    /// trip, H2D and D2H bandwidth. It takes 3 + 2 × (number of --sizes)
+    /// trip, H2D and D2H bandwidth, and the pipeline (events) against its
+    /// serialized baseline. It takes 3 + 2 × (number of --sizes)
     /// measurements of --budget-ms each, so the total time is measurements ×
-    /// budget: 9 × 250 ms, about 2.3 s, by default. A measurement overruns
+    /// budget: 9 × 250 ms, about 2.3 s, by default, plus a few seconds for
+    /// the pipeline (--pipeline false skips it). A measurement overruns
     /// its budget by at most one operation, and runs at least two (one to
     /// warm up), so a slow device (SPYRE_MOCK_OP_LATENCY_US) takes longer.
     /// Progress is shown on a terminal.
@@ -87,6 +89,31 @@ impl KernelArg {
     }
 }
 
+/// How `spyre run` places an iteration's work on streams.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum ModeArg {
+    /// Copy-in, compute and copy-out of each iteration on three pool streams,
+    /// ordered by events only; device memory double-buffered per thread.
+    Pipelined,
+    /// All five operations of each iteration on one pool stream, a new one
+    /// each iteration (the round robin through both pools).
+    PerIteration,
+    /// Every iteration of a thread on the same pool stream, one after the
+    /// other: the baseline the pipelined mode is measured against.
+    Serialized,
+}
+
+impl ModeArg {
+    /// The mode's name, as on the command line.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Pipelined => "pipelined",
+            Self::PerIteration => "per-iteration",
+            Self::Serialized => "serialized",
+        }
+    }
+}
+
 /// Arguments of `spyre run`.
 #[derive(Debug, Args)]
 pub(crate) struct RunArgs {
@@ -108,6 +135,13 @@ pub(crate) struct RunArgs {
     /// the software device says so before it starts.
     #[arg(long, value_enum, default_value_t = KernelArg::Axpy)]
     pub(crate) kernel: KernelArg,
+    /// Where each iteration's work runs: `pipelined` (copy-in, compute and
+    /// copy-out on three pool streams ordered by events, so stages of
+    /// consecutive iterations overlap; the report shows the overlap
+    /// measured with timed events), `per-iteration` (one pool stream per
+    /// iteration) or `serialized` (one stream per thread).
+    #[arg(long, value_enum, default_value_t = ModeArg::Pipelined)]
+    pub(crate) mode: ModeArg,
     /// Iterations each thread keeps in flight; it waits for the oldest before
     /// starting another.
     #[arg(long, value_name = "K", default_value = "4", value_parser = parse_in_flight)]
@@ -141,6 +175,14 @@ pub(crate) struct BenchArgs {
         value_parser = parse_positive_size
     )]
     pub(crate) sizes: Vec<u64>,
+    /// Also measure the same work pipelined across three streams ordered by
+    /// events against it serialized on one stream (`spyre run --mode
+    /// pipelined` and `--mode serialized`, 3 child processes each, run
+    /// alternately; on the software device with a timing model in which
+    /// copies and compute take comparable time). Reports both medians, the
+    /// speedup and the overlap the events measured. Takes a few seconds.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub(crate) pipeline: bool,
     /// Print one JSON object instead of a table; on failure, one JSON object
     /// {"error": MESSAGE, "exit_code": CODE}.
     #[arg(long)]

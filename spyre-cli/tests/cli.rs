@@ -120,6 +120,8 @@ fn axpy_run_reports_exact_counts() {
             "5",
             "--size",
             "4KiB",
+            "--mode",
+            "per-iteration",
             "--json",
         ],
         &[],
@@ -170,6 +172,8 @@ fn matmul_run_reports_exact_counts() {
             "4KiB",
             "--seed",
             "99",
+            "--mode",
+            "per-iteration",
             "--json",
         ],
         &[],
@@ -191,6 +195,89 @@ fn matmul_run_reports_exact_counts() {
 }
 
 #[test]
+fn a_pipelined_run_orders_its_stages_with_events_and_measures_their_overlap() {
+    // Every operation takes 2 ms on a device of four engines: stages of
+    // consecutive iterations can only overlap if nothing but events orders
+    // them.
+    let report = json(
+        &[
+            "run",
+            "--threads",
+            "2",
+            "--iterations",
+            "5",
+            "--size",
+            "4KiB",
+            "--json",
+        ],
+        &[
+            ("SPYRE_MOCK_OP_LATENCY_US", "2000"),
+            ("SPYRE_MOCK_ENGINES", "4"),
+        ],
+    );
+    assert_eq!(report["mode"], "pipelined");
+    assert_eq!(u64_of(&report, "iterations_verified"), 10);
+    assert_eq!(u64_of(&report, "operations"), 50);
+    // Thread 0 runs priorities 0, -1, 0, -1, 0 and thread 1 the opposite:
+    // five iterations of each, five launches each (two on the copy-in
+    // stream, two on the compute stream, one on the copy-out stream).
+    assert_eq!(u64_of(&report, "operations_normal"), 25);
+    assert_eq!(u64_of(&report, "operations_high"), 25);
+    let streams = report["streams"].as_array().expect("streams");
+    let sum: u64 = streams
+        .iter()
+        .map(|s| s["operations"].as_u64().expect("operations"))
+        .sum();
+    assert_eq!(sum, 50);
+    let overlap = &report["overlap"];
+    let stages = overlap["stage_seconds"].as_array().expect("stage_seconds");
+    assert_eq!(stages.len(), 3);
+    // Each stage holds at least its operations' 2 ms, ten times over:
+    // copy-in and compute two operations, copy-out one.
+    for (stage, operations) in stages.iter().zip([2.0, 2.0, 1.0]) {
+        let seconds = stage.as_f64().expect("seconds");
+        assert!(seconds >= 10.0 * operations * 0.002, "{overlap}");
+    }
+    let factor = overlap["factor"].as_f64().expect("factor");
+    assert!(factor > 1.0, "the stages overlapped: {overlap}");
+    // The per-iteration and serialized modes have no stages to time.
+    for mode in ["per-iteration", "serialized"] {
+        let report = json(
+            &[
+                "run",
+                "--iterations",
+                "2",
+                "--size",
+                "4KiB",
+                "--mode",
+                mode,
+                "--json",
+            ],
+            &[],
+        );
+        assert_eq!(report["mode"], mode);
+        assert_eq!(report["overlap"], Value::Null);
+        assert_eq!(u64_of(&report, "iterations_verified"), 4);
+    }
+    // Serialized: each thread keeps to one stream.
+    let report = json(
+        &[
+            "run",
+            "--iterations",
+            "3",
+            "--size",
+            "4KiB",
+            "--mode",
+            "serialized",
+            "--json",
+        ],
+        &[],
+    );
+    assert_eq!(u64_of(&report, "streams_used"), 2);
+    check_streams(&report, 3, 3);
+}
+
+#[test]
 fn many_iterations_wrap_both_round_robins() {
     let report = json(
         &[
@@ -203,6 +290,8 @@ fn many_iterations_wrap_both_round_robins() {
             "1KiB",
             "--in-flight",
             "8",
+            "--mode",
+            "per-iteration",
             "--json",
         ],
         &[],
@@ -342,10 +431,12 @@ fn bad_sizes_exit_2_naming_the_value() {
             "1",
             "--in-flight",
             "3",
+            "--mode",
+            "per-iteration",
         ],
         &[],
         &[
-            "--threads 1 and --in-flight 3 keeps 3 iterations in flight",
+            "--threads 1 and --in-flight 3 (--mode per-iteration) keeps 3 iterations' memory on the device",
             "3 blocks of 104857728 bytes",
             "which hold at most 2 of them at once",
         ],
@@ -642,7 +733,11 @@ fn bench_json_has_every_measurement() {
             "H2D bandwidth",
             "D2H bandwidth",
             "H2D bandwidth",
-            "D2H bandwidth"
+            "D2H bandwidth",
+            "pipeline: serialized",
+            "pipeline: pipelined",
+            "pipeline: speedup",
+            "pipeline: overlap",
         ]
     );
     for result in results {
@@ -673,6 +768,7 @@ fn version_and_help() {
         "--kernel",
         "--in-flight",
         "--seed",
+        "--mode",
         "--json",
     ] {
         assert!(text.contains(flag), "{flag} not in\n{text}");
@@ -686,7 +782,7 @@ fn bench_shows_each_measurement_and_what_is_left_on_a_terminal() {
     let mut command = Command::new("script");
     command.args([
         "-qec",
-        &format!("{binary} bench --budget-ms 100 --sizes 4KiB"),
+        &format!("{binary} bench --budget-ms 100 --sizes 4KiB --pipeline false"),
         "/dev/null",
     ]);
     clear_environment(&mut command);
@@ -710,7 +806,18 @@ fn bench_shows_each_measurement_and_what_is_left_on_a_terminal() {
         );
     }
     // Through a pipe there is no bar.
-    let piped = spyre(&["bench", "--budget-ms", "1", "--sizes", "4KiB"], &[]);
+    let piped = spyre(
+        &[
+            "bench",
+            "--budget-ms",
+            "1",
+            "--sizes",
+            "4KiB",
+            "--pipeline",
+            "false",
+        ],
+        &[],
+    );
     assert!(!stderr(&piped).contains("[1/5]"), "{}", stderr(&piped));
 }
 

@@ -3,7 +3,7 @@
 use spyre_stream::{ADDRESS_ALIGNMENT, MemoryLayout};
 
 use super::plan::{BLOCKS_PER_ITERATION, DESCRIPTOR_BYTES, Plan};
-use crate::cli::RunArgs;
+use crate::cli::{ModeArg, RunArgs};
 use crate::error::CliError;
 use crate::size::format_size;
 
@@ -55,15 +55,20 @@ pub(super) fn check_capacity(
             format_size(memory)
         )));
     }
-    // A thread never has more iterations in flight than it runs.
-    let per_thread = (args.in_flight as u64).min(args.iterations);
+    // A thread never has more iterations in flight than it runs; pipelined,
+    // a thread holds its two memory slots however many are in flight.
+    let per_thread = match args.mode {
+        ModeArg::Pipelined => args.iterations.min(2),
+        ModeArg::PerIteration | ModeArg::Serialized => (args.in_flight as u64).min(args.iterations),
+    };
     let in_flight = (args.threads as u64).saturating_mul(per_thread);
     if in_flight > iterations_held {
         return Err(CliError::Usage(format!(
-            "--size {} with --threads {} and --in-flight {} keeps {in_flight} iterations in flight, each in {BLOCKS_PER_ITERATION} blocks of {block} bytes that must each lie in one memory region, but the device has {memory} bytes ({}) in regions of {region} bytes, which hold at most {iterations_held} of them at once; lower --in-flight, --threads or --size",
+            "--size {} with --threads {} and --in-flight {} (--mode {}) keeps {in_flight} iterations' memory on the device, each in {BLOCKS_PER_ITERATION} blocks of {block} bytes that must each lie in one memory region, but the device has {memory} bytes ({}) in regions of {region} bytes, which hold at most {iterations_held} of them at once; lower --in-flight, --threads or --size",
             args.size,
             args.threads,
             args.in_flight,
+            args.mode.name(),
             format_size(memory)
         )));
     }

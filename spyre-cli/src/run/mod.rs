@@ -1,16 +1,20 @@
 //! `spyre run`: the verified workload.
 //!
 //! `--threads` host threads each run `--iterations` iterations, keeping up to
-//! `--in-flight` of them outstanding. An iteration takes a stream from the
-//! pool (priority 0 and -1 alternate, so both pools and all their streams are
-//! used), allocates its operands and a 128-byte kernel descriptor in device
-//! memory, and enqueues on that stream, in order:
+//! `--in-flight` of them outstanding. An iteration enqueues, in order:
 //!
 //! 1. H2D of the first input (`x` or `A`),
 //! 2. H2D of the second input (`y` or `B`),
 //! 3. H2D of the kernel descriptor,
 //! 4. compute,
-//! 5. D2H of the result, whose completion signals the thread.
+//! 5. D2H of the result, whose completion signals the thread,
+//!
+//! on pool streams as `--mode` says (priority 0 and -1 alternate, so both
+//! pools and all their streams are used): `pipelined` (the default: 1–2 on
+//! a copy-in stream, 3–4 on a compute stream, 5 on a copy-out stream,
+//! ordered by events, memory double-buffered; see `lane.rs`),
+//! `per-iteration` (all five on a new pool stream each iteration, memory per
+//! iteration) or `serialized` (all on the thread's one stream).
 //!
 //! While the device works the thread computes the expected result on the
 //! host ([`crate::verify`]). When the thread waits for the iteration, it
@@ -20,6 +24,7 @@
 
 mod capacity;
 mod estimate;
+mod lane;
 mod outcome;
 mod plan;
 mod report;
@@ -66,7 +71,8 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
         check_capacity(&plan, args, layout)?;
     }
     // Per iteration in flight: two inputs, the output and the expected
-    // result on the host, each an operand, and the program.
+    // result on the host, each an operand, and the program. (The pipelined
+    // mode's device slots are counted by `check_capacity`.)
     let in_flight =
         (args.threads as u64).saturating_mul((args.in_flight as u64).min(args.iterations));
     host_memory::check(
@@ -143,10 +149,14 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
     }
     let mut launches_by_stream = BTreeMap::new();
     let mut verified = 0;
+    let mut overlap: Option<lane::Overlap> = None;
     for stats in results.into_iter().flatten() {
         verified += stats.verified;
         for (id, launches) in stats.launches_by_stream {
             *launches_by_stream.entry(id).or_insert(0) += launches;
+        }
+        if let Some(thread) = stats.overlap {
+            overlap.get_or_insert_default().merge(thread);
         }
     }
     Ok(RunOutcome {
@@ -156,6 +166,7 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
         plan,
         verified,
         launches_by_stream,
+        overlap,
         wall,
     })
 }

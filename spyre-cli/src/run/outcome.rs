@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use spyre_stream::DeviceSource;
 
+use super::lane::Overlap;
 use super::plan::Plan;
 
 /// What a finished run measured; see [`RunReport`](super::RunReport).
@@ -22,6 +23,8 @@ pub(crate) struct RunOutcome {
     pub(crate) verified: u64,
     /// Launches by stream id.
     pub(crate) launches_by_stream: BTreeMap<i64, u64>,
+    /// Pipelined mode: the stages' device time and span, from timed events.
+    pub(crate) overlap: Option<Overlap>,
     /// Time from the first submission to the last check.
     pub(crate) wall: Duration,
 }

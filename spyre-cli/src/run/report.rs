@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 use spyre_stream::PoolKind;
 
+use super::lane::STAGES;
 use super::outcome::RunOutcome;
 use super::plan::{H2D_PER_ITERATION, LAUNCHES_PER_ITERATION};
 use crate::cli::RunArgs;
@@ -34,6 +35,8 @@ pub(crate) struct RunReport {
     pub(crate) device_source: &'static str,
     /// The kernel (`axpy` or `matmul`).
     pub(crate) kernel: &'static str,
+    /// `--mode`: `pipelined`, `per-iteration` or `serialized`.
+    pub(crate) mode: &'static str,
     /// Host threads.
     pub(crate) threads: usize,
     /// Iterations per thread.
@@ -84,6 +87,23 @@ pub(crate) struct RunReport {
     pub(crate) operations_high: u64,
     /// Launches per stream, by id.
     pub(crate) streams: Vec<StreamCount>,
+    /// Pipelined mode: how much the stages overlapped on the device.
+    pub(crate) overlap: Option<OverlapReport>,
+}
+
+/// How much the stages of a pipelined run overlapped, from timed events
+/// at the start and end of every stage.
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct OverlapReport {
+    /// Device time of copy-in, compute and copy-out, summed over the
+    /// iterations (and threads), in seconds.
+    pub(crate) stage_seconds: [f64; 3],
+    /// Device time from a thread's first stage start to its last stage end
+    /// (the longest over the threads), in seconds.
+    pub(crate) span_seconds: f64,
+    /// Stage time over span: 1 when the stages ran one after another, up to
+    /// 3 (per thread) when all three ran side by side.
+    pub(crate) factor: f64,
 }
 
 impl RunReport {
@@ -112,6 +132,7 @@ impl RunReport {
             device: outcome.device,
             device_source: outcome.device_source.name(),
             kernel: plan.kernel.name(),
+            mode: args.mode.name(),
             threads: args.threads,
             iterations_per_thread: args.iterations,
             in_flight: args.in_flight,
@@ -143,6 +164,11 @@ impl RunReport {
                 .sum(),
             operations_high: in_pool(PoolKind::High.as_str()).map(|s| s.operations).sum(),
             streams,
+            overlap: outcome.overlap.map(|overlap| OverlapReport {
+                stage_seconds: overlap.stage_time.map(|t| t.as_secs_f64()),
+                span_seconds: overlap.span.as_secs_f64(),
+                factor: overlap.factor(),
+            }),
         }
     }
 
@@ -166,12 +192,13 @@ impl RunReport {
         );
         let _ = writeln!(
             out,
-            "  {} threads × {} iterations, {} in flight per thread, --size {}, seed {}",
+            "  {} threads × {} iterations, {} in flight per thread, --size {}, seed {}, --mode {}",
             self.threads,
             self.iterations_per_thread,
             self.in_flight,
             format_size(self.size_bytes),
-            self.seed
+            self.seed,
+            self.mode
         );
         let _ = writeln!(
             out,
@@ -193,6 +220,20 @@ impl RunReport {
         );
         let _ = writeln!(out, "throughput   {:.3} GB/s", self.gb_per_s);
         let _ = writeln!(out, "wall time    {:.3} s", self.wall_seconds);
+        if let Some(overlap) = &self.overlap {
+            let stages: Vec<String> = STAGES
+                .iter()
+                .zip(overlap.stage_seconds)
+                .map(|(name, seconds)| format!("{name} {seconds:.3} s"))
+                .collect();
+            let _ = writeln!(
+                out,
+                "overlap      {:.2}× ({} of stage time in {:.3} s on the device; from timed events)",
+                overlap.factor,
+                stages.join(", "),
+                overlap.span_seconds
+            );
+        }
         let _ = writeln!(
             out,
             "streams      {} used: {} normal ({} launches), {} high ({} launches)",
@@ -241,6 +282,7 @@ mod tests {
             iterations: 3,
             size: 4096,
             kernel: KernelArg::Axpy,
+            mode: crate::cli::ModeArg::Pipelined,
             in_flight: 2,
             seed: 5,
             json: false,
@@ -257,6 +299,14 @@ mod tests {
             plan,
             verified: 6,
             launches_by_stream: BTreeMap::from([(1, 10), (2, 5), (33, 10), (34, 5)]),
+            overlap: Some(super::super::lane::Overlap {
+                stage_time: [
+                    Duration::from_millis(300),
+                    Duration::from_millis(200),
+                    Duration::from_millis(100),
+                ],
+                span: Duration::from_millis(400),
+            }),
             wall: Duration::from_millis(500),
         };
         let report = RunReport::new(&args(), &outcome);
@@ -280,6 +330,11 @@ mod tests {
         );
         assert!(text.contains("normal (ids 1–32)"), "{text}");
         assert!(text.contains(" 1:10"), "{text}");
+        // 0.3 + 0.2 + 0.1 s of stage time in 0.4 s: 1.5×.
+        assert!(
+            text.contains("overlap      1.50× (copy-in 0.300 s, compute 0.200 s, copy-out 0.100 s of stage time in 0.400 s on the device"),
+            "{text}"
+        );
         let json: serde_json::Value =
             serde_json::from_str(&to_json_line(&report).unwrap()).unwrap();
         assert_eq!(json["iterations_verified"], 6);

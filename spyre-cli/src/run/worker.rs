@@ -1,21 +1,21 @@
-//! One host thread of `spyre run`: its iterations, each on a pool stream,
-//! with up to `--in-flight` outstanding, checked against the host
-//! reference as they complete.
+//! One host thread of `spyre run`: its iterations, on pool streams as
+//! `--mode` says ([`Lane`]), with up to `--in-flight` outstanding, checked
+//! against the host reference as they complete.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
+use std::sync::{Arc, Mutex, mpsc};
 
 use indicatif::ProgressBar;
 use spyre_stream::{
-    CompositeAddress, Device, FlexError, HostBuffer, LaunchOptions, LogicalAddress, SpyreStream,
-    Status,
+    CompositeAddress, Device, FlexError, HostBuffer, LaunchOptions, LogicalAddress, SpyreEvent,
+    SpyreStream, Status,
 };
 use spyre_testkit::SplitMix64;
 
-use super::plan::{DESCRIPTOR_BYTES, LAUNCHES_PER_ITERATION, Plan};
-use crate::cli::{KernelArg, RunArgs};
+use super::lane::{Lane, Overlap, Pipeline, Slot, StageEvents, pool_stream, release_pipeline};
+use super::plan::{DESCRIPTOR_BYTES, Plan};
+use crate::cli::{KernelArg, ModeArg, RunArgs};
 use crate::error::{CliError, FailureKind, IterationFailure, IterationPlace};
 use crate::verify;
 
@@ -37,27 +37,84 @@ pub(super) struct ThreadStats {
     pub(super) verified: u64,
     /// Launches by stream id.
     pub(super) launches_by_stream: BTreeMap<i64, u64>,
+    /// Pipelined mode: the device time of the stages and their span.
+    pub(super) overlap: Option<Overlap>,
+}
+
+/// The measurement of a pipelined thread, as its iterations are checked.
+///
+/// Iterations on different streams may run in any order on the device (an
+/// iteration can finish before an earlier one starts), so the span runs from
+/// the earliest stage start to the latest stage end, each measured as an
+/// offset from the first iteration's start.
+#[derive(Default)]
+struct StageClock {
+    stage_time: [std::time::Duration; 3],
+    /// The first iteration's events; offsets are measured from its start.
+    origin: Option<Arc<StageEvents>>,
+    /// Earliest start and latest end seen, in seconds from the origin.
+    earliest_start: f64,
+    latest_end: f64,
+}
+
+/// Device time from `from` to `to` in seconds, negative when `to` completed
+/// first.
+fn offset(from: &SpyreEvent, to: &SpyreEvent) -> spyre_stream::Result<f64> {
+    match from.elapsed_time(to) {
+        Ok(forward) => Ok(forward.as_secs_f64()),
+        Err(spyre_stream::Error::EventsOutOfOrder { by }) => Ok(-by.as_secs_f64()),
+        Err(other) => Err(other),
+    }
+}
+
+impl StageClock {
+    fn add(&mut self, events: Arc<StageEvents>) -> spyre_stream::Result<()> {
+        for (sum, time) in self.stage_time.iter_mut().zip(events.stage_times()?) {
+            *sum += time;
+        }
+        let origin = self.origin.get_or_insert_with(|| Arc::clone(&events));
+        let start = offset(&origin.bounds[0].0, &events.bounds[0].0)?;
+        let end = offset(&origin.bounds[0].0, events.copied_out())?;
+        self.earliest_start = self.earliest_start.min(start);
+        self.latest_end = self.latest_end.max(end);
+        Ok(())
+    }
+
+    /// The thread's overlap, once at least one iteration was checked.
+    fn overlap(&self) -> Option<Overlap> {
+        self.origin.as_ref()?;
+        Some(Overlap {
+            stage_time: self.stage_time,
+            span: std::time::Duration::from_secs_f64(
+                (self.latest_end - self.earliest_start).max(0.0),
+            ),
+        })
+    }
 }
 
 /// An iteration whose work is enqueued.
 struct Pending {
     place: IterationPlace,
-    stream: SpyreStream,
-    memory: DeviceMemory,
+    /// The streams it was launched on, with their launch counts.
+    launches: Vec<(SpyreStream, u64)>,
+    /// Its own device memory; `None` in the pipelined mode (slots).
+    memory: Option<DeviceMemory>,
+    /// Pipelined mode: its stage events.
+    stages: Option<Arc<StageEvents>>,
     output: HostBuffer,
     expected: Vec<f32>,
     done: mpsc::Receiver<Result<(), FlexError>>,
 }
 
-/// The device allocations of one iteration, freed explicitly once the
-/// stream no longer uses them.
-struct DeviceMemory {
+/// The device allocations of one iteration (or one pipeline slot), freed
+/// explicitly once no stream uses them.
+pub(super) struct DeviceMemory {
     addresses: Vec<CompositeAddress>,
 }
 
 impl DeviceMemory {
     /// Frees every allocation; all are attempted, the first error is returned.
-    fn free(self) -> Result<(), spyre_stream::Error> {
+    pub(super) fn free(self) -> Result<(), spyre_stream::Error> {
         let mut first = Ok(());
         for address in &self.addresses {
             if let Err(e) = spyre_stream::free(Device::CURRENT, address)
@@ -110,7 +167,15 @@ impl Shared<'_> {
     /// One host thread: submit, keep `in_flight` outstanding, check the
     /// oldest. Returns `None` if anything failed (the failure is recorded).
     pub(super) fn worker(&self, thread: usize) -> Option<ThreadStats> {
+        let mut lane = match self.lane(thread) {
+            Ok(lane) => lane,
+            Err(failure) => {
+                self.fail(failure);
+                return None;
+            }
+        };
         let mut stats = ThreadStats::default();
+        let mut clock = StageClock::default();
         let mut pending: VecDeque<Pending> = VecDeque::with_capacity(self.args.in_flight);
         let mut ok = true;
         for iteration in 0..self.args.iterations {
@@ -120,18 +185,20 @@ impl Shared<'_> {
             }
             if pending.len() == self.args.in_flight
                 && let Some(oldest) = pending.pop_front()
-                && let Err(failure) = self.finish(oldest, &mut stats)
+                && let Err(failure) = self.finish(oldest, &mut stats, &mut clock)
             {
                 self.fail(failure);
                 ok = false;
                 break;
             }
-            match self.submit(thread, iteration) {
+            match self.submit(thread, iteration, &mut lane) {
                 Ok(p) => {
-                    *stats
-                        .launches_by_stream
-                        .entry(p.stream.id().get())
-                        .or_insert(0) += LAUNCHES_PER_ITERATION;
+                    for (stream, launches) in &p.launches {
+                        *stats
+                            .launches_by_stream
+                            .entry(stream.id().get())
+                            .or_insert(0) += launches;
+                    }
                     pending.push_back(p);
                 }
                 Err(failure) => {
@@ -143,7 +210,7 @@ impl Shared<'_> {
         }
         while let Some(oldest) = pending.pop_front() {
             if ok {
-                if let Err(failure) = self.finish(oldest, &mut stats) {
+                if let Err(failure) = self.finish(oldest, &mut stats, &mut clock) {
                     self.fail(failure);
                     ok = false;
                 }
@@ -151,47 +218,108 @@ impl Shared<'_> {
                 self.discard(oldest);
             }
         }
+        if let Lane::Pipelined(pipeline) = lane {
+            release_pipeline(pipeline);
+        }
+        if ok {
+            stats.overlap = clock.overlap();
+        }
         ok.then_some(stats)
     }
 
-    /// Takes a stream, allocates, launches the five operations and computes
-    /// the expected result.
-    fn submit(&self, thread: usize, iteration: u64) -> Result<Pending, IterationFailure> {
+    /// The priority of `thread`'s `iteration`: 0 and -1 alternate, so both
+    /// pools and all their streams are used.
+    fn priority(thread: usize, iteration: u64) -> i32 {
+        if (thread as u64 + iteration).is_multiple_of(2) {
+            0
+        } else {
+            -1
+        }
+    }
+
+    /// The thread's [`Lane`] for `--mode`: its one stream (serialized), or
+    /// its two memory slots (pipelined).
+    fn lane(&self, thread: usize) -> Result<Lane, IterationFailure> {
+        let place = IterationPlace {
+            thread,
+            iteration: 0,
+            stream_id: None,
+        };
+        match self.args.mode {
+            ModeArg::PerIteration => Ok(Lane::PerIteration),
+            ModeArg::Serialized => {
+                let priority = Self::priority(thread, 0);
+                pool_stream(priority)
+                    .map(Lane::Serialized)
+                    .map_err(|source| IterationFailure {
+                        place,
+                        kind: FailureKind::Device {
+                            step: format!("taking a stream of priority {priority} from the pool"),
+                            source,
+                        },
+                    })
+            }
+            ModeArg::Pipelined => {
+                let slot = || {
+                    let mut memory = DeviceMemory {
+                        addresses: Vec::with_capacity(3),
+                    };
+                    match self.allocate_operands(&mut memory, place) {
+                        Ok(operands) => Ok(Slot { memory, operands }),
+                        Err(failure) => {
+                            if let Err(e) = memory.free() {
+                                tracing::warn!(error = %e, "freeing device memory failed");
+                            }
+                            Err(failure)
+                        }
+                    }
+                };
+                let count = self.args.iterations.min(2) as usize;
+                let mut slots = Vec::with_capacity(count);
+                for _ in 0..count {
+                    match slot() {
+                        Ok(slot) => slots.push(slot),
+                        Err(failure) => {
+                            for made in slots {
+                                if let Err(e) = made.memory.free() {
+                                    tracing::warn!(error = %e, "freeing device memory failed");
+                                }
+                            }
+                            return Err(failure);
+                        }
+                    }
+                }
+                Ok(Lane::Pipelined(Pipeline {
+                    slots,
+                    last: [None, None],
+                }))
+            }
+        }
+    }
+
+    /// Submits one iteration in the thread's lane and computes its expected
+    /// result while the device works.
+    fn submit(
+        &self,
+        thread: usize,
+        iteration: u64,
+        lane: &mut Lane,
+    ) -> Result<Pending, IterationFailure> {
         let mut place = IterationPlace {
             thread,
             iteration,
             stream_id: None,
         };
-        let priority = if (thread as u64 + iteration).is_multiple_of(2) {
-            0
-        } else {
-            -1
+        let priority = Self::priority(thread, iteration);
+        let take_stream = |place: IterationPlace| {
+            pool_stream(priority).map_err(|source| IterationFailure {
+                place,
+                kind: FailureKind::Device {
+                    step: format!("taking a stream of priority {priority} from the pool"),
+                    source,
+                },
+            })
         };
-        let stream =
-            spyre_stream::stream_from_pool(Device::CURRENT, priority).map_err(|source| {
-                IterationFailure {
-                    place,
-                    kind: FailureKind::Device {
-                        step: format!("taking a stream of priority {priority} from the pool"),
-                        source,
-                    },
-                }
-            })?;
-        place.stream_id = Some(stream.id().get());
-
-        let mut memory = DeviceMemory {
-            addresses: Vec::with_capacity(4),
-        };
-        let operands = match self.allocate_operands(&mut memory, place) {
-            Ok(operands) => operands,
-            Err(failure) => {
-                if let Err(e) = memory.free() {
-                    tracing::warn!(error = %e, "freeing device memory failed");
-                }
-                return Err(failure);
-            }
-        };
-
         let plan = &self.plan;
         let mut rng = SplitMix64::new(verify::iteration_seed(self.args.seed, thread, iteration));
         let alpha = match plan.kernel {
@@ -210,15 +338,89 @@ impl Shared<'_> {
             // The receiver is gone only when the thread has given up.
             let _ = tx.send(result);
         });
-        if let Err((step, source)) =
-            self.launch(stream, &operands, &inputs, alpha, &output, completion)
-        {
-            self.release(stream, memory);
-            return Err(IterationFailure {
-                place,
-                kind: FailureKind::Device { step, source },
-            });
-        }
+
+        let (launches, memory, stages) = match lane {
+            Lane::PerIteration | Lane::Serialized(_) => {
+                let stream = match lane {
+                    Lane::Serialized(stream) => *stream,
+                    _ => take_stream(place)?,
+                };
+                place.stream_id = Some(stream.id().get());
+                let mut memory = DeviceMemory {
+                    addresses: Vec::with_capacity(3),
+                };
+                let operands = match self.allocate_operands(&mut memory, place) {
+                    Ok(operands) => operands,
+                    Err(failure) => {
+                        if let Err(e) = memory.free() {
+                            tracing::warn!(error = %e, "freeing device memory failed");
+                        }
+                        return Err(failure);
+                    }
+                };
+                let streams = [stream; 3];
+                if let Err((step, source)) = self.launch(
+                    streams, &operands, &inputs, alpha, &output, completion, None,
+                ) {
+                    self.release(&[stream], Some(memory));
+                    return Err(IterationFailure {
+                        place,
+                        kind: FailureKind::Device { step, source },
+                    });
+                }
+                (vec![(stream, 5)], Some(memory), None)
+            }
+            Lane::Pipelined(pipeline) => {
+                let streams = [
+                    take_stream(place)?,
+                    take_stream(place)?,
+                    take_stream(place)?,
+                ];
+                place.stream_id = Some(streams[0].id().get());
+                let slot = (iteration % pipeline.slots.len() as u64) as usize;
+                let stages =
+                    StageEvents::new()
+                        .map(Arc::new)
+                        .map_err(|source| IterationFailure {
+                            place,
+                            kind: FailureKind::Device {
+                                step: "creating the stage events".into(),
+                                source,
+                            },
+                        })?;
+                let previous = pipeline.last[slot].take();
+                let ordering = StageOrder {
+                    stages: &stages,
+                    previous: previous.as_deref(),
+                };
+                let operands = pipeline.slots[slot].operands.clone();
+                if let Err((step, source)) = self.launch(
+                    streams,
+                    &operands,
+                    &inputs,
+                    alpha,
+                    &output,
+                    completion,
+                    Some(ordering),
+                ) {
+                    // Keep the slot's ordering: the next user of the slot waits
+                    // for whatever of this iteration was enqueued.
+                    pipeline.last[slot] = previous;
+                    self.release(&streams, None);
+                    return Err(IterationFailure {
+                        place,
+                        kind: FailureKind::Device { step, source },
+                    });
+                }
+                pipeline.last[slot] = Some(Arc::clone(&stages));
+                let launches = streams
+                    .iter()
+                    .zip([2, 2, 1])
+                    .map(|(s, n)| (*s, n))
+                    .collect();
+                (launches, None, Some(stages))
+            }
+        };
 
         // Computed while the device works.
         let expected = match plan.kernel {
@@ -230,8 +432,9 @@ impl Shared<'_> {
         };
         Ok(Pending {
             place,
-            stream,
+            launches,
             memory,
+            stages,
             output,
             expected,
             done,
@@ -280,16 +483,23 @@ impl Shared<'_> {
         ])
     }
 
-    /// Enqueues the iteration's five operations on `stream`; `completion`
-    /// goes with the final D2H. On error, returns the step that failed.
+    /// Enqueues the iteration's five operations: copy-in (H2D of both
+    /// inputs) on `streams[0]`, the program's H2D and the compute on
+    /// `streams[1]`, the D2H of the output on `streams[2]`, whose
+    /// `completion` signals the thread. With `ordering` (pipelined), the
+    /// stages are ordered by events, each bracketed by timed events; without
+    /// it the three streams are one and its FIFO orders them. On error,
+    /// returns the step that failed.
+    #[allow(clippy::too_many_arguments)]
     fn launch(
         &self,
-        stream: SpyreStream,
+        [copy_in, compute, copy_out]: [SpyreStream; 3],
         [a_dev, b_dev, out_dev, program]: &[CompositeAddress; 4],
         [a, b]: &[HostBuffer; 2],
         alpha: f32,
         output: &HostBuffer,
         completion: LaunchOptions,
+        ordering: Option<StageOrder<'_>>,
     ) -> Result<(), (String, spyre_stream::Error)> {
         let plan = &self.plan;
         let (a_name, b_name, out_name) = match plan.kernel {
@@ -297,23 +507,63 @@ impl Shared<'_> {
             KernelArg::Matmul => ("A", "B", "C"),
         };
         let at = |step: String| move |source| (step, source);
-        let descriptor =
-            HostBuffer::from_vec(plan.descriptor(alpha, a_dev, b_dev, out_dev).to_vec());
-        stream
+        let event_step =
+            |what: &str, stream: SpyreStream| format!("{what} on stream {}", stream.id());
+        // Each stage: the waits, then its start event, its work, its end event.
+        let begin = |stage: usize, stream: SpyreStream, waits: &[Option<&SpyreEvent>]| {
+            let Some(ordering) = &ordering else {
+                return Ok(());
+            };
+            for event in waits.iter().flatten() {
+                event
+                    .wait(stream)
+                    .map_err(at(event_step("waiting for an event", stream)))?;
+            }
+            ordering.stages.bounds[stage]
+                .0
+                .record(stream)
+                .map_err(at(event_step("recording an event", stream)))
+        };
+        let end = |stage: usize, stream: SpyreStream| match &ordering {
+            None => Ok(()),
+            Some(ordering) => ordering.stages.bounds[stage]
+                .1
+                .record(stream)
+                .map_err(at(event_step("recording an event", stream))),
+        };
+        let previous = ordering.as_ref().and_then(|o| o.previous);
+
+        begin(0, copy_in, &[previous.map(StageEvents::computed)])?;
+        copy_in
             .launch_h2d(a, a_dev, LaunchOptions::new())
             .map_err(at(format!("H2D of {a_name}")))?;
-        stream
+        copy_in
             .launch_h2d(b, b_dev, LaunchOptions::new())
             .map_err(at(format!("H2D of {b_name}")))?;
-        stream
+        end(0, copy_in)?;
+
+        let copied_in = ordering.as_ref().map(|o| &o.stages.bounds[0].1);
+        begin(
+            1,
+            compute,
+            &[copied_in, previous.map(StageEvents::copied_out)],
+        )?;
+        let descriptor =
+            HostBuffer::from_vec(plan.descriptor(alpha, a_dev, b_dev, out_dev).to_vec());
+        compute
             .launch_h2d(&descriptor, program, LaunchOptions::new())
             .map_err(at("H2D of the kernel descriptor".into()))?;
-        stream
+        compute
             .launch_compute(program, LaunchOptions::new())
             .map_err(at(format!("compute ({})", plan.kernel.name())))?;
-        stream
+        end(1, compute)?;
+
+        let computed = ordering.as_ref().map(|o| o.stages.computed());
+        begin(2, copy_out, &[computed])?;
+        copy_out
             .launch_d2h(out_dev, output, completion)
-            .map_err(at(format!("D2H of {out_name}")))
+            .map_err(at(format!("D2H of {out_name}")))?;
+        end(2, copy_out)
     }
 
     /// Allocates `bytes` of device memory in one chunk (a kernel operand
@@ -360,13 +610,15 @@ impl Shared<'_> {
         })
     }
 
-    /// After a failure: waits for the stream (errors ignored; the failure is
-    /// already recorded) and frees the memory.
-    fn release(&self, stream: SpyreStream, memory: DeviceMemory) {
-        if let Err(e) = stream.synchronize() {
-            tracing::debug!(stream = stream.id().get(), error = %e, "stream failed while releasing an iteration");
+    /// After a failure: waits for the streams (errors ignored; the failure
+    /// is already recorded) and frees the memory.
+    fn release(&self, streams: &[SpyreStream], memory: Option<DeviceMemory>) {
+        for stream in streams {
+            if let Err(e) = stream.synchronize() {
+                tracing::debug!(stream = stream.id().get(), error = %e, "stream failed while releasing an iteration");
+            }
         }
-        if let Err(e) = memory.free() {
+        if let Some(Err(e)) = memory.map(DeviceMemory::free) {
             tracing::warn!(error = %e, "freeing device memory failed");
         }
     }
@@ -374,15 +626,23 @@ impl Shared<'_> {
     /// Waits for an iteration whose results are not needed any more.
     fn discard(&self, pending: Pending) {
         let _ = pending.done.recv();
-        self.release(pending.stream, pending.memory);
+        let streams: Vec<SpyreStream> = pending.launches.iter().map(|(s, _)| *s).collect();
+        self.release(&streams, pending.memory);
     }
 
-    /// Waits for the oldest iteration, frees its memory and checks its result.
-    fn finish(&self, pending: Pending, stats: &mut ThreadStats) -> Result<(), IterationFailure> {
+    /// Waits for the oldest iteration, frees its memory, checks its result
+    /// and (pipelined) times its stages.
+    fn finish(
+        &self,
+        pending: Pending,
+        stats: &mut ThreadStats,
+        clock: &mut StageClock,
+    ) -> Result<(), IterationFailure> {
         let Pending {
             place,
-            stream,
+            launches,
             memory,
+            stages,
             output,
             expected,
             done,
@@ -396,10 +656,12 @@ impl Shared<'_> {
         };
         let completion = done.recv();
         if !matches!(completion, Ok(Ok(()))) {
-            // The stream's first error says more than the D2H's
+            // The first stream error says more than the D2H's
             // STREAM_FAILED; synchronize returns it (errors are sticky).
-            let first = stream.synchronize().err();
-            if let Err(e) = memory.free() {
+            let first = launches
+                .iter()
+                .find_map(|(stream, _)| stream.synchronize().err());
+            if let Some(Err(e)) = memory.map(DeviceMemory::free) {
                 tracing::warn!(error = %e, "freeing device memory failed");
             }
             let source = match (first, completion) {
@@ -413,15 +675,29 @@ impl Shared<'_> {
             };
             return Err(device_error("running the iteration", source));
         }
-        memory
-            .free()
-            .map_err(|e| device_error("freeing device memory", e))?;
+        if let Some(memory) = memory {
+            memory
+                .free()
+                .map_err(|e| device_error("freeing device memory", e))?;
+        }
         verify::check_bitwise(&expected, &output.read()).map_err(|mismatch| IterationFailure {
             place,
             kind: FailureKind::Mismatch(mismatch),
         })?;
+        if let Some(stages) = stages {
+            clock
+                .add(stages)
+                .map_err(|e| device_error("timing the pipeline's stages", e))?;
+        }
         stats.verified += 1;
         self.progress.inc(1);
         Ok(())
     }
+}
+
+/// The events that order a pipelined iteration: its own stage events, and
+/// those of the iteration that used its memory slot before it.
+struct StageOrder<'a> {
+    stages: &'a StageEvents,
+    previous: Option<&'a StageEvents>,
 }

@@ -3,8 +3,13 @@
 //! Each measurement runs one untimed warm-up batch, then whole batches until
 //! its time budget (`--budget-ms`, default 250 ms) is spent, and reports the
 //! mean. With the default three transfer sizes that is nine measurements,
-//! about 2.5 s. These are spot checks; the criterion benchmarks in the
-//! crates' `benches/` directories are the careful measurements.
+//! about 2.5 s. Then the `pipeline` measurement ([`pipeline`]) compares the
+//! same work pipelined across streams with events against it serialized on
+//! one stream, in child processes (a few seconds more). These are spot
+//! checks; the criterion benchmarks in the crates' `benches/` directories
+//! are the careful measurements.
+
+mod pipeline;
 
 use std::fmt::Write as _;
 use std::hint::black_box;
@@ -33,7 +38,7 @@ pub(crate) struct BenchResult {
     pub(crate) size_bytes: Option<u64>,
     /// The mean.
     pub(crate) value: f64,
-    /// Unit of `value`: `ns/op`, `us/op` or `GB/s`.
+    /// Unit of `value`: `ns/op`, `us/op`, `GB/s`, `ms/run` or `x` (a ratio).
     pub(crate) unit: &'static str,
     /// Operations timed.
     pub(crate) operations: u64,
@@ -113,6 +118,7 @@ fn stream_error(context: &'static str) -> impl Fn(spyre_stream::Error) -> CliErr
 /// device cannot hold.
 pub(crate) fn bench(args: &BenchArgs) -> Result<BenchReport, CliError> {
     spyre_stream::start_runtime().map_err(stream_error("starting the Spyre runtime"))?;
+    let kind = spyre_stream::selected_backend().map_err(stream_error("choosing the backend"))?;
     let backend = spyre_stream::runtime_info()
         .map(|info| info.backend)
         .ok_or_else(|| CliError::Failed("the Spyre runtime did not start".into()))?;
@@ -122,7 +128,10 @@ pub(crate) fn bench(args: &BenchArgs) -> Result<BenchReport, CliError> {
     let stream = spyre_stream::stream_from_pool(Device::CURRENT, 0)
         .map_err(stream_error("taking a stream from the pool"))?;
     let mut results = Vec::new();
-    let progress = Progress::new(3 + 2 * args.sizes.len() as u64, budget);
+    let progress = Progress::new(
+        3 + 2 * args.sizes.len() as u64 + u64::from(args.pipeline),
+        budget,
+    );
 
     progress.start("handle resolution");
     let timed = measure(budget, 10_000, |batch| {
@@ -169,6 +178,10 @@ pub(crate) fn bench(args: &BenchArgs) -> Result<BenchReport, CliError> {
         results.push(bandwidth(stream, budget, size, Direction::HostToDevice)?);
         progress.start(&format!("D2H bandwidth, {}", format_size(size)));
         results.push(bandwidth(stream, budget, size, Direction::DeviceToHost)?);
+    }
+    if args.pipeline {
+        progress.start("pipeline: pipelined against serialized, in child processes");
+        results.extend(pipeline::measure(kind)?.results());
     }
     progress.finish();
     Ok(BenchReport {

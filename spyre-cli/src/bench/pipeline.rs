@@ -1,0 +1,203 @@
+//! The `pipeline` measurement of `spyre bench`: the same work pipelined
+//! across three streams ordered by events (`spyre run --mode pipelined`)
+//! and serialized on one stream (`--mode serialized`), each run as a child
+//! process of this program, alternately, so that both see the same machine.
+//!
+//! On the software device the children get a timing model in which copies
+//! and compute take comparable time — every operation 1 ms
+//! (`SPYRE_MOCK_OP_LATENCY_US=1000`), a copy of one operand 1 ms more
+//! (`SPYRE_MOCK_COPY_BANDWIDTH`), four engines so that three stages can run
+//! at once — unless the environment already sets those variables.
+
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::Value;
+use spyre_stream::BackendKind;
+
+use super::BenchResult;
+use crate::error::CliError;
+use crate::run::Plan;
+
+/// `--size` of the runs: operands of 349 524 bytes.
+const SIZE: &str = "1MiB";
+/// Iterations of each run (one thread).
+const ITERATIONS: &str = "40";
+/// Runs of each mode; the median is reported.
+pub(super) const ROUNDS: usize = 3;
+
+/// What the measurement found.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct PipelineTimes {
+    /// Median wall time of the serialized runs.
+    pub(super) serialized: Duration,
+    /// Median wall time of the pipelined runs.
+    pub(super) pipelined: Duration,
+    /// Median overlap factor of the pipelined runs (from timed events).
+    pub(super) overlap: f64,
+}
+
+impl PipelineTimes {
+    /// The results as bench rows: both runs, the speedup and the overlap.
+    pub(super) fn results(&self) -> Vec<BenchResult> {
+        let run = |name, time: Duration| BenchResult {
+            name,
+            size_bytes: None,
+            value: time.as_secs_f64() * 1e3,
+            unit: "ms/run",
+            operations: ROUNDS as u64,
+            seconds: time.as_secs_f64() * ROUNDS as f64,
+        };
+        let ratio = |name, value| BenchResult {
+            name,
+            size_bytes: None,
+            value,
+            unit: "x",
+            operations: ROUNDS as u64,
+            seconds: 0.0,
+        };
+        vec![
+            run("pipeline: serialized", self.serialized),
+            run("pipeline: pipelined", self.pipelined),
+            ratio(
+                "pipeline: speedup",
+                self.serialized.as_secs_f64() / self.pipelined.as_secs_f64().max(1e-12),
+            ),
+            ratio("pipeline: overlap", self.overlap),
+        ]
+    }
+}
+
+/// The `SPYRE_MOCK_*` timing model of the children, for the variables the
+/// environment leaves unset.
+fn timing_model(lookup: impl Fn(&str) -> Option<String>) -> Vec<(&'static str, String)> {
+    // 1 MiB makes operands of 349 524 bytes: copied in 1 ms at this rate.
+    let operand = Plan::new(crate::cli::KernelArg::Axpy, 1 << 20)
+        .map(|plan| plan.operand_bytes)
+        .unwrap_or(349_524);
+    [
+        ("SPYRE_MOCK_OP_LATENCY_US", "1000".to_owned()),
+        ("SPYRE_MOCK_COPY_BANDWIDTH", (operand * 1000).to_string()),
+        ("SPYRE_MOCK_ENGINES", "4".to_owned()),
+    ]
+    .into_iter()
+    .filter(|(name, _)| lookup(name).is_none_or(|value| value.trim().is_empty()))
+    .collect()
+}
+
+/// One `spyre run` child in `mode`; returns its wall time and overlap.
+fn run_child(mode: &str, env: &[(&'static str, String)]) -> Result<(Duration, f64), CliError> {
+    let exe = std::env::current_exe()
+        .map_err(|e| CliError::Failed(format!("cannot find this program to run it again: {e}")))?;
+    let output = Command::new(exe)
+        .args([
+            "run",
+            "--threads",
+            "1",
+            "--iterations",
+            ITERATIONS,
+            "--size",
+            SIZE,
+            "--mode",
+            mode,
+            "--json",
+        ])
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .map_err(|e| CliError::Failed(format!("cannot start `spyre run --mode {mode}`: {e}")))?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let report: Value = serde_json::from_str(stdout.trim()).map_err(|e| {
+        CliError::Failed(format!(
+            "`spyre run --mode {mode}` printed no report ({e}); it said: {}{}",
+            stdout.trim(),
+            String::from_utf8_lossy(&output.stderr).trim()
+        ))
+    })?;
+    if !output.status.success() {
+        let message = report["error"].as_str().unwrap_or("no message");
+        // The child's exit code says whose fault it is: 2 is the invocation
+        // (a bad environment), which this run shares.
+        return Err(
+            if output.status.code() == Some(i32::from(crate::error::EXIT_USAGE)) {
+                CliError::Usage(message.to_owned())
+            } else {
+                CliError::Failed(format!(
+                    "`spyre run --mode {mode}` failed ({}): {message}",
+                    output.status
+                ))
+            },
+        );
+    }
+    let wall = report["wall_seconds"].as_f64().unwrap_or(0.0);
+    let overlap = report["overlap"]["factor"].as_f64().unwrap_or(1.0);
+    Ok((Duration::from_secs_f64(wall.max(0.0)), overlap))
+}
+
+/// The median of `values` (sorted in place); `values` is not empty.
+fn median<T: Copy + PartialOrd>(values: &mut [T]) -> T {
+    values.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    values[values.len() / 2]
+}
+
+/// Runs [`ROUNDS`] serialized and pipelined children, alternately.
+///
+/// # Errors
+/// [`CliError::Failed`] when a child cannot run or fails.
+pub(super) fn measure(backend: BackendKind) -> Result<PipelineTimes, CliError> {
+    let env = match backend {
+        BackendKind::Mock => timing_model(|name| std::env::var(name).ok()),
+        BackendKind::Hardware => Vec::new(),
+    };
+    let mut serialized = Vec::with_capacity(ROUNDS);
+    let mut pipelined = Vec::with_capacity(ROUNDS);
+    let mut overlaps = Vec::with_capacity(ROUNDS);
+    for _ in 0..ROUNDS {
+        serialized.push(run_child("serialized", &env)?.0);
+        let (wall, overlap) = run_child("pipelined", &env)?;
+        pipelined.push(wall);
+        overlaps.push(overlap);
+    }
+    Ok(PipelineTimes {
+        serialized: median(&mut serialized),
+        pipelined: median(&mut pipelined),
+        overlap: median(&mut overlaps),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_timing_model_fills_only_what_the_environment_leaves_unset() {
+        let all = timing_model(|_| None);
+        assert_eq!(
+            all,
+            vec![
+                ("SPYRE_MOCK_OP_LATENCY_US", "1000".to_owned()),
+                // 349 524 bytes per operand, in 1 ms.
+                ("SPYRE_MOCK_COPY_BANDWIDTH", "349524000".to_owned()),
+                ("SPYRE_MOCK_ENGINES", "4".to_owned()),
+            ]
+        );
+        let some = timing_model(|name| (name == "SPYRE_MOCK_ENGINES").then(|| "2".to_owned()));
+        assert_eq!(some.len(), 2);
+        assert!(some.iter().all(|(name, _)| *name != "SPYRE_MOCK_ENGINES"));
+    }
+
+    #[test]
+    fn results_report_the_speedup_of_the_medians() {
+        let times = PipelineTimes {
+            serialized: Duration::from_millis(400),
+            pipelined: Duration::from_millis(160),
+            overlap: 2.5,
+        };
+        let results = times.results();
+        assert_eq!(results.len(), 4);
+        assert_eq!(results[0].value, 400.0);
+        assert_eq!(results[1].value, 160.0);
+        assert!((results[2].value - 2.5).abs() < 1e-12, "400 / 160");
+        assert_eq!(results[3].value, 2.5);
+        assert_eq!(median(&mut [3, 1, 2]), 2);
+    }
+}
