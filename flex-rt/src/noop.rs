@@ -316,6 +316,7 @@ impl Runtime for NoopRuntime {
     fn create_event(&self, timing: bool) -> Result<Box<dyn Event>> {
         Ok(Box::new(NoopEvent {
             device: self.logical_device(),
+            owner: Arc::as_ptr(&self.shared) as usize,
             timing,
             recorded: AtomicBool::new(false),
         }))
@@ -327,8 +328,29 @@ impl Runtime for NoopRuntime {
 #[derive(Debug)]
 struct NoopEvent {
     device: u32,
+    /// The runtime that made it (the address of its shared state).
+    owner: usize,
     timing: bool,
     recorded: AtomicBool,
+}
+
+impl NoopEvent {
+    /// `event` as a no-op event of the runtime `owner`.
+    fn of<'a>(event: &'a dyn Event, owner: usize, call: &'static str) -> Result<&'a NoopEvent> {
+        let event: &NoopEvent = event.as_any().downcast_ref().ok_or_else(|| {
+            FlexError::invalid_argument(call, "the event belongs to another backend")
+        })?;
+        if event.owner != owner {
+            return Err(FlexError::invalid_argument(
+                call,
+                format!(
+                    "the event belongs to another runtime (logical device {})",
+                    event.device
+                ),
+            ));
+        }
+        Ok(event)
+    }
 }
 
 impl Event for NoopEvent {
@@ -350,9 +372,7 @@ impl Event for NoopEvent {
 
     fn elapsed_nanos(&self, end: &dyn Event) -> Result<i64> {
         const CALL: &str = "elapsed_time";
-        let end = end.as_any().downcast_ref::<NoopEvent>().ok_or_else(|| {
-            FlexError::invalid_argument(CALL, "the end event belongs to another backend")
-        })?;
+        let end = NoopEvent::of(end, self.owner, CALL)?;
         for (name, event) in [("start", self), ("end", end)] {
             if !event.timing {
                 return Err(FlexError::invalid_argument(
@@ -391,6 +411,11 @@ impl NoopStream {
             synchronizes: AtomicU64::new(0),
             shared,
         }
+    }
+
+    /// The identity of the stream's runtime, as [`NoopEvent::owner`].
+    fn owner(&self) -> usize {
+        Arc::as_ptr(&self.shared) as usize
     }
 
     /// Counts a launch and completes it at once.
@@ -475,9 +500,7 @@ impl Stream for NoopStream {
 
     /// Counted as a launch; the event completes at once.
     fn record_event(&self, event: &dyn Event, completion: Option<Completion>) -> Result<()> {
-        let event = event.as_any().downcast_ref::<NoopEvent>().ok_or_else(|| {
-            FlexError::invalid_argument("record_event", "the event belongs to another backend")
-        })?;
+        let event = NoopEvent::of(event, self.owner(), "record_event")?;
         event.recorded.store(true, Ordering::Release);
         self.complete(LaunchOptions {
             pipeline_barrier: false,
@@ -486,8 +509,8 @@ impl Stream for NoopStream {
     }
 
     /// Nothing to wait for: every event is complete.
-    fn wait_event(&self, _event: &dyn Event) -> Result<()> {
-        Ok(())
+    fn wait_event(&self, event: &dyn Event) -> Result<()> {
+        NoopEvent::of(event, self.owner(), "wait_event").map(|_| ())
     }
 }
 
@@ -570,6 +593,33 @@ mod tests {
         stream.synchronize().unwrap();
         assert_eq!(seen.load(Ordering::SeqCst), 1);
         assert_eq!(runtime.calls().stream_creations_failed, 2);
+    }
+
+    #[test]
+    fn events_complete_at_once_and_belong_to_their_runtime() {
+        let runtime = NoopRuntime::new(0);
+        let other = NoopRuntime::new(0);
+        let stream = runtime.default_stream();
+        let start = runtime.create_event(true).unwrap();
+        let end = runtime.create_event(true).unwrap();
+        assert_eq!(
+            start.elapsed_nanos(&*end).unwrap_err().status(),
+            Status::INVALID_ARGUMENT,
+            "never recorded"
+        );
+        stream.record_event(&*start, None).unwrap();
+        stream.record_event(&*end, None).unwrap();
+        assert_eq!(start.query(), Ok(true));
+        assert_eq!(start.elapsed_nanos(&*end), Ok(0));
+        stream.wait_event(&*start).unwrap();
+        let foreign = other.create_event(false).unwrap();
+        for err in [
+            stream.record_event(&*foreign, None).unwrap_err(),
+            stream.wait_event(&*foreign).unwrap_err(),
+            start.elapsed_nanos(&*foreign).unwrap_err(),
+        ] {
+            assert_eq!(err.status(), Status::INVALID_ARGUMENT, "{err}");
+        }
     }
 
     #[test]

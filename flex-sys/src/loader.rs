@@ -191,9 +191,10 @@ impl FlexLibrary {
         } {
             Ok(symbol) => *symbol,
             Err(_) => {
+                // The library reports no version; every version has this call.
                 return Err(LoadError::MissingSymbol {
                     symbol: "flex_get_api_version",
-                    version: AbiVersion::CURRENT,
+                    version: AbiVersion { major: 1, minor: 0 },
                     path,
                 });
             }

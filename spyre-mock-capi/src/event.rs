@@ -154,6 +154,11 @@ pub unsafe extern "C" fn flex_stream_wait_event(
     const CALL: &str = "flex_stream_wait_event";
     boundary(CALL, || {
         let (event, stream) = event_and_stream(event, stream, CALL)?;
+        if !flex_rt::Runtime::capabilities(&stream.state.runtime)?.device_side_wait {
+            // The wait blocks the host: not from a callback of the runtime
+            // (an engine, or the late-completion thread).
+            refuse_in_callback(&stream.state, CALL)?;
+        }
         stream.mock()?.wait_event(&*event.event)?;
         Ok(FLEX_SUCCESS)
     })

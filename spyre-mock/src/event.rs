@@ -153,7 +153,21 @@ impl Event for MockEvent {
 
     fn elapsed_nanos(&self, end: &dyn Event) -> Result<i64> {
         const CALL: &str = "elapsed_time";
-        let end = MockEvent::of(end, &self.device, CALL)?;
+        let end: &MockEvent = end.as_any().downcast_ref().ok_or_else(|| {
+            FlexError::invalid_argument(
+                CALL,
+                format!("the end event {end:?} is not an event of the software device"),
+            )
+        })?;
+        if !Arc::ptr_eq(&self.device, &end.device) {
+            return Err(FlexError::invalid_argument(
+                CALL,
+                format!(
+                    "the start event is of the runtime of logical device {} and the end event of another runtime (logical device {}); both must be of one runtime",
+                    self.device.index, end.device.index
+                ),
+            ));
+        }
         let mut times = [Instant::now(); 2];
         for ((name, event), time) in [("start", self), ("end", end)].into_iter().zip(&mut times) {
             if !event.timing {

@@ -226,14 +226,21 @@ impl Scheduler {
     /// As [`Self::admit`]'s stream-state checks; nothing is added then.
     pub(crate) fn add_gate(&mut self, index: usize, record: Arc<Record>) -> Result<(), FlexError> {
         self.check_accepts(index, "wait_event")?;
-        if record.stream == index {
+        if record.stream == index || matches!(record.outcome(), Some(Ok(_))) {
+            // Already ordered, or already complete: nothing to hold.
             return Ok(());
         }
         let state = &mut self.streams[index];
-        state.gates.push_back(Gate {
-            before: state.submitted,
-            record,
-        });
+        let before = state.submitted;
+        // Gates at the same point whose records have completed hold nothing
+        // any more: drop them, so a stream that waits again and again
+        // without launching keeps a bounded list.
+        while state.gates.back().is_some_and(|gate| {
+            gate.before == before && matches!(gate.record.outcome(), Some(Ok(_)))
+        }) {
+            state.gates.pop_back();
+        }
+        state.gates.push_back(Gate { before, record });
         Ok(())
     }
 

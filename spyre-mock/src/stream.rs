@@ -336,11 +336,10 @@ impl Stream for MockStream {
                 "this device cannot wait on the device side, so wait_event blocks the host; called from a completion or host callback of the same runtime it would wait for itself",
             ));
         }
-        if let Err(cause) = self.device.wait_for_record(&record, CALL) {
-            self.device
-                .scheduler
-                .lock()
-                .record_error(self.index, record.wait_error(&cause));
+        if self.device.wait_for_record(&record, CALL).is_err() {
+            // A failed record fails this stream from this point on, as a
+            // device-side wait does: work enqueued before still runs.
+            self.device.scheduler.lock().add_gate(self.index, record)?;
         }
         Ok(())
     }

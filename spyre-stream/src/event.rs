@@ -79,8 +79,12 @@ pub struct SpyreEvent {
     event: Box<dyn flex_rt::Event>,
     device: u8,
     timing: bool,
+    /// Held across each record: serializes concurrent records, so the
+    /// device's latest record and `latest` agree.
+    record_lock: Mutex<()>,
     /// The completion signal of the latest record; `None` before the first.
-    /// Held across each record, which serializes concurrent records.
+    /// Only ever held briefly (never across a runtime call), so awaiting
+    /// and timing never wait for a record in progress.
     latest: Mutex<Option<Arc<Signal>>>,
 }
 
@@ -117,6 +121,7 @@ impl SpyreEvent {
             event,
             device: pool.device(),
             timing,
+            record_lock: Mutex::new(()),
             latest: Mutex::new(None),
         })
     }
@@ -141,14 +146,14 @@ impl SpyreEvent {
     /// error the event is unchanged.
     pub fn record(&self, stream: SpyreStream) -> Result<()> {
         let handle = stream.handle()?;
-        let mut latest = self.latest.lock();
+        let _serialized = self.record_lock.lock();
         let signal = Signal::new();
         let completes = Arc::clone(&signal);
         handle.record_event(
             &*self.event,
             Some(Box::new(move |outcome| completes.complete(outcome))),
         )?;
-        *latest = Some(signal);
+        *self.latest.lock() = Some(signal);
         Ok(())
     }
 

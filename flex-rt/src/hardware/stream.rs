@@ -425,20 +425,29 @@ impl Stream for HardwareStream {
             ));
         }
         event.use_for_stream(self.runtime, CALL, |raw_event| {
-            let status = {
-                let _serialized = self.submit.lock();
-                // SAFETY: the stream is alive while `&self` is and the
-                // submission lock is held (a wait is enqueued like a
-                // launch); the event is alive and of the same live runtime
-                // (checked by `use_for_stream` under the liveness lock).
-                // Without device-side waits the call blocks, which is
-                // allowed here: this thread runs no callback of the runtime
-                // (checked above).
+            let wait = || {
+                // SAFETY: the stream is alive while `&self` is; the event is
+                // alive and of the same live runtime (checked by
+                // `use_for_stream`, which holds the liveness lock across
+                // this closure). The callers below hold the submission lock
+                // when the call enqueues, and hold no lock when it blocks.
                 unsafe {
                     self.lib
                         .api()
                         .flex_stream_wait_event(self.handle.as_ptr(), raw_event)
                 }
+            };
+            let status = if event.device_side_wait() {
+                // The wait is enqueued like a launch: serialized with them.
+                let _serialized = self.submit.lock();
+                wait()
+            } else {
+                // The call blocks the host until the event completes and
+                // enqueues nothing: it must not hold the submission lock,
+                // or a callback that launches on this stream before the
+                // event's point would wait for it for ever. This thread
+                // runs no callback of the runtime (checked above).
+                wait()
             };
             check(&self.lib, status, CALL)
         })

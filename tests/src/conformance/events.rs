@@ -57,6 +57,38 @@ fn log_on(stream: &dyn Stream, log: &Arc<Mutex<Vec<&'static str>>>, entry: &'sta
         .expect("launch the logging callback");
 }
 
+/// Ends the process (exit code 101, the code of a failed test) if it is not
+/// dropped within [`PATIENCE`]: for a case whose failure is a deadlock,
+/// which would otherwise hang the test run instead of failing it.
+struct Watchdog {
+    done: Arc<AtomicBool>,
+}
+
+impl Watchdog {
+    fn new(what: &'static str) -> Self {
+        let done = Arc::new(AtomicBool::new(false));
+        let seen = Arc::clone(&done);
+        thread::spawn(move || {
+            let started = Instant::now();
+            while started.elapsed() < PATIENCE {
+                if seen.load(Ordering::SeqCst) {
+                    return;
+                }
+                thread::sleep(Duration::from_millis(10));
+            }
+            eprintln!("{what} did not finish within {PATIENCE:?}: a deadlock");
+            std::process::exit(101);
+        });
+        Self { done }
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.done.store(true, Ordering::SeqCst);
+    }
+}
+
 /// Calls `wait_event`; without device-side waits the call blocks until the
 /// event completes, so a helper thread opens `gate` after a moment (with
 /// them, the gate is opened by the case, and the helper only guards against
@@ -258,6 +290,15 @@ pub fn a_failed_record_poisons_the_event_and_its_waiters(backend: &dyn Backend, 
     };
     let failing = new_stream(&*runtime, StreamPriority::Normal);
     let waiter = new_stream(&*runtime, StreamPriority::Normal);
+    // Work the waiter has before the wait is not affected by it.
+    let earlier = Arc::new(AtomicBool::new(false));
+    let e = Arc::clone(&earlier);
+    waiter
+        .launch_host_callback(
+            Box::new(move || e.store(true, Ordering::SeqCst)),
+            LaunchOptions::new(),
+        )
+        .expect("launch");
     let gate = hold(failing);
     failing
         .launch_host_callback(
@@ -297,6 +338,61 @@ pub fn a_failed_record_poisons_the_event_and_its_waiters(backend: &dyn Backend, 
         "the error names the event's stream ({named}): {err}"
     );
     assert!(!ran.load(Ordering::SeqCst));
+    assert!(
+        earlier.load(Ordering::SeqCst),
+        "work enqueued before the wait ran"
+    );
+}
+
+/// A callback of one stream may launch on a stream that waits for an event
+/// behind that callback: the wait (blocking the host or not) must not keep
+/// the launch out, or neither would ever finish.
+pub fn a_callback_may_launch_on_a_stream_that_waits_for_it(backend: &dyn Backend, _: &Profile) {
+    // The callback needs the waiter for the life of the process.
+    let runtime: &'static dyn Runtime = Box::leak(runtime(backend));
+    let Some(capabilities) = capabilities(runtime) else {
+        return;
+    };
+    let producer = new_stream(runtime, StreamPriority::Normal);
+    let waiter: &'static dyn Stream = new_stream(runtime, StreamPriority::Normal);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let gate = hold(producer);
+    let from_callback = Arc::clone(&log);
+    producer
+        .launch_host_callback(
+            Box::new(move || {
+                let log = Arc::clone(&from_callback);
+                waiter
+                    .launch_host_callback(
+                        Box::new(move || log.lock().unwrap().push("launched by a callback")),
+                        LaunchOptions::new(),
+                    )
+                    .expect("a callback may launch on the waiting stream");
+            }),
+            LaunchOptions::new(),
+        )
+        .expect("launch");
+    let produced = event(runtime, false);
+    producer.record_event(&*produced, None).expect("record");
+    let watchdog = Watchdog::new("a wait while a callback launches on the waiting stream");
+    wait_while_held(capabilities, waiter, &*produced, &gate);
+    gate.open();
+    log_on(waiter, &log, "after the wait");
+    // The producer first: its callback's launch is then on the waiter.
+    producer.synchronize().expect("synchronize");
+    waiter.synchronize().expect("synchronize");
+    drop(watchdog);
+    let mut log = log.lock().unwrap().clone();
+    if capabilities.device_side_wait {
+        // The callback and this thread launched at about the same time:
+        // only that both ran is certain.
+        log.sort_unstable();
+        assert_eq!(log, ["after the wait", "launched by a callback"]);
+    } else {
+        // A host-blocking wait returns after the event, so after the
+        // callback launched.
+        assert_eq!(log, ["launched by a callback", "after the wait"]);
+    }
 }
 
 /// An event may be dropped while its record and a wait on it are pending:
