@@ -21,27 +21,19 @@ fn main() -> spyre_stream::Result<()> {
     let copy = spyre_stream::stream_from_pool(Device::CURRENT, 0)?;
     let compute = spyre_stream::stream_from_pool(Device::CURRENT, -1)?;
     let bytes = (N * 4) as u64;
-    let [x_dev, y_dev, out_dev] = [(); 3].map(|()| spyre_stream::allocate(Device::CURRENT, bytes));
-    let (x_dev, y_dev, out_dev) = (x_dev?, y_dev?, out_dev?);
+    let x_dev = spyre_stream::allocate(Device::CURRENT, bytes)?;
+    let y_dev = spyre_stream::allocate(Device::CURRENT, bytes)?;
+    let out_dev = spyre_stream::allocate(Device::CURRENT, bytes)?;
     let program = spyre_stream::allocate(Device::CURRENT, 128)?;
     let axpy = KernelDescriptor::axpy(N as u64, 2.0, x_dev.start(), y_dev.start(), out_dev.start());
 
     // Copy in on one stream, and mark the point.
-    copy.launch_h2d(
-        &HostBuffer::from_vec(le_bytes(&x)),
-        &x_dev,
-        LaunchOptions::new(),
-    )?;
-    copy.launch_h2d(
-        &HostBuffer::from_vec(le_bytes(&y)),
-        &y_dev,
-        LaunchOptions::new(),
-    )?;
-    copy.launch_h2d(
-        &HostBuffer::from_vec(axpy.to_bytes().to_vec()),
-        &program,
-        LaunchOptions::new(),
-    )?;
+    let x_host = HostBuffer::from_vec(le_bytes(&x));
+    let y_host = HostBuffer::from_vec(le_bytes(&y));
+    let program_host = HostBuffer::from_vec(axpy.to_bytes().to_vec());
+    copy.launch_h2d(&x_host, &x_dev, LaunchOptions::new())?;
+    copy.launch_h2d(&y_host, &y_dev, LaunchOptions::new())?;
+    copy.launch_h2d(&program_host, &program, LaunchOptions::new())?;
     let copied_in = SpyreEvent::with_timing()?;
     copied_in.record(copy)?;
 
@@ -57,10 +49,8 @@ fn main() -> spyre_stream::Result<()> {
     copy.launch_d2h(&out_dev, &out, LaunchOptions::new())?;
     copy.synchronize()?; // the one host wait (or `copy.synchronize_async()?.await`)
 
-    println!(
-        "compute took {:?} on the device",
-        copied_in.elapsed_time(&computed)?
-    );
+    let compute_time = copied_in.elapsed_time(&computed)?;
+    println!("compute took {compute_time:?} on the device");
     // README: end
     let expected = le_bytes(
         &x.iter()

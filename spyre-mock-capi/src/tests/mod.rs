@@ -1255,3 +1255,5 @@ fn concurrent_launches_on_separate_streams_all_complete() {
 unsafe impl Send for Rt {}
 // SAFETY: see above.
 unsafe impl Sync for Rt {}
+
+mod events;
