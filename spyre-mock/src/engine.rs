@@ -164,7 +164,7 @@ impl Device {
             }
         }
         match record.outcome() {
-            Some(Err(error)) => Err(error.clone()),
+            Some(Err(error)) => Err(error),
             _ => Ok(()),
         }
     }

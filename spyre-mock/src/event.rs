@@ -4,7 +4,7 @@
 //! device-side wait.
 use std::any::Any;
 use std::fmt;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Instant;
 
 use flex_rt::{Event, FlexError, Result, Status};
@@ -21,7 +21,49 @@ pub(crate) struct Record {
     pub(crate) stream: usize,
     /// Its id, for messages.
     pub(crate) stream_id: u64,
-    outcome: OnceLock<Result<Instant>>,
+    outcome: OutcomeCell,
+}
+
+/// The write-once outcome of a record: a `OnceLock`, read without a lock;
+/// under loom (`--cfg spyre_loom`) a loom mutex, so that the models explore
+/// every order of its accesses.
+#[cfg(not(spyre_loom))]
+struct OutcomeCell(std::sync::OnceLock<Result<Instant>>);
+
+#[cfg(not(spyre_loom))]
+impl OutcomeCell {
+    fn new() -> Self {
+        Self(std::sync::OnceLock::new())
+    }
+
+    fn set(&self, outcome: Result<Instant>) {
+        let _ = self.0.set(outcome);
+    }
+
+    fn get(&self) -> Option<Result<Instant>> {
+        self.0.get().cloned()
+    }
+}
+
+#[cfg(spyre_loom)]
+struct OutcomeCell(loom::sync::Mutex<Option<Result<Instant>>>);
+
+#[cfg(spyre_loom)]
+impl OutcomeCell {
+    fn new() -> Self {
+        Self(loom::sync::Mutex::new(None))
+    }
+
+    fn set(&self, outcome: Result<Instant>) {
+        let mut cell = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if cell.is_none() {
+            *cell = Some(outcome);
+        }
+    }
+
+    fn get(&self) -> Option<Result<Instant>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
 }
 
 impl Record {
@@ -29,17 +71,18 @@ impl Record {
         Self {
             stream,
             stream_id,
-            outcome: OnceLock::new(),
+            outcome: OutcomeCell::new(),
         }
     }
 
     /// Sets the outcome once; later calls change nothing.
     pub(crate) fn settle(&self, outcome: Result<Instant>) {
-        let _ = self.outcome.set(outcome);
+        self.outcome.set(outcome);
     }
 
-    /// The outcome, or `None` while the device has not reached the record.
-    pub(crate) fn outcome(&self) -> Option<&Result<Instant>> {
+    /// The outcome, or `None` while the device has not reached the record
+    /// (a copy: the time, or the error).
+    pub(crate) fn outcome(&self) -> Option<Result<Instant>> {
         self.outcome.get()
     }
 
@@ -140,7 +183,7 @@ impl Event for MockEvent {
             None => Ok(true),
             Some(None) => Ok(false),
             Some(Some(Ok(_))) => Ok(true),
-            Some(Some(Err(error))) => Err(error.clone()),
+            Some(Some(Err(error))) => Err(error),
         }
     }
 
@@ -192,8 +235,8 @@ impl Event for MockEvent {
                         format!("the {name} event has not completed yet; synchronize it first"),
                     ));
                 }
-                Some(Err(error)) => return Err(error.clone()),
-                Some(Ok(at)) => *at,
+                Some(Err(error)) => return Err(error),
+                Some(Ok(at)) => at,
             };
         }
         let [start, end] = times;

@@ -380,6 +380,31 @@ mod tests {
             .validate()
             .unwrap_err();
         assert_eq!(err.status(), Status::INVALID_ARGUMENT);
-        assert_eq!(Op::compute(dst).call(), "launch_compute");
+        assert_eq!(Op::compute(dst.clone()).call(), "launch_compute");
+    }
+
+    #[test]
+    fn only_an_event_record_is_free_in_the_timing_model() {
+        let dst = CompositeAddress::single(
+            flex_rt::LogicalAddress {
+                region_id: 0,
+                offset: 0,
+            },
+            8,
+        )
+        .unwrap();
+        let record = Op::Record(EventRecord(std::sync::Arc::new(crate::event::Record::new(
+            0, 0,
+        ))));
+        assert!(!record.is_timed());
+        assert_eq!(record.call(), "record_event");
+        for op in [
+            Op::compute(dst.clone()),
+            Op::fill(dst.clone(), 0.0, DataFormat::Uint8),
+            Op::h2d(vec![0u8; 8], dst),
+            Op::host_fn(|| Ok(())),
+        ] {
+            assert!(op.is_timed(), "{op:?}");
+        }
     }
 }

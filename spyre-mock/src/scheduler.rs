@@ -268,7 +268,7 @@ impl Scheduler {
                 Some(outcome) => {
                     state.gates.pop_front();
                     if let Err(cause) = outcome {
-                        let error = record.wait_error(cause);
+                        let error = record.wait_error(&cause);
                         self.record_error(index, error);
                     }
                 }
@@ -434,5 +434,105 @@ mod tests {
         assert!(s.admit(a, noop()).is_ok());
         assert_eq!(s.stream(a).fail_launch_in, None);
         assert_eq!(s.stream(a).submitted, 2);
+    }
+}
+
+/// Loom models of the event state machine: an engine completes (or fails)
+/// a record — settling it outside the scheduler lock, then finishing under
+/// it, as `engine.rs` does — while another thread adds a wait for it and
+/// launches behind the wait, and a third drops the event. Run by
+/// `ci/loom.sh` (`--cfg spyre_loom`).
+#[cfg(all(test, spyre_loom))]
+mod loom_models {
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    use loom::sync::Mutex;
+
+    use super::*;
+    use crate::event::EventRecord;
+
+    fn noop() -> Pending {
+        Pending::new(Op::host_fn(|| Ok(())), None)
+    }
+
+    /// One interleaving of record / wait / complete / drop; `fail` makes the
+    /// recording stream fail before the record runs.
+    fn race(fail: bool) {
+        let scheduler = Arc::new(Mutex::new(Scheduler::default()));
+        let (producer, waiter, record) = {
+            let mut s = scheduler.lock().unwrap();
+            let producer = s.add_stream(StreamPriority::Normal);
+            let waiter = s.add_stream(StreamPriority::Normal);
+            let record = Arc::new(Record::new(producer, 7));
+            let marker = Op::Record(EventRecord(Arc::clone(&record)));
+            s.admit(producer, Pending::new(marker, None)).ok().unwrap();
+            if fail {
+                s.record_error(
+                    producer,
+                    FlexError::new(Status::EXECUTION_FAILED, "launch_compute", "boom"),
+                );
+            }
+            (producer, waiter, record)
+        };
+        // The event's own reference, dropped by a third thread.
+        let event_reference = Arc::clone(&record);
+        let engine = {
+            let scheduler = Arc::clone(&scheduler);
+            loom::thread::spawn(move || {
+                let job = scheduler.lock().unwrap().next_job().unwrap();
+                match &job.verdict {
+                    Verdict::Run { .. } => {
+                        if let Op::Record(EventRecord(record)) = &job.pending.op {
+                            record.settle(Ok(Instant::now()));
+                        }
+                    }
+                    Verdict::Skip(error) => job.pending.op.abandon(error),
+                }
+                drop(job);
+                scheduler.lock().unwrap().finish(producer);
+            })
+        };
+        let waiting = {
+            let scheduler = Arc::clone(&scheduler);
+            loom::thread::spawn(move || {
+                let mut s = scheduler.lock().unwrap();
+                s.add_gate(waiter, record).unwrap();
+                s.admit(waiter, noop()).ok().unwrap();
+            })
+        };
+        let dropper = loom::thread::spawn(move || drop(event_reference));
+        engine.join().unwrap();
+        waiting.join().unwrap();
+        dropper.join().unwrap();
+        // No lost wake-up: the waiter's launch is ready, exactly once.
+        let mut s = scheduler.lock().unwrap();
+        let job = s.next_job().expect("the waiting stream became ready");
+        assert_eq!(job.stream, waiter);
+        assert!(s.next_job().is_none(), "nothing else is ready");
+        match (&job.verdict, fail) {
+            (Verdict::Run { .. }, false) => {}
+            (Verdict::Skip(error), true) => {
+                assert_eq!(error.status(), Status::STREAM_FAILED);
+                assert!(error.message().contains("stream 7"), "{error}");
+            }
+            (verdict, _) => panic!(
+                "fail = {fail}, but the waiter's launch got {}",
+                match verdict {
+                    Verdict::Run { .. } => "run",
+                    Verdict::Skip(_) => "skip",
+                }
+            ),
+        }
+    }
+
+    #[test]
+    fn a_record_completing_while_a_wait_is_added_releases_the_waiter() {
+        loom::model(|| race(false));
+    }
+
+    #[test]
+    fn a_record_failing_while_a_wait_is_added_fails_the_waiter() {
+        loom::model(|| race(true));
     }
 }

@@ -11,7 +11,7 @@ use crate::loom_shim::Mutex;
 
 /// Set once, by the completion of one event record; read by every future
 /// waiting for that record.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Signal {
     state: Mutex<SignalState>,
 }
@@ -27,7 +27,9 @@ struct SignalState {
 impl Signal {
     /// A signal not yet set.
     pub(crate) fn new() -> Arc<Self> {
-        Arc::new(Self::default())
+        Arc::new(Self {
+            state: Mutex::new(SignalState::default()),
+        })
     }
 
     /// Sets the outcome (the first call wins) and wakes every waiting task,
@@ -62,7 +64,7 @@ impl Signal {
     }
 
     /// The outcome, without registering anything.
-    #[cfg(test)]
+    #[cfg(all(test, not(spyre_loom)))]
     pub(crate) fn outcome(&self) -> Option<Result<(), FlexError>> {
         self.state.lock().outcome.clone()
     }
@@ -108,5 +110,67 @@ mod tests {
         signal.complete(Err(failure.clone()));
         signal.complete(Ok(()));
         assert_eq!(signal.outcome(), Some(Err(failure)));
+    }
+}
+
+/// Loom models of the hand-off between a completion callback and the tasks
+/// awaiting it: run by `ci/loom.sh` (`--cfg spyre_loom`).
+#[cfg(all(test, spyre_loom))]
+mod loom_models {
+    use std::future::poll_fn;
+    use std::task::Waker;
+
+    use flex_rt::Status;
+
+    use super::*;
+
+    /// A completion racing the first poll is never lost: the task is woken
+    /// (loom reports a deadlock if `block_on` parks for ever).
+    #[test]
+    fn a_completion_racing_a_poll_wakes_the_task() {
+        loom::model(|| {
+            let signal = Signal::new();
+            let completer = Arc::clone(&signal);
+            let thread = loom::thread::spawn(move || completer.complete(Ok(())));
+            let outcome = loom::future::block_on(poll_fn(|cx| signal.poll(cx)));
+            assert_eq!(outcome, Ok(()));
+            thread.join().unwrap();
+        });
+    }
+
+    /// Two tasks on two threads await one record; both see its error.
+    #[test]
+    fn every_waiting_task_sees_the_outcome() {
+        loom::model(|| {
+            let signal = Signal::new();
+            let failure = FlexError::new(Status::STREAM_FAILED, "record_event", "failed");
+            let waiters: Vec<_> = (0..2)
+                .map(|_| {
+                    let signal = Arc::clone(&signal);
+                    loom::thread::spawn(move || {
+                        loom::future::block_on(poll_fn(|cx| signal.poll(cx)))
+                    })
+                })
+                .collect();
+            signal.complete(Err(failure.clone()));
+            for waiter in waiters {
+                assert_eq!(waiter.join().unwrap(), Err(failure.clone()));
+            }
+        });
+    }
+
+    /// A future dropped after its first poll, while the completion runs,
+    /// leaves nothing behind that the completion could trip on.
+    #[test]
+    fn dropping_a_future_while_the_completion_runs_is_safe() {
+        loom::model(|| {
+            let signal = Signal::new();
+            let completer = Arc::clone(&signal);
+            let thread = loom::thread::spawn(move || completer.complete(Ok(())));
+            let mut cx = Context::from_waker(Waker::noop());
+            let _ = signal.poll(&mut cx);
+            drop(signal);
+            thread.join().unwrap();
+        });
     }
 }

@@ -30,6 +30,11 @@ fn record(event: *mut flex_event_t, stream: *mut sys::flex_stream_t) -> flex_sta
     unsafe { flex_event_record(event, stream, NO_COMPLETION) }
 }
 
+fn wait(stream: *mut sys::flex_stream_t, event: *mut flex_event_t) -> flex_status_t {
+    // SAFETY: any handle values are accepted.
+    unsafe { flex_stream_wait_event(stream, event) }
+}
+
 fn query(event: *mut flex_event_t) -> flex_status_t {
     // SAFETY: any handle value is accepted.
     unsafe { flex_event_query(event) }
@@ -115,11 +120,7 @@ fn a_wait_holds_the_waiting_stream_until_the_record_completes() {
     let status = unsafe { flex_event_record(event, producer, completion(&recorder)) };
     assert_eq!(status, FLEX_SUCCESS);
     assert_eq!(query(event), FLEX_NOT_READY);
-    // SAFETY: live handles of one runtime.
-    assert_eq!(
-        unsafe { flex_stream_wait_event(consumer, event) },
-        FLEX_SUCCESS
-    );
+    assert_eq!(wait(consumer, event), FLEX_SUCCESS);
     let mut zero = 0u64;
     let zero_ptr: *mut c_void = (&raw mut zero).cast();
     assert_eq!(
@@ -173,11 +174,7 @@ fn a_failed_record_fails_its_waiter_and_events_die_with_their_runtime() {
         "{}",
         boundary::last_error()
     );
-    // SAFETY: live handles of one runtime.
-    assert_eq!(
-        unsafe { flex_stream_wait_event(waiter, event) },
-        FLEX_SUCCESS
-    );
+    assert_eq!(wait(waiter, event), FLEX_SUCCESS);
     held.store(true, Ordering::Release);
     assert_eq!(synchronize(event), FLEX_ERROR_STREAM_FAILED);
     let mut zero = 0u64;
@@ -198,11 +195,7 @@ fn a_failed_record_fails_its_waiter_and_events_die_with_their_runtime() {
     let other = Rt::new();
     let foreign = other.default_stream();
     assert_eq!(record(event, foreign), FLEX_ERROR_INVALID_ARGUMENT);
-    // SAFETY: live handles of different runtimes.
-    assert_eq!(
-        unsafe { flex_stream_wait_event(foreign, event) },
-        FLEX_ERROR_INVALID_ARGUMENT
-    );
+    assert_eq!(wait(foreign, event), FLEX_ERROR_INVALID_ARGUMENT);
     // Destroying the runtime retires its events.
     assert_eq!(rt.destroy(), FLEX_SUCCESS);
     assert_eq!(query(event), FLEX_ERROR_INVALID_HANDLE);

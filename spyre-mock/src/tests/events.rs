@@ -1,0 +1,133 @@
+//! Events on the software device: the timing model behind elapsed times,
+//! gates that hold no engine, and the host-blocking mode.
+
+use std::time::Duration;
+
+use flex_rt::{HostBuffer, LaunchOptions, Runtime, Status, Stream, StreamMode, StreamPriority};
+
+use super::{Log, block, runtime, stream};
+use crate::system::MockSystem;
+
+/// A runtime whose every operation takes `latency` and whose copies move
+/// `bandwidth` bytes per second.
+fn timed_runtime(latency: Duration, bandwidth: u64) -> crate::MockRuntime {
+    MockSystem::builder()
+        .memory_bytes(1 << 20)
+        .region_bytes(1 << 18)
+        .op_latency(latency)
+        .copy_bandwidth(bandwidth)
+        .build()
+        .unwrap()
+        .create_mock_runtime(0)
+        .unwrap()
+}
+
+#[test]
+fn elapsed_time_follows_the_op_latency_and_the_copy_bandwidth() {
+    // Three fills of 2 ms each, then a 100 000-byte copy at 10 MB/s: 2 ms of
+    // latency plus 10 ms of transfer. Records themselves take no time.
+    let rt = timed_runtime(Duration::from_millis(2), 10_000_000);
+    let s = stream(&rt);
+    let address = rt.allocate(100_000).unwrap();
+    let [start, after_fills, end] = [(); 3].map(|()| rt.create_event(true).unwrap());
+    s.record_event(&*start, None).unwrap();
+    for _ in 0..3 {
+        s.launch_fill(
+            &address,
+            0.0,
+            flex_rt::DataFormat::Uint8,
+            LaunchOptions::new(),
+        )
+        .unwrap();
+    }
+    s.record_event(&*after_fills, None).unwrap();
+    s.launch_h2d(
+        &HostBuffer::from_vec(vec![7; 100_000]),
+        &address,
+        LaunchOptions::new(),
+    )
+    .unwrap();
+    s.record_event(&*end, None).unwrap();
+    end.synchronize().unwrap();
+    let fills = Duration::from_nanos(start.elapsed_nanos(&*after_fills).unwrap() as u64);
+    let copy = Duration::from_nanos(after_fills.elapsed_nanos(&*end).unwrap() as u64);
+    assert!(fills >= Duration::from_millis(6), "{fills:?}");
+    assert!(copy >= Duration::from_millis(12), "{copy:?}");
+}
+
+#[test]
+fn a_gate_holds_no_engine() {
+    // One engine: if the waiting stream parked it, the third stream could
+    // never run.
+    let rt = runtime(1);
+    let (producer, waiter, third) = (stream(&rt), stream(&rt), stream(&rt));
+    let log = Log::default();
+    let event = rt.create_event(false).unwrap();
+    // Hold the producer without occupying the engine: its record waits for
+    // an event of the third stream, which is held by a gate of its own.
+    let opener = rt.create_event(false).unwrap();
+    let release = block(third);
+    third.record_event(&*opener, None).unwrap();
+    producer.wait_event(&*opener).unwrap();
+    producer.record_event(&*event, None).unwrap();
+    waiter.wait_event(&*event).unwrap();
+    let l = log.clone();
+    waiter
+        .launch_host_callback(Box::new(move || l.push("waiter")), LaunchOptions::new())
+        .unwrap();
+    assert_eq!(waiter.query(), Ok(false));
+    drop(release);
+    waiter.synchronize().unwrap();
+    assert_eq!(log.take(), ["waiter"]);
+    assert_eq!(event.query(), Ok(true));
+}
+
+#[test]
+fn without_device_side_waits_a_wait_blocks_the_caller_until_the_event() {
+    let rt = MockSystem::builder()
+        .memory_bytes(1 << 20)
+        .region_bytes(1 << 18)
+        .device_side_wait(false)
+        .build()
+        .unwrap()
+        .create_mock_runtime(0)
+        .unwrap();
+    assert!(!rt.capabilities().unwrap().device_side_wait);
+    let producer = stream(&rt);
+    let waiter = rt
+        .create_mock_stream(StreamPriority::High, StreamMode::StrictOrdering, false)
+        .unwrap();
+    let event = rt.create_event(false).unwrap();
+    let release = block(producer);
+    producer.record_event(&*event, None).unwrap();
+    let releaser = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(30));
+        drop(release);
+    });
+    let started = std::time::Instant::now();
+    waiter.wait_event(&*event).unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_millis(30),
+        "returned before the event completed"
+    );
+    assert_eq!(event.query(), Ok(true));
+    releaser.join().unwrap();
+}
+
+#[test]
+fn a_refused_record_leaves_the_event_as_it_was() {
+    let rt = runtime(2);
+    let s = stream(&rt);
+    let event = rt.create_event(false).unwrap();
+    s.fail_nth_launch(1);
+    let err = s.record_event(&*event, None).unwrap_err();
+    assert_eq!(err.status(), Status::LAUNCH_FAILED);
+    assert_eq!(event.query(), Ok(true), "still never recorded");
+    s.set_needs_shutdown();
+    let err = s.record_event(&*event, None).unwrap_err();
+    assert_eq!(err.status(), Status::SHUTDOWN);
+    let other = stream(&rt);
+    other.record_event(&*event, None).unwrap();
+    let err = s.wait_event(&*event).unwrap_err();
+    assert_eq!(err.status(), Status::SHUTDOWN);
+}
