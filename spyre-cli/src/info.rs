@@ -70,6 +70,10 @@ pub(crate) struct InfoReport {
     pub(crate) pool: Option<PoolLayout>,
     /// Whether new streams track hazards (`SPYRE_HAZARD_TRACKER=1`).
     pub(crate) hazard_tracking: Option<bool>,
+    /// Events: `"device-side waits, timing"`, `"host-blocking waits,
+    /// timing"` and so on, or why there are none (a flex library of ABI
+    /// 1.0).
+    pub(crate) events: Option<String>,
     /// The environment variables the stream layer and its backends read:
     /// the value, or `null` when unset.
     pub(crate) environment: OrderedMap<Option<String>>,
@@ -115,6 +119,7 @@ pub(crate) fn gather() -> (InfoReport, Option<CliError>) {
         device_source_detail: None,
         pool: None,
         hazard_tracking: None,
+        events: None,
         environment,
         error: None,
     };
@@ -145,6 +150,24 @@ pub(crate) fn gather() -> (InfoReport, Option<CliError>) {
         report.pool = Some(PoolLayout::new(info.host_compute_streams));
         report.hazard_tracking = Some(info.track_hazards);
     }
+    report.events = Some(
+        match spyre_stream::capabilities(spyre_stream::Device::CURRENT) {
+            Ok(capabilities) => format!(
+                "{} waits, {}",
+                if capabilities.device_side_wait {
+                    "device-side"
+                } else {
+                    "host-blocking"
+                },
+                if capabilities.event_timing {
+                    "timing"
+                } else {
+                    "no timing"
+                }
+            ),
+            Err(error) => format!("none: {error}"),
+        },
+    );
     (report, None)
 }
 
@@ -205,6 +228,11 @@ impl InfoReport {
                 Some(false) => "off",
                 None => "unknown",
             }
+        );
+        let _ = writeln!(
+            out,
+            "events            {}",
+            self.events.as_deref().unwrap_or("unknown")
         );
         let _ = writeln!(out, "environment");
         for (name, value) in &self.environment.0 {

@@ -592,6 +592,9 @@ fn a_closed_stderr_loses_the_log_not_the_run() {
 fn info_json_describes_the_process() {
     let info = json(&["info", "--json"], &[]);
     assert_eq!(info["backend"], "mock");
+    assert_eq!(info["events"], "device-side waits, timing");
+    let host_waits = json(&["info", "--json"], &[("SPYRE_MOCK_DEVICE_SIDE_WAIT", "0")]);
+    assert_eq!(host_waits["events"], "host-blocking waits, timing");
     assert_eq!(info["selected_backend"], "mock");
     assert!(
         info["compiled_backends"]
@@ -650,6 +653,7 @@ fn info_text_lists_every_variable() {
         "high            33–64",
         "host compute    65–68 (4 stream(s))",
         "hazard tracking   on",
+        "events            device-side waits, timing",
         "SPYRE_HAZARD_TRACKER                 = \"1\"",
         "FLEX_RUNTIME_LIB                     (unset)",
         "SPYRE_MOCK_COPY_BANDWIDTH",

@@ -65,6 +65,24 @@
 //! C-ABI layer with its own [`HostSource`] / [`HostSink`] over raw pointers
 //! and [`HostFn`]s wrapping C host functions.
 //!
+//! # Events
+//!
+//! [`MockRuntime`] implements flex.h 1.1's events ([`MockEvent`]). A record
+//! is a marker operation at the end of its stream's FIFO
+//! ([`Op::Record`]): when the stream reaches it the event completes and
+//! takes its timestamp (so elapsed times follow the timing model; the
+//! marker itself takes no time), and if the stream has failed first the
+//! event fails with the stream's error. A wait is a *gate* in the waiting
+//! stream: the scheduler holds the operations enqueued after it until the
+//! record has completed, and looks again each time an operation of the
+//! recording stream finishes; no thread, engine or host, is parked on it.
+//! A gate whose record failed fails the waiting stream from that point on,
+//! with an error naming the recording stream. With
+//! [`MockSystemBuilder::device_side_wait`]`(false)` (or
+//! `SPYRE_MOCK_DEVICE_SIDE_WAIT=0`) the device behaves like today's Spyre
+//! card instead: [`Runtime::capabilities`](flex_rt::Runtime::capabilities)
+//! says so and a wait blocks the calling thread until the event completes.
+//!
 //! # Memory
 //!
 //! `memory_bytes` per runtime (default 1 GiB) in regions of `region_bytes`
@@ -90,7 +108,8 @@
 //!
 //! # Environment
 //!
-//! [`MockSystem::from_env`] reads (decimal numbers but the sync policy;
+//! [`MockSystem::from_env`] reads (decimal numbers but the sync policy and
+//! the device-side-wait boolean;
 //! unset or empty keeps the default):
 //!
 //! | variable                    | meaning                                   | default   |
@@ -101,6 +120,7 @@
 //! | `SPYRE_MOCK_ENGINES`        | engine threads per runtime                | 2         |
 //! | `SPYRE_MOCK_OP_LATENCY_US`  | extra time per operation, microseconds, 0..=1000000 (at most 1 s) | 0 |
 //! | `SPYRE_MOCK_COPY_BANDWIDTH` | H2D/D2H bandwidth, bytes per second, at least 1000000 (1 MB/s) | unlimited |
+//! | `SPYRE_MOCK_DEVICE_SIDE_WAIT` | whether streams wait on events on the device side (a boolean); `0` models today's card, where a wait blocks the host | on |
 //! | `SPYRE_MOCK_SYNC_POLICY`    | how `synchronize` waits: `auto` (spin 20 µs per call, then block), `spin` or `yield` (until done), `blocking` ([`flex_rt::SyncPolicy`]); idle engines spin 20 µs before they park under every policy but `blocking` | `auto` |
 //!
 //! # The shared library

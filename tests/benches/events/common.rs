@@ -4,17 +4,22 @@
 //!
 //! | group | measures | baseline |
 //! |---|---|---|
-//! | `<side>_record` | `SpyreEvent::record` on an idle stream, batched, drained untimed | an empty launch (no-op host callback), the same way |
-//! | `<side>_query` | `SpyreEvent::query` of a completed event | an empty launch, batched |
-//! | `<side>_wait` | `SpyreStream::wait_event` between two idle streams (the event completed) | an empty launch, batched |
-//! | `<side>_round_trip` | a no-op launch, then awaiting the stream (`synchronize_async`, `futures_executor::block_on`) or the event (`record` + `synchronize_async`) | the same launch, then blocking `synchronize`; interleaved |
+//! | `<side>_enqueue` | `SpyreEvent::record` on an idle stream; `SpyreStream::wait_event` between two idle streams (the event completed); `SpyreEvent::query` of a completed event | an empty launch (a no-op host callback) |
+//! | `<side>_round_trip` | a no-op launch, then awaiting the stream (`synchronize_async`, `futures_executor::block_on`) or the event (`record` + `synchronize_async`) | the same launch, then blocking `synchronize` |
+//!
+//! Every member of a group is timed round by round against the others
+//! (interleaved: this machine class drifts several times within minutes).
+//! Enqueueing members run in batches of [`BATCH`], each followed by an
+//! untimed drain of the stream.
 //!
 //! Targets (issue "Events"): record and query ≤ 2× an empty launch; an
 //! await round trip within 1.5× of a blocking synchronize round trip.
 
-use criterion::{BenchmarkGroup, Criterion, measurement::WallTime};
+use std::time::{Duration, Instant};
+
+use criterion::Criterion;
 use spyre_stream::{Device, LaunchOptions, SpyreEvent, SpyreStream};
-use spyre_testkit::{batched, bench_interleaved};
+use spyre_testkit::bench_interleaved;
 
 /// Operations timed back to back before the stream is drained.
 const BATCH: u64 = 256;
@@ -29,54 +34,55 @@ fn drain(stream: SpyreStream) {
     stream.synchronize().expect("synchronize");
 }
 
-/// The empty-launch baseline of a batched group.
-fn empty_launch(group: &mut BenchmarkGroup<'_, WallTime>, stream: SpyreStream) {
-    group.bench_function("empty_launch", |b| {
-        b.iter_custom(|iters| batched(iters, BATCH, || noop(stream), || drain(stream)))
-    });
+/// Times `iters` runs of member `me` of `members` (each an operation and
+/// the stream to drain after its batches): every round runs a batch of
+/// each member, timing only `me`'s, and drains each stream untimed.
+fn interleaved_batches(iters: u64, me: usize, members: &[(&dyn Fn(), SpyreStream)]) -> Duration {
+    let mut total = Duration::ZERO;
+    let mut left = iters;
+    while left > 0 {
+        let n = left.min(BATCH);
+        for (index, (op, stream)) in members.iter().enumerate() {
+            let start = Instant::now();
+            for _ in 0..n {
+                op();
+            }
+            if index == me {
+                total += start.elapsed();
+            }
+            drain(*stream);
+        }
+        left -= n;
+    }
+    total
 }
 
 /// Runs every group on the pool's backend, naming groups after `side`.
 pub fn run(c: &mut Criterion, side: &str) {
     let stream = spyre_stream::stream_from_pool(Device::CURRENT, 0).expect("stream");
     let other = spyre_stream::stream_from_pool(Device::CURRENT, 0).expect("stream");
-    let event = SpyreEvent::new().expect("event");
+    let recorded = SpyreEvent::new().expect("event");
+    let completed = SpyreEvent::new().expect("event");
+    completed.record(stream).expect("record");
+    completed.synchronize().expect("synchronize");
 
-    let mut group = c.benchmark_group(format!("{side}_record"));
-    empty_launch(&mut group, stream);
-    group.bench_function("record", |b| {
-        b.iter_custom(|iters| {
-            batched(
-                iters,
-                BATCH,
-                || event.record(stream).expect("record"),
-                || drain(stream),
-            )
-        })
-    });
-    group.finish();
-
-    event.record(stream).expect("record");
-    event.synchronize().expect("synchronize");
-    let mut group = c.benchmark_group(format!("{side}_query"));
-    empty_launch(&mut group, stream);
-    group.bench_function("query_completed", |b| {
-        b.iter(|| assert!(event.query().expect("query")))
-    });
-    group.finish();
-
-    let mut group = c.benchmark_group(format!("{side}_wait"));
-    empty_launch(&mut group, stream);
-    group.bench_function("wait_idle", |b| {
-        b.iter_custom(|iters| {
-            batched(
-                iters,
-                BATCH,
-                || other.wait_event(&event).expect("wait"),
-                || drain(other),
-            )
-        })
-    });
+    let empty_launch = || noop(stream);
+    let record = || recorded.record(stream).expect("record");
+    let wait_idle = || other.wait_event(&completed).expect("wait");
+    let query_completed = || assert!(completed.query().expect("query"));
+    let members: [(&str, &dyn Fn(), SpyreStream); 4] = [
+        ("empty_launch", &empty_launch, stream),
+        ("record", &record, stream),
+        ("wait_idle", &wait_idle, other),
+        ("query_completed", &query_completed, stream),
+    ];
+    let ops: Vec<(&dyn Fn(), SpyreStream)> = members.iter().map(|&(_, op, s)| (op, s)).collect();
+    let mut group = c.benchmark_group(format!("{side}_enqueue"));
+    for (me, (name, _, _)) in members.iter().enumerate() {
+        group.bench_function(*name, |b| {
+            b.iter_custom(|iters| interleaved_batches(iters, me, &ops))
+        });
+    }
     group.finish();
 
     let synchronize = || {
