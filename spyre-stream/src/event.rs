@@ -200,6 +200,7 @@ impl SpyreEvent {
     pub fn synchronize_async(&self) -> SynchronizeFuture {
         SynchronizeFuture {
             signal: self.latest.lock().clone(),
+            slot: None,
             _event: None,
         }
     }
@@ -261,6 +262,8 @@ impl fmt::Debug for SpyreEvent {
 pub struct SynchronizeFuture {
     /// `None`: nothing to wait for.
     signal: Option<Arc<Signal>>,
+    /// This future's place among the signal's waiters, once polled.
+    slot: Option<usize>,
     /// The marker event of a stream's future, kept until the future is
     /// dropped (dropping it never blocks).
     _event: Option<Box<dyn flex_rt::Event>>,
@@ -270,9 +273,12 @@ impl Future for SynchronizeFuture {
     type Output = Result<()>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match &self.signal {
+        let this = self.get_mut();
+        match &this.signal {
             None => Poll::Ready(Ok(())),
-            Some(signal) => signal.poll(cx).map(|outcome| outcome.map_err(Error::Flex)),
+            Some(signal) => signal
+                .poll(&mut this.slot, cx)
+                .map(|outcome| outcome.map_err(Error::Flex)),
         }
     }
 }
@@ -335,6 +341,7 @@ impl SpyreStream {
         let SpyreEvent { event, latest, .. } = marker;
         Ok(SynchronizeFuture {
             signal: latest.into_inner(),
+            slot: None,
             _event: Some(event),
         })
     }

@@ -48,17 +48,33 @@ impl Signal {
         }
     }
 
-    /// The outcome if set; else registers `cx`'s waker (once per task) and
-    /// returns `Pending`. The check and the registration happen under one
-    /// lock, so a completion between them cannot be missed.
-    pub(crate) fn poll(&self, cx: &mut Context<'_>) -> Poll<Result<(), FlexError>> {
+    /// The outcome if set; else registers `cx`'s waker and returns
+    /// `Pending`. `slot` is the caller's place in the waiter list (`None`
+    /// before its first poll): a future polled again replaces its own waker
+    /// instead of adding one, so each future holds at most one entry however
+    /// often it is polled (`Waker::will_wake` may say no for the same task).
+    /// The check and the registration happen under one lock, so a
+    /// completion between them cannot be missed.
+    pub(crate) fn poll(
+        &self,
+        slot: &mut Option<usize>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), FlexError>> {
         let mut state = self.state.lock();
         if let Some(outcome) = &state.outcome {
             return Poll::Ready(outcome.clone());
         }
         let waker = cx.waker();
-        if !state.wakers.iter().any(|known| known.will_wake(waker)) {
-            state.wakers.push(waker.clone());
+        match *slot {
+            Some(index) if index < state.wakers.len() => {
+                if !state.wakers[index].will_wake(waker) {
+                    state.wakers[index] = waker.clone();
+                }
+            }
+            _ => {
+                *slot = Some(state.wakers.len());
+                state.wakers.push(waker.clone());
+            }
         }
         Poll::Pending
     }
@@ -93,14 +109,18 @@ mod tests {
         let counter = Arc::new(CountingWaker(AtomicUsize::new(0)));
         let waker = Waker::from(Arc::clone(&counter));
         let mut cx = Context::from_waker(&waker);
-        assert!(signal.poll(&mut cx).is_pending());
+        let mut slot = None;
+        assert!(signal.poll(&mut slot, &mut cx).is_pending());
         assert!(
-            signal.poll(&mut cx).is_pending(),
+            signal.poll(&mut slot, &mut cx).is_pending(),
             "polled twice, registered once"
         );
         signal.complete(Ok(()));
         assert_eq!(counter.0.load(Ordering::SeqCst), 1);
-        assert!(matches!(signal.poll(&mut cx), Poll::Ready(Ok(()))));
+        assert!(matches!(
+            signal.poll(&mut slot, &mut cx),
+            Poll::Ready(Ok(()))
+        ));
     }
 
     #[test]
@@ -132,7 +152,8 @@ mod loom_models {
             let signal = Signal::new();
             let completer = Arc::clone(&signal);
             let thread = loom::thread::spawn(move || completer.complete(Ok(())));
-            let outcome = loom::future::block_on(poll_fn(|cx| signal.poll(cx)));
+            let mut slot = None;
+            let outcome = loom::future::block_on(poll_fn(|cx| signal.poll(&mut slot, cx)));
             assert_eq!(outcome, Ok(()));
             thread.join().unwrap();
         });
@@ -148,7 +169,8 @@ mod loom_models {
                 .map(|_| {
                     let signal = Arc::clone(&signal);
                     loom::thread::spawn(move || {
-                        loom::future::block_on(poll_fn(|cx| signal.poll(cx)))
+                        let mut slot = None;
+                        loom::future::block_on(poll_fn(|cx| signal.poll(&mut slot, cx)))
                     })
                 })
                 .collect();
@@ -168,7 +190,7 @@ mod loom_models {
             let completer = Arc::clone(&signal);
             let thread = loom::thread::spawn(move || completer.complete(Ok(())));
             let mut cx = Context::from_waker(Waker::noop());
-            let _ = signal.poll(&mut cx);
+            let _ = signal.poll(&mut None, &mut cx);
             drop(signal);
             thread.join().unwrap();
         });
