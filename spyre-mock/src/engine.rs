@@ -5,7 +5,10 @@
 //! engine takes the next job from the [`Scheduler`], releases the lock, runs
 //! the operation (catching any panic), sleeps the timing model's delay,
 //! records a failure as the stream's sticky error, calls the completion
-//! (catching any panic), and marks the operation complete. No lock is held
+//! (catching any panic), and marks the operation complete. The completion
+//! of an operation that succeeded is called before the lock is taken again
+//! (one lock round trip per operation, not two); the stream does not
+//! advance until the operation is marked complete either way. No lock is held
 //! while user code runs, so completions and host functions may launch more
 //! work. Engines stop when the runtime is dropped and nothing is ready.
 use std::cell::Cell;
@@ -291,54 +294,75 @@ fn run_job(device: &Device, scheduler: &mut MutexGuard<'_, Scheduler>, job: Job)
         verdict,
     } = job;
     let call = pending.op.call();
-    let completion = pending.completion;
+    let mut completion = pending.completion;
     let op = pending.op;
-    let result = MutexGuard::unlocked(scheduler, || match verdict {
-        Verdict::Skip(err) => {
-            op.abandon(&err);
-            // Dropping releases host leases and closures; their Drop is user code.
-            let _ = catch_unwind(AssertUnwindSafe(move || drop(op)));
-            Err(err)
-        }
-        Verdict::Run { slowdown } => {
-            let delay = device.timing.delay(&op).saturating_add(slowdown);
-            let result = catch_unwind(AssertUnwindSafe(|| op.execute(&device.memory)))
-                .unwrap_or_else(|payload| {
-                    Err(FlexError::new(
-                        Status::INTERNAL,
-                        call,
-                        format!(
-                            "the operation panicked on the device: {}",
-                            panic_message(payload.as_ref())
-                        ),
-                    ))
-                });
-            if !delay.is_zero() {
-                std::thread::sleep(delay);
+    // A completion of an operation that succeeded is called in the same
+    // unlocked stretch as the operation (the stream does not advance before
+    // `finish` either way); a failure is recorded as the stream's error
+    // first, under the lock, so that the completion sees it.
+    let (result, early) = MutexGuard::unlocked(scheduler, || {
+        let result = match verdict {
+            Verdict::Skip(err) => {
+                op.abandon(&err);
+                // Dropping releases host leases and closures; their Drop is user code.
+                let _ = catch_unwind(AssertUnwindSafe(move || drop(op)));
+                Err(err)
             }
-            result
-        }
+            Verdict::Run { slowdown } => {
+                let delay = device.timing.delay(&op).saturating_add(slowdown);
+                let result = catch_unwind(AssertUnwindSafe(|| op.execute(&device.memory)))
+                    .unwrap_or_else(|payload| {
+                        Err(FlexError::new(
+                            Status::INTERNAL,
+                            call,
+                            format!(
+                                "the operation panicked on the device: {}",
+                                panic_message(payload.as_ref())
+                            ),
+                        ))
+                    });
+                if !delay.is_zero() {
+                    std::thread::sleep(delay);
+                }
+                result
+            }
+        };
+        let early = match (&result, completion.take()) {
+            (Ok(()), Some(completion)) => {
+                Some(catch_unwind(AssertUnwindSafe(|| completion(Ok(())))))
+            }
+            (_, taken) => {
+                completion = taken;
+                None
+            }
+        };
+        (result, early)
     });
-    if let Err(err) = &result {
-        scheduler.record_error(stream, err.clone());
-    }
-    if let Some(completion) = completion {
-        let outcome = MutexGuard::unlocked(scheduler, || {
-            catch_unwind(AssertUnwindSafe(|| completion(result)))
-        });
-        if let Err(payload) = outcome {
-            scheduler.record_error(
-                stream,
-                FlexError::new(
-                    Status::HOST_CALLBACK_FAILED,
-                    call,
-                    format!(
-                        "the completion callback panicked: {}",
-                        panic_message(payload.as_ref())
-                    ),
-                ),
-            );
+    let outcome = match (result, completion) {
+        (Err(err), Some(completion)) => {
+            scheduler.record_error(stream, err.clone());
+            Some(MutexGuard::unlocked(scheduler, || {
+                catch_unwind(AssertUnwindSafe(|| completion(Err(err))))
+            }))
         }
+        (Err(err), None) => {
+            scheduler.record_error(stream, err);
+            early
+        }
+        (Ok(()), _) => early,
+    };
+    if let Some(Err(payload)) = outcome {
+        scheduler.record_error(
+            stream,
+            FlexError::new(
+                Status::HOST_CALLBACK_FAILED,
+                call,
+                format!(
+                    "the completion callback panicked: {}",
+                    panic_message(payload.as_ref())
+                ),
+            ),
+        );
     }
     // If the stream has more work, this engine takes it (or something more
     // urgent) on its next turn; no other engine needs waking.

@@ -2,15 +2,21 @@
 
 use std::time::{Duration, Instant};
 
-/// Times `iters` runs of `ops[me]`. Each round runs every op of `ops` once,
-/// in order, and times only `ops[me]`, so that all members of a group are
-/// measured over the same stretch of time (this machine class drifts 2–3×
-/// within minutes; medians of separate runs would compare different
-/// machines). A `me` that is not an index of `ops` times nothing: zero.
+/// Times `iters` runs of `ops[me]`. Each round runs every op of `ops` once
+/// and times only `ops[me]`, so that all members of a group are measured
+/// over the same stretch of time (this machine class drifts 2–3× within
+/// minutes; medians of separate runs would compare different machines).
+/// Round `r` starts at op `r % ops.len()`, so no member always runs right
+/// after the same other one (which would hand it, say, a device left
+/// asleep or warm by its predecessor). A `me` that is not an index of
+/// `ops` times nothing: zero.
 pub fn interleaved(iters: u64, me: usize, ops: &[&dyn Fn()]) -> Duration {
     let mut total = Duration::ZERO;
-    for _ in 0..iters {
-        for (index, op) in ops.iter().enumerate() {
+    let count = ops.len().max(1);
+    for round in 0..iters {
+        let first = (round % count as u64) as usize;
+        for index in (first..ops.len()).chain(0..first) {
+            let op = ops[index];
             if index == me {
                 let start = Instant::now();
                 op();

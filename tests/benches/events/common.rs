@@ -4,7 +4,7 @@
 //!
 //! | group | measures | baseline |
 //! |---|---|---|
-//! | `<side>_enqueue` | `SpyreEvent::record` on an idle stream; `SpyreStream::wait_event` between two idle streams (the event completed); `SpyreEvent::query` of a completed event | an empty launch (a no-op host callback) |
+//! | `<side>_enqueue` | `SpyreEvent::record` on an idle stream (and `record_raw`: flex-rt's `Stream::record_event` with no completion, what the layers below cost); `SpyreStream::wait_event` between two idle streams (the event completed); `SpyreEvent::query` of a completed event | an empty launch (a no-op host callback) |
 //! | `<side>_round_trip` | a no-op launch, then awaiting the stream (`synchronize_async`, `futures_executor::block_on`) or the event (`record` + `synchronize_async`) | the same launch, then blocking `synchronize` |
 //!
 //! Every member of a group is timed round by round against the others
@@ -36,13 +36,19 @@ fn drain(stream: SpyreStream) {
 
 /// Times `iters` runs of member `me` of `members` (each an operation and
 /// the stream to drain after its batches): every round runs a batch of
-/// each member, timing only `me`'s, and drains each stream untimed.
+/// each member, timing only `me`'s, and drains each stream untimed; each
+/// round starts one member later than the one before.
 fn interleaved_batches(iters: u64, me: usize, members: &[(&dyn Fn(), SpyreStream)]) -> Duration {
     let mut total = Duration::ZERO;
     let mut left = iters;
+    let mut round = 0;
     while left > 0 {
         let n = left.min(BATCH);
-        for (index, (op, stream)) in members.iter().enumerate() {
+        // Each round starts one member later (as `spyre_testkit::interleaved`).
+        let first = round % members.len();
+        round += 1;
+        for index in (first..members.len()).chain(0..first) {
+            let (op, stream) = members[index];
             let start = Instant::now();
             for _ in 0..n {
                 op();
@@ -50,7 +56,7 @@ fn interleaved_batches(iters: u64, me: usize, members: &[(&dyn Fn(), SpyreStream
             if index == me {
                 total += start.elapsed();
             }
-            drain(*stream);
+            drain(stream);
         }
         left -= n;
     }
@@ -66,13 +72,18 @@ pub fn run(c: &mut Criterion, side: &str) {
     completed.record(stream).expect("record");
     completed.synchronize().expect("synchronize");
 
+    let pool = spyre_stream::global_pool().expect("pool");
+    let handle = pool.resolve(stream).expect("handle");
+    let raw_event = pool.runtime().create_event(false).expect("event");
     let empty_launch = || noop(stream);
     let record = || recorded.record(stream).expect("record");
+    let record_raw = || handle.record_event(&*raw_event, None).expect("record");
     let wait_idle = || other.wait_event(&completed).expect("wait");
     let query_completed = || assert!(completed.query().expect("query"));
-    let members: [(&str, &dyn Fn(), SpyreStream); 4] = [
+    let members: [(&str, &dyn Fn(), SpyreStream); 5] = [
         ("empty_launch", &empty_launch, stream),
         ("record", &record, stream),
+        ("record_raw", &record_raw, stream),
         ("wait_idle", &wait_idle, other),
         ("query_completed", &query_completed, stream),
     ];
