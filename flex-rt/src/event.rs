@@ -67,7 +67,9 @@ pub trait Event: Send + Sync + fmt::Debug {
     /// # Errors
     /// The recording stream's error if the record failed;
     /// [`Status::UNSUPPORTED`](crate::Status::UNSUPPORTED) when called from a
-    /// completion or host callback of the same runtime.
+    /// completion or host callback of the same runtime (a backend may
+    /// refuse only when it would have to wait: an event already complete
+    /// needs no waiting).
     fn synchronize(&self) -> Result<()>;
 
     /// Device time from this event's completion to `end`'s, in nanoseconds;

@@ -285,7 +285,8 @@ pub trait Stream: Send + Sync + fmt::Debug {
     /// # Errors
     /// As [`Stream::record_event`]; without device-side waits,
     /// [`crate::Status::UNSUPPORTED`] from a completion or host callback of
-    /// the same runtime.
+    /// the same runtime (a backend may refuse only when it would have to
+    /// wait).
     fn wait_event(&self, event: &dyn Event) -> Result<()>;
 }
 

@@ -35,8 +35,8 @@ pub(crate) enum Command {
     /// layout, hazard tracking and the environment in effect.
     Info(InfoArgs),
     /// Run the verified workload: many iterations of H2D, compute and D2H on
-    /// pool streams of both priorities, every result checked bitwise against a
-    /// host reference.
+    /// pool streams (of both priorities, but with --mode serialized and one
+    /// thread), every result checked bitwise against a host reference.
     Run(RunArgs),
     /// Quick measurements: handle resolution, pool assignment, empty-op round
     /// trip, H2D and D2H bandwidth, and the pipeline (events) against its
@@ -163,7 +163,8 @@ pub(crate) const DEFAULT_BENCH_SIZES: &str = "4KiB,1MiB,16MiB";
 #[derive(Debug, Args)]
 pub(crate) struct BenchArgs {
     /// Time spent on each measurement, in milliseconds (1..=60000). The run
-    /// takes about (3 + 2 × number of --sizes) × this.
+    /// takes about (3 + 2 × number of --sizes) × this, plus a few seconds
+    /// for the pipeline measurement.
     #[arg(long, value_name = "MS", default_value = "250", value_parser = parse_budget)]
     pub(crate) budget_ms: u64,
     /// Transfer sizes for the H2D and D2H bandwidth, comma-separated.

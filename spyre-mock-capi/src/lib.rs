@@ -23,7 +23,10 @@
 //! validation, scheduling, completion and error rules as the Rust one.
 //!
 //! - **Handles.** A `flex_runtime_t *` is the address of a boxed handle; a
-//!   `flex_stream_t *` is the address of a stream owned by its runtime.
+//!   `flex_stream_t *` is the address of a stream owned by its runtime; a
+//!   `flex_event_t *` (ABI 1.1) is the address of the library's entry for
+//!   the event, which `flex_event_destroy` and `flex_runtime_destroy`
+//!   retire.
 //!   Every call looks the handle up in a process-wide table of live handles
 //!   before using it, so NULL, a foreign pointer, a destroyed stream or a
 //!   destroyed runtime is `FLEX_ERROR_INVALID_HANDLE`, never a dereference
@@ -45,7 +48,8 @@
 //!   other than `FLEX_SUCCESS` fails the operation and the stream with
 //!   `FLEX_ERROR_HOST_CALLBACK_FAILED`.
 //! - **Forbidden re-entry.** `flex_stream_synchronize`,
-//!   `flex_stream_destroy` and `flex_runtime_destroy` called from a
+//!   `flex_event_synchronize`, `flex_stream_wait_event` without device-side
+//!   waits, `flex_stream_destroy` and `flex_runtime_destroy` called from a
 //!   completion or host function of the same runtime return
 //!   `FLEX_ERROR_UNSUPPORTED` instead of waiting for themselves.
 //! - **Destroy.** `flex_stream_destroy` waits for the stream's work and
@@ -75,7 +79,7 @@
 //! | `SPYRE_MOCK_DEVICES`, `SPYRE_MOCK_MEMORY_BYTES`, `SPYRE_MOCK_REGION_BYTES`, `SPYRE_MOCK_ENGINES`, `SPYRE_MOCK_OP_LATENCY_US`, `SPYRE_MOCK_COPY_BANDWIDTH`, `SPYRE_MOCK_SYNC_POLICY`, `SPYRE_MOCK_DEVICE_SIDE_WAIT` | the device, as [`MockConfig::from_lookup`](spyre_mock::MockConfig::from_lookup) reads them (see the [device's docs](spyre_mock#environment)) | as there |
 //! | `SPYRE_MOCK_ABI_VERSION=M.m` | `flex_get_api_version` reports version `M.m` (each 0..=65535), e.g. `2.0` (a loader must refuse it), `1.0` (accepted, and a loader then offers no events) or `1.7` (a newer minor, accepted); a malformed value reports `0.0` | the header's version |
 //! | `SPYRE_MOCK_UNDEFINED_STATUS=<call>[,<call>…]` | each named function (any of the 28 that return a status, e.g. `flex_stream_query`, `flex_launch_h2d`) returns status 977, which `flex.h` does not define, and does nothing else: no out-parameter is written, a launch enqueues nothing and never calls its completion, a destroy destroys nothing | none |
-//! | `SPYRE_MOCK_FAIL_LAUNCH=N` | on every stream of the runtime, the `N`th launch that passes the argument and stream-state checks is refused with `FLEX_ERROR_LAUNCH_FAILED` (enqueues nothing, never calls its completion); earlier and later launches are unaffected (`MockStream::fail_nth_launch`); 0 is off | off |
+//! | `SPYRE_MOCK_FAIL_LAUNCH=N` | on every stream of the runtime, the `N`th launch (event records count) that passes the argument and stream-state checks is refused with `FLEX_ERROR_LAUNCH_FAILED` (enqueues nothing, never calls its completion); earlier and later launches are unaffected (`MockStream::fail_nth_launch`); 0 is off | off |
 //! | `SPYRE_MOCK_LATE_COMPLETIONS_MS=N` (0..=10000) | completions are delivered `N` ms after their operation finished, from a delivery thread of the runtime (`spyre-mock-d<device>-late`), in order; the stream runs its next operation meanwhile. Synchronize, query and destroy still count such completions as pending, so `flex_stream_synchronize` and `flex_runtime_destroy` return only after they have returned | off |
 //! | `SPYRE_MOCK_FAIL_RUNTIME_CREATE=1` | `flex_runtime_create` on an existing device fails with `FLEX_ERROR_RUNTIME_FAILED`; `0` is off | off |
 

@@ -151,7 +151,8 @@ impl Op {
 
     /// The name of the [`flex_rt::Stream`] method this operation belongs to
     /// (`launch_h2d`, `launch_d2h`, `launch_compute`, `launch_fill`,
-    /// `launch_host_callback`); errors of the operation carry it as their call.
+    /// `launch_host_callback`, `record_event`); errors of the operation carry
+    /// it as their call.
     pub fn call(&self) -> &'static str {
         match self {
             Self::H2d { .. } => "launch_h2d",

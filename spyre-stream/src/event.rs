@@ -138,7 +138,8 @@ impl SpyreEvent {
 
     /// Records the event on `stream` (`Event.record(stream)`;
     /// `cudaEventRecord`): it now marks the end of the work enqueued there
-    /// so far. Never blocks.
+    /// so far. Does not wait for the device; concurrent records of one event
+    /// wait for each other (they are serialized).
     ///
     /// # Errors
     /// As [`SpyreStream::query`] for the stream ([`Error::WrongDevice`] for a
@@ -167,7 +168,9 @@ impl SpyreEvent {
     /// # Errors
     /// As [`SpyreEvent::record`]; without device-side waits,
     /// [`Error::Flex`] with `UNSUPPORTED` when called from a completion or
-    /// host callback (it would wait for itself).
+    /// host callback (it would wait for itself; the software device in
+    /// process refuses only when it would actually have to wait, a flex
+    /// library always).
     pub fn wait(&self, stream: SpyreStream) -> Result<()> {
         Ok(stream.handle()?.wait_event(&*self.event)?)
     }
@@ -187,7 +190,9 @@ impl SpyreEvent {
     ///
     /// # Errors
     /// The recording stream's error if the record failed; `UNSUPPORTED` from
-    /// a completion or host callback ([`Error::Flex`]).
+    /// a completion or host callback ([`Error::Flex`]; the software device in
+    /// process refuses only when the event has not completed, a flex
+    /// library always).
     pub fn synchronize(&self) -> Result<()> {
         Ok(self.event.synchronize()?)
     }

@@ -3,7 +3,7 @@
 //! Each measurement runs one untimed warm-up batch, then whole batches until
 //! its time budget (`--budget-ms`, default 250 ms) is spent, and reports the
 //! mean. With the default three transfer sizes that is nine measurements,
-//! about 2.5 s. Then the `pipeline` measurement ([`pipeline`]) compares the
+//! about 2.3 s. Then the `pipeline` measurement ([`pipeline`]) compares the
 //! same work pipelined across streams with events against it serialized on
 //! one stream, in child processes (a few seconds more). These are spot
 //! checks; the criterion benchmarks in the crates' `benches/` directories

@@ -142,7 +142,9 @@ fn median<T: Copy + PartialOrd>(values: &mut [T]) -> T {
 /// Runs [`ROUNDS`] serialized and pipelined children, alternately.
 ///
 /// # Errors
-/// [`CliError::Failed`] when a child cannot run or fails.
+/// [`CliError::Usage`] when a child refuses its invocation (exit code 2: a
+/// bad environment, which this run shares); [`CliError::Failed`] when a
+/// child cannot run or fails otherwise.
 pub(super) fn measure(backend: BackendKind) -> Result<PipelineTimes, CliError> {
     let env = match backend {
         BackendKind::Mock => timing_model(|name| std::env::var(name).ok()),

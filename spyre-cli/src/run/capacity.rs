@@ -63,8 +63,14 @@ pub(super) fn check_capacity(
     };
     let in_flight = (args.threads as u64).saturating_mul(per_thread);
     if in_flight > iterations_held {
+        let advice = match args.mode {
+            ModeArg::Pipelined => {
+                "lower --threads or --size (a pipelined thread holds two iterations' memory, however many are in flight)"
+            }
+            ModeArg::PerIteration | ModeArg::Serialized => "lower --in-flight, --threads or --size",
+        };
         return Err(CliError::Usage(format!(
-            "--size {} with --threads {} and --in-flight {} (--mode {}) keeps {in_flight} iterations' memory on the device, each in {BLOCKS_PER_ITERATION} blocks of {block} bytes that must each lie in one memory region, but the device has {memory} bytes ({}) in regions of {region} bytes, which hold at most {iterations_held} of them at once; lower --in-flight, --threads or --size",
+            "--size {} with --threads {} and --in-flight {} (--mode {}) keeps {in_flight} iterations' memory on the device, each in {BLOCKS_PER_ITERATION} blocks of {block} bytes that must each lie in one memory region, but the device has {memory} bytes ({}) in regions of {region} bytes, which hold at most {iterations_held} of them at once; {advice}",
             args.size,
             args.threads,
             args.in_flight,

@@ -104,8 +104,11 @@ pub(crate) struct Overlap {
 }
 
 impl Overlap {
-    /// Stage time over span: 1 when nothing overlapped, up to 3 when the
-    /// three stages ran side by side all the time.
+    /// Stage time over span: up to 3 per thread when the three stages ran
+    /// side by side all the time (threads run at once, so with `T` threads
+    /// up to `3T`); 1 when the stages of one thread ran one after another
+    /// with no gap; below 1 when the device sat idle between them; 0 for an
+    /// empty span.
     pub(crate) fn factor(&self) -> f64 {
         let busy: Duration = self.stage_time.iter().sum();
         if self.span.is_zero() {

@@ -9,16 +9,19 @@
 //! 4. compute,
 //! 5. D2H of the result, whose completion signals the thread,
 //!
-//! on pool streams as `--mode` says (priority 0 and -1 alternate, so both
-//! pools and all their streams are used): `pipelined` (the default: 1–2 on
-//! a copy-in stream, 3–4 on a compute stream, 5 on a copy-out stream,
-//! ordered by events, memory double-buffered; see `lane.rs`),
-//! `per-iteration` (all five on a new pool stream each iteration, memory per
-//! iteration) or `serialized` (all on the thread's one stream).
+//! on pool streams as `--mode` says: `pipelined` (the default: 1–2 on a
+//! copy-in stream, 3–4 on a compute stream, 5 on a copy-out stream, three
+//! new pool streams each iteration, ordered by events, memory
+//! double-buffered per thread; see `lane.rs`), `per-iteration` (all five on
+//! a new pool stream each iteration, memory per iteration) or `serialized`
+//! (all on the thread's one pool stream, memory per iteration). In the
+//! first two, priority 0 and -1 alternate by iteration, so both pools and
+//! all their streams are used; in `serialized` the thread's parity chooses.
 //!
 //! While the device works the thread computes the expected result on the
 //! host ([`crate::verify`]). When the thread waits for the iteration, it
-//! frees the device memory and compares the result bit for bit. The first
+//! frees the iteration's device memory (pipelined: the slots are freed when
+//! the thread ends) and compares the result bit for bit. The first
 //! failure stops every thread and is reported with its thread, iteration and
 //! stream.
 

@@ -101,8 +101,9 @@ pub(crate) struct OverlapReport {
     /// Device time from a thread's first stage start to its last stage end
     /// (the longest over the threads), in seconds.
     pub(crate) span_seconds: f64,
-    /// Stage time over span: 1 when the stages ran one after another, up to
-    /// 3 (per thread) when all three ran side by side.
+    /// Stage time over span: 1 when the stages of one thread ran one after
+    /// another with no gap, up to 3 per thread when all three ran side by
+    /// side (the threads' stage times add up, and they run at once).
     pub(crate) factor: f64,
 }
 

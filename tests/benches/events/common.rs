@@ -12,7 +12,7 @@
 //! Enqueueing members run in batches of [`BATCH`], each followed by an
 //! untimed drain of the stream.
 //!
-//! Targets (issue "Events"): record and query ≤ 2× an empty launch; an
+//! Targets: record and query ≤ 2× an empty launch; an
 //! await round trip within 1.5× of a blocking synchronize round trip.
 
 use std::time::{Duration, Instant};
