@@ -5,6 +5,7 @@ use std::any::Any;
 use std::fmt;
 
 use crate::error::Result;
+use crate::launch::Completion;
 
 /// What a runtime can do beyond flex ABI 1.0
 /// (`flex_runtime_get_capability`).
@@ -59,6 +60,21 @@ pub trait Event: Send + Sync + fmt::Debug {
     /// # Errors
     /// The recording stream's error if the record failed.
     fn query(&self) -> Result<bool>;
+
+    /// Asks for `completion` to be called once when the latest record (as
+    /// of this call) completes (`Ok`) or fails (the recording stream's
+    /// error), on a runtime thread, as for a launch (`flex_event_notify`).
+    /// Adds nothing to any stream and never blocks: the way to await a
+    /// record made without a completion.
+    ///
+    /// Returns `Ok(true)` when there is nothing to wait for — the record has
+    /// already completed or failed, or the event was never recorded
+    /// ([`Event::query`] then tells which) — and drops `completion` uncalled;
+    /// `Ok(false)` when `completion` will be called.
+    ///
+    /// # Errors
+    /// The runtime's error; `completion` is dropped uncalled then.
+    fn notify(&self, completion: Completion) -> Result<bool>;
 
     /// Blocks until the latest record (as of this call) has completed
     /// (`flex_event_synchronize`); returns at once for an event never

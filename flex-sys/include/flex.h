@@ -511,6 +511,20 @@ flex_status_t flex_event_record(flex_event_t *event, flex_stream_t *stream,
 flex_status_t flex_stream_wait_event(flex_stream_t *stream,
                                      flex_event_t *event);
 
+/** Asks for `completion` to be called once when the event's latest record
+ *  (as of this call) completes (FLEX_SUCCESS) or fails (the recording
+ *  stream's error), without adding anything to any stream: how a caller
+ *  that did not ask for a completion when recording can still be told.
+ *  If that record has already completed or failed, or the event was never
+ *  recorded, writes 1 to *complete_out and never calls `completion`
+ *  (user_data stays with the caller); else writes 0, and `completion`
+ *  follows flex_completion_fn. Returns FLEX_SUCCESS;
+ *  FLEX_ERROR_INVALID_HANDLE; FLEX_ERROR_INVALID_ARGUMENT (complete_out
+ *  NULL; nothing is registered then). */
+flex_status_t flex_event_notify(flex_event_t *event,
+                                flex_completion_t completion,
+                                int32_t *complete_out);
+
 /** Does not block. Returns FLEX_SUCCESS when the event's latest record has
  *  completed (or it was never recorded); FLEX_NOT_READY when it has not;
  *  the recording stream's error if the record failed;

@@ -357,6 +357,14 @@ pub struct FlexApi {
         unsafe extern "C" fn(stream: *mut flex_stream_t, event: *mut flex_event_t) -> flex_status_t,
         ::libloading::Error,
     >,
+    pub flex_event_notify: Result<
+        unsafe extern "C" fn(
+            event: *mut flex_event_t,
+            completion: flex_completion_t,
+            complete_out: *mut i32,
+        ) -> flex_status_t,
+        ::libloading::Error,
+    >,
     pub flex_event_query: Result<
         unsafe extern "C" fn(event: *mut flex_event_t) -> flex_status_t,
         ::libloading::Error,
@@ -433,6 +441,7 @@ impl FlexApi {
         let flex_event_record = unsafe { __library.get(b"flex_event_record\0") }.map(|sym| *sym);
         let flex_stream_wait_event =
             unsafe { __library.get(b"flex_stream_wait_event\0") }.map(|sym| *sym);
+        let flex_event_notify = unsafe { __library.get(b"flex_event_notify\0") }.map(|sym| *sym);
         let flex_event_query = unsafe { __library.get(b"flex_event_query\0") }.map(|sym| *sym);
         let flex_event_synchronize =
             unsafe { __library.get(b"flex_event_synchronize\0") }.map(|sym| *sym);
@@ -468,6 +477,7 @@ impl FlexApi {
             flex_event_destroy,
             flex_event_record,
             flex_stream_wait_event,
+            flex_event_notify,
             flex_event_query,
             flex_event_synchronize,
             flex_event_elapsed_time,
@@ -901,6 +911,23 @@ impl FlexApi {
                 .flex_stream_wait_event
                 .as_ref()
                 .expect("Expected function, got error."))(stream, event)
+        }
+    }
+    #[must_use]
+    #[doc = " Asks for `completion` to be called once when the event's latest record\n  (as of this call) completes (FLEX_SUCCESS) or fails (the recording\n  stream's error), without adding anything to any stream: how a caller\n  that did not ask for a completion when recording can still be told.\n  If that record has already completed or failed, or the event was never\n  recorded, writes 1 to *complete_out and never calls `completion`\n  (user_data stays with the caller); else writes 0, and `completion`\n  follows flex_completion_fn. Returns FLEX_SUCCESS;\n  FLEX_ERROR_INVALID_HANDLE; FLEX_ERROR_INVALID_ARGUMENT (complete_out\n  NULL; nothing is registered then)."]
+    pub unsafe fn flex_event_notify(
+        &self,
+        event: *mut flex_event_t,
+        completion: flex_completion_t,
+        complete_out: *mut i32,
+    ) -> flex_status_t {
+        unsafe {
+            (self
+                .flex_event_notify
+                .as_ref()
+                .expect("Expected function, got error."))(
+                event, completion, complete_out
+            )
         }
     }
     #[must_use]

@@ -164,6 +164,37 @@ pub unsafe extern "C" fn flex_stream_wait_event(
     })
 }
 
+/// `flex_event_notify`: registers `completion` for the latest record, or
+/// writes 1 (and never calls it) when there is nothing to wait for.
+///
+/// # Safety
+/// `complete_out` is NULL or valid for writing an `int32_t`; `completion`
+/// follows `flex_completion_fn`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn flex_event_notify(
+    event: *mut flex_event_t,
+    completion: flex_completion_t,
+    complete_out: *mut i32,
+) -> flex_status_t {
+    const CALL: &str = "flex_event_notify";
+    boundary(CALL, || {
+        let event = handles::event(event)?;
+        event.state.check_switch(CALL)?;
+        let out = out_param(complete_out, "complete_out")?;
+        // No stream: late completions (if on) are queued under id u64::MAX.
+        let completion = completion_for(&event.state, u64::MAX, completion);
+        let complete = match completion {
+            // Nothing to call: say only whether there is anything to wait for.
+            None => !matches!(event.event.query(), Ok(false)),
+            Some(completion) => event.event.notify(completion)?,
+        };
+        // SAFETY: flex.h: `complete_out` points to a writable `int32_t` when
+        // not NULL; checked non-null and aligned.
+        unsafe { out.write(i32::from(complete)) };
+        Ok(FLEX_SUCCESS)
+    })
+}
+
 /// `flex_event_query`: never blocks.
 ///
 /// # Safety

@@ -7,7 +7,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Instant;
 
-use flex_rt::{Event, FlexError, Result, Status};
+use flex_rt::{Completion, Event, FlexError, Result, Status};
 use parking_lot::Mutex;
 
 use crate::engine::Device;
@@ -22,6 +22,9 @@ pub(crate) struct Record {
     /// Its id, for messages.
     pub(crate) stream_id: u64,
     outcome: OutcomeCell,
+    /// Completions asked for with `Event::notify` while the record was
+    /// pending; taken, under this lock, by the one that settles it.
+    notifications: Mutex<Vec<Completion>>,
 }
 
 /// The write-once outcome of a record: a `OnceLock`, read without a lock;
@@ -72,12 +75,49 @@ impl Record {
             stream,
             stream_id,
             outcome: OutcomeCell::new(),
+            notifications: Mutex::new(Vec::new()),
         }
     }
 
-    /// Sets the outcome once; later calls change nothing.
+    /// Sets the outcome once (later calls change nothing) and calls the
+    /// completions asked for meanwhile, on the calling thread (an engine,
+    /// with no lock held), catching their panics.
     pub(crate) fn settle(&self, outcome: Result<Instant>) {
-        self.outcome.set(outcome);
+        let notifications = {
+            let mut notifications = self.notifications.lock();
+            self.outcome.set(outcome);
+            std::mem::take(&mut *notifications)
+        };
+        if notifications.is_empty() {
+            return;
+        }
+        let result = match self.outcome() {
+            Some(Err(error)) => Err(error),
+            _ => Ok(()),
+        };
+        for completion in notifications {
+            let result = result.clone();
+            let call = std::panic::AssertUnwindSafe(move || completion(result));
+            if let Err(payload) = std::panic::catch_unwind(call) {
+                tracing::error!(
+                    stream = self.stream_id,
+                    "an event notification panicked: {}",
+                    crate::panic_message(payload.as_ref())
+                );
+            }
+        }
+    }
+
+    /// Registers `completion` for when the record settles; hands it back
+    /// when the record has settled already. Race-free against
+    /// [`Record::settle`]: both hold the notification lock.
+    fn notify(&self, completion: Completion) -> std::result::Result<(), Completion> {
+        let mut notifications = self.notifications.lock();
+        if self.outcome.get().is_some() {
+            return Err(completion);
+        }
+        notifications.push(completion);
+        Ok(())
     }
 
     /// The outcome, or `None` while the device has not reached the record
@@ -184,6 +224,17 @@ impl Event for MockEvent {
             Some(None) => Ok(false),
             Some(Some(Ok(_))) => Ok(true),
             Some(Some(Err(error))) => Err(error),
+        }
+    }
+
+    fn notify(&self, completion: Completion) -> Result<bool> {
+        let Some(record) = self.latest() else {
+            return Ok(true);
+        };
+        match record.notify(completion) {
+            Ok(()) => Ok(false),
+            // Dropped here, with no lock held: its drop is user code.
+            Err(_already_settled) => Ok(true),
         }
     }
 

@@ -77,7 +77,9 @@
 //! record has completed, and looks again each time an operation of the
 //! recording stream finishes; no thread, engine or host, is parked on it.
 //! A gate whose record failed fails the waiting stream from that point on,
-//! with an error naming the recording stream. With
+//! with an error naming the recording stream. `Event::notify` registers a
+//! completion on the pending record itself (nothing is enqueued); the
+//! engine that settles the record calls it. With
 //! [`MockSystemBuilder::device_side_wait`]`(false)` (or
 //! `SPYRE_MOCK_DEVICE_SIDE_WAIT=0`) the device behaves like today's Spyre
 //! card instead: [`Runtime::capabilities`](flex_rt::Runtime::capabilities)

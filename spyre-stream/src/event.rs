@@ -5,11 +5,11 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use flex_rt::{Capabilities, FlexError, Status};
-use parking_lot::Mutex;
 
 use crate::device::Device;
 use crate::error::{Error, EventRole, Result};
@@ -79,13 +79,9 @@ pub struct SpyreEvent {
     event: Box<dyn flex_rt::Event>,
     device: u8,
     timing: bool,
-    /// Held across each record: serializes concurrent records, so the
-    /// device's latest record and `latest` agree.
-    record_lock: Mutex<()>,
-    /// The completion signal of the latest record; `None` before the first.
-    /// Only ever held briefly (never across a runtime call), so awaiting
-    /// and timing never wait for a record in progress.
-    latest: Mutex<Option<Arc<Signal>>>,
+    /// Whether a record has been made (for [`SpyreEvent::elapsed_time`]'s
+    /// errors); the runtime keeps the rest.
+    recorded: AtomicBool,
 }
 
 impl SpyreEvent {
@@ -121,8 +117,7 @@ impl SpyreEvent {
             event,
             device: pool.device(),
             timing,
-            record_lock: Mutex::new(()),
-            latest: Mutex::new(None),
+            recorded: AtomicBool::new(false),
         })
     }
 
@@ -139,22 +134,17 @@ impl SpyreEvent {
     /// Records the event on `stream` (`Event.record(stream)`;
     /// `cudaEventRecord`): it now marks the end of the work enqueued there
     /// so far. Does not wait for the device; concurrent records of one event
-    /// wait for each other (they are serialized).
+    /// are serialized by the runtime. A record costs what a launch does: no
+    /// completion is attached (an await asks the runtime for one when it is
+    /// made, [`SpyreEvent::synchronize_async`]).
     ///
     /// # Errors
     /// As [`SpyreStream::query`] for the stream ([`Error::WrongDevice`] for a
     /// stream of another device); the stream's error if it has failed. On
     /// error the event is unchanged.
     pub fn record(&self, stream: SpyreStream) -> Result<()> {
-        let handle = stream.handle()?;
-        let _serialized = self.record_lock.lock();
-        let signal = Signal::new();
-        let completes = Arc::clone(&signal);
-        handle.record_event(
-            &*self.event,
-            Some(Box::new(move |outcome| completes.complete(outcome))),
-        )?;
-        *self.latest.lock() = Some(signal);
+        stream.handle()?.record_event(&*self.event, None)?;
+        self.recorded.store(true, Ordering::Release);
         Ok(())
     }
 
@@ -199,15 +189,39 @@ impl SpyreEvent {
 
     /// A future that resolves when the latest record (as of this call) has
     /// completed, with `Ok(())` or the recording stream's error; at once for
-    /// an event never recorded. Its waker is driven by the device's
-    /// completion callback: no thread blocks and nothing polls. Works on any
-    /// executor; dropping it early is fine.
+    /// an event never recorded. Its waker is driven by a completion the
+    /// runtime calls when the record completes (asked for now, with
+    /// `flex_event_notify`; nothing is added to any stream): no thread
+    /// blocks and nothing polls. Works on any executor; dropping it early is
+    /// fine. A runtime error while asking resolves the future with it.
     pub fn synchronize_async(&self) -> SynchronizeFuture {
         SynchronizeFuture {
-            signal: self.latest.lock().clone(),
+            signal: Some(self.completion_signal()),
             slot: None,
             _event: None,
         }
+    }
+
+    /// A signal set when the latest record (as of this call) completes or
+    /// fails: the runtime's notification (`flex_event_notify`), or set at
+    /// once when there is nothing to wait for.
+    fn completion_signal(&self) -> Arc<Signal> {
+        let signal = Signal::new();
+        let completes = Arc::clone(&signal);
+        match self
+            .event
+            .notify(Box::new(move |outcome| completes.complete(outcome)))
+        {
+            Ok(false) => {}
+            // Complete, failed, or never recorded: the query says which (a
+            // record made since then is not this future's business).
+            Ok(true) => signal.complete(match self.event.query() {
+                Err(error) => Err(error),
+                Ok(_) => Ok(()),
+            }),
+            Err(error) => signal.complete(Err(error)),
+        }
+        signal
     }
 
     /// The device time from this event's completion to `end`'s
@@ -230,7 +244,7 @@ impl SpyreEvent {
             }
         }
         for (which, event) in both {
-            if event.latest.lock().is_none() {
+            if !event.recorded.load(Ordering::Acquire) {
                 return Err(Error::EventNotRecorded { which });
             }
         }
@@ -254,7 +268,7 @@ impl fmt::Debug for SpyreEvent {
         f.debug_struct("SpyreEvent")
             .field("device", &self.device)
             .field("timing", &self.timing)
-            .field("recorded", &self.latest.lock().is_some())
+            .field("recorded", &self.recorded.load(Ordering::Relaxed))
             .finish()
     }
 }
@@ -343,11 +357,11 @@ impl SpyreStream {
     pub fn synchronize_async(self) -> Result<SynchronizeFuture> {
         let marker = SpyreEvent::new()?;
         marker.record(self)?;
-        let SpyreEvent { event, latest, .. } = marker;
+        let signal = marker.completion_signal();
         Ok(SynchronizeFuture {
-            signal: latest.into_inner(),
+            signal: Some(signal),
             slot: None,
-            _event: Some(event),
+            _event: Some(marker.event),
         })
     }
 }

@@ -67,7 +67,8 @@ pub(super) struct OpMeta {
     /// The flex launch function, for example `flex_launch_h2d`.
     pub(super) call: &'static str,
     /// The id of the stream the operation was launched on.
-    pub(super) stream_id: u64,
+    /// `None` for `flex_event_notify`, which is on no stream.
+    pub(super) stream_id: Option<u64>,
     /// [`super::handle::RuntimeHandle::key`] of the stream's runtime.
     pub(super) runtime: usize,
 }
@@ -172,11 +173,15 @@ fn completion_result(
     let OpMeta {
         call, stream_id, ..
     } = meta;
-    let message = match host_panic {
-        Some(panic) => {
+    let message = match (host_panic, stream_id) {
+        (Some(panic), Some(stream_id)) => {
             format!("the host callback launched by {call} on stream {stream_id} panicked: {panic}")
         }
-        None => format!("the operation launched by {call} on stream {stream_id} did not complete"),
+        (Some(panic), None) => format!("the callback of {call} panicked: {panic}"),
+        (None, Some(stream_id)) => {
+            format!("the operation launched by {call} on stream {stream_id} did not complete")
+        }
+        (None, None) => format!("the event's record awaited with {call} did not complete"),
     };
     Err(FlexError::new(Status(status), COMPLETION_CALL, message))
 }
@@ -314,7 +319,7 @@ pub(super) unsafe extern "C" fn completion_trampoline(
     if let Err(panic) = catch_unwind(AssertUnwindSafe(move || (*payload).complete(status))) {
         tracing::error!(
             call = meta.call,
-            stream = meta.stream_id,
+            stream = ?meta.stream_id,
             "a completion callback panicked: {}; the panic was stopped at the flex boundary",
             panic_message(&*panic)
         );
@@ -409,7 +414,7 @@ mod tests {
     fn meta(call: &'static str) -> OpMeta {
         OpMeta {
             call,
-            stream_id: 7,
+            stream_id: Some(7),
             runtime: RUNTIME,
         }
     }

@@ -10,10 +10,11 @@ use flex_sys::bindings as sys;
 use parking_lot::RwLock;
 
 use super::call::{self, check};
-use super::callback;
+use super::callback::{self, Lease, OpMeta, Payload, Submission};
 use super::handle::RuntimeHandle;
 use crate::error::{FlexError, Result};
 use crate::event::{Capabilities, Event};
+use crate::launch::Completion;
 use crate::status::Status;
 
 /// Whether a runtime is still alive, shared by the runtime and its events.
@@ -204,6 +205,42 @@ impl Event for HardwareEvent {
             let status = unsafe { self.lib.api().flex_event_query(event) };
             call::query_result(status, CALL, || self.lib.last_error_message())
         })
+    }
+
+    fn notify(&self, completion: Completion) -> Result<bool> {
+        const CALL: &str = "flex_event_notify";
+        let meta = OpMeta {
+            call: CALL,
+            stream_id: None,
+            runtime: self.runtime.key(),
+        };
+        let submission = Submission::new(Payload::new(meta, Some(completion), Lease::None, None));
+        let mut complete = 0i32;
+        let status = self.with_handle(CALL, |event| {
+            // SAFETY: the event is alive and its runtime too (read lock
+            // held); `complete` is a valid `int32_t` out pointer. The
+            // library takes the payload only on FLEX_SUCCESS with
+            // `*complete_out == 0` (flex.h); in every other case it never
+            // calls the completion and the payload is reclaimed below.
+            Ok(unsafe {
+                self.lib
+                    .api()
+                    .flex_event_notify(event, submission.completion(), &raw mut complete)
+            })
+        })?;
+        if status != sys::FLEX_SUCCESS {
+            // Read the thread's message before the payload's drop runs user code.
+            let error = call::failure(Status(status), CALL, self.lib.last_error_message());
+            drop(submission);
+            return Err(error);
+        }
+        if call::bool_from_raw(complete) {
+            // Nothing to wait for: the library will never call it.
+            drop(submission);
+            return Ok(true);
+        }
+        submission.hand_over();
+        Ok(false)
     }
 
     fn synchronize(&self) -> Result<()> {

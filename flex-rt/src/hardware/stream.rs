@@ -150,7 +150,7 @@ impl HardwareStream {
     ) -> (Submission, i32) {
         let meta = OpMeta {
             call,
-            stream_id: self.id,
+            stream_id: Some(self.id),
             runtime: self.runtime.key(),
         };
         let barrier = i32::from(options.pipeline_barrier);

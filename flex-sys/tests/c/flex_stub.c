@@ -375,6 +375,17 @@ flex_status_t flex_stream_wait_event(flex_stream_t *stream,
 }
 #endif
 
+#ifndef OMIT_flex_event_notify
+flex_status_t flex_event_notify(flex_event_t *event,
+                                flex_completion_t completion,
+                                int32_t *complete_out) {
+    (void)event;
+    (void)completion;
+    (void)complete_out;
+    return NOT_IMPLEMENTED();
+}
+#endif
+
 #ifndef OMIT_flex_event_query
 flex_status_t flex_event_query(flex_event_t *event) {
     (void)event;

@@ -200,3 +200,29 @@ fn a_failed_record_fails_its_waiter_and_events_die_with_their_runtime() {
     assert_eq!(rt.destroy(), FLEX_SUCCESS);
     assert_eq!(query(event), FLEX_ERROR_INVALID_HANDLE);
 }
+
+#[test]
+fn notify_calls_back_once_or_says_there_is_nothing_to_wait_for() {
+    let rt = Rt::new();
+    let stream = rt.create_stream(0);
+    let event = create(&rt, 0);
+    let recorder = Recorder::default();
+    let mut complete = -1;
+    // SAFETY: a live event, a valid out pointer; `recorder` outlives the
+    // runtime's completions (the test synchronizes before it goes).
+    let status = unsafe { flex_event_notify(event, completion(&recorder), &raw mut complete) };
+    assert_eq!((status, complete), (FLEX_SUCCESS, 1), "never recorded");
+    let held = AtomicBool::new(false);
+    hold(stream, &held);
+    assert_eq!(record(event, stream), FLEX_SUCCESS);
+    // SAFETY: as above.
+    let status = unsafe { flex_event_notify(event, completion(&recorder), &raw mut complete) };
+    assert_eq!((status, complete), (FLEX_SUCCESS, 0), "the record is held");
+    // SAFETY: a NULL out pointer is refused before anything is registered.
+    let status = unsafe { flex_event_notify(event, completion(&recorder), ptr::null_mut()) };
+    assert_eq!(status, FLEX_ERROR_INVALID_ARGUMENT);
+    held.store(true, Ordering::Release);
+    assert_eq!(sync(stream), FLEX_SUCCESS);
+    assert_eq!(*recorder.statuses.lock(), [FLEX_SUCCESS], "called once");
+    assert_eq!(rt.destroy(), FLEX_SUCCESS);
+}

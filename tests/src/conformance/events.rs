@@ -180,6 +180,64 @@ pub fn a_record_captures_exactly_the_work_before_it(backend: &dyn Backend, _: &P
     assert_eq!(completions.drops(), 1);
 }
 
+/// `notify` calls back once when the latest record completes or fails, and
+/// says "nothing to wait for" (dropping the callback uncalled) for an event
+/// never recorded or already complete.
+pub fn notify_calls_back_when_the_latest_record_settles(backend: &dyn Backend, _: &Profile) {
+    let runtime = runtime(backend);
+    let Some(_) = capabilities(&*runtime) else {
+        return;
+    };
+    let stream = new_stream(&*runtime, StreamPriority::Normal);
+    let marker = event(&*runtime, false);
+    let never = Completions::new();
+    let ready = marker
+        .notify(never.options().completion.expect("a completion"))
+        .expect("notify");
+    assert!(ready, "never recorded: nothing to wait for");
+    assert_eq!((never.calls(), never.drops()), (0, 1));
+
+    let gate = hold(stream);
+    stream.record_event(&*marker, None).expect("record");
+    let pending = Completions::new();
+    let ready = marker
+        .notify(pending.options().completion.expect("a completion"))
+        .expect("notify");
+    assert!(!ready, "the record is held");
+    assert_eq!(pending.calls(), 0);
+    gate.open();
+    stream.synchronize().expect("synchronize");
+    assert_eq!(pending.results(), vec![Ok(())]);
+    assert_eq!(pending.drops(), 1);
+    let late = Completions::new();
+    assert!(
+        marker
+            .notify(late.options().completion.expect("a completion"))
+            .expect("notify")
+    );
+    assert_eq!((late.calls(), late.drops()), (0, 1));
+
+    // A record whose stream fails first: the callback gets the error.
+    let failing = new_stream(&*runtime, StreamPriority::Normal);
+    let gate = hold(failing);
+    failing
+        .launch_host_callback(
+            Box::new(|| panic!("deliberate panic")),
+            LaunchOptions::new(),
+        )
+        .expect("launch");
+    failing.record_event(&*marker, None).expect("record");
+    let failed = Completions::new();
+    assert!(
+        !marker
+            .notify(failed.options().completion.expect("a completion"))
+            .expect("notify")
+    );
+    gate.open();
+    let _ = failing.synchronize();
+    assert_eq!(failed.results(), vec![Err(Status::STREAM_FAILED)]);
+}
+
 /// A wait orders every later launch on the waiting stream after the event;
 /// with device-side waits it does not block the caller, and every other
 /// stream keeps running meanwhile (the wait holds no engine).

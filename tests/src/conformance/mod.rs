@@ -150,6 +150,7 @@ macro_rules! with_conformance_cases {
             events: [
                 an_event_never_recorded_is_complete,
                 a_record_captures_exactly_the_work_before_it,
+                notify_calls_back_when_the_latest_record_settles,
                 a_wait_orders_later_work_after_the_event,
                 re_recording_moves_the_event_but_not_an_earlier_wait,
                 waiting_on_the_same_stream_is_a_no_op,
