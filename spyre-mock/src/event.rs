@@ -22,50 +22,79 @@ pub(crate) struct Record {
     /// Its id, for messages.
     pub(crate) stream_id: u64,
     outcome: OutcomeCell,
-    /// Completions asked for with `Event::notify` while the record was
-    /// pending; taken, under this lock, by the one that settles it.
+}
+
+/// The write-once outcome of a record, read without a lock (`OnceLock`),
+/// and the completions asked for (`Event::notify`) while it was pending,
+/// which the one that sets the outcome takes: setting and registering hold
+/// one lock, so a registration is either taken by the setter or refused
+/// because the outcome is there. Under loom (`--cfg spyre_loom`) one loom
+/// mutex holds both, so that the models explore every order.
+#[cfg(not(spyre_loom))]
+struct OutcomeCell {
+    outcome: std::sync::OnceLock<Result<Instant>>,
     notifications: Mutex<Vec<Completion>>,
 }
 
-/// The write-once outcome of a record: a `OnceLock`, read without a lock;
-/// under loom (`--cfg spyre_loom`) a loom mutex, so that the models explore
-/// every order of its accesses.
-#[cfg(not(spyre_loom))]
-struct OutcomeCell(std::sync::OnceLock<Result<Instant>>);
-
 #[cfg(not(spyre_loom))]
 impl OutcomeCell {
     fn new() -> Self {
-        Self(std::sync::OnceLock::new())
+        Self {
+            outcome: std::sync::OnceLock::new(),
+            notifications: Mutex::new(Vec::new()),
+        }
     }
 
-    fn set(&self, outcome: Result<Instant>) {
-        let _ = self.0.set(outcome);
+    /// Sets the outcome if unset; returns the registered completions.
+    fn set(&self, outcome: Result<Instant>) -> Vec<Completion> {
+        let mut notifications = self.notifications.lock();
+        let _ = self.outcome.set(outcome);
+        std::mem::take(&mut *notifications)
     }
 
     fn get(&self) -> Option<Result<Instant>> {
-        self.0.get().cloned()
+        self.outcome.get().cloned()
+    }
+
+    /// Registers `completion`, or hands it back when the outcome is set.
+    fn register(&self, completion: Completion) -> std::result::Result<(), Completion> {
+        let mut notifications = self.notifications.lock();
+        if self.outcome.get().is_some() {
+            return Err(completion);
+        }
+        notifications.push(completion);
+        Ok(())
     }
 }
 
 #[cfg(spyre_loom)]
-struct OutcomeCell(loom::sync::Mutex<Option<Result<Instant>>>);
+struct OutcomeCell(loom::sync::Mutex<(Option<Result<Instant>>, Vec<Completion>)>);
 
 #[cfg(spyre_loom)]
 impl OutcomeCell {
     fn new() -> Self {
-        Self(loom::sync::Mutex::new(None))
+        Self(loom::sync::Mutex::new((None, Vec::new())))
     }
 
-    fn set(&self, outcome: Result<Instant>) {
+    fn set(&self, outcome: Result<Instant>) -> Vec<Completion> {
         let mut cell = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if cell.is_none() {
-            *cell = Some(outcome);
+        if cell.0.is_none() {
+            cell.0 = Some(outcome);
         }
+        std::mem::take(&mut cell.1)
     }
 
     fn get(&self) -> Option<Result<Instant>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).0.clone()
+    }
+
+    fn register(&self, completion: Completion) -> std::result::Result<(), Completion> {
+        let mut cell = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if cell.0.is_some() {
+            return Err(completion);
+        }
+        cell.1.push(completion);
+        Ok(())
     }
 }
 
@@ -75,7 +104,6 @@ impl Record {
             stream,
             stream_id,
             outcome: OutcomeCell::new(),
-            notifications: Mutex::new(Vec::new()),
         }
     }
 
@@ -83,11 +111,7 @@ impl Record {
     /// completions asked for meanwhile, on the calling thread (an engine,
     /// with no lock held), catching their panics.
     pub(crate) fn settle(&self, outcome: Result<Instant>) {
-        let notifications = {
-            let mut notifications = self.notifications.lock();
-            self.outcome.set(outcome);
-            std::mem::take(&mut *notifications)
-        };
+        let notifications = self.outcome.set(outcome);
         if notifications.is_empty() {
             return;
         }
@@ -109,15 +133,10 @@ impl Record {
     }
 
     /// Registers `completion` for when the record settles; hands it back
-    /// when the record has settled already. Race-free against
-    /// [`Record::settle`]: both hold the notification lock.
-    fn notify(&self, completion: Completion) -> std::result::Result<(), Completion> {
-        let mut notifications = self.notifications.lock();
-        if self.outcome.get().is_some() {
-            return Err(completion);
-        }
-        notifications.push(completion);
-        Ok(())
+    /// when the record has settled already (race-free against
+    /// [`Record::settle`], see `OutcomeCell`).
+    pub(crate) fn notify(&self, completion: Completion) -> std::result::Result<(), Completion> {
+        self.outcome.register(completion)
     }
 
     /// The outcome, or `None` while the device has not reached the record

@@ -526,6 +526,32 @@ mod loom_models {
         }
     }
 
+    /// A notification asked for while the engine settles the record is
+    /// either called once by the engine or refused as already settled:
+    /// never lost, never called twice.
+    #[test]
+    fn a_notification_racing_the_settling_is_called_or_refused_once() {
+        loom::model(|| {
+            let record = Arc::new(Record::new(0, 7));
+            let calls = Arc::new(loom::sync::atomic::AtomicUsize::new(0));
+            let engine = {
+                let record = Arc::clone(&record);
+                loom::thread::spawn(move || record.settle(Ok(Instant::now())))
+            };
+            let counted = Arc::clone(&calls);
+            let registered = record.notify(Box::new(move |result| {
+                assert!(result.is_ok());
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }));
+            engine.join().unwrap();
+            let called = calls.load(std::sync::atomic::Ordering::SeqCst);
+            match registered {
+                Ok(()) => assert_eq!(called, 1, "registered, so called once"),
+                Err(_) => assert_eq!(called, 0, "refused, so never called"),
+            }
+        });
+    }
+
     #[test]
     fn a_record_completing_while_a_wait_is_added_releases_the_waiter() {
         loom::model(|| race(false));
