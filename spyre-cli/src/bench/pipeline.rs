@@ -115,14 +115,17 @@ fn run_child(mode: &str, env: &[(&'static str, String)]) -> Result<(Duration, f6
     })?;
     if !output.status.success() {
         let message = report["error"].as_str().unwrap_or("no message");
+        let skip = "`spyre bench --pipeline false` skips that measurement";
         // The child's exit code says whose fault it is: 2 is the invocation
-        // (a bad environment), which this run shares.
+        // (a bad environment, or a device too small for its size).
         return Err(
             if output.status.code() == Some(i32::from(crate::error::EXIT_USAGE)) {
-                CliError::Usage(message.to_owned())
+                CliError::Usage(format!(
+                    "the pipeline measurement's child run (`spyre run --threads 1 --iterations {ITERATIONS} --size {SIZE} --mode {mode}`) was refused: {message}; {skip}"
+                ))
             } else {
                 CliError::Failed(format!(
-                    "`spyre run --mode {mode}` failed ({}): {message}",
+                    "the pipeline measurement's child run (`spyre run --mode {mode}`) failed ({}): {message}; {skip}",
                     output.status
                 ))
             },

@@ -65,7 +65,7 @@ pub(super) fn check_capacity(
     if in_flight > iterations_held {
         let advice = match args.mode {
             ModeArg::Pipelined => {
-                "lower --threads or --size (a pipelined thread holds two iterations' memory, however many are in flight)"
+                "a pipelined thread holds two iterations' memory however many are in flight: lower --threads or --size, or use --mode per-iteration --in-flight 1 (one iteration's memory per thread)"
             }
             ModeArg::PerIteration | ModeArg::Serialized => "lower --in-flight, --threads or --size",
         };

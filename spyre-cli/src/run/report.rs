@@ -92,7 +92,11 @@ pub(crate) struct RunReport {
 }
 
 /// How much the stages of a pipelined run overlapped, from timed events
-/// at the start and end of every stage.
+/// at the start and end of every stage. A stage counts from its start event
+/// (when its stream reached it, its waits passed) to its end event, so time
+/// its operations spent queued for a free engine counts as stage time: the
+/// factor says how many stages were in flight on average, not how much
+/// faster the run was (`spyre bench`'s pipeline measurement says that).
 #[derive(Clone, Debug, Serialize)]
 pub(crate) struct OverlapReport {
     /// Device time of copy-in, compute and copy-out, summed over the
@@ -101,9 +105,10 @@ pub(crate) struct OverlapReport {
     /// Device time from a thread's first stage start to its last stage end
     /// (the longest over the threads), in seconds.
     pub(crate) span_seconds: f64,
-    /// Stage time over span: 1 when the stages of one thread ran one after
-    /// another with no gap, up to 3 per thread when all three ran side by
-    /// side (the threads' stage times add up, and they run at once).
+    /// Stage time over span: the stages in flight on average. 1 when the
+    /// stages of one thread ran one after another with no gap, up to 3 per
+    /// thread when all three were in flight all the time (the threads'
+    /// stage times add up, and they run at once).
     pub(crate) factor: f64,
 }
 
@@ -193,9 +198,15 @@ impl RunReport {
         );
         let _ = writeln!(
             out,
-            "  {} threads × {} iterations, {} in flight per thread, --size {}, seed {}, --mode {}",
+            "  {} thread{} × {} iteration{}, {} in flight per thread, --size {}, seed {}, --mode {}",
             self.threads,
+            if self.threads == 1 { "" } else { "s" },
             self.iterations_per_thread,
+            if self.iterations_per_thread == 1 {
+                ""
+            } else {
+                "s"
+            },
             self.in_flight,
             format_size(self.size_bytes),
             self.seed,
@@ -229,7 +240,7 @@ impl RunReport {
                 .collect();
             let _ = writeln!(
                 out,
-                "overlap      {:.2}× ({} of stage time in {:.3} s on the device; from timed events)",
+                "overlap      {:.2} stages in flight on average ({} of stage time in {:.3} s on the device; from timed events)",
                 overlap.factor,
                 stages.join(", "),
                 overlap.span_seconds
@@ -333,7 +344,7 @@ mod tests {
         assert!(text.contains(" 1:10"), "{text}");
         // 0.3 + 0.2 + 0.1 s of stage time in 0.4 s: 1.5×.
         assert!(
-            text.contains("overlap      1.50× (copy-in 0.300 s, compute 0.200 s, copy-out 0.100 s of stage time in 0.400 s on the device"),
+            text.contains("overlap      1.50 stages in flight on average (copy-in 0.300 s, compute 0.200 s, copy-out 0.100 s of stage time in 0.400 s on the device"),
             "{text}"
         );
         let json: serde_json::Value =
