@@ -46,4 +46,4 @@ pub use hardware::{
 pub use launch::{Completion, HostCallback, LaunchOptions};
 pub use status::Status;
 pub use traits::{Backend, Runtime, Stream, check_copy_size, check_fill_size};
-pub use types::{DataFormat, MemoryLayout, StreamMode, StreamPriority, SyncPolicy};
+pub use types::{DataFormat, MemoryInfo, MemoryLayout, StreamMode, StreamPriority, SyncPolicy};

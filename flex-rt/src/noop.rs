@@ -38,7 +38,7 @@ use crate::event::{Capabilities, Event};
 use crate::launch::{Completion, HostCallback, LaunchOptions};
 use crate::status::Status;
 use crate::traits::{Backend, Runtime, Stream};
-use crate::types::{DataFormat, StreamMode, StreamPriority};
+use crate::types::{DataFormat, MemoryInfo, StreamMode, StreamPriority};
 
 /// How many of each call a [`NoopRuntime`] has seen (a snapshot).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -303,6 +303,14 @@ impl Runtime for NoopRuntime {
     fn free(&self, _address: &CompositeAddress) -> Result<()> {
         Counters::bump(&self.shared.counters.frees);
         Ok(())
+    }
+
+    /// Memory without end: every allocation succeeds and nothing is taken.
+    fn memory_info(&self) -> Result<MemoryInfo> {
+        Ok(MemoryInfo {
+            free_bytes: u64::MAX,
+            total_bytes: u64::MAX,
+        })
     }
 
     /// Device-side waits and timing: every event completes when recorded.

@@ -7,7 +7,7 @@ use crate::buffer::HostBuffer;
 use crate::error::{FlexError, Result};
 use crate::event::{Capabilities, Event};
 use crate::launch::{Completion, HostCallback, LaunchOptions};
-use crate::types::{DataFormat, MemoryLayout, StreamMode, StreamPriority};
+use crate::types::{DataFormat, MemoryInfo, MemoryLayout, StreamMode, StreamPriority};
 
 /// A loaded device runtime library, or the software device: it counts the
 /// visible devices and creates runtimes.
@@ -97,6 +97,15 @@ pub trait Runtime: Send + Sync + fmt::Debug {
         None
     }
 
+    /// Free and total device memory of this runtime
+    /// (`flex_runtime_get_memory_info`, flex ABI 1.1).
+    ///
+    /// # Errors
+    /// [`crate::Status::UNSUPPORTED`] for a flex 1.0 library ("unsupported
+    /// by this flex library (ABI 1.0)", naming the function); the runtime's
+    /// error.
+    fn memory_info(&self) -> Result<MemoryInfo>;
+
     /// What the runtime can do beyond flex ABI 1.0
     /// (`flex_runtime_get_capability`).
     ///
@@ -150,6 +159,10 @@ impl<R: Runtime + ?Sized> Runtime for &R {
 
     fn memory_layout(&self) -> Option<MemoryLayout> {
         (**self).memory_layout()
+    }
+
+    fn memory_info(&self) -> Result<MemoryInfo> {
+        (**self).memory_info()
     }
 
     fn capabilities(&self) -> Result<Capabilities> {

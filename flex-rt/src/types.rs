@@ -159,6 +159,19 @@ pub struct MemoryLayout {
     pub region_bytes: u64,
 }
 
+/// How much of a runtime's device memory is free
+/// (`flex_runtime_get_memory_info`; `cudaMemGetInfo`), in bytes.
+///
+/// Reported by [`Runtime::memory_info`](crate::Runtime::memory_info).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MemoryInfo {
+    /// Bytes not taken by live allocations. Fragmentation may make the
+    /// largest single allocation smaller.
+    pub free_bytes: u64,
+    /// All of the runtime's device memory.
+    pub total_bytes: u64,
+}
+
 impl MemoryLayout {
     /// How many blocks of `block` bytes the memory holds at once, each in
     /// one region: the blocks that fit whole in each region, added up. Exact

@@ -39,8 +39,8 @@
  *    owned by the caller until flex_event_destroy or until its runtime is
  *    destroyed.
  *
- * Versions: 1.0 is the first ABI. 1.1 adds events and capabilities (the
- * section "Events" below). A loader built for 1.1 accepts a 1.0 library; the
+ * Versions: 1.0 is the first ABI. 1.1 adds capabilities, the device's
+ * memory info and events (the sections marked ABI 1.1 below). A loader built for 1.1 accepts a 1.0 library; the
  * 1.1 functions are then absent, and a caller must report them unsupported.
  */
 #ifndef FLEX_H
@@ -443,6 +443,15 @@ typedef int32_t flex_capability_t;
 flex_status_t flex_runtime_get_capability(flex_runtime_t *runtime,
                                           flex_capability_t capability,
                                           int32_t *value_out);
+
+/** Writes the runtime's device memory, in bytes: to *free_out what is not
+ *  taken by live allocations (fragmentation may make the largest single
+ *  allocation smaller), to *total_out all of it. Returns FLEX_SUCCESS;
+ *  FLEX_ERROR_INVALID_HANDLE; FLEX_ERROR_INVALID_ARGUMENT (a NULL pointer;
+ *  nothing is written). */
+flex_status_t flex_runtime_get_memory_info(flex_runtime_t *runtime,
+                                           uint64_t *free_out,
+                                           uint64_t *total_out);
 
 /* ------------------------------------------------------------------------ */
 /* Events (ABI 1.1)                                                         */

@@ -330,6 +330,14 @@ pub struct FlexApi {
         ) -> flex_status_t,
         ::libloading::Error,
     >,
+    pub flex_runtime_get_memory_info: Result<
+        unsafe extern "C" fn(
+            runtime: *mut flex_runtime_t,
+            free_out: *mut u64,
+            total_out: *mut u64,
+        ) -> flex_status_t,
+        ::libloading::Error,
+    >,
     pub flex_event_create: Result<
         unsafe extern "C" fn(
             runtime: *mut flex_runtime_t,
@@ -436,6 +444,8 @@ impl FlexApi {
         let flex_launch_fill = unsafe { __library.get(b"flex_launch_fill\0") }.map(|sym| *sym);
         let flex_runtime_get_capability =
             unsafe { __library.get(b"flex_runtime_get_capability\0") }.map(|sym| *sym);
+        let flex_runtime_get_memory_info =
+            unsafe { __library.get(b"flex_runtime_get_memory_info\0") }.map(|sym| *sym);
         let flex_event_create = unsafe { __library.get(b"flex_event_create\0") }.map(|sym| *sym);
         let flex_event_destroy = unsafe { __library.get(b"flex_event_destroy\0") }.map(|sym| *sym);
         let flex_event_record = unsafe { __library.get(b"flex_event_record\0") }.map(|sym| *sym);
@@ -473,6 +483,7 @@ impl FlexApi {
             flex_launch_host_callback,
             flex_launch_fill,
             flex_runtime_get_capability,
+            flex_runtime_get_memory_info,
             flex_event_create,
             flex_event_destroy,
             flex_event_record,
@@ -853,6 +864,21 @@ impl FlexApi {
                 .flex_runtime_get_capability
                 .as_ref()
                 .expect("Expected function, got error."))(runtime, capability, value_out)
+        }
+    }
+    #[must_use]
+    #[doc = " Writes the runtime's device memory, in bytes: to *free_out what is not\n  taken by live allocations (fragmentation may make the largest single\n  allocation smaller), to *total_out all of it. Returns FLEX_SUCCESS;\n  FLEX_ERROR_INVALID_HANDLE; FLEX_ERROR_INVALID_ARGUMENT (a NULL pointer;\n  nothing is written)."]
+    pub unsafe fn flex_runtime_get_memory_info(
+        &self,
+        runtime: *mut flex_runtime_t,
+        free_out: *mut u64,
+        total_out: *mut u64,
+    ) -> flex_status_t {
+        unsafe {
+            (self
+                .flex_runtime_get_memory_info
+                .as_ref()
+                .expect("Expected function, got error."))(runtime, free_out, total_out)
         }
     }
     #[must_use]

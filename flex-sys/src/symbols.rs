@@ -18,7 +18,8 @@ macro_rules! flex_functions {
         /// [`LoadError::MissingSymbol`](crate::LoadError::MissingSymbol).
         pub const REQUIRED_SYMBOLS: &[&str] = &[$(stringify!($base)),+];
 
-        /// The functions flex ABI 1.1 adds (events and capabilities), in
+        /// The functions flex ABI 1.1 adds (capabilities, memory info and
+        /// events), in
         /// header order. A library reporting minor version 1 or later must
         /// export all of them (the loader refuses it otherwise, as for
         /// [`REQUIRED_SYMBOLS`]); a 1.0 library loads without them, and
@@ -80,6 +81,7 @@ flex_functions! {
     ],
     abi_1_1: [
         flex_runtime_get_capability,
+        flex_runtime_get_memory_info,
         flex_event_create,
         flex_event_destroy,
         flex_event_record,
@@ -133,11 +135,11 @@ mod tests {
     #[test]
     fn list_covers_every_field_of_flex_api() {
         let fields = flex_api_fields();
-        // 23 functions in flex.h 1.0 and 9 added by 1.1; guards the parser
+        // 23 functions in flex.h 1.0 and 10 added by 1.1; guards the parser
         // against matching nothing.
         assert_eq!(
             fields.len(),
-            23 + 9,
+            23 + 10,
             "fields parsed from bindings.rs: {fields:?}"
         );
         let listed: Vec<&str> = REQUIRED_SYMBOLS

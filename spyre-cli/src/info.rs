@@ -70,6 +70,9 @@ pub(crate) struct InfoReport {
     pub(crate) pool: Option<PoolLayout>,
     /// Whether new streams track hazards (`SPYRE_HAZARD_TRACKER=1`).
     pub(crate) hazard_tracking: Option<bool>,
+    /// Device memory: `"1073741824 bytes (1 GiB), 1073741824 free"`, or why
+    /// the runtime cannot tell (a flex library of ABI 1.0).
+    pub(crate) device_memory: Option<String>,
     /// Events: `"device-side waits, timing"`, `"host-blocking waits,
     /// timing"` and so on, or why there are none (a flex library of ABI
     /// 1.0).
@@ -119,6 +122,7 @@ pub(crate) fn gather() -> (InfoReport, Option<CliError>) {
         device_source_detail: None,
         pool: None,
         hazard_tracking: None,
+        device_memory: None,
         events: None,
         environment,
         error: None,
@@ -150,6 +154,17 @@ pub(crate) fn gather() -> (InfoReport, Option<CliError>) {
         report.pool = Some(PoolLayout::new(info.host_compute_streams));
         report.hazard_tracking = Some(info.track_hazards);
     }
+    report.device_memory = Some(
+        match spyre_stream::memory_info(spyre_stream::Device::CURRENT) {
+            Ok(info) => format!(
+                "{} bytes ({}), {} free",
+                info.total_bytes,
+                crate::size::format_size(info.total_bytes),
+                info.free_bytes
+            ),
+            Err(error) => format!("unknown: {error}"),
+        },
+    );
     report.events = Some(
         match spyre_stream::capabilities(spyre_stream::Device::CURRENT) {
             Ok(capabilities) => format!(
@@ -228,6 +243,11 @@ impl InfoReport {
                 Some(false) => "off",
                 None => "unknown",
             }
+        );
+        let _ = writeln!(
+            out,
+            "device memory     {}",
+            self.device_memory.as_deref().unwrap_or("unknown")
         );
         let _ = writeln!(
             out,

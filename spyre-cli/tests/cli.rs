@@ -593,6 +593,10 @@ fn info_json_describes_the_process() {
     let info = json(&["info", "--json"], &[]);
     assert_eq!(info["backend"], "mock");
     assert_eq!(info["events"], "device-side waits, timing");
+    assert_eq!(
+        info["device_memory"],
+        "1073741824 bytes (1 GiB), 1073741824 free"
+    );
     let host_waits = json(&["info", "--json"], &[("SPYRE_MOCK_DEVICE_SIDE_WAIT", "0")]);
     assert_eq!(host_waits["events"], "host-blocking waits, timing");
     assert_eq!(info["selected_backend"], "mock");
@@ -654,6 +658,7 @@ fn info_text_lists_every_variable() {
         "host compute    65–68 (4 stream(s))",
         "hazard tracking   on",
         "events            device-side waits, timing",
+        "device memory     1073741824 bytes (1 GiB), 1073741824 free",
         "SPYRE_HAZARD_TRACKER                 = \"1\"",
         "FLEX_RUNTIME_LIB                     (unset)",
         "SPYRE_MOCK_COPY_BANDWIDTH",

@@ -78,7 +78,7 @@
 //! |---|---|---|
 //! | `SPYRE_MOCK_DEVICES`, `SPYRE_MOCK_MEMORY_BYTES`, `SPYRE_MOCK_REGION_BYTES`, `SPYRE_MOCK_ENGINES`, `SPYRE_MOCK_OP_LATENCY_US`, `SPYRE_MOCK_COPY_BANDWIDTH`, `SPYRE_MOCK_SYNC_POLICY`, `SPYRE_MOCK_DEVICE_SIDE_WAIT` | the device, as [`MockConfig::from_lookup`](spyre_mock::MockConfig::from_lookup) reads them (see the [device's docs](spyre_mock#environment)) | as there |
 //! | `SPYRE_MOCK_ABI_VERSION=M.m` | `flex_get_api_version` reports version `M.m` (each 0..=65535), e.g. `2.0` (a loader must refuse it), `1.0` (accepted, and a loader then offers no events) or `1.7` (a newer minor, accepted); a malformed value reports `0.0` | the header's version |
-//! | `SPYRE_MOCK_UNDEFINED_STATUS=<call>[,<call>…]` | each named function (any of the 29 that return a status, e.g. `flex_stream_query`, `flex_launch_h2d`) returns status 977, which `flex.h` does not define, and does nothing else: no out-parameter is written, a launch enqueues nothing and never calls its completion, a destroy destroys nothing | none |
+//! | `SPYRE_MOCK_UNDEFINED_STATUS=<call>[,<call>…]` | each named function (any of the 30 that return a status, e.g. `flex_stream_query`, `flex_launch_h2d`) returns status 977, which `flex.h` does not define, and does nothing else: no out-parameter is written, a launch enqueues nothing and never calls its completion, a destroy destroys nothing | none |
 //! | `SPYRE_MOCK_FAIL_LAUNCH=N` | on every stream of the runtime, the `N`th launch (event records count) that passes the argument and stream-state checks is refused with `FLEX_ERROR_LAUNCH_FAILED` (enqueues nothing, never calls its completion); earlier and later launches are unaffected (`MockStream::fail_nth_launch`); 0 is off | off |
 //! | `SPYRE_MOCK_LATE_COMPLETIONS_MS=N` (0..=10000) | completions are delivered `N` ms after their operation finished, from a delivery thread of the runtime (`spyre-mock-d<device>-late`), in order; the stream runs its next operation meanwhile. Synchronize, query and destroy still count such completions as pending, so `flex_stream_synchronize` and `flex_runtime_destroy` return only after they have returned | off |
 //! | `SPYRE_MOCK_FAIL_RUNTIME_CREATE=1` | `flex_runtime_create` on an existing device fails with `FLEX_ERROR_RUNTIME_FAILED`; `0` is off | off |
@@ -90,7 +90,7 @@
 //! |---|---|
 //! | `library` | `flex_get_api_version`, `flex_status_string`, `flex_get_last_error_message`, `flex_get_device_count` |
 //! | `runtime` | runtime create/destroy, logical device, default stream, stream create/destroy, has-stream-error |
-//! | `memory` | `flex_memory_allocate`, `flex_memory_free` |
+//! | `memory` | `flex_memory_allocate`, `flex_memory_free`, `flex_runtime_get_memory_info` |
 //! | `stream` | stream id, priority, query, synchronize, needs-shutdown |
 //! | `launch` | the five launches and their completions |
 //! | `event` | events and capabilities (ABI 1.1): create, destroy, record, wait, notify, query, synchronize, elapsed time |
@@ -129,7 +129,7 @@ pub use launch::{
 pub use library::{
     flex_get_api_version, flex_get_device_count, flex_get_last_error_message, flex_status_string,
 };
-pub use memory::{flex_memory_allocate, flex_memory_free};
+pub use memory::{flex_memory_allocate, flex_memory_free, flex_runtime_get_memory_info};
 pub use runtime::{
     flex_runtime_create, flex_runtime_create_stream, flex_runtime_destroy,
     flex_runtime_get_default_stream, flex_runtime_get_logical_device,

@@ -1,4 +1,5 @@
-//! Device memory: allocate and free composite addresses.
+//! Device memory: allocate and free composite addresses, and how much is
+//! free.
 
 use flex_rt::Runtime;
 use flex_sys::bindings::{
@@ -82,6 +83,34 @@ pub unsafe extern "C" fn flex_memory_free(
         // SAFETY: this function's contract is `read_address`'s.
         let address = unsafe { read_address(address, "address") }?;
         state.runtime.free(&address)?;
+        Ok(FLEX_SUCCESS)
+    })
+}
+
+/// `flex_runtime_get_memory_info` (ABI 1.1): bytes not taken by live
+/// allocations, and the runtime's whole device memory.
+///
+/// # Safety
+/// `free_out` and `total_out` are NULL or valid for writing a `uint64_t`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn flex_runtime_get_memory_info(
+    runtime: *mut flex_runtime_t,
+    free_out: *mut u64,
+    total_out: *mut u64,
+) -> flex_status_t {
+    const CALL: &str = "flex_runtime_get_memory_info";
+    boundary(CALL, || {
+        let state = handles::runtime(runtime)?;
+        state.check_switch(CALL)?;
+        let free = out_param(free_out, "free_out")?;
+        let total = out_param(total_out, "total_out")?;
+        let info = state.runtime.memory_info()?;
+        // SAFETY: flex.h: both point to a writable `uint64_t` when not NULL;
+        // both checked non-null and aligned before either is written.
+        unsafe {
+            free.write(info.free_bytes);
+            total.write(info.total_bytes);
+        }
         Ok(FLEX_SUCCESS)
     })
 }

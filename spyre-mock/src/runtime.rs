@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use flex_rt::{
-    Capabilities, CompositeAddress, Event, FlexError, MemoryLayout, Result, Runtime, Status,
-    Stream, StreamMode, StreamPriority,
+    Capabilities, CompositeAddress, Event, FlexError, MemoryInfo, MemoryLayout, Result, Runtime,
+    Status, Stream, StreamMode, StreamPriority,
 };
 
 use crate::config::MockConfig;
@@ -206,6 +206,13 @@ impl Runtime for MockRuntime {
 
     fn memory_layout(&self) -> Option<MemoryLayout> {
         Some(self.device.memory.layout())
+    }
+
+    fn memory_info(&self) -> Result<MemoryInfo> {
+        Ok(MemoryInfo {
+            free_bytes: self.device.memory.free_bytes(),
+            total_bytes: self.device.memory.capacity(),
+        })
     }
 
     /// Timing always; device-side waits unless configured off

@@ -154,9 +154,9 @@ pub enum Error {
         source: FlexError,
     },
 
-    /// The runtime cannot do what was asked: events and capabilities with a
-    /// flex library of ABI 1.0 ("unsupported by this flex library (ABI
-    /// 1.0)", naming the missing function).
+    /// The runtime cannot do what was asked: events, capabilities and
+    /// memory info with a flex library of ABI 1.0 ("unsupported by this flex
+    /// library (ABI 1.0)", naming the missing function).
     #[error("{0}")]
     Unsupported(FlexError),
     /// [`crate::SpyreEvent::elapsed_time`] with an event created without

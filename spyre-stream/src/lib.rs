@@ -199,14 +199,14 @@ pub use error::{Error, EventRole, Result};
 pub use event::{SpyreEvent, SynchronizeFuture, capabilities};
 pub use flex_rt::{
     ADDRESS_ALIGNMENT, Capabilities, CompositeAddress, DataFormat, FlexError, HostBuffer,
-    LaunchOptions, LogicalAddress, MemoryLayout, Status, program,
+    LaunchOptions, LogicalAddress, MemoryInfo, MemoryLayout, Status, program,
 };
 pub use id::{
     DEFAULT_HOST_COMPUTE_STREAMS, HIGH_POOL_END, HIGH_POOL_START, HOST_COMPUTE_START,
     MAX_HOST_COMPUTE_STREAMS, NORMAL_POOL_END, NORMAL_POOL_START, PoolKind, STREAMS_PER_POOL,
     StreamId,
 };
-pub use memory::{allocate, free, memory_layout};
+pub use memory::{allocate, free, memory_info, memory_layout};
 pub use pool::{PoolConfig, StreamPool};
 pub use process_pool::{
     default_stream, default_stream_handle, host_compute_stream, host_compute_stream_by_id,

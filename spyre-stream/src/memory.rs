@@ -4,10 +4,10 @@
 //! `flex_memory_free`), through the process-wide runtime: the caller owns
 //! what it allocates and frees it when no stream uses it any more.
 
-use flex_rt::{CompositeAddress, FlexError, MemoryLayout};
+use flex_rt::{CompositeAddress, FlexError, MemoryInfo, MemoryLayout, Status};
 
 use crate::device::Device;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::runtime;
 
 /// Allocates `bytes` (> 0) of device memory on `device`, starting the
@@ -52,4 +52,26 @@ pub fn free(device: Device, address: &CompositeAddress) -> Result<()> {
 /// As [`crate::stream_from_pool`] for the device.
 pub fn memory_layout(device: Device) -> Result<Option<MemoryLayout>> {
     Ok(runtime::pool_for(device)?.runtime().memory_layout())
+}
+
+/// Free and total memory of `device` (`torch.cuda.mem_get_info`), from the
+/// runtime (`flex_runtime_get_memory_info`). Starts the runtime if needed.
+/// Free memory may be fragmented: the largest single allocation can be
+/// smaller.
+///
+/// # Errors
+/// As [`crate::stream_from_pool`] for the device; [`Error::Unsupported`]
+/// with a flex library of ABI 1.0 (it has no such call); the runtime's
+/// error ([`Error::Flex`]).
+pub fn memory_info(device: Device) -> Result<MemoryInfo> {
+    runtime::pool_for(device)?
+        .runtime()
+        .memory_info()
+        .map_err(|error| {
+            if error.status() == Status::UNSUPPORTED {
+                Error::Unsupported(error)
+            } else {
+                Error::Flex(error)
+            }
+        })
 }

@@ -272,6 +272,12 @@ fn a_flex_1_0_library_reports_events_unsupported_naming_the_function() {
             err.to_string().contains("`flex_runtime_get_capability`"),
             "{err}"
         );
+        let err = spyre_stream::memory_info(Device::CURRENT).unwrap_err();
+        assert!(
+            matches!(&err, Error::Unsupported(_))
+                && err.to_string().contains("`flex_runtime_get_memory_info`"),
+            "{err}"
+        );
         // wait_stream needs an event: refused the same way, nothing enqueued.
         assert!(matches!(
             pool_stream().wait_stream(stream),

@@ -18,7 +18,7 @@ use crate::error::{FlexError, Result};
 use crate::event::{Capabilities, Event};
 use crate::status::Status;
 use crate::traits::{Runtime, Stream};
-use crate::types::{StreamMode, StreamPriority};
+use crate::types::{MemoryInfo, StreamMode, StreamPriority};
 
 /// One device context bound to one logical device: a `flex_runtime_t`
 /// (torch-spyre's `flex::RuntimeContext`, made by
@@ -362,6 +362,36 @@ impl Runtime for HardwareRuntime {
 
     fn capabilities(&self) -> Result<Capabilities> {
         self.capabilities.clone()
+    }
+
+    fn memory_info(&self) -> Result<MemoryInfo> {
+        const CALL: &str = "flex_runtime_get_memory_info";
+        require_1_1(&self.lib, CALL)?;
+        let (mut free_bytes, mut total_bytes) = (0u64, 0u64);
+        // SAFETY: the runtime is alive while `&self` is; the library is 1.1
+        // (checked above), so the symbol is resolved; both out pointers are
+        // valid `uint64_t`s for the call.
+        let status = unsafe {
+            self.lib.api().flex_runtime_get_memory_info(
+                self.handle.as_ptr(),
+                &raw mut free_bytes,
+                &raw mut total_bytes,
+            )
+        };
+        check(&self.lib, status, CALL)?;
+        if free_bytes > total_bytes {
+            return Err(FlexError::new(
+                Status::INTERNAL,
+                CALL,
+                format!(
+                    "returned FLEX_SUCCESS with {free_bytes} bytes free of {total_bytes}; the library broke flex.h"
+                ),
+            ));
+        }
+        Ok(MemoryInfo {
+            free_bytes,
+            total_bytes,
+        })
     }
 
     fn create_event(&self, timing: bool) -> Result<Box<dyn Event>> {

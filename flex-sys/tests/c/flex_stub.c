@@ -337,6 +337,17 @@ flex_status_t flex_runtime_get_capability(flex_runtime_t *runtime,
 }
 #endif
 
+#ifndef OMIT_flex_runtime_get_memory_info
+flex_status_t flex_runtime_get_memory_info(flex_runtime_t *runtime,
+                                           uint64_t *free_out,
+                                           uint64_t *total_out) {
+    (void)runtime;
+    (void)free_out;
+    (void)total_out;
+    return NOT_IMPLEMENTED();
+}
+#endif
+
 #ifndef OMIT_flex_event_create
 flex_status_t flex_event_create(flex_runtime_t *runtime,
                                 flex_event_flags_t flags,

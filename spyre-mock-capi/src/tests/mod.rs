@@ -244,6 +244,7 @@ fn exports_have_the_bindgen_signatures(api: &mut FlexApi) {
     api.flex_event_record = Ok(flex_event_record);
     api.flex_stream_wait_event = Ok(flex_stream_wait_event);
     api.flex_event_notify = Ok(flex_event_notify);
+    api.flex_runtime_get_memory_info = Ok(flex_runtime_get_memory_info);
     api.flex_event_query = Ok(flex_event_query);
     api.flex_event_synchronize = Ok(flex_event_synchronize);
     api.flex_event_elapsed_time = Ok(flex_event_elapsed_time);
@@ -253,11 +254,11 @@ fn exports_have_the_bindgen_signatures(api: &mut FlexApi) {
 fn every_flex_h_function_is_exported_with_its_signature() {
     // The assignment above is the signature check; this keeps it compiled.
     let _: fn(&mut FlexApi) = exports_have_the_bindgen_signatures;
-    // flex.h 1.0: 23 functions; 1.1 adds 9; all but the version and the
+    // flex.h 1.0: 23 functions; 1.1 adds 10; all but the version and the
     // two string getters return a status.
     assert_eq!(flex_sys::REQUIRED_SYMBOLS.len(), 23);
-    assert_eq!(flex_sys::ABI_1_1_SYMBOLS.len(), 9);
-    assert_eq!(environment::status_calls().count(), 29);
+    assert_eq!(flex_sys::ABI_1_1_SYMBOLS.len(), 10);
+    assert_eq!(environment::status_calls().count(), 30);
     assert!(environment::status_calls().all(|call| call != "flex_status_string"));
 }
 
@@ -1257,4 +1258,4 @@ unsafe impl Send for Rt {}
 // SAFETY: see above.
 unsafe impl Sync for Rt {}
 
-mod events;
+mod abi_1_1;

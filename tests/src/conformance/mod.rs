@@ -142,6 +142,7 @@ macro_rules! with_conformance_cases {
                 bad_program_fails_the_stream_and_the_error_is_sticky,
                 size_mismatch_is_invalid_argument_and_enqueues_nothing,
                 memory_errors,
+                memory_info_counts_live_allocations,
                 completions_are_released_exactly_once,
                 host_callback_panic_is_an_error_not_an_abort,
                 dropping_the_runtime_completes_pending_work,
@@ -740,6 +741,34 @@ pub fn memory_errors(backend: &dyn Backend, profile: &Profile) {
     runtime.free(&address).expect("free");
     let err = runtime.free(&address).unwrap_err();
     assert_eq!(err.status(), Status::INVALID_ARGUMENT, "freed twice: {err}");
+}
+
+/// Memory info (ABI 1.1) counts live allocations: an allocation of 4 KiB
+/// takes at least 4 KiB of the free memory, freeing it gives them back, and
+/// the total does not change. A 1.0 library refuses it as `UNSUPPORTED`.
+pub fn memory_info_counts_live_allocations(backend: &dyn Backend, _: &Profile) {
+    let runtime = runtime(backend);
+    let before = match runtime.memory_info() {
+        Ok(info) => info,
+        Err(err) => {
+            assert_eq!(err.status(), Status::UNSUPPORTED, "{err}");
+            return;
+        }
+    };
+    assert!(before.total_bytes > 0 && before.free_bytes <= before.total_bytes);
+    let address = runtime.allocate(4096).expect("allocate");
+    let during = runtime.memory_info().expect("memory_info");
+    assert_eq!(during.total_bytes, before.total_bytes);
+    assert!(
+        during.free_bytes + 4096 <= before.free_bytes,
+        "{before:?} → {during:?}"
+    );
+    runtime.free(&address).expect("free");
+    let after = runtime.memory_info().expect("memory_info");
+    assert!(
+        after.free_bytes >= during.free_bytes + 4096,
+        "{during:?} → {after:?}"
+    );
 }
 
 /// Every completion is released exactly once: called once for each

@@ -1,5 +1,5 @@
 //! The ABI 1.1 calls through the C boundary: handles, arguments, the
-//! capability query and the event contract (its full conformance suite runs
+//! capability query, memory info and the event contract (its full conformance suite runs
 //! through flex-rt in `tests/`; these run under Miri too).
 
 use std::ffi::c_void;
@@ -225,4 +225,30 @@ fn notify_calls_back_once_or_says_there_is_nothing_to_wait_for() {
     assert_eq!(sync(stream), FLEX_SUCCESS);
     assert_eq!(*recorder.statuses.lock(), [FLEX_SUCCESS], "called once");
     assert_eq!(rt.destroy(), FLEX_SUCCESS);
+}
+
+#[test]
+fn memory_info_counts_live_allocations() {
+    let rt = Rt::new();
+    let (mut free, mut total) = (0u64, 0u64);
+    let info = |free: &mut u64, total: &mut u64| {
+        // SAFETY: a live runtime and valid out pointers.
+        unsafe { flex_runtime_get_memory_info(rt.0, free, total) }
+    };
+    assert_eq!(info(&mut free, &mut total), FLEX_SUCCESS);
+    // `Rt::new` makes 1 MiB of memory, all free.
+    assert_eq!((free, total), (1 << 20, 1 << 20));
+    let block = rt.alloc(1000);
+    assert_eq!(info(&mut free, &mut total), FLEX_SUCCESS);
+    // 1000 bytes take 1024 (whole 128-byte units).
+    assert_eq!((free, total), ((1 << 20) - 1024, 1 << 20));
+    let raw = block.raw();
+    // SAFETY: a live runtime; `raw` points into `block` for the call.
+    let status = unsafe { flex_memory_free(rt.0, &raw const raw) };
+    assert_eq!(status, FLEX_SUCCESS);
+    assert_eq!(info(&mut free, &mut total), FLEX_SUCCESS);
+    assert_eq!(free, 1 << 20);
+    // SAFETY: NULL out pointers are refused, nothing is written.
+    let status = unsafe { flex_runtime_get_memory_info(rt.0, ptr::null_mut(), &raw mut total) };
+    assert_eq!(status, FLEX_ERROR_INVALID_ARGUMENT);
 }
