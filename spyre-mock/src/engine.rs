@@ -22,9 +22,9 @@ use flex_rt::{FlexError, Result, Status, SyncPolicy};
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use crate::config::MockConfig;
-use crate::event::Record;
 use crate::memory::DeviceMemory;
 use crate::op::{Op, panic_message};
+use crate::record::Record;
 use crate::scheduler::{Job, Scheduler, Verdict};
 
 static LIVE_ENGINE_THREADS: AtomicUsize = AtomicUsize::new(0);

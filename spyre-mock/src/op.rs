@@ -16,9 +16,9 @@ use flex_rt::{
     check_copy_size, check_fill_size,
 };
 
-use crate::event::EventRecord;
 use crate::kernel;
 use crate::memory::DeviceMemory;
+use crate::record::EventRecord;
 
 /// Host memory an H2D copy reads from. The operation owns the source until
 /// it has run (or is dropped unrun), and drops it before calling the
@@ -394,9 +394,9 @@ mod tests {
             8,
         )
         .unwrap();
-        let record = Op::Record(EventRecord(std::sync::Arc::new(crate::event::Record::new(
-            0, 0,
-        ))));
+        let record = Op::Record(EventRecord(std::sync::Arc::new(
+            crate::record::Record::new(0, 0),
+        )));
         assert!(!record.is_timed());
         assert_eq!(record.call(), "record_event");
         for op in [

@@ -20,8 +20,8 @@ use std::time::Duration;
 
 use flex_rt::{Completion, FlexError, Status, StreamPriority};
 
-use crate::event::Record;
 use crate::op::Op;
+use crate::record::Record;
 
 /// An enqueued operation.
 pub(crate) struct Pending {
@@ -450,7 +450,7 @@ mod loom_models {
     use loom::sync::Mutex;
 
     use super::*;
-    use crate::event::EventRecord;
+    use crate::record::EventRecord;
 
     fn noop() -> Pending {
         Pending::new(Op::host_fn(|| Ok(())), None)

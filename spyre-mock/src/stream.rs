@@ -11,8 +11,9 @@ use flex_rt::{
 use parking_lot::MutexGuard;
 
 use crate::engine::Device;
-use crate::event::{EventRecord, MockEvent, Record};
+use crate::event::MockEvent;
 use crate::op::Op;
+use crate::record::{EventRecord, Record};
 use crate::scheduler::Pending;
 
 /// A stream of a [`crate::MockRuntime`]; implements [`flex_rt::Stream`].

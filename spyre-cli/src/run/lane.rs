@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use spyre_stream::{CompositeAddress, Device, SpyreEvent, SpyreStream};
 
-use super::worker::DeviceMemory;
+use super::device_memory::DeviceMemory;
 
 /// The three stages of a pipelined iteration.
 pub(crate) const STAGES: [&str; 3] = ["copy-in", "compute", "copy-out"];
@@ -136,9 +136,7 @@ pub(super) fn release_pipeline(pipeline: Pipeline) {
         let _ = events.copied_out().synchronize();
     }
     for slot in slots {
-        if let Err(e) = slot.memory.free() {
-            tracing::warn!(error = %e, "freeing device memory failed");
-        }
+        slot.memory.free_or_warn();
     }
 }
 

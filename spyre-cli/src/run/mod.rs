@@ -26,6 +26,7 @@
 //! stream.
 
 mod capacity;
+mod device_memory;
 mod estimate;
 mod lane;
 mod outcome;

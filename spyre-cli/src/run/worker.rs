@@ -13,6 +13,7 @@ use spyre_stream::{
 };
 use spyre_testkit::SplitMix64;
 
+use super::device_memory::DeviceMemory;
 use super::lane::{Lane, Overlap, Pipeline, Slot, StageEvents, pool_stream, release_pipeline};
 use super::plan::{DESCRIPTOR_BYTES, Plan};
 use crate::cli::{KernelArg, ModeArg, RunArgs};
@@ -104,27 +105,6 @@ struct Pending {
     output: HostBuffer,
     expected: Vec<f32>,
     done: mpsc::Receiver<Result<(), FlexError>>,
-}
-
-/// The device allocations of one iteration (or one pipeline slot), freed
-/// explicitly once no stream uses them.
-pub(super) struct DeviceMemory {
-    addresses: Vec<CompositeAddress>,
-}
-
-impl DeviceMemory {
-    /// Frees every allocation; all are attempted, the first error is returned.
-    pub(super) fn free(self) -> Result<(), spyre_stream::Error> {
-        let mut first = Ok(());
-        for address in &self.addresses {
-            if let Err(e) = spyre_stream::free(Device::CURRENT, address)
-                && first.is_ok()
-            {
-                first = Err(e);
-            }
-        }
-        first
-    }
 }
 
 impl<'a> Shared<'a> {
@@ -261,15 +241,11 @@ impl Shared<'_> {
             }
             ModeArg::Pipelined => {
                 let slot = || {
-                    let mut memory = DeviceMemory {
-                        addresses: Vec::with_capacity(3),
-                    };
+                    let mut memory = DeviceMemory::new();
                     match self.allocate_operands(&mut memory, place) {
                         Ok(operands) => Ok(Slot { memory, operands }),
                         Err(failure) => {
-                            if let Err(e) = memory.free() {
-                                tracing::warn!(error = %e, "freeing device memory failed");
-                            }
+                            memory.free_or_warn();
                             Err(failure)
                         }
                     }
@@ -281,9 +257,7 @@ impl Shared<'_> {
                         Ok(slot) => slots.push(slot),
                         Err(failure) => {
                             for made in slots {
-                                if let Err(e) = made.memory.free() {
-                                    tracing::warn!(error = %e, "freeing device memory failed");
-                                }
+                                made.memory.free_or_warn();
                             }
                             return Err(failure);
                         }
@@ -346,15 +320,11 @@ impl Shared<'_> {
                     _ => take_stream(place)?,
                 };
                 place.stream_id = Some(stream.id().get());
-                let mut memory = DeviceMemory {
-                    addresses: Vec::with_capacity(3),
-                };
+                let mut memory = DeviceMemory::new();
                 let operands = match self.allocate_operands(&mut memory, place) {
                     Ok(operands) => operands,
                     Err(failure) => {
-                        if let Err(e) = memory.free() {
-                            tracing::warn!(error = %e, "freeing device memory failed");
-                        }
+                        memory.free_or_warn();
                         return Err(failure);
                     }
                 };
@@ -453,7 +423,7 @@ impl Shared<'_> {
         let block = self.plan.block_bytes();
         let mut take = || {
             let address = self.allocate(block, place)?;
-            memory.addresses.push(address.clone());
+            memory.push(address.clone());
             Ok(address.start())
         };
         let [a, b, out] = [take()?, take()?, take()?];
@@ -618,8 +588,8 @@ impl Shared<'_> {
                 tracing::debug!(stream = stream.id().get(), error = %e, "stream failed while releasing an iteration");
             }
         }
-        if let Some(Err(e)) = memory.map(DeviceMemory::free) {
-            tracing::warn!(error = %e, "freeing device memory failed");
+        if let Some(memory) = memory {
+            memory.free_or_warn();
         }
     }
 
@@ -661,8 +631,8 @@ impl Shared<'_> {
             let first = launches
                 .iter()
                 .find_map(|(stream, _)| stream.synchronize().err());
-            if let Some(Err(e)) = memory.map(DeviceMemory::free) {
-                tracing::warn!(error = %e, "freeing device memory failed");
+            if let Some(memory) = memory {
+                memory.free_or_warn();
             }
             let source = match (first, completion) {
                 (Some(first), _) => first,

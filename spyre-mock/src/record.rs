@@ -1,0 +1,168 @@
+//! One record of an event on the software device: the point it marks, its
+//! outcome once the device reaches it, and the completions waiting for that
+//! outcome. A record is a marker operation in its stream's FIFO
+//! ([`EventRecord`] in [`crate::Op::Record`]); a wait is a gate on it in the
+//! scheduler.
+use std::fmt;
+use std::sync::Arc;
+use std::time::Instant;
+
+use flex_rt::{Completion, FlexError, Result, Status};
+#[cfg(not(spyre_loom))]
+use parking_lot::Mutex;
+
+/// One record of an event: the point it marks (a stream and the work before
+/// it) and, once the device reaches it, the outcome — the completion time,
+/// or the recording stream's error. Shared by the event (while it is the
+/// latest record), the marker operation, and every wait that saw it.
+pub(crate) struct Record {
+    /// Scheduler index of the recording stream.
+    pub(crate) stream: usize,
+    /// Its id, for messages.
+    pub(crate) stream_id: u64,
+    outcome: OutcomeCell,
+}
+
+/// The write-once outcome of a record, read without a lock (`OnceLock`),
+/// and the completions asked for (`Event::notify`) while it was pending,
+/// which the one that sets the outcome takes: setting and registering hold
+/// one lock, so a registration is either taken by the setter or refused
+/// because the outcome is there. Under loom (`--cfg spyre_loom`) one loom
+/// mutex holds both, so that the models explore every order.
+#[cfg(not(spyre_loom))]
+struct OutcomeCell {
+    outcome: std::sync::OnceLock<Result<Instant>>,
+    notifications: Mutex<Vec<Completion>>,
+}
+
+#[cfg(not(spyre_loom))]
+impl OutcomeCell {
+    fn new() -> Self {
+        Self {
+            outcome: std::sync::OnceLock::new(),
+            notifications: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Sets the outcome if unset; returns the registered completions.
+    fn set(&self, outcome: Result<Instant>) -> Vec<Completion> {
+        let mut notifications = self.notifications.lock();
+        let _ = self.outcome.set(outcome);
+        std::mem::take(&mut *notifications)
+    }
+
+    fn get(&self) -> Option<Result<Instant>> {
+        self.outcome.get().cloned()
+    }
+
+    /// Registers `completion`, or hands it back when the outcome is set.
+    fn register(&self, completion: Completion) -> std::result::Result<(), Completion> {
+        let mut notifications = self.notifications.lock();
+        if self.outcome.get().is_some() {
+            return Err(completion);
+        }
+        notifications.push(completion);
+        Ok(())
+    }
+}
+
+#[cfg(spyre_loom)]
+struct OutcomeCell(loom::sync::Mutex<(Option<Result<Instant>>, Vec<Completion>)>);
+
+#[cfg(spyre_loom)]
+impl OutcomeCell {
+    fn new() -> Self {
+        Self(loom::sync::Mutex::new((None, Vec::new())))
+    }
+
+    fn set(&self, outcome: Result<Instant>) -> Vec<Completion> {
+        let mut cell = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if cell.0.is_none() {
+            cell.0 = Some(outcome);
+        }
+        std::mem::take(&mut cell.1)
+    }
+
+    fn get(&self) -> Option<Result<Instant>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).0.clone()
+    }
+
+    fn register(&self, completion: Completion) -> std::result::Result<(), Completion> {
+        let mut cell = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if cell.0.is_some() {
+            return Err(completion);
+        }
+        cell.1.push(completion);
+        Ok(())
+    }
+}
+
+impl Record {
+    pub(crate) fn new(stream: usize, stream_id: u64) -> Self {
+        Self {
+            stream,
+            stream_id,
+            outcome: OutcomeCell::new(),
+        }
+    }
+
+    /// Sets the outcome once (later calls change nothing) and calls the
+    /// completions asked for meanwhile, on the calling thread (an engine,
+    /// with no lock held), catching their panics.
+    pub(crate) fn settle(&self, outcome: Result<Instant>) {
+        let notifications = self.outcome.set(outcome);
+        if notifications.is_empty() {
+            return;
+        }
+        let result = match self.outcome() {
+            Some(Err(error)) => Err(error),
+            _ => Ok(()),
+        };
+        for completion in notifications {
+            let result = result.clone();
+            let call = std::panic::AssertUnwindSafe(move || completion(result));
+            if let Err(payload) = std::panic::catch_unwind(call) {
+                tracing::error!(
+                    stream = self.stream_id,
+                    "an event notification panicked: {}",
+                    crate::panic_message(payload.as_ref())
+                );
+            }
+        }
+    }
+
+    /// Registers `completion` for when the record settles; hands it back
+    /// when the record has settled already (race-free against
+    /// [`Record::settle`], see `OutcomeCell`).
+    pub(crate) fn notify(&self, completion: Completion) -> std::result::Result<(), Completion> {
+        self.outcome.register(completion)
+    }
+
+    /// The outcome, or `None` while the device has not reached the record
+    /// (a copy: the time, or the error).
+    pub(crate) fn outcome(&self) -> Option<Result<Instant>> {
+        self.outcome.get()
+    }
+
+    /// The error a stream that waited on this failed record fails with.
+    pub(crate) fn wait_error(&self, cause: &FlexError) -> FlexError {
+        FlexError::new(
+            Status::STREAM_FAILED,
+            "wait_event",
+            format!(
+                "waited on an event recorded on stream {}, which failed before reaching it: {cause}",
+                self.stream_id
+            ),
+        )
+    }
+}
+
+/// The marker operation of a record ([`crate::Op::Record`]). Only
+/// [`crate::MockStream`]'s `record_event` makes one.
+pub struct EventRecord(pub(crate) Arc<Record>);
+
+impl fmt::Debug for EventRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "EventRecord(stream {})", self.0.stream_id)
+    }
+}
