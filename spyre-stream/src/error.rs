@@ -216,6 +216,17 @@ impl std::fmt::Display for EventRole {
 }
 
 impl Error {
+    /// An error of a call flex ABI 1.1 added (events, capabilities, memory
+    /// info): [`Error::Unsupported`] when the runtime does not have it (its
+    /// `UNSUPPORTED`, for a flex library of ABI 1.0), else [`Error::Flex`].
+    pub(crate) fn from_abi_1_1_call(error: FlexError) -> Self {
+        if error.status() == flex_rt::Status::UNSUPPORTED {
+            Self::Unsupported(error)
+        } else {
+            Self::Flex(error)
+        }
+    }
+
     /// A backend's error while counting devices or creating the runtime:
     /// [`Error::BackendConfig`] when the backend refused its configuration
     /// (`INVALID_ARGUMENT`: a bad `SPYRE_MOCK_*` value of the software device

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use flex_rt::{Capabilities, FlexError, Status};
+use flex_rt::Capabilities;
 
 use crate::device::Device;
 use crate::error::{Error, EventRole, Result};
@@ -112,7 +112,7 @@ impl SpyreEvent {
         let event = pool
             .runtime()
             .create_event(timing)
-            .map_err(Error::from_event_call)?;
+            .map_err(Error::from_abi_1_1_call)?;
         Ok(Self {
             event,
             device: pool.device(),
@@ -377,18 +377,5 @@ pub fn capabilities(device: Device) -> Result<Capabilities> {
     runtime::pool_for(device)?
         .runtime()
         .capabilities()
-        .map_err(Error::from_event_call)
-}
-
-impl Error {
-    /// An error of creating an event or reading the capabilities:
-    /// [`Error::Unsupported`] when the runtime has no events (its
-    /// `UNSUPPORTED`), else [`Error::Flex`].
-    fn from_event_call(error: FlexError) -> Self {
-        if error.status() == Status::UNSUPPORTED {
-            Self::Unsupported(error)
-        } else {
-            Self::Flex(error)
-        }
-    }
+        .map_err(Error::from_abi_1_1_call)
 }

@@ -4,7 +4,7 @@
 //! `flex_memory_free`), through the process-wide runtime: the caller owns
 //! what it allocates and frees it when no stream uses it any more.
 
-use flex_rt::{CompositeAddress, FlexError, MemoryInfo, MemoryLayout, Status};
+use flex_rt::{CompositeAddress, FlexError, MemoryInfo, MemoryLayout};
 
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -67,11 +67,5 @@ pub fn memory_info(device: Device) -> Result<MemoryInfo> {
     runtime::pool_for(device)?
         .runtime()
         .memory_info()
-        .map_err(|error| {
-            if error.status() == Status::UNSUPPORTED {
-                Error::Unsupported(error)
-            } else {
-                Error::Flex(error)
-            }
-        })
+        .map_err(Error::from_abi_1_1_call)
 }
