@@ -155,6 +155,49 @@ impl CompositeAddress {
         self.chunks[0].address
     }
 
+    /// The `len` bytes from byte `offset` of this buffer, as a composite
+    /// address of their own (the chunks they fall in, clipped): how an
+    /// allocator hands out part of one allocation.
+    ///
+    /// # Errors
+    /// [`crate::Status::INVALID_ARGUMENT`] naming the range when `len` is 0,
+    /// when `offset + len` exceeds [`CompositeAddress::total_size`], or when
+    /// a resulting chunk would not start on a [`ADDRESS_ALIGNMENT`]-byte
+    /// boundary.
+    pub fn slice(&self, offset: u64, len: u64) -> Result<Self> {
+        const CALL: &str = "CompositeAddress::slice";
+        let end = offset
+            .checked_add(len)
+            .filter(|&end| end <= self.total_size);
+        let Some(end) = end.filter(|_| len > 0) else {
+            return Err(FlexError::invalid_argument(
+                CALL,
+                format!(
+                    "bytes [{offset}, {offset} + {len}) are not a non-empty range inside the buffer's {} bytes",
+                    self.total_size
+                ),
+            ));
+        };
+        let mut chunks = Vec::new();
+        let mut chunk_start = 0u64;
+        for chunk in self.chunks.iter() {
+            let chunk_end = chunk_start + chunk.size;
+            let from = offset.max(chunk_start);
+            let to = end.min(chunk_end);
+            if from < to {
+                chunks.push(AddressChunk {
+                    address: LogicalAddress {
+                        region_id: chunk.address.region_id,
+                        offset: chunk.address.offset + (from - chunk_start),
+                    },
+                    size: to - from,
+                });
+            }
+            chunk_start = chunk_end;
+        }
+        Self::new(chunks)
+    }
+
     /// The chunks in flex.h form, for a `flex_composite_address_t` that
     /// borrows them.
     pub fn to_raw_chunks(&self) -> Vec<sys::flex_address_chunk_t> {
@@ -188,6 +231,45 @@ mod tests {
             address: LogicalAddress { region_id, offset },
             size,
         }
+    }
+
+    #[test]
+    fn a_slice_clips_the_chunks_it_falls_in() {
+        let addr = CompositeAddress::new(vec![chunk(0, 0, 512), chunk(3, 256, 1024)]).unwrap();
+        // Bytes 384..896: the last 128 of chunk 0, the first 384 of chunk 1.
+        let part = addr.slice(384, 512).unwrap();
+        assert_eq!(part.chunks(), &[chunk(0, 384, 128), chunk(3, 256, 384)]);
+        assert_eq!(part.total_size(), 512);
+        assert_eq!(
+            addr.slice(512, 1024).unwrap().chunks(),
+            &[chunk(3, 256, 1024)]
+        );
+        assert_eq!(addr.slice(0, 1536).unwrap(), addr);
+    }
+
+    #[test]
+    fn a_slice_outside_the_buffer_or_unaligned_is_refused() {
+        let addr = CompositeAddress::single(
+            LogicalAddress {
+                region_id: 1,
+                offset: 0,
+            },
+            1024,
+        )
+        .unwrap();
+        for (offset, len) in [(0, 0), (1024, 1), (512, 513), (u64::MAX, 2), (64, 128)] {
+            let err = addr.slice(offset, len).unwrap_err();
+            assert_eq!(
+                err.status(),
+                crate::Status::INVALID_ARGUMENT,
+                "{offset}+{len}"
+            );
+        }
+        let message = addr.slice(512, 513).unwrap_err().to_string();
+        assert!(
+            message.contains("[512, 512 + 513)") && message.contains("1024 bytes"),
+            "{message}"
+        );
     }
 
     #[test]

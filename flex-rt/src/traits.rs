@@ -90,6 +90,19 @@ pub trait Runtime: Send + Sync + fmt::Debug {
     /// allocation of this runtime; nothing is freed then.
     fn free(&self, address: &CompositeAddress) -> Result<()>;
 
+    /// Says that an allocator above the runtime (a caching allocator that
+    /// hands out parts of its allocations again) now gives the memory at
+    /// `address` to a new owner: work enqueued from now on that touches it
+    /// is the new owner's, work enqueued before is the previous owner's.
+    /// A backend may check that no operation of the new owner runs while
+    /// one of the previous owner on that memory has not completed (the
+    /// software device's use-after-free detector). A hint only: it changes
+    /// nothing the runtime does otherwise. The default does nothing (flex.h
+    /// has no such call).
+    fn note_reuse(&self, address: &CompositeAddress) {
+        let _ = address;
+    }
+
     /// The layout of this runtime's device memory, or `None` when the
     /// backend cannot tell (flex.h 1.0 has no call for it, so the hardware backend
     /// returns `None`). The default implementation returns `None`.
@@ -155,6 +168,10 @@ impl<R: Runtime + ?Sized> Runtime for &R {
 
     fn free(&self, address: &CompositeAddress) -> Result<()> {
         (**self).free(address)
+    }
+
+    fn note_reuse(&self, address: &CompositeAddress) {
+        (**self).note_reuse(address)
     }
 
     fn memory_layout(&self) -> Option<MemoryLayout> {

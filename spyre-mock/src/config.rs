@@ -57,6 +57,15 @@ pub const ENV_SYNC_POLICY: &str = "SPYRE_MOCK_SYNC_POLICY";
 /// `wait_event` blocks the host until the event completes.
 pub const ENV_DEVICE_SIDE_WAIT: &str = "SPYRE_MOCK_DEVICE_SIDE_WAIT";
 
+/// Environment variable: whether the device checks every copy, fill and
+/// compute for memory reused too early (a boolean; unset for no): see
+/// [`MockConfig::check_reuse`].
+pub const ENV_CHECK_REUSE: &str = "SPYRE_MOCK_CHECK_REUSE";
+
+/// The boolean variables of [`MockConfig::from_lookup`], in the order it
+/// reads them.
+const BOOL_ENV_VARS: [&str; 2] = [ENV_DEVICE_SIDE_WAIT, ENV_CHECK_REUSE];
+
 /// The numeric variables of [`MockConfig::from_lookup`], in the order it
 /// reads them.
 const NUMERIC_ENV_VARS: [&str; 6] = [
@@ -70,7 +79,7 @@ const NUMERIC_ENV_VARS: [&str; 6] = [
 
 /// Every environment variable [`MockConfig::from_lookup`] reads, in the order
 /// it reads them.
-pub const ENV_VARS: [&str; 8] = [
+pub const ENV_VARS: [&str; 9] = [
     ENV_DEVICES,
     ENV_MEMORY_BYTES,
     ENV_REGION_BYTES,
@@ -79,6 +88,7 @@ pub const ENV_VARS: [&str; 8] = [
     ENV_COPY_BANDWIDTH,
     ENV_SYNC_POLICY,
     ENV_DEVICE_SIDE_WAIT,
+    ENV_CHECK_REUSE,
 ];
 
 /// A checked configuration of the software device. Made by
@@ -94,6 +104,7 @@ pub struct MockConfig {
     copy_bandwidth: Option<u64>,
     sync_policy: SyncPolicy,
     device_side_wait: bool,
+    check_reuse: bool,
 }
 
 impl Default for MockConfig {
@@ -107,6 +118,7 @@ impl Default for MockConfig {
             copy_bandwidth: None,
             sync_policy: SyncPolicy::Auto,
             device_side_wait: true,
+            check_reuse: false,
         }
     }
 }
@@ -161,6 +173,20 @@ impl MockConfig {
         self.device_side_wait
     }
 
+    /// Whether the device checks for memory reused too early (default
+    /// false; `SPYRE_MOCK_CHECK_REUSE`): an allocator above the runtime
+    /// says when it hands memory out again
+    /// ([`flex_rt::Runtime::note_reuse`]), and every copy, fill and compute
+    /// of the new owner that touches that memory while an operation of the
+    /// previous owner on it has not completed fails with
+    /// [`flex_rt::Status::EXECUTION_FAILED`], naming both operations. The
+    /// operands of a compute enqueued before the reuse are read from its
+    /// program when the reuse is noted. Costs a scan of the queued work per
+    /// reuse and a check per operation, so it is off unless asked for.
+    pub fn check_reuse(&self) -> bool {
+        self.check_reuse
+    }
+
     /// Reads the configuration from `lookup`, which maps an environment
     /// variable name (one of [`ENV_VARS`]) to its value or `None` when unset.
     /// Values are trimmed; an empty value counts as unset; unset variables
@@ -171,7 +197,7 @@ impl MockConfig {
     /// [`flex_rt::Status::INVALID_ARGUMENT`] naming the variable and its raw
     /// value when a value is not a decimal number of the right range, not a
     /// sync policy (`SPYRE_MOCK_SYNC_POLICY`) or not a boolean
-    /// (`SPYRE_MOCK_DEVICE_SIDE_WAIT`), or when
+    /// (`SPYRE_MOCK_DEVICE_SIDE_WAIT`, `SPYRE_MOCK_CHECK_REUSE`), or when
     /// the values together fail the builder's checks (then the message names
     /// every variable that was set).
     pub fn from_lookup<F>(mut lookup: F) -> Result<Self>
@@ -193,17 +219,23 @@ impl MockConfig {
             builder = builder.sync_policy(policy);
             used.push(format!("{ENV_SYNC_POLICY}={raw:?}"));
         }
-        if let Some(raw) = lookup(ENV_DEVICE_SIDE_WAIT).filter(|raw| !raw.trim().is_empty()) {
-            let wait = flex_rt::env::parse_bool(raw.trim()).ok_or_else(|| {
+        for name in BOOL_ENV_VARS {
+            let Some(raw) = lookup(name).filter(|raw| !raw.trim().is_empty()) else {
+                continue;
+            };
+            let value = flex_rt::env::parse_bool(raw.trim()).ok_or_else(|| {
                 FlexError::invalid_argument(
                     CALL,
                     format!(
-                        "{ENV_DEVICE_SIDE_WAIT}={raw:?} is not valid: expected 1, true, yes, on, 0, false, no or off"
+                        "{name}={raw:?} is not valid: expected 1, true, yes, on, 0, false, no or off"
                     ),
                 )
             })?;
-            builder = builder.device_side_wait(wait);
-            used.push(format!("{ENV_DEVICE_SIDE_WAIT}={raw:?}"));
+            builder = match name {
+                ENV_DEVICE_SIDE_WAIT => builder.device_side_wait(value),
+                _ => builder.check_reuse(value),
+            };
+            used.push(format!("{name}={raw:?}"));
         }
         for name in NUMERIC_ENV_VARS {
             let Some(raw) = lookup(name) else { continue };
@@ -269,7 +301,11 @@ impl fmt::Display for MockConfig {
         } else {
             "host blocks"
         };
-        write!(f, ", event waits: {wait}")
+        write!(f, ", event waits: {wait}")?;
+        if self.check_reuse {
+            write!(f, ", reuse check on")?;
+        }
+        Ok(())
     }
 }
 
@@ -301,6 +337,7 @@ pub struct MockSystemBuilder {
     copy_bandwidth: Option<u64>,
     sync_policy: SyncPolicy,
     device_side_wait: bool,
+    check_reuse: bool,
 }
 
 impl Default for MockSystemBuilder {
@@ -315,6 +352,7 @@ impl Default for MockSystemBuilder {
             copy_bandwidth: defaults.copy_bandwidth,
             sync_policy: defaults.sync_policy,
             device_side_wait: defaults.device_side_wait,
+            check_reuse: defaults.check_reuse,
         }
     }
 }
@@ -385,6 +423,13 @@ impl MockSystemBuilder {
     /// (see [`MockConfig::device_side_wait`]).
     pub fn device_side_wait(mut self, device_side_wait: bool) -> Self {
         self.device_side_wait = device_side_wait;
+        self
+    }
+
+    /// Whether the device checks for memory reused too early (default
+    /// false; see [`MockConfig::check_reuse`]).
+    pub fn check_reuse(mut self, check_reuse: bool) -> Self {
+        self.check_reuse = check_reuse;
         self
     }
 
@@ -467,6 +512,7 @@ impl MockSystemBuilder {
             copy_bandwidth: self.copy_bandwidth,
             sync_policy: self.sync_policy,
             device_side_wait: self.device_side_wait,
+            check_reuse: self.check_reuse,
         })
     }
 }

@@ -100,6 +100,8 @@ pub(crate) struct Device {
     /// Whether waits on events are held by the scheduler (else they block
     /// the calling thread).
     pub(crate) device_side_wait: bool,
+    /// Whether the use-after-free detector is on.
+    pub(crate) check_reuse: bool,
     /// Bumped (release) whenever a stream becomes ready: what a spinning
     /// engine watches instead of taking the scheduler lock.
     pub(crate) work_epoch: AtomicU64,
@@ -119,11 +121,12 @@ impl Device {
                 op_latency: config.op_latency(),
                 copy_bandwidth: config.copy_bandwidth(),
             },
-            scheduler: Mutex::new(Scheduler::default()),
+            scheduler: Mutex::new(Scheduler::new(config.check_reuse())),
             work: Condvar::new(),
             done: Condvar::new(),
             sync_policy: config.sync_policy(),
             device_side_wait: config.device_side_wait(),
+            check_reuse: config.check_reuse(),
             work_epoch: AtomicU64::new(0),
             done_epoch: AtomicU64::new(0),
         }
@@ -287,7 +290,12 @@ fn engine_main(device: Arc<Device>) {
 
 /// Runs one job; `scheduler` is locked on entry and on return, and unlocked
 /// while user code runs.
-fn run_job(device: &Device, scheduler: &mut MutexGuard<'_, Scheduler>, job: Job) {
+fn run_job(device: &Device, scheduler: &mut MutexGuard<'_, Scheduler>, mut job: Job) {
+    if matches!(job.verdict, Verdict::Run { .. })
+        && let Some(reused) = scheduler.check_reuse(&job, &device.memory)
+    {
+        job.verdict = Verdict::Skip(reused);
+    }
     let Job {
         stream,
         pending,

@@ -9,8 +9,8 @@
 //! [`flex_rt::Status::EXECUTION_FAILED`] and a message that names it;
 //! nothing is written then.
 
-use flex_rt::CompositeAddress;
 use flex_rt::program::{DESCRIPTOR_SIZE, Kernel, KernelDescriptor};
+use flex_rt::{CompositeAddress, LogicalAddress};
 
 use crate::memory::MemoryView;
 use crate::reference;
@@ -26,8 +26,11 @@ fn to_bytes(values: &[f32]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
-/// Runs the program at `program`; see the [module docs](self).
-pub(crate) fn execute(view: &MemoryView<'_>, program: &CompositeAddress) -> Result<(), String> {
+/// The descriptor of the program at `program`.
+fn descriptor(
+    view: &MemoryView<'_>,
+    program: &CompositeAddress,
+) -> Result<KernelDescriptor, String> {
     if program.total_size() < DESCRIPTOR_SIZE as u64 {
         return Err(format!(
             "program at {program} has {} bytes; a kernel descriptor needs {DESCRIPTOR_SIZE}",
@@ -36,8 +39,25 @@ pub(crate) fn execute(view: &MemoryView<'_>, program: &CompositeAddress) -> Resu
     }
     let mut bytes = [0u8; DESCRIPTOR_SIZE];
     view.read(&view.spans(program)?, &mut bytes);
-    let descriptor = KernelDescriptor::parse(&bytes)
+    KernelDescriptor::parse(&bytes).map_err(|e| format!("bad kernel descriptor at {program}: {e}"))
+}
+
+/// Where the operands of the program at `program` are, and their sizes in
+/// bytes, as the program reads now.
+pub(crate) fn operands(
+    view: &MemoryView<'_>,
+    program: &CompositeAddress,
+) -> Result<Vec<(LogicalAddress, u64)>, String> {
+    let descriptor = descriptor(view, program)?;
+    let operands = descriptor
+        .operands()
         .map_err(|e| format!("bad kernel descriptor at {program}: {e}"))?;
+    Ok(operands.iter().map(|o| (o.at, o.bytes)).collect())
+}
+
+/// Runs the program at `program`; see the [module docs](self).
+pub(crate) fn execute(view: &MemoryView<'_>, program: &CompositeAddress) -> Result<(), String> {
+    let descriptor = descriptor(view, program)?;
     let kernel = descriptor.kernel;
     let operands = descriptor
         .operands()

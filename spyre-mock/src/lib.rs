@@ -123,6 +123,7 @@
 //! | `SPYRE_MOCK_OP_LATENCY_US`  | extra time per operation, microseconds, 0..=1000000 (at most 1 s) | 0 |
 //! | `SPYRE_MOCK_COPY_BANDWIDTH` | H2D/D2H bandwidth, bytes per second, at least 1000000 (1 MB/s) | unlimited |
 //! | `SPYRE_MOCK_DEVICE_SIDE_WAIT` | whether streams wait on events on the device side (a boolean); `0` models today's card, where a wait blocks the host | on |
+//! | `SPYRE_MOCK_CHECK_REUSE`       | the use-after-free detector (a boolean): every copy, fill and compute that touches memory an allocator handed out again while an operation of the previous owner on it has not completed fails, naming both ([`MockConfig::check_reuse`]) | off |
 //! | `SPYRE_MOCK_SYNC_POLICY`    | how `synchronize` waits: `auto` (spin 20 µs per call, then block), `spin` or `yield` (until done), `blocking` ([`flex_rt::SyncPolicy`]); idle engines spin 20 µs before they park under every policy but `blocking` | `auto` |
 //!
 //! # The shared library
@@ -144,6 +145,7 @@ mod memory;
 mod op;
 mod record;
 pub mod reference;
+mod reuse;
 mod runtime;
 mod scheduler;
 mod stream;

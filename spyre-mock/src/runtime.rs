@@ -204,6 +204,18 @@ impl Runtime for MockRuntime {
         self.device.memory.free(address)
     }
 
+    /// Feeds the use-after-free detector
+    /// ([`MockConfig::check_reuse`](crate::MockConfig::check_reuse)); one
+    /// branch when it is off.
+    fn note_reuse(&self, address: &CompositeAddress) {
+        if self.device.check_reuse {
+            self.device
+                .scheduler
+                .lock()
+                .note_reuse(address, &self.device.memory);
+        }
+    }
+
     fn memory_layout(&self) -> Option<MemoryLayout> {
         Some(self.device.memory.layout())
     }

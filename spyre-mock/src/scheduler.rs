@@ -18,10 +18,12 @@ use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use flex_rt::{Completion, FlexError, Status, StreamPriority};
+use flex_rt::{Completion, CompositeAddress, FlexError, Status, StreamPriority};
 
+use crate::memory::DeviceMemory;
 use crate::op::Op;
 use crate::record::Record;
+use crate::reuse::ReuseCheck;
 
 /// An enqueued operation.
 pub(crate) struct Pending {
@@ -104,9 +106,55 @@ pub(crate) struct Scheduler {
     /// Stream ids `synchronize` was called on, in call order; the most
     /// recent [`SYNCHRONIZE_LOG_LIMIT`] calls.
     synchronize_log: VecDeque<u64>,
+    /// The use-after-free detector, when it is on.
+    reuse: Option<ReuseCheck>,
 }
 
 impl Scheduler {
+    /// No streams yet; with the use-after-free detector if `check_reuse`.
+    pub(crate) fn new(check_reuse: bool) -> Self {
+        Self {
+            reuse: check_reuse.then(ReuseCheck::default),
+            ..Self::default()
+        }
+    }
+
+    /// Notes that `address` is handed out again (see [`crate::reuse`]);
+    /// nothing when the detector is off.
+    pub(crate) fn note_reuse(&mut self, address: &CompositeAddress, memory: &DeviceMemory) {
+        let Self {
+            streams,
+            reuse,
+            next_seq,
+            ..
+        } = self;
+        let Some(check) = reuse else { return };
+        let queued = streams.iter().enumerate().flat_map(|(index, state)| {
+            let first = state.completed + u64::from(state.running);
+            (first..)
+                .zip(&state.queue)
+                .map(move |(position, pending)| (index, position, &pending.op))
+        });
+        check.note(address, queued, *next_seq, memory, |s| streams[s].completed);
+    }
+
+    /// Records the operation `job` is starting and checks it against the
+    /// detector's notes: the error to fail it with, if it touches memory
+    /// handed out again too early. `None` when the detector is off.
+    pub(crate) fn check_reuse(&mut self, job: &Job, memory: &DeviceMemory) -> Option<FlexError> {
+        let Self { streams, reuse, .. } = self;
+        let check = reuse.as_mut()?;
+        let position = streams[job.stream].completed;
+        check.start(
+            job.stream,
+            position,
+            job.pending.seq,
+            &job.pending.op,
+            memory,
+            |s| streams[s].completed,
+        )
+    }
+
     /// Adds a stream and returns its index.
     pub(crate) fn add_stream(&mut self, priority: StreamPriority) -> usize {
         self.streams.push(StreamState {
@@ -334,6 +382,9 @@ impl Scheduler {
     /// finished operation may be that record); any that became ready show up
     /// in [`Self::has_ready`].
     pub(crate) fn finish(&mut self, index: usize) -> bool {
+        if let Some(check) = &mut self.reuse {
+            check.finish(index);
+        }
         let state = &mut self.streams[index];
         state.running = false;
         state.completed += 1;

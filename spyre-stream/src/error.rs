@@ -192,9 +192,51 @@ pub enum Error {
         /// How much earlier the end event completed.
         by: std::time::Duration,
     },
+    /// The device could not give the memory a [`crate::DeviceBuffer`] asked
+    /// for, even after the caching allocator returned its cached memory to
+    /// the device and tried again (boxed: the details are large).
+    #[error(transparent)]
+    OutOfMemory(Box<OutOfMemory>),
+    /// A copy between a [`crate::DeviceBuffer`] and host memory of another
+    /// length.
+    #[error(
+        "{operation}: the device buffer holds {buffer} {unit} but the host side has {host}; the lengths must be equal"
+    )]
+    LengthMismatch {
+        /// The method called.
+        operation: &'static str,
+        /// The device buffer's length.
+        buffer: u64,
+        /// The host side's length.
+        host: u64,
+        /// `elements` or `bytes`.
+        unit: &'static str,
+    },
     /// An error of the flex runtime, unchanged.
     #[error(transparent)]
     Flex(#[from] FlexError),
+}
+
+/// The details of [`Error::OutOfMemory`]: what was asked for, and where
+/// the memory is.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error(
+    "out of device memory: cannot allocate {requested} bytes; the device has {} free, the allocator caches {cached} bytes (largest cached block {largest_cached} bytes, for other streams or in use by pending work); drop buffers no longer needed or allocate less: {source}",
+    match device_free { Some(free) => format!("{free} bytes"), None => "an unknown amount (flex ABI 1.0)".to_owned() }
+)]
+#[non_exhaustive]
+pub struct OutOfMemory {
+    /// Bytes asked for.
+    pub requested: u64,
+    /// Free device memory, from the runtime (`None` with a flex library of
+    /// ABI 1.0, which cannot tell).
+    pub device_free: Option<u64>,
+    /// Bytes the allocator still holds but no buffer uses.
+    pub cached: u64,
+    /// The largest block among them.
+    pub largest_cached: u64,
+    /// The runtime's refusal.
+    pub source: FlexError,
 }
 
 /// Which event of [`crate::SpyreEvent::elapsed_time`] an error is about.

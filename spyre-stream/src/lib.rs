@@ -195,7 +195,7 @@ mod stream_operations;
 pub use backend::{BackendKind, parse_backend};
 pub use current::{StreamGuard, current_stream, set_current_stream};
 pub use device::Device;
-pub use error::{Error, EventRole, Result};
+pub use error::{Error, EventRole, OutOfMemory, Result};
 pub use event::{SpyreEvent, SynchronizeFuture, capabilities};
 pub use flex_rt::{
     ADDRESS_ALIGNMENT, Capabilities, CompositeAddress, DataFormat, FlexError, HostBuffer,
@@ -206,7 +206,12 @@ pub use id::{
     MAX_HOST_COMPUTE_STREAMS, NORMAL_POOL_END, NORMAL_POOL_START, PoolKind, STREAMS_PER_POOL,
     StreamId,
 };
-pub use memory::{allocate, free, memory_info, memory_layout};
+pub use memory::{
+    DeviceBuffer, DeviceElement, LARGE_SEGMENT, LARGE_SEGMENT_LIMIT, MIN_BLOCK, MemoryStats,
+    SMALL_REQUEST, SMALL_SEGMENT, allocate, empty_cache, free, max_memory_allocated,
+    memory_allocated, memory_info, memory_layout, memory_reserved, memory_stats,
+    reset_peak_memory_stats,
+};
 pub use pool::{PoolConfig, StreamPool};
 pub use process_pool::{
     default_stream, default_stream_handle, host_compute_stream, host_compute_stream_by_id,

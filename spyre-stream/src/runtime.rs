@@ -14,6 +14,7 @@ use crate::backend::{self, BackendKind};
 use crate::device::{Device, set_thread_device, thread_device};
 use crate::env::{self, MAX_DEVICE_INDEX};
 use crate::error::{Error, Result};
+use crate::memory::CachingAllocator;
 use crate::pool::{PoolConfig, StreamPool};
 use crate::state::DeviceState;
 use crate::stream::SpyreStream;
@@ -23,6 +24,8 @@ use crate::stream::SpyreStream;
 struct Running {
     backend: &'static dyn Backend,
     pool: StreamPool<'static>,
+    /// The caching allocator behind [`crate::DeviceBuffer`].
+    allocator: CachingAllocator,
     device_source: DeviceSource,
     /// The process the runtime was started in, for the fork error.
     pid: u32,
@@ -328,6 +331,7 @@ fn start_locked(slot: &mut Option<Slot>, device: Device) -> Result<(&'static Run
     let started = RUNNING.set(Running {
         backend,
         pool,
+        allocator: CachingAllocator::new(runtime),
         device_source,
         pid: std::process::id(),
         generation,
@@ -383,6 +387,28 @@ pub(crate) fn started_pool_for(device: Device) -> Result<&'static StreamPool<'st
     let running = running()?;
     let (requested, _) = resolve(device, Some(running))?;
     bound_pool(running, requested)
+}
+
+/// The caching allocator that serves `stream`, whose handle is checked
+/// (the stream's device is the runtime's). Starts nothing.
+///
+/// # Errors
+/// As [`crate::SpyreStream::query`] for `stream`; [`Error::RuntimeReset`]
+/// after [`free_runtime`].
+pub(crate) fn allocator_of(stream: SpyreStream) -> Result<&'static CachingAllocator> {
+    stream.handle()?;
+    check_not_freed()?;
+    Ok(&running()?.allocator)
+}
+
+/// The caching allocator of `device` when the runtime has started; starts
+/// nothing.
+///
+/// # Errors
+/// As [`started_pool_for`].
+pub(crate) fn started_allocator_for(device: Device) -> Result<&'static CachingAllocator> {
+    started_pool_for(device)?;
+    Ok(&running()?.allocator)
 }
 
 /// `running`'s pool if it serves `requested`.

@@ -24,12 +24,7 @@ fn pool_stream() -> SpyreStream {
 
 /// Holds `stream` until the returned gate opens.
 fn hold(stream: SpyreStream) -> Arc<Gate> {
-    let gate = Gate::new();
-    let g = Arc::clone(&gate);
-    stream
-        .launch_host_callback(move || g.wait(), LaunchOptions::new())
-        .expect("launch");
-    gate
+    Gate::hold_pool_stream(stream)
 }
 
 fn log_on(stream: SpyreStream, log: &Arc<Mutex<Vec<&'static str>>>, entry: &'static str) {

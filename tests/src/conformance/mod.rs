@@ -358,6 +358,20 @@ impl Gate {
         *self.open.lock().unwrap()
     }
 
+    /// A closed gate that `stream` (of the process-wide pool) waits at:
+    /// a host callback enqueued on it holds the stream until the gate opens.
+    ///
+    /// # Panics
+    /// When the launch fails: the test is broken.
+    pub fn hold_pool_stream(stream: spyre_stream::SpyreStream) -> Arc<Self> {
+        let gate = Self::new();
+        let waiter = Arc::clone(&gate);
+        stream
+            .launch_host_callback(move || waiter.wait(), flex_rt::LaunchOptions::new())
+            .expect("launch");
+        gate
+    }
+
     /// Waits until the gate is open, at most 20 s (a wait that long means
     /// the test is broken; the test then fails on what it checks next).
     pub fn wait(&self) {

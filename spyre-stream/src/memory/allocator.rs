@@ -1,0 +1,619 @@
+//! The caching allocator behind [`crate::DeviceBuffer`] (PyTorch's CUDA
+//! caching allocator, in its essentials): device memory is taken from the
+//! runtime in segments, handed out in blocks, and kept when a buffer is
+//! dropped, for the next allocation on the same stream.
+//!
+//! - **Rounding and segments.** A request is rounded up to
+//!   [`MIN_BLOCK`] bytes. Requests up to [`SMALL_REQUEST`] come from
+//!   segments of [`SMALL_SEGMENT`]; up to [`LARGE_SEGMENT_LIMIT`], from
+//!   segments of [`LARGE_SEGMENT`]; larger ones get a segment of their own,
+//!   rounded to [`SMALL_SEGMENT`]. When the device cannot give a whole
+//!   segment, the request's own size is tried.
+//! - **Per stream.** A segment, and every block in it, belongs to the stream
+//!   it was allocated for. A free block is reused only for that stream, with
+//!   no synchronization: work enqueued later on a stream runs after work
+//!   enqueued earlier.
+//! - **Other streams.** A block used on other streams
+//!   ([`crate::DeviceBuffer::record_stream`]) is freed in their order: an
+//!   event is recorded on each when the buffer is dropped, and the block is
+//!   cached again only when all have completed (looked at on every
+//!   allocation, never waited for). Without events (a flex library of ABI
+//!   1.0) the block waits until each of those streams is idle instead.
+//! - **Split and merge.** A free block larger than a request is split when
+//!   the rest is worth keeping ([`MIN_BLOCK`] or more for small requests,
+//!   more than [`SMALL_REQUEST`] for large ones); a block freed next to free
+//!   blocks of its segment merges with them.
+//! - **Out of memory.** When the device is full the allocator returns its
+//!   whole free segments to the device ([`CachingAllocator::empty_cache`])
+//!   and tries once more; then it fails with [`Error::OutOfMemory`].
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use flex_rt::{CompositeAddress, Event, FlexError, Runtime, Status};
+use parking_lot::Mutex;
+
+use crate::error::{Error, OutOfMemory, Result};
+use crate::stream::SpyreStream;
+
+/// Every block is a multiple of this many bytes (PyTorch's `kMinBlockSize`).
+pub const MIN_BLOCK: u64 = 512;
+/// Requests up to this size share [`SMALL_SEGMENT`]s (PyTorch's
+/// `kSmallSize`).
+pub const SMALL_REQUEST: u64 = 1 << 20;
+/// The segment of small requests (PyTorch's `kSmallBuffer`).
+pub const SMALL_SEGMENT: u64 = 2 << 20;
+/// Requests below this size share [`LARGE_SEGMENT`]s (PyTorch's
+/// `kMinLargeAlloc`).
+pub const LARGE_SEGMENT_LIMIT: u64 = 10 << 20;
+/// The segment of requests between [`SMALL_REQUEST`] and
+/// [`LARGE_SEGMENT_LIMIT`] (PyTorch's `kLargeBuffer`).
+pub const LARGE_SEGMENT: u64 = 20 << 20;
+
+/// The memory statistics of one device's caching allocator (PyTorch's
+/// `torch.cuda.memory_stats`, in its main counters), in bytes and counts
+/// since the runtime started. Blocks count at their rounded size.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MemoryStats {
+    /// Bytes of blocks held by live buffers (`allocated_bytes.all.current`;
+    /// `torch.cuda.memory_allocated`).
+    pub allocated_bytes: u64,
+    /// The most `allocated_bytes` has been since the start or the last
+    /// [`crate::reset_peak_memory_stats`] (`max_memory_allocated`).
+    pub peak_allocated_bytes: u64,
+    /// Bytes the allocator holds from the device, in use or cached
+    /// (`reserved_bytes.all.current`; `torch.cuda.memory_reserved`).
+    pub reserved_bytes: u64,
+    /// The most `reserved_bytes` has been (`max_memory_reserved`).
+    pub peak_reserved_bytes: u64,
+    /// Bytes the live buffers asked for, before rounding
+    /// (`requested_bytes.all.current`).
+    pub requested_bytes: u64,
+    /// Buffers allocated (`allocation.all.allocated`).
+    pub allocations: u64,
+    /// Buffers dropped (`allocation.all.freed`).
+    pub frees: u64,
+    /// Blocks waiting for other streams before they are cached again.
+    pub pending_frees: u64,
+    /// Allocations the runtime made for the allocator
+    /// (`num_device_alloc`).
+    pub device_allocations: u64,
+    /// Frees the runtime made for the allocator (`num_device_free`).
+    pub device_frees: u64,
+    /// Allocations that found the device full, emptied the cache and tried
+    /// again (`num_alloc_retries`).
+    pub alloc_retries: u64,
+    /// Allocations that failed for lack of memory (`num_ooms`).
+    pub out_of_memory: u64,
+}
+
+/// A block handed out to a buffer.
+#[derive(Debug)]
+pub(crate) struct Block {
+    /// The block's memory: `requested` bytes from the block's start.
+    pub(crate) address: CompositeAddress,
+    segment: u64,
+    offset: u64,
+    /// Rounded size, the bytes the block takes in its segment.
+    size: u64,
+    /// Bytes asked for.
+    requested: u64,
+}
+
+/// What must happen before a block freed by a buffer that other streams
+/// used is cached again: one per such stream.
+enum Fence {
+    /// An event recorded on the stream when the buffer was dropped.
+    Event(Box<dyn Event>),
+    /// No event could be made: the stream must be idle.
+    Idle(SpyreStream),
+}
+
+impl Fence {
+    /// Whether the stream has passed the point of the drop. A stream that
+    /// has failed has: its later work never runs.
+    fn passed(&self) -> bool {
+        match self {
+            Fence::Event(event) => event.query().unwrap_or(true),
+            Fence::Idle(stream) => stream.query().unwrap_or(true),
+        }
+    }
+}
+
+/// A block freed in other streams' order, not yet cached.
+struct Deferred {
+    segment: u64,
+    offset: u64,
+    fences: Vec<Fence>,
+}
+
+/// One device allocation, cut into blocks.
+struct Segment {
+    address: CompositeAddress,
+    stream: i64,
+    /// Every block of the segment by offset: its size and whether it is free
+    /// (and cached).
+    blocks: BTreeMap<u64, Span>,
+}
+
+#[derive(Clone, Copy)]
+struct Span {
+    size: u64,
+    free: bool,
+}
+
+/// A cached block, ordered for best fit: by stream, then size.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct FreeKey {
+    stream: i64,
+    size: u64,
+    segment: u64,
+    offset: u64,
+}
+
+#[derive(Default)]
+struct State {
+    segments: HashMap<u64, Segment>,
+    next_segment: u64,
+    free: BTreeSet<FreeKey>,
+    deferred: Vec<Deferred>,
+    stats: MemoryStats,
+}
+
+/// The caching allocator of the process's device.
+///
+/// Thread-safety: every method may be called from any thread; the state
+/// is behind one mutex, never held across a call into the runtime that can
+/// wait.
+pub(crate) struct CachingAllocator {
+    runtime: &'static dyn Runtime,
+    state: Mutex<State>,
+}
+
+impl std::fmt::Debug for CachingAllocator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CachingAllocator")
+            .field("stats", &self.state.lock().stats)
+            .finish()
+    }
+}
+
+/// `bytes` rounded up to [`MIN_BLOCK`].
+///
+/// # Errors
+/// [`Error::Flex`] (`INVALID_ARGUMENT`) for 0 bytes or a size that
+/// overflows.
+pub(crate) fn round_request(bytes: u64) -> Result<u64> {
+    if bytes == 0 {
+        return Err(FlexError::invalid_argument(
+            "DeviceBuffer",
+            "a device buffer needs at least one byte, got 0",
+        )
+        .into());
+    }
+    bytes.checked_next_multiple_of(MIN_BLOCK).ok_or_else(|| {
+        FlexError::invalid_argument(
+            "DeviceBuffer",
+            format!(
+                "{bytes} bytes cannot be allocated: the size overflows when rounded to {MIN_BLOCK}"
+            ),
+        )
+        .into()
+    })
+}
+
+/// The segment to take from the device for a request of `rounded` bytes.
+fn segment_size(rounded: u64) -> u64 {
+    if rounded <= SMALL_REQUEST {
+        SMALL_SEGMENT
+    } else if rounded < LARGE_SEGMENT_LIMIT {
+        LARGE_SEGMENT
+    } else {
+        rounded
+            .checked_next_multiple_of(SMALL_SEGMENT)
+            .unwrap_or(rounded)
+    }
+}
+
+/// Whether a free block with `rest` bytes left over a request of
+/// `rounded` bytes is split (PyTorch's `should_split`).
+fn should_split(rounded: u64, rest: u64) -> bool {
+    if rounded <= SMALL_REQUEST {
+        rest >= MIN_BLOCK
+    } else {
+        rest > SMALL_REQUEST
+    }
+}
+
+impl CachingAllocator {
+    /// An empty allocator over `runtime`.
+    pub(crate) fn new(runtime: &'static dyn Runtime) -> Self {
+        Self {
+            runtime,
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    /// A block of at least `bytes` (> 0) for `stream`: a cached one if the
+    /// stream has one large enough, else from a new segment.
+    ///
+    /// # Errors
+    /// As [`round_request`]; [`Error::OutOfMemory`] when the device cannot
+    /// give the memory even after the cache was emptied; the runtime's
+    /// other errors.
+    pub(crate) fn allocate(&self, stream: SpyreStream, bytes: u64) -> Result<Block> {
+        let block = self.take_block(stream, bytes)?;
+        // Work enqueued from now on is the new owner's (a checking device
+        // tells it from the previous owner's).
+        self.runtime.note_reuse(&block.address);
+        Ok(block)
+    }
+
+    /// The block [`CachingAllocator::allocate`] hands out.
+    fn take_block(&self, stream: SpyreStream, bytes: u64) -> Result<Block> {
+        let rounded = round_request(bytes)?;
+        let key = stream.id().get();
+        {
+            let mut state = self.state.lock();
+            state.collect_deferred();
+            if let Some(block) = state.take_cached(key, rounded, bytes)? {
+                return Ok(block);
+            }
+        }
+        let segment = match self.allocate_segment(rounded) {
+            Ok(segment) => segment,
+            Err(error) if error.status() == Status::OUT_OF_MEMORY => {
+                self.empty_cache();
+                self.state.lock().stats.alloc_retries += 1;
+                match self.allocate_segment(rounded) {
+                    Ok(segment) => segment,
+                    Err(error) if error.status() == Status::OUT_OF_MEMORY => {
+                        return Err(self.out_of_memory(bytes, error));
+                    }
+                    Err(error) => return Err(error.into()),
+                }
+            }
+            Err(error) => return Err(error.into()),
+        };
+        let mut state = self.state.lock();
+        let whole = state.add_segment(segment, key);
+        state.take(whole, rounded, bytes)
+    }
+
+    /// A segment for `rounded` bytes from the device: the standard segment
+    /// size, or the request's own if the device cannot give that much.
+    fn allocate_segment(&self, rounded: u64) -> std::result::Result<CompositeAddress, FlexError> {
+        let size = segment_size(rounded);
+        let segment = match self.runtime.allocate(size) {
+            Err(error) if error.status() == Status::OUT_OF_MEMORY && size > rounded => {
+                self.runtime.allocate(rounded)
+            }
+            other => other,
+        }?;
+        let mut state = self.state.lock();
+        state.stats.device_allocations += 1;
+        state.stats.reserved_bytes += segment.total_size();
+        state.stats.peak_reserved_bytes = state
+            .stats
+            .peak_reserved_bytes
+            .max(state.stats.reserved_bytes);
+        Ok(segment)
+    }
+
+    /// The error of an allocation the device could not serve.
+    fn out_of_memory(&self, requested: u64, source: FlexError) -> Error {
+        let device_free = self.runtime.memory_info().ok().map(|info| info.free_bytes);
+        let mut state = self.state.lock();
+        state.stats.out_of_memory += 1;
+        let cached = state.stats.reserved_bytes - state.stats.allocated_bytes;
+        let largest_cached = state.free.iter().map(|k| k.size).max().unwrap_or(0);
+        Error::OutOfMemory(Box::new(OutOfMemory {
+            requested,
+            device_free,
+            cached,
+            largest_cached,
+            source,
+        }))
+    }
+
+    /// Returns `block` to the cache. With `users` (streams other than the
+    /// block's own that used it), the block waits for the work enqueued on
+    /// them so far first. Never blocks.
+    pub(crate) fn free(&self, block: Block, users: &[SpyreStream]) {
+        let fences: Vec<Fence> = users.iter().map(|&stream| self.fence(stream)).collect();
+        let mut state = self.state.lock();
+        state.stats.allocated_bytes -= block.size;
+        state.stats.requested_bytes -= block.requested;
+        state.stats.frees += 1;
+        if fences.is_empty() {
+            state.release(block.segment, block.offset);
+        } else {
+            state.stats.pending_frees += 1;
+            state.deferred.push(Deferred {
+                segment: block.segment,
+                offset: block.offset,
+                fences,
+            });
+            state.collect_deferred();
+        }
+    }
+
+    /// A fence at the end of the work enqueued on `stream` so far.
+    fn fence(&self, stream: SpyreStream) -> Fence {
+        let recorded = (|| {
+            let handle = stream.handle().ok()?;
+            let event = self.runtime.create_event(false).ok()?;
+            handle.record_event(&*event, None).ok()?;
+            Some(event)
+        })();
+        match recorded {
+            Some(event) => Fence::Event(event),
+            None => Fence::Idle(stream),
+        }
+    }
+
+    /// Returns every cached segment that is wholly free to the device
+    /// (`torch.cuda.empty_cache`). Blocks until the streams that own them
+    /// have finished their work (a segment's blocks may be in use by work
+    /// still enqueued on its stream); a segment whose stream cannot be waited
+    /// for from here (from a host callback of that stream) stays cached.
+    /// Returns the bytes returned to the device.
+    pub(crate) fn empty_cache(&self) -> u64 {
+        let released = self.state.lock().take_free_segments();
+        let mut by_stream: BTreeMap<i64, Vec<(u64, Segment)>> = BTreeMap::new();
+        for (id, segment) in released {
+            by_stream
+                .entry(segment.stream)
+                .or_default()
+                .push((id, segment));
+        }
+        let mut returned = 0;
+        for (stream_id, segments) in by_stream {
+            let stream = SpyreStream::from_parts(
+                self.runtime.logical_device() as u8,
+                crate::StreamId(stream_id),
+            );
+            if !stream_has_finished(stream) {
+                let mut state = self.state.lock();
+                for (id, segment) in segments {
+                    state.restore_segment(id, segment);
+                }
+                continue;
+            }
+            for (_, segment) in segments {
+                let size = segment.address.total_size();
+                match self.runtime.free(&segment.address) {
+                    Ok(()) => {
+                        returned += size;
+                        let mut state = self.state.lock();
+                        state.stats.device_frees += 1;
+                        state.stats.reserved_bytes -= size;
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "the device refused to free a cached segment; it is forgotten");
+                        self.state.lock().stats.reserved_bytes -= size;
+                    }
+                }
+            }
+        }
+        returned
+    }
+
+    /// The statistics now (deferred frees whose streams have moved on are
+    /// collected first).
+    pub(crate) fn stats(&self) -> MemoryStats {
+        let mut state = self.state.lock();
+        state.collect_deferred();
+        state.stats
+    }
+
+    /// Starts the peaks again from the current values.
+    pub(crate) fn reset_peaks(&self) {
+        let mut state = self.state.lock();
+        state.stats.peak_allocated_bytes = state.stats.allocated_bytes;
+        state.stats.peak_reserved_bytes = state.stats.reserved_bytes;
+    }
+}
+
+/// Whether `stream` has no work left that could touch its memory: it
+/// finished everything enqueued (waiting for it), or it failed (its later
+/// work never runs). `false` when it cannot be waited for from here.
+fn stream_has_finished(stream: SpyreStream) -> bool {
+    match stream.synchronize() {
+        Ok(()) => true,
+        // A failed stream reports its error to query as well; a wait that
+        // was refused (from a callback) leaves work pending.
+        Err(_) => !matches!(stream.query(), Ok(false)),
+    }
+}
+
+impl State {
+    /// Caches again every deferred block whose streams have all passed the
+    /// point of its drop.
+    fn collect_deferred(&mut self) {
+        if self.deferred.is_empty() {
+            return;
+        }
+        let deferred = std::mem::take(&mut self.deferred);
+        for entry in deferred {
+            if entry.fences.iter().all(Fence::passed) {
+                self.stats.pending_frees -= 1;
+                self.release(entry.segment, entry.offset);
+            } else {
+                self.deferred.push(entry);
+            }
+        }
+    }
+
+    /// The best-fitting cached block of `stream` for `rounded` bytes.
+    fn take_cached(&mut self, stream: i64, rounded: u64, requested: u64) -> Result<Option<Block>> {
+        let probe = FreeKey {
+            stream,
+            size: rounded,
+            segment: 0,
+            offset: 0,
+        };
+        match self.free.range(probe..).next() {
+            Some(&found) if found.stream == stream => {
+                self.take(found, rounded, requested).map(Some)
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Hands out the cached block `found` for `rounded` bytes, split if
+    /// the rest is worth keeping.
+    fn take(&mut self, found: FreeKey, rounded: u64, requested: u64) -> Result<Block> {
+        self.free.remove(&found);
+        let segment = self
+            .segments
+            .get_mut(&found.segment)
+            .expect("a cached block's segment exists");
+        let mut size = found.size;
+        if should_split(rounded, found.size - rounded) {
+            let rest = FreeKey {
+                size: found.size - rounded,
+                offset: found.offset + rounded,
+                ..found
+            };
+            segment.blocks.insert(
+                rest.offset,
+                Span {
+                    size: rest.size,
+                    free: true,
+                },
+            );
+            self.free.insert(rest);
+            size = rounded;
+        }
+        segment
+            .blocks
+            .insert(found.offset, Span { size, free: false });
+        let address = match segment.address.slice(found.offset, requested) {
+            Ok(address) => address,
+            Err(error) => {
+                // Blocks start at multiples of MIN_BLOCK, so this does not
+                // happen; if it did, the block goes back to the cache.
+                self.release(found.segment, found.offset);
+                return Err(error.into());
+            }
+        };
+        self.stats.allocated_bytes += size;
+        self.stats.peak_allocated_bytes = self
+            .stats
+            .peak_allocated_bytes
+            .max(self.stats.allocated_bytes);
+        self.stats.requested_bytes += requested;
+        self.stats.allocations += 1;
+        Ok(Block {
+            address,
+            segment: found.segment,
+            offset: found.offset,
+            size,
+            requested,
+        })
+    }
+
+    /// Adds a segment from the device for `stream`, all of it one free
+    /// block, and returns that block.
+    fn add_segment(&mut self, address: CompositeAddress, stream: i64) -> FreeKey {
+        let id = self.next_segment;
+        self.next_segment += 1;
+        let size = address.total_size();
+        self.segments.insert(
+            id,
+            Segment {
+                address,
+                stream,
+                blocks: BTreeMap::from([(0, Span { size, free: true })]),
+            },
+        );
+        let whole = FreeKey {
+            stream,
+            size,
+            segment: id,
+            offset: 0,
+        };
+        self.free.insert(whole);
+        whole
+    }
+
+    /// Marks the block at `offset` of `segment` free, merged with free
+    /// neighbours, and caches it.
+    fn release(&mut self, segment_id: u64, offset: u64) {
+        let Some(segment) = self.segments.get_mut(&segment_id) else {
+            return;
+        };
+        let stream = segment.stream;
+        let Some(span) = segment.blocks.remove(&offset) else {
+            return;
+        };
+        let (mut start, mut size) = (offset, span.size);
+        let next = segment
+            .blocks
+            .range(offset + size..)
+            .next()
+            .filter(|&(&at, after)| at == offset + size && after.free);
+        let previous = segment
+            .blocks
+            .range(..offset)
+            .next_back()
+            .filter(|&(&at, before)| at + before.size == offset && before.free);
+        let neighbours = [next, previous].map(|found| found.map(|(&at, _)| at));
+        for neighbour in neighbours.into_iter().flatten() {
+            let span = segment
+                .blocks
+                .remove(&neighbour)
+                .expect("a neighbour found above");
+            self.free.remove(&FreeKey {
+                stream,
+                size: span.size,
+                segment: segment_id,
+                offset: neighbour,
+            });
+            start = start.min(neighbour);
+            size += span.size;
+        }
+        segment.blocks.insert(start, Span { size, free: true });
+        self.free.insert(FreeKey {
+            stream,
+            size,
+            segment: segment_id,
+            offset: start,
+        });
+    }
+
+    /// Removes every segment that is one free block, for the device.
+    fn take_free_segments(&mut self) -> Vec<(u64, Segment)> {
+        let whole: Vec<u64> = self
+            .segments
+            .iter()
+            .filter(|(_, s)| s.blocks.len() == 1 && s.blocks.values().all(|span| span.free))
+            .map(|(&id, _)| id)
+            .collect();
+        whole
+            .into_iter()
+            .filter_map(|id| {
+                let segment = self.segments.remove(&id)?;
+                self.free.remove(&FreeKey {
+                    stream: segment.stream,
+                    size: segment.address.total_size(),
+                    segment: id,
+                    offset: 0,
+                });
+                Some((id, segment))
+            })
+            .collect()
+    }
+
+    /// Puts back a segment [`State::take_free_segments`] removed.
+    fn restore_segment(&mut self, id: u64, segment: Segment) {
+        self.free.insert(FreeKey {
+            stream: segment.stream,
+            size: segment.address.total_size(),
+            segment: id,
+            offset: 0,
+        });
+        self.segments.insert(id, segment);
+    }
+}

@@ -1,0 +1,339 @@
+//! Device memory with an owner: `DeviceBuffer` over the caching allocator,
+//! on the software device through the process-wide pool. Each test runs in
+//! a fresh process (the runtime and its allocator start once per process),
+//! so the statistics each test asserts are its own.
+
+use std::sync::Arc;
+
+use half::f16;
+use spyre_stream::{
+    DataFormat, Device, DeviceBuffer, Error, HostBuffer, LaunchOptions, MIN_BLOCK, MemoryStats,
+    OutOfMemory, SMALL_SEGMENT, SpyreStream, empty_cache, memory_allocated, memory_reserved,
+    memory_stats, stream_from_pool,
+};
+use spyre_tests::conformance::Gate;
+use spyre_tests::isolated;
+
+const MOCK: (&str, &str) = ("SPYRE_BACKEND", "mock");
+const MIB: u64 = 1 << 20;
+
+fn pool_stream() -> SpyreStream {
+    stream_from_pool(Device::CURRENT, 0).expect("stream_from_pool")
+}
+
+fn stats() -> MemoryStats {
+    memory_stats(Device::CURRENT).expect("memory_stats")
+}
+
+/// Holds `stream` until the returned gate opens.
+fn hold(stream: SpyreStream) -> Arc<Gate> {
+    Gate::hold_pool_stream(stream)
+}
+
+static_assertions::assert_impl_all!(DeviceBuffer<f32>: Send, Sync);
+static_assertions::assert_impl_all!(DeviceBuffer<u8>: Send, Sync);
+
+#[test]
+fn every_format_round_trips_and_fills() {
+    isolated!(&[MOCK], || {
+        let stream = pool_stream();
+        let floats = DeviceBuffer::from_host(stream, &[1.5f32, -2.0, 3.25]).unwrap();
+        assert_eq!((floats.len(), floats.size_bytes()), (3, 12));
+        assert_eq!(floats.data_format(), DataFormat::Fp32);
+        assert_eq!(floats.to_vec(stream).unwrap(), [1.5, -2.0, 3.25]);
+
+        let mut halves = DeviceBuffer::<f16>::zeros(stream, 4).unwrap();
+        assert_eq!(halves.to_vec(stream).unwrap(), [f16::ZERO; 4]);
+        halves.fill(stream, f16::from_f32(0.5)).unwrap();
+        assert_eq!(halves.to_vec(stream).unwrap(), [f16::from_f32(0.5); 4]);
+        assert_eq!(halves.size_bytes(), 8);
+
+        let mut ints = DeviceBuffer::from_host(stream, &[i32::MIN, -1, 7]).unwrap();
+        assert_eq!(ints.to_vec(stream).unwrap(), [i32::MIN, -1, 7]);
+        ints.fill(stream, -3).unwrap();
+        assert_eq!(ints.to_vec(stream).unwrap(), [-3, -3, -3]);
+
+        // Untyped bytes, through host buffers.
+        let mut bytes = DeviceBuffer::<u8>::new(stream, 5).unwrap();
+        bytes
+            .copy_from_host_buffer(stream, &HostBuffer::from_vec(vec![9, 8, 7, 6, 5]))
+            .unwrap();
+        let out = HostBuffer::zeroed(5);
+        bytes.copy_to_host_buffer(stream, &out).unwrap();
+        assert_eq!(out.read()[..], [9, 8, 7, 6, 5]);
+    });
+}
+
+#[test]
+fn statistics_follow_allocations_and_drops() {
+    isolated!(&[MOCK], || {
+        assert_eq!(stats(), MemoryStats::default(), "nothing before the start");
+        let stream = pool_stream();
+        // 1000 f32 = 4000 bytes, rounded to 8 blocks of 512 = 4096, from one
+        // small segment of 2 MiB.
+        let buffer = DeviceBuffer::<f32>::new(stream, 1000).unwrap();
+        let s = stats();
+        assert_eq!(s.allocated_bytes, 4096);
+        assert_eq!(s.requested_bytes, 4000);
+        assert_eq!(s.reserved_bytes, SMALL_SEGMENT);
+        assert_eq!((s.allocations, s.device_allocations), (1, 1));
+        drop(buffer);
+        let s = stats();
+        assert_eq!((s.allocated_bytes, s.requested_bytes), (0, 0));
+        assert_eq!(s.peak_allocated_bytes, 4096);
+        assert_eq!(s.reserved_bytes, SMALL_SEGMENT, "cached, not returned");
+        assert_eq!(s.frees, 1);
+        assert_eq!(memory_allocated(Device::CURRENT).unwrap(), 0);
+        assert_eq!(memory_reserved(Device::CURRENT).unwrap(), SMALL_SEGMENT);
+        assert_eq!(empty_cache(Device::CURRENT).unwrap(), SMALL_SEGMENT);
+        let s = stats();
+        assert_eq!((s.reserved_bytes, s.device_frees), (0, 1));
+        assert_eq!(s.peak_reserved_bytes, SMALL_SEGMENT);
+    });
+}
+
+#[test]
+fn a_dropped_block_is_reused_on_its_stream_without_a_device_call() {
+    isolated!(&[MOCK], || {
+        let stream = pool_stream();
+        let first = DeviceBuffer::<u8>::new(stream, 1000).unwrap();
+        let address = first.address().clone();
+        drop(first);
+        for _ in 0..100 {
+            let again = DeviceBuffer::<u8>::new(stream, 1000).unwrap();
+            assert_eq!(again.address(), &address, "the cached block");
+        }
+        assert_eq!(stats().device_allocations, 1);
+    });
+}
+
+#[test]
+fn blocks_split_and_merge_within_a_segment() {
+    isolated!(&[MOCK], || {
+        let stream = pool_stream();
+        let a = DeviceBuffer::<u8>::new(stream, 4096).unwrap();
+        let b = DeviceBuffer::<u8>::new(stream, 4096).unwrap();
+        let (a_at, b_at) = (a.operand().unwrap(), b.operand().unwrap());
+        assert_eq!(a_at.region_id, b_at.region_id);
+        assert_eq!(b_at.offset, a_at.offset + 4096, "split from one segment");
+        drop(a);
+        drop(b);
+        // Only the whole segment, merged again, holds 2 MiB; a request
+        // above 1 MiB would otherwise take a new 20 MiB segment.
+        let whole = DeviceBuffer::<u8>::new(stream, SMALL_SEGMENT as usize).unwrap();
+        assert_eq!(whole.operand().unwrap(), a_at);
+        assert_eq!(stats().device_allocations, 1);
+    });
+}
+
+#[test]
+fn a_block_is_cached_for_its_own_stream_only() {
+    isolated!(&[MOCK], || {
+        let (a, b) = (pool_stream(), pool_stream());
+        drop(DeviceBuffer::<u8>::new(a, 100).unwrap());
+        let on_b = DeviceBuffer::<u8>::new(b, 100).unwrap();
+        assert_eq!(stats().device_allocations, 2, "b took a segment of its own");
+        drop(on_b);
+    });
+}
+
+#[test]
+fn memory_used_on_another_stream_is_reused_only_after_that_stream_passes_the_drop() {
+    isolated!(&[MOCK], || {
+        let (owner, other) = (pool_stream(), pool_stream());
+        // 2 MiB: the first block of a 20 MiB segment, the rest cached.
+        let buffer = DeviceBuffer::<u8>::new(owner, 2 << 20).unwrap();
+        let address = buffer.address().clone();
+        let gate = hold(other);
+        buffer.record_stream(other).unwrap();
+        drop(buffer);
+        assert_eq!(stats().pending_frees, 1, "waits for `other`");
+        assert_eq!(stats().allocated_bytes, 0);
+        let meanwhile = DeviceBuffer::<u8>::new(owner, 2 << 20).unwrap();
+        assert_ne!(
+            meanwhile.address(),
+            &address,
+            "not reused while `other` is held"
+        );
+        drop(meanwhile);
+        gate.open();
+        other.synchronize().unwrap();
+        assert_eq!(stats().pending_frees, 0);
+        // Best fit: the 2 MiB block at the start, not the 18 MiB after it.
+        let later = DeviceBuffer::<u8>::new(owner, 2 << 20).unwrap();
+        assert_eq!(later.address(), &address);
+        assert_eq!(stats().device_allocations, 1);
+    });
+}
+
+#[test]
+fn a_full_device_empties_the_cache_and_retries_once() {
+    let env = [
+        MOCK,
+        ("SPYRE_MOCK_MEMORY_BYTES", "4194304"),
+        ("SPYRE_MOCK_REGION_BYTES", "4194304"),
+    ];
+    isolated!(&env, || {
+        let (a, b) = (pool_stream(), pool_stream());
+        // 3 MiB: the 20 MiB segment does not fit, the request itself does.
+        drop(DeviceBuffer::<u8>::new(a, 3 << 20).unwrap());
+        assert_eq!(stats().reserved_bytes, 3 * MIB);
+        // `b` cannot use `a`'s cache; 1 MiB is free on the device. The
+        // allocator returns `a`'s segment and tries again.
+        let on_b = DeviceBuffer::<u8>::new(b, 2 << 20).unwrap();
+        let s = stats();
+        assert_eq!((s.alloc_retries, s.device_frees), (1, 1));
+        assert_eq!(s.reserved_bytes, 2 * MIB);
+
+        let error = DeviceBuffer::<u8>::new(a, 3 << 20).unwrap_err();
+        let Error::OutOfMemory(details) = &error else {
+            panic!("expected OutOfMemory, got {error:?}");
+        };
+        let OutOfMemory {
+            requested,
+            device_free,
+            cached,
+            largest_cached,
+            ..
+        } = **details;
+        assert_eq!(requested, 3 * MIB);
+        assert_eq!(device_free, Some(2 * MIB));
+        assert_eq!((cached, largest_cached), (0, 0));
+        let message = error.to_string();
+        assert!(
+            message.contains("3145728 bytes") && message.contains("2097152 bytes free"),
+            "{message}"
+        );
+        assert_eq!(stats().out_of_memory, 1);
+        drop(on_b);
+    });
+}
+
+#[test]
+fn bad_lengths_are_named_errors() {
+    isolated!(&[MOCK], || {
+        let stream = pool_stream();
+        let zero = DeviceBuffer::<f32>::new(stream, 0).unwrap_err();
+        assert!(
+            zero.to_string().contains("at least one element, got 0"),
+            "{zero}"
+        );
+        let overflow = DeviceBuffer::<f32>::new(stream, usize::MAX).unwrap_err();
+        assert!(overflow.to_string().contains("overflow"), "{overflow}");
+        let huge = DeviceBuffer::<u8>::new(stream, 1 << 40).unwrap_err();
+        assert!(
+            matches!(&huge, Error::OutOfMemory(d) if d.requested == 1 << 40),
+            "{huge:?}"
+        );
+
+        let mut buffer = DeviceBuffer::<f32>::new(stream, 4).unwrap();
+        let short = buffer.copy_from_host(stream, &[1.0; 3]).unwrap_err();
+        assert!(
+            matches!(
+                short,
+                Error::LengthMismatch {
+                    buffer: 4,
+                    host: 3,
+                    unit: "elements",
+                    ..
+                }
+            ),
+            "{short:?}"
+        );
+        assert_eq!(
+            short.to_string(),
+            "copy_from_host: the device buffer holds 4 elements but the host side has 3; the lengths must be equal"
+        );
+        let bytes = buffer
+            .copy_to_host_buffer(stream, &HostBuffer::zeroed(15))
+            .unwrap_err();
+        assert!(
+            matches!(
+                bytes,
+                Error::LengthMismatch {
+                    buffer: 16,
+                    host: 15,
+                    unit: "bytes",
+                    ..
+                }
+            ),
+            "{bytes:?}"
+        );
+        let mut out = [0f32; 5];
+        assert!(buffer.copy_to_host(stream, &mut out).is_err());
+        assert_eq!(
+            stats().allocated_bytes,
+            MIN_BLOCK,
+            "the failures leaked nothing"
+        );
+    });
+}
+
+/// The classic mistake: a buffer read on another stream without declaring
+/// it (`record_stream`), dropped, and its memory handed out again while
+/// that read is still queued.
+fn reuse_behind_an_undeclared_read(declare: bool) -> (spyre_stream::Result<()>, bool, [u64; 2]) {
+    let (owner, other) = (pool_stream(), pool_stream());
+    let mut buffer = DeviceBuffer::<u8>::new(owner, 4096).unwrap();
+    buffer.fill(owner, 1).unwrap();
+    owner.synchronize().unwrap();
+    let gate = hold(other);
+    let host = HostBuffer::zeroed(4096);
+    // Operation 2 of `other`, after the held callback.
+    other
+        .launch_d2h(buffer.address(), &host, LaunchOptions::new())
+        .unwrap();
+    if declare {
+        buffer.record_stream(other).unwrap();
+    }
+    let address = buffer.address().clone();
+    drop(buffer);
+    let mut again = DeviceBuffer::<u8>::new(owner, 4096).unwrap();
+    let reused = again.address() == &address;
+    // Operation 2 of `owner`: runs at once, while the read waits.
+    again.fill(owner, 7).unwrap();
+    let outcome = owner.synchronize();
+    gate.open();
+    let _ = other.synchronize();
+    let pool = spyre_stream::global_pool().unwrap();
+    let ids = [owner, other].map(|s| pool.resolve(s).unwrap().id());
+    (outcome, reused, ids)
+}
+
+#[test]
+fn the_device_reports_memory_reused_while_another_stream_still_reads_it() {
+    isolated!(&[MOCK, ("SPYRE_MOCK_CHECK_REUSE", "1")], || {
+        let (outcome, reused, [owner, other]) = reuse_behind_an_undeclared_read(false);
+        assert!(
+            reused,
+            "undeclared: the block went straight back to its stream"
+        );
+        let error = outcome.unwrap_err().to_string();
+        assert!(
+            error.contains(&format!(
+                "use after free: launch_fill (operation 2 of stream {owner}) touches region"
+            )) && error.contains(&format!(
+                "while launch_d2h (operation 2 of stream {other}), enqueued before that, had not completed"
+            )),
+            "{error}"
+        );
+    });
+}
+
+#[test]
+fn a_declared_use_defers_the_reuse_and_the_device_finds_nothing() {
+    isolated!(&[MOCK, ("SPYRE_MOCK_CHECK_REUSE", "1")], || {
+        let (outcome, reused, _) = reuse_behind_an_undeclared_read(true);
+        assert!(!reused, "declared: the block waits for the other stream");
+        outcome.unwrap();
+    });
+}
+
+#[test]
+fn without_the_detector_the_same_mistake_goes_unseen() {
+    isolated!(&[MOCK], || {
+        let (outcome, reused, _) = reuse_behind_an_undeclared_read(false);
+        assert!(reused);
+        outcome.unwrap();
+    });
+}
