@@ -9,8 +9,6 @@
 use std::fmt;
 use std::process::ExitCode;
 
-use spyre_stream::FlexError;
-
 /// Exit code for success.
 pub(crate) const EXIT_OK: u8 = 0;
 /// Exit code when the work failed.
@@ -170,8 +168,8 @@ pub(crate) enum FailureKind {
     OutOfMemory {
         /// Bytes that were asked for.
         bytes: u64,
-        /// The runtime's error.
-        source: FlexError,
+        /// The allocator's error.
+        source: spyre_stream::Error,
     },
     /// The result read back differs from the host reference.
     Mismatch(Mismatch),
@@ -224,7 +222,7 @@ impl fmt::Display for IterationFailure {
 
 #[cfg(test)]
 mod tests {
-    use spyre_stream::Status;
+    use spyre_stream::{FlexError, Status};
 
     use super::*;
 
@@ -256,7 +254,7 @@ mod tests {
             place: place(),
             kind: FailureKind::OutOfMemory {
                 bytes: 10,
-                source: FlexError::new(Status::OUT_OF_MEMORY, "allocate", "full"),
+                source: FlexError::new(Status::OUT_OF_MEMORY, "allocate", "full").into(),
             },
         };
         assert_eq!(CliError::Iteration(Box::new(oom)).exit_code(), EXIT_USAGE);

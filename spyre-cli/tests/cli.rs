@@ -437,7 +437,7 @@ fn bad_sizes_exit_2_naming_the_value() {
         &[],
         &[
             "--threads 1 and --in-flight 3 (--mode per-iteration) keeps 3 iterations' memory on the device",
-            "3 blocks of 104857728 bytes",
+            "3 blocks of 104857600 bytes",
             "which hold at most 2 of them at once",
         ],
     );
@@ -903,9 +903,9 @@ fn the_memory_check_counts_only_iterations_that_can_be_in_flight() {
             ("SPYRE_MOCK_REGION_BYTES", "128"),
         ],
         &[
-            "each in a block of 256 bytes",
+            "each in a block of 512 bytes",
             "no operand fits a region of 128 bytes",
-            "SPYRE_MOCK_REGION_BYTES of at least 256",
+            "SPYRE_MOCK_REGION_BYTES of at least 512",
         ],
     );
 }
@@ -970,4 +970,26 @@ fn a_run_larger_than_host_memory_is_refused_before_it_allocates() {
         &huge_device,
         &["--sizes 2199023255552 needs", "of host memory"],
     );
+}
+
+#[test]
+fn a_steady_run_makes_no_device_allocation_after_its_first_iteration() {
+    for mode in ["pipelined", "serialized"] {
+        let report = json(
+            &["run", "--json", "--iterations", "30", "--mode", mode],
+            &[],
+        );
+        assert_eq!(report["iterations_verified"], 60, "{mode}");
+        let memory = &report["memory"];
+        assert_eq!(memory["allocated_bytes_at_end"], 0, "{mode}");
+        assert_eq!(
+            memory["device_allocations_after_first_iteration"], 0,
+            "{mode}: {memory}"
+        );
+        // 2 threads, each holding at least one iteration's three operands
+        // of 349 696 bytes (1 MiB / 3, rounded to 512) and a program block.
+        let peak = memory["peak_allocated_bytes"].as_u64().unwrap();
+        assert!(peak >= 2 * (3 * 349_696 + 512), "{mode}: {memory}");
+        assert!(memory["device_allocations"].as_u64().unwrap() >= 1);
+    }
 }

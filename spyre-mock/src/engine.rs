@@ -335,6 +335,10 @@ fn run_job(device: &Device, scheduler: &mut MutexGuard<'_, Scheduler>, mut job: 
                 result
             }
         };
+        if device.check_reuse {
+            // Before the completion: a host it wakes may reuse the memory.
+            device.scheduler.lock().reuse_ran(stream);
+        }
         let early = match (&result, completion.take()) {
             (Ok(()), Some(completion)) => {
                 Some(catch_unwind(AssertUnwindSafe(|| completion(Ok(())))))

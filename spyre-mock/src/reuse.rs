@@ -11,10 +11,16 @@
 //! that names both. A note is dropped once every operation it holds has
 //! completed.
 //!
-//! The operands of a compute are read from its program: for one enqueued
-//! before the note, when the note is made (a program written by a copy
-//! still queued then is not seen); for the operation being started, as it
-//! starts.
+//! An operation counts as completed once it has run and taken its modelled
+//! time, before its completion is called (a host that learns of it there
+//! may hand its memory out again).
+//!
+//! The operands of a compute are read from its program as it starts. A
+//! compute still queued when memory is handed out again counts only with
+//! its program's memory (its program may not be written yet, and stale
+//! bytes there must not name memory it will not touch): a compute of the
+//! previous owner that is still queued is not checked for its operands.
+//! Operations of a stream that has failed are not counted: they never run.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -70,15 +76,15 @@ fn extents_of(address: &CompositeAddress) -> Vec<Extent> {
 }
 
 /// The device memory `op` touches: the device side of a copy or fill; a
-/// compute's program and the operands it names, as far as they can be read
-/// now; nothing for a host function or a record.
-fn extents(op: &Op, memory: &DeviceMemory) -> Vec<Extent> {
+/// compute's program, and with `memory` (as it starts) the operands the
+/// program names; nothing for a host function or a record.
+fn extents(op: &Op, memory: Option<&DeviceMemory>) -> Vec<Extent> {
     match op {
         Op::H2d { dst, .. } | Op::Fill { dst, .. } => extents_of(dst),
         Op::D2h { src, .. } => extents_of(src),
         Op::Compute { program } => {
             let mut touched = extents_of(program);
-            if let Ok(operands) = kernel::operands(&memory.view(), program) {
+            if let Some(Ok(operands)) = memory.map(|m| kernel::operands(&m.view(), program)) {
                 touched.extend(operands.into_iter().map(|(at, bytes)| Extent {
                     region: at.region_id,
                     start: at.offset,
@@ -139,6 +145,9 @@ pub(crate) struct ReuseCheck {
     notes: Vec<Note>,
     /// The operation each stream is running, by stream index.
     running: HashMap<usize, Touch>,
+    /// Per stream, how many of its operations have run (ahead of the
+    /// scheduler's count, which moves after the completion).
+    ran: HashMap<usize, u64>,
 }
 
 /// An operation still queued: its stream, its position in the stream, and
@@ -155,7 +164,6 @@ impl ReuseCheck {
         address: &CompositeAddress,
         queued: impl Iterator<Item = Queued<'a>>,
         next_seq: u64,
-        memory: &DeviceMemory,
         completed: impl Fn(usize) -> u64,
     ) {
         self.forget_completed(&completed);
@@ -168,7 +176,7 @@ impl ReuseCheck {
             .cloned()
             .collect();
         for (stream, position, op) in queued {
-            let touched = extents(op, memory);
+            let touched = extents(op, None);
             if touches(&touched) {
                 earlier.push(Touch {
                     name: OpName {
@@ -203,7 +211,7 @@ impl ReuseCheck {
         memory: &DeviceMemory,
         completed: impl Fn(usize) -> u64,
     ) -> Option<FlexError> {
-        let touched = extents(op, memory);
+        let touched = extents(op, Some(memory));
         if touched.is_empty() {
             return None;
         }
@@ -243,17 +251,22 @@ impl ReuseCheck {
         ))
     }
 
-    /// Stream `stream` finished its running operation.
-    pub(crate) fn finish(&mut self, stream: usize) {
-        self.running.remove(&stream);
+    /// Stream `stream`'s running operation has run (before its completion
+    /// is called).
+    pub(crate) fn ran(&mut self, stream: usize) {
+        if let Some(touch) = self.running.remove(&stream) {
+            self.ran.insert(stream, touch.name.position + 1);
+        }
     }
 
     /// Drops the operations that have completed, and the notes left with
     /// none.
     fn forget_completed(&mut self, completed: &impl Fn(usize) -> u64) {
+        let ran = &self.ran;
+        let done = |stream: usize| completed(stream).max(ran.get(&stream).copied().unwrap_or(0));
         for note in &mut self.notes {
             note.earlier
-                .retain(|touch| completed(touch.name.stream) <= touch.name.position);
+                .retain(|touch| done(touch.name.stream) <= touch.name.position);
         }
         self.notes.retain(|note| !note.earlier.is_empty());
     }

@@ -209,10 +209,7 @@ impl Runtime for MockRuntime {
     /// branch when it is off.
     fn note_reuse(&self, address: &CompositeAddress) {
         if self.device.check_reuse {
-            self.device
-                .scheduler
-                .lock()
-                .note_reuse(address, &self.device.memory);
+            self.device.scheduler.lock().note_reuse(address);
         }
     }
 

@@ -120,8 +120,9 @@ impl Scheduler {
     }
 
     /// Notes that `address` is handed out again (see [`crate::reuse`]);
-    /// nothing when the detector is off.
-    pub(crate) fn note_reuse(&mut self, address: &CompositeAddress, memory: &DeviceMemory) {
+    /// nothing when the detector is off. Streams that have failed are left
+    /// out: their queued work never runs.
+    pub(crate) fn note_reuse(&mut self, address: &CompositeAddress) {
         let Self {
             streams,
             reuse,
@@ -129,13 +130,25 @@ impl Scheduler {
             ..
         } = self;
         let Some(check) = reuse else { return };
-        let queued = streams.iter().enumerate().flat_map(|(index, state)| {
-            let first = state.completed + u64::from(state.running);
-            (first..)
-                .zip(&state.queue)
-                .map(move |(position, pending)| (index, position, &pending.op))
-        });
-        check.note(address, queued, *next_seq, memory, |s| streams[s].completed);
+        let queued = streams
+            .iter()
+            .enumerate()
+            .filter(|(_, state)| state.error.is_none())
+            .flat_map(|(index, state)| {
+                let first = state.completed + u64::from(state.running);
+                (first..)
+                    .zip(&state.queue)
+                    .map(move |(position, pending)| (index, position, &pending.op))
+            });
+        check.note(address, queued, *next_seq, |s| streams[s].completed);
+    }
+
+    /// Tells the detector that stream `index`'s running operation has run;
+    /// nothing when it is off.
+    pub(crate) fn reuse_ran(&mut self, index: usize) {
+        if let Some(check) = &mut self.reuse {
+            check.ran(index);
+        }
     }
 
     /// Records the operation `job` is starting and checks it against the
@@ -382,9 +395,7 @@ impl Scheduler {
     /// finished operation may be that record); any that became ready show up
     /// in [`Self::has_ready`].
     pub(crate) fn finish(&mut self, index: usize) -> bool {
-        if let Some(check) = &mut self.reuse {
-            check.finish(index);
-        }
+        self.reuse_ran(index);
         let state = &mut self.streams[index];
         state.running = false;
         state.completed += 1;

@@ -16,6 +16,12 @@ use spyre_tests::isolated;
 
 const MOCK: (&str, &str) = ("SPYRE_BACKEND", "mock");
 const MIB: u64 = 1 << 20;
+/// A device of 4 MiB in one region.
+const FOUR_MIB_DEVICE: [(&str, &str); 3] = [
+    MOCK,
+    ("SPYRE_MOCK_MEMORY_BYTES", "4194304"),
+    ("SPYRE_MOCK_REGION_BYTES", "4194304"),
+];
 
 fn pool_stream() -> SpyreStream {
     stream_from_pool(Device::CURRENT, 0).expect("stream_from_pool")
@@ -168,12 +174,7 @@ fn memory_used_on_another_stream_is_reused_only_after_that_stream_passes_the_dro
 
 #[test]
 fn a_full_device_empties_the_cache_and_retries_once() {
-    let env = [
-        MOCK,
-        ("SPYRE_MOCK_MEMORY_BYTES", "4194304"),
-        ("SPYRE_MOCK_REGION_BYTES", "4194304"),
-    ];
-    isolated!(&env, || {
+    isolated!(&FOUR_MIB_DEVICE, || {
         let (a, b) = (pool_stream(), pool_stream());
         // 3 MiB: the 20 MiB segment does not fit, the request itself does.
         drop(DeviceBuffer::<u8>::new(a, 3 << 20).unwrap());
@@ -335,5 +336,113 @@ fn without_the_detector_the_same_mistake_goes_unseen() {
         let (outcome, reused, _) = reuse_behind_an_undeclared_read(false);
         assert!(reused);
         outcome.unwrap();
+    });
+}
+
+/// Device of 8 MiB in regions of 2 MiB for the sizes property.
+const SMALL_DEVICE: [(&str, &str); 3] = [
+    MOCK,
+    ("SPYRE_MOCK_MEMORY_BYTES", "8388608"),
+    ("SPYRE_MOCK_REGION_BYTES", "2097152"),
+];
+
+fn any_len() -> impl proptest::strategy::Strategy<Value = usize> {
+    use proptest::prelude::*;
+    const MEMORY: usize = 8 << 20;
+    const REGION: usize = 2 << 20;
+    prop_oneof![
+        Just(0),
+        Just(1),
+        (0..5_000usize).prop_map(|k| 2 * k + 1),
+        Just(REGION - 1),
+        Just(REGION),
+        Just(REGION + 1),
+        Just(MEMORY),
+        Just(MEMORY + 1),
+        (MEMORY + 1..=usize::MAX),
+        Just(usize::MAX),
+    ]
+}
+
+#[test]
+fn every_size_is_a_buffer_or_a_named_error() {
+    use proptest::prelude::*;
+    isolated!(&SMALL_DEVICE, || {
+        let stream = pool_stream();
+        let memory = 8u64 << 20;
+        proptest!(ProptestConfig::with_cases(64), |(len in any_len())| {
+            match DeviceBuffer::<u8>::new(stream, len) {
+                Ok(buffer) => {
+                    // Anything up to the whole device fits: the allocator
+                    // returns its cache to the device when it must.
+                    prop_assert!(len >= 1 && len as u64 <= memory, "{len}");
+                    prop_assert_eq!(buffer.len(), len);
+                    prop_assert_eq!(buffer.size_bytes(), len as u64);
+                    prop_assert_eq!(buffer.address().total_size(), len as u64);
+                }
+                Err(Error::Flex(error)) if len == 0 => {
+                    prop_assert!(error.to_string().contains("at least one element, got 0"), "{}", error);
+                }
+                Err(Error::Flex(error)) => {
+                    // Only sizes that overflow when rounded to a block.
+                    prop_assert!(len as u64 > u64::MAX - MIN_BLOCK, "{len}: {error}");
+                    prop_assert!(error.to_string().contains("overflows when rounded"), "{}", error);
+                }
+                Err(Error::OutOfMemory(details)) => {
+                    prop_assert!(len as u64 > memory, "{len}: {details}");
+                    prop_assert_eq!(details.requested, len as u64);
+                    let expected = format!("cannot allocate {len} bytes");
+                    prop_assert!(details.to_string().contains(&expected), "{}", details);
+                }
+                Err(other) => prop_assert!(false, "{len}: unexpected {other:?}"),
+            }
+            prop_assert_eq!(memory_allocated(Device::CURRENT).unwrap(), 0);
+        });
+        // f32: a length whose byte size overflows is named as such.
+        let overflow = DeviceBuffer::<f32>::new(stream, usize::MAX / 2).unwrap_err();
+        assert!(overflow.to_string().contains("overflow u64"), "{overflow}");
+    });
+}
+
+#[test]
+fn empty_cache_returns_blocks_whose_other_streams_have_passed() {
+    isolated!(&[MOCK], || {
+        let (owner, other) = (pool_stream(), pool_stream());
+        let buffer = DeviceBuffer::<u8>::new(owner, 4096).unwrap();
+        let gate = hold(other);
+        buffer.record_stream(other).unwrap();
+        drop(buffer);
+        gate.open();
+        other.synchronize().unwrap();
+        // The block waited for `other`, which has passed: its segment is
+        // whole again and goes back to the device.
+        assert_eq!(empty_cache(Device::CURRENT).unwrap(), SMALL_SEGMENT);
+        assert_eq!(stats().reserved_bytes, 0);
+    });
+}
+
+#[test]
+fn a_full_device_does_not_wait_for_a_busy_stream_it_was_not_asked_about() {
+    isolated!(&FOUR_MIB_DEVICE, || {
+        let (a, b) = (pool_stream(), pool_stream());
+        drop(DeviceBuffer::<u8>::new(a, 3 << 20).unwrap());
+        // `a` is busy (held until the gate opens, or 20 s): its cached
+        // segment cannot go back to the device without waiting for it.
+        let gate = hold(a);
+        let started = std::time::Instant::now();
+        let error = DeviceBuffer::<u8>::new(b, 2 << 20).unwrap_err();
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "the allocation waited for `a`"
+        );
+        let Error::OutOfMemory(details) = &error else {
+            panic!("expected OutOfMemory, got {error:?}");
+        };
+        assert_eq!((details.cached, details.largest_cached), (3 * MIB, 3 * MIB));
+        assert_eq!(stats().alloc_retries, 1);
+        gate.open();
+        // Named explicitly, the cache waits for `a` and is returned.
+        assert_eq!(empty_cache(Device::CURRENT).unwrap(), 3 * MIB);
+        drop(DeviceBuffer::<u8>::new(b, 2 << 20).unwrap());
     });
 }

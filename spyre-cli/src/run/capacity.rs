@@ -1,17 +1,19 @@
 //! The up-front check that the device's memory holds a run.
 
-use spyre_stream::{ADDRESS_ALIGNMENT, MemoryLayout};
+use spyre_stream::{MIN_BLOCK, MemoryLayout};
 
-use super::plan::{BLOCKS_PER_ITERATION, DESCRIPTOR_BYTES, Plan};
+use super::plan::{BLOCKS_PER_ITERATION, Plan};
 use crate::cli::{ModeArg, RunArgs};
 use crate::error::CliError;
 use crate::size::format_size;
 
 /// Refuses a run that the software device's memory cannot hold, before any
 /// work starts: an operand larger than a region, or more iterations in
-/// flight than the device holds blocks for. With the memory layout known
-/// (the software device reports it), an accepted run never runs out of
-/// device memory.
+/// flight than the device holds operand blocks for (each block the size
+/// the caching allocator rounds an operand to, in one region). The
+/// allocator takes memory from the device in larger segments and keeps it
+/// per stream, so a run close to the limit may still need it to return its
+/// cache and retry, or fail with a named out-of-memory error.
 pub(super) fn check_capacity(
     plan: &Plan,
     args: &RunArgs,
@@ -23,13 +25,11 @@ pub(super) fn check_capacity(
     } = layout;
     let block = plan.block_bytes();
     if block > region {
-        // A block is an operand rounded up to 128 bytes, plus 128 bytes.
-        let largest_operand =
-            (region / ADDRESS_ALIGNMENT * ADDRESS_ALIGNMENT).saturating_sub(DESCRIPTOR_BYTES);
+        // A block is an operand rounded up to the allocator's granularity.
+        let largest_operand = region / MIN_BLOCK * MIN_BLOCK;
         let advice = if largest_operand == 0 {
             format!(
-                "no operand fits a region of {region} bytes; make the device's regions larger (SPYRE_MOCK_REGION_BYTES of at least {}, with SPYRE_MOCK_MEMORY_BYTES at least as large)",
-                2 * DESCRIPTOR_BYTES
+                "no operand fits a region of {region} bytes; make the device's regions larger (SPYRE_MOCK_REGION_BYTES of at least {MIN_BLOCK}, with SPYRE_MOCK_MEMORY_BYTES at least as large)"
             )
         } else {
             format!(
@@ -38,7 +38,7 @@ pub(super) fn check_capacity(
             )
         };
         return Err(CliError::Usage(format!(
-            "--size {} needs operands of {} bytes ({}), each in a block of {block} bytes with its 128-byte tail, but one memory region of the device holds {} bytes ({}) and a block must lie in one region; {advice}",
+            "--size {} needs operands of {} bytes ({}), each in a block of {block} bytes (the allocator rounds to {MIN_BLOCK}), but one memory region of the device holds {} bytes ({}) and a block must lie in one region; {advice}",
             args.size,
             plan.operand_bytes,
             format_size(plan.operand_bytes),

@@ -20,9 +20,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use spyre_stream::{CompositeAddress, Device, SpyreEvent, SpyreStream};
+use spyre_stream::{Device, SpyreEvent, SpyreStream};
 
-use super::device_memory::DeviceMemory;
+use super::buffers::IterationBuffers;
 
 /// The three stages of a pipelined iteration.
 pub(crate) const STAGES: [&str; 3] = ["copy-in", "compute", "copy-out"];
@@ -48,9 +48,8 @@ pub(super) struct Pipeline {
 
 /// One slot of device memory.
 pub(super) struct Slot {
-    pub(super) memory: DeviceMemory,
     /// `x` (or `A`), `y` (or `B`), the output and the program.
-    pub(super) operands: [CompositeAddress; 4],
+    pub(super) buffers: IterationBuffers,
 }
 
 /// The timed events at the start and end of each stage of one iteration.
@@ -128,16 +127,15 @@ impl Overlap {
     }
 }
 
-/// Frees a pipelined thread's slots once their last users are done.
+/// Waits for a pipelined thread's last iterations and drops its slots
+/// (their buffers are freed in the order of every stream that used them).
 pub(super) fn release_pipeline(pipeline: Pipeline) {
     let Pipeline { slots, last } = pipeline;
     for events in last.iter().flatten() {
         // Errors were reported with the iteration that failed.
         let _ = events.copied_out().synchronize();
     }
-    for slot in slots {
-        slot.memory.free_or_warn();
-    }
+    drop(slots);
 }
 
 /// The stream for `priority` from the pool of the process's device.

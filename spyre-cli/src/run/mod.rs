@@ -20,13 +20,15 @@
 //!
 //! While the device works the thread computes the expected result on the
 //! host ([`crate::verify`]). When the thread waits for the iteration, it
-//! frees the iteration's device memory (pipelined: the slots are freed when
-//! the thread ends) and compares the result bit for bit. The first
+//! drops the iteration's device buffers (pipelined: the slots are dropped
+//! when the thread ends) and compares the result bit for bit. Device memory
+//! comes from the caching allocator; at the end every buffer has been
+//! dropped, and the run checks that no byte is still allocated. The first
 //! failure stops every thread and is reported with its thread, iteration and
 //! stream.
 
+mod buffers;
 mod capacity;
-mod device_memory;
 mod estimate;
 mod lane;
 mod outcome;
@@ -42,7 +44,7 @@ use spyre_stream::Device;
 use spyre_stream::program::DESCRIPTOR_SIZE;
 
 use self::capacity::check_capacity;
-pub(crate) use self::outcome::RunOutcome;
+pub(crate) use self::outcome::{MemoryUse, RunOutcome};
 pub(crate) use self::plan::Plan;
 pub(crate) use self::report::RunReport;
 use self::worker::{Shared, ThreadStats};
@@ -142,6 +144,7 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
     });
     let wall = start.elapsed();
     progress.finish_and_clear();
+    let allocations_after_first = shared.allocations_after_first();
 
     let mut failures = shared.into_failures();
     if !failures.is_empty() {
@@ -163,6 +166,14 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
             overlap.get_or_insert_default().merge(thread);
         }
     }
+    let memory = spyre_stream::memory_stats(Device::CURRENT)
+        .map_err(|e| CliError::stream("reading the memory statistics", e))?;
+    if memory.allocated_bytes != 0 {
+        return Err(CliError::Failed(format!(
+            "{} bytes of device memory are still allocated after every buffer of the run was dropped",
+            memory.allocated_bytes
+        )));
+    }
     Ok(RunOutcome {
         backend: info.backend,
         device: info.device,
@@ -172,5 +183,13 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
         launches_by_stream,
         overlap,
         wall,
+        memory: MemoryUse {
+            peak_allocated_bytes: memory.peak_allocated_bytes,
+            peak_reserved_bytes: memory.peak_reserved_bytes,
+            device_allocations: memory.device_allocations,
+            device_allocations_after_first_iteration: allocations_after_first
+                .map(|first| memory.device_allocations - first),
+            allocated_bytes_at_end: memory.allocated_bytes,
+        },
     })
 }

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use serde::Serialize;
 use spyre_stream::DeviceSource;
 
 use super::lane::Overlap;
@@ -27,4 +28,23 @@ pub(crate) struct RunOutcome {
     pub(crate) overlap: Option<Overlap>,
     /// Time from the first submission to the last check.
     pub(crate) wall: Duration,
+    /// Device memory the run used.
+    pub(crate) memory: MemoryUse,
+}
+
+/// Device memory a run used, from the caching allocator's statistics
+/// (`spyre_stream::memory_stats`); part of the JSON report.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub(crate) struct MemoryUse {
+    /// The most bytes the run's buffers held at once.
+    pub(crate) peak_allocated_bytes: u64,
+    /// The most bytes the allocator held from the device at once.
+    pub(crate) peak_reserved_bytes: u64,
+    /// Allocations the device made for the allocator.
+    pub(crate) device_allocations: u64,
+    /// Of those, how many came after every thread had checked its first
+    /// iteration (`None`, `null` in JSON, if some thread never did).
+    pub(crate) device_allocations_after_first_iteration: Option<u64>,
+    /// Bytes still allocated at the end (checked to be 0).
+    pub(crate) allocated_bytes_at_end: u64,
 }

@@ -2,7 +2,7 @@
 //! operands, its device blocks and its 128-byte program.
 
 use spyre_stream::program::{DESCRIPTOR_SIZE, KernelDescriptor};
-use spyre_stream::{ADDRESS_ALIGNMENT, CompositeAddress};
+use spyre_stream::{CompositeAddress, MIN_BLOCK};
 
 use crate::cli::KernelArg;
 use crate::error::CliError;
@@ -93,17 +93,13 @@ impl Plan {
         self.operand_bytes
     }
 
-    /// Bytes of one device block: an operand rounded up to the 128-byte
-    /// address alignment, plus 128 bytes. An iteration allocates three
-    /// blocks of this one size (the two inputs and the output; the program
-    /// lives in the tail of the first), so that every allocation of a run has
-    /// the same size: the device's first-fit allocator then never fragments,
-    /// and how many iterations fit in memory can be computed exactly
-    /// ([`spyre_stream::MemoryLayout::blocks_held`]).
+    /// Bytes of the allocator's block for one operand: the operand rounded
+    /// up to [`MIN_BLOCK`] (the caching allocator's granularity). An
+    /// iteration holds three such blocks (the two inputs and the output)
+    /// and one block for its program.
     pub(crate) fn block_bytes(&self) -> u64 {
         self.operand_bytes
-            .checked_next_multiple_of(ADDRESS_ALIGNMENT)
-            .and_then(|operand| operand.checked_add(DESCRIPTOR_BYTES))
+            .checked_next_multiple_of(MIN_BLOCK)
             .unwrap_or(u64::MAX)
     }
 
@@ -142,7 +138,7 @@ mod tests {
         assert_eq!(plan.dims(), vec![87_381]);
         assert_eq!(plan.h2d_bytes(), 2 * 349_524 + 128);
         assert_eq!(plan.d2h_bytes(), 349_524);
-        // 349_524 rounded up to 128 is 349_568; plus the 128-byte tail.
+        // 349_524 rounded up to 512 is 349_696.
         assert_eq!(plan.block_bytes(), 349_696);
         let tiny = Plan::new(KernelArg::Axpy, 12).unwrap();
         assert_eq!((tiny.n, tiny.operand_bytes), (1, 4));

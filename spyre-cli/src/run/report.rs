@@ -6,7 +6,7 @@ use serde::Serialize;
 use spyre_stream::PoolKind;
 
 use super::lane::STAGES;
-use super::outcome::RunOutcome;
+use super::outcome::{MemoryUse, RunOutcome};
 use super::plan::{H2D_PER_ITERATION, LAUNCHES_PER_ITERATION};
 use crate::cli::RunArgs;
 use crate::error::pool_name;
@@ -89,6 +89,8 @@ pub(crate) struct RunReport {
     pub(crate) streams: Vec<StreamCount>,
     /// Pipelined mode: how much the stages overlapped on the device.
     pub(crate) overlap: Option<OverlapReport>,
+    /// Device memory, from the caching allocator's statistics.
+    pub(crate) memory: MemoryUse,
 }
 
 /// How much the stages of a pipelined run overlapped, from timed events
@@ -170,6 +172,7 @@ impl RunReport {
                 .sum(),
             operations_high: in_pool(PoolKind::High.as_str()).map(|s| s.operations).sum(),
             streams,
+            memory: outcome.memory,
             overlap: outcome.overlap.map(|overlap| OverlapReport {
                 stage_seconds: overlap.stage_time.map(|t| t.as_secs_f64()),
                 span_seconds: overlap.span.as_secs_f64(),
@@ -246,6 +249,24 @@ impl RunReport {
                 overlap.span_seconds
             );
         }
+        let memory = &self.memory;
+        let after_first = match memory.device_allocations_after_first_iteration {
+            Some(n) => format!("{n} after every thread's first iteration"),
+            None => "a thread ran no iteration".to_owned(),
+        };
+        let _ = writeln!(
+            out,
+            "memory       peak {} in buffers, {} reserved; {} device allocation{} ({after_first}); {} bytes allocated at the end",
+            format_size(memory.peak_allocated_bytes),
+            format_size(memory.peak_reserved_bytes),
+            memory.device_allocations,
+            if memory.device_allocations == 1 {
+                ""
+            } else {
+                "s"
+            },
+            memory.allocated_bytes_at_end
+        );
         let _ = writeln!(
             out,
             "streams      {} used: {} normal ({} launches), {} high ({} launches)",
@@ -320,6 +341,13 @@ mod tests {
                 span: Duration::from_millis(400),
             }),
             wall: Duration::from_millis(500),
+            memory: crate::run::MemoryUse {
+                peak_allocated_bytes: 3 << 20,
+                peak_reserved_bytes: 4 << 20,
+                device_allocations: 2,
+                device_allocations_after_first_iteration: Some(0),
+                allocated_bytes_at_end: 0,
+            },
         };
         let report = RunReport::new(&args(), &outcome);
         assert_eq!(report.iterations_total, 6);
@@ -355,5 +383,14 @@ mod tests {
             (Some(3), Some("LOCAL_RANK"))
         );
         assert_eq!(json["streams"][2]["pool"], "high");
+        assert!(
+            text.contains("memory       peak 3 MiB in buffers, 4 MiB reserved; 2 device allocations (0 after every thread's first iteration); 0 bytes allocated at the end"),
+            "{text}"
+        );
+        assert_eq!(
+            json["memory"]["device_allocations_after_first_iteration"],
+            0
+        );
+        assert_eq!(json["memory"]["peak_allocated_bytes"], 3 << 20);
     }
 }

@@ -3,19 +3,16 @@
 //! against the host reference as they complete.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, mpsc};
 
 use indicatif::ProgressBar;
-use spyre_stream::{
-    CompositeAddress, Device, FlexError, HostBuffer, LaunchOptions, LogicalAddress, SpyreEvent,
-    SpyreStream, Status,
-};
+use spyre_stream::{Device, FlexError, HostBuffer, LaunchOptions, SpyreEvent, SpyreStream, Status};
 use spyre_testkit::SplitMix64;
 
-use super::device_memory::DeviceMemory;
+use super::buffers::IterationBuffers;
 use super::lane::{Lane, Overlap, Pipeline, Slot, StageEvents, pool_stream, release_pipeline};
-use super::plan::{DESCRIPTOR_BYTES, Plan};
+use super::plan::Plan;
 use crate::cli::{KernelArg, ModeArg, RunArgs};
 use crate::error::{CliError, FailureKind, IterationFailure, IterationPlace};
 use crate::verify;
@@ -29,6 +26,11 @@ pub(super) struct Shared<'a> {
     /// Failures in the order they were found.
     failures: Mutex<Vec<CliError>>,
     progress: ProgressBar,
+    /// Threads whose first iteration has been checked.
+    first_iterations: AtomicUsize,
+    /// The allocator's device allocations when every thread had checked
+    /// its first iteration.
+    allocations_after_first: OnceLock<u64>,
 }
 
 /// What one worker thread did.
@@ -98,8 +100,8 @@ struct Pending {
     place: IterationPlace,
     /// The streams it was launched on, with their launch counts.
     launches: Vec<(SpyreStream, u64)>,
-    /// Its own device memory; `None` in the pipelined mode (slots).
-    memory: Option<DeviceMemory>,
+    /// Its own device buffers; `None` in the pipelined mode (slots).
+    memory: Option<IterationBuffers>,
     /// Pipelined mode: its stage events.
     stages: Option<Arc<StageEvents>>,
     output: HostBuffer,
@@ -116,7 +118,15 @@ impl<'a> Shared<'a> {
             stop: AtomicBool::new(false),
             failures: Mutex::new(Vec::new()),
             progress,
+            first_iterations: AtomicUsize::new(0),
+            allocations_after_first: OnceLock::new(),
         }
+    }
+
+    /// The allocator's device allocations when every thread had checked
+    /// its first iteration (`None` if some thread never did).
+    pub(super) fn allocations_after_first(&self) -> Option<u64> {
+        self.allocations_after_first.get().copied()
     }
 
     /// The failures, in the order they were found.
@@ -240,28 +250,23 @@ impl Shared<'_> {
                     })
             }
             ModeArg::Pipelined => {
-                let slot = || {
-                    let mut memory = DeviceMemory::new();
-                    match self.allocate_operands(&mut memory, place) {
-                        Ok(operands) => Ok(Slot { memory, operands }),
-                        Err(failure) => {
-                            memory.free_or_warn();
-                            Err(failure)
-                        }
+                // The slots belong to the default stream; every pool stream
+                // that uses them is declared, so dropping them waits for it.
+                let owner = spyre_stream::default_stream(Device::CURRENT).map_err(|source| {
+                    IterationFailure {
+                        place,
+                        kind: FailureKind::Device {
+                            step: "taking the default stream".into(),
+                            source,
+                        },
                     }
-                };
+                })?;
                 let count = self.args.iterations.min(2) as usize;
                 let mut slots = Vec::with_capacity(count);
                 for _ in 0..count {
-                    match slot() {
-                        Ok(slot) => slots.push(slot),
-                        Err(failure) => {
-                            for made in slots {
-                                made.memory.free_or_warn();
-                            }
-                            return Err(failure);
-                        }
-                    }
+                    slots.push(Slot {
+                        buffers: self.buffers(owner, place)?,
+                    });
                 }
                 Ok(Lane::Pipelined(Pipeline {
                     slots,
@@ -320,17 +325,16 @@ impl Shared<'_> {
                     _ => take_stream(place)?,
                 };
                 place.stream_id = Some(stream.id().get());
-                let mut memory = DeviceMemory::new();
-                let operands = match self.allocate_operands(&mut memory, place) {
-                    Ok(operands) => operands,
-                    Err(failure) => {
-                        memory.free_or_warn();
-                        return Err(failure);
-                    }
-                };
+                let mut memory = self.buffers(stream, place)?;
                 let streams = [stream; 3];
                 if let Err((step, source)) = self.launch(
-                    streams, &operands, &inputs, alpha, &output, completion, None,
+                    streams,
+                    &mut memory,
+                    &inputs,
+                    alpha,
+                    &output,
+                    completion,
+                    None,
                 ) {
                     self.release(&[stream], Some(memory));
                     return Err(IterationFailure {
@@ -363,10 +367,9 @@ impl Shared<'_> {
                     stages: &stages,
                     previous: previous.as_deref(),
                 };
-                let operands = pipeline.slots[slot].operands.clone();
                 if let Err((step, source)) = self.launch(
                     streams,
-                    &operands,
+                    &mut pipeline.slots[slot].buffers,
                     &inputs,
                     alpha,
                     &output,
@@ -411,46 +414,30 @@ impl Shared<'_> {
         })
     }
 
-    /// Allocates the iteration's three blocks (see [`Plan::block_bytes`]),
-    /// each recorded in `memory` as soon as it is made, and returns the
-    /// addresses of the two inputs, the output and the program (in the tail
-    /// of the first block).
-    fn allocate_operands(
+    /// The buffers of an iteration (or slot) on `stream`.
+    fn buffers(
         &self,
-        memory: &mut DeviceMemory,
+        stream: SpyreStream,
         place: IterationPlace,
-    ) -> Result<[CompositeAddress; 4], IterationFailure> {
-        let block = self.plan.block_bytes();
-        let mut take = || {
-            let address = self.allocate(block, place)?;
-            memory.push(address.clone());
-            Ok(address.start())
-        };
-        let [a, b, out] = [take()?, take()?, take()?];
-        let operand = self.plan.operand_bytes;
-        let program_offset = block - DESCRIPTOR_BYTES;
-        let at = |start: LogicalAddress, offset: u64, size: u64| {
-            CompositeAddress::single(
-                LogicalAddress {
-                    region_id: start.region_id,
-                    offset: start.offset + offset,
-                },
-                size,
-            )
-            .map_err(|source| IterationFailure {
+    ) -> Result<IterationBuffers, IterationFailure> {
+        IterationBuffers::allocate(stream, &self.plan).map_err(|(bytes, source)| {
+            let out_of_memory = match &source {
+                spyre_stream::Error::OutOfMemory(_) => true,
+                spyre_stream::Error::Flex(e) => e.status() == Status::OUT_OF_MEMORY,
+                _ => false,
+            };
+            IterationFailure {
                 place,
-                kind: FailureKind::Device {
-                    step: "addressing an operand".into(),
-                    source: source.into(),
+                kind: if out_of_memory {
+                    FailureKind::OutOfMemory { bytes, source }
+                } else {
+                    FailureKind::Device {
+                        step: format!("allocating {bytes} bytes of device memory"),
+                        source,
+                    }
                 },
-            })
-        };
-        Ok([
-            at(a, 0, operand)?,
-            at(b, 0, operand)?,
-            at(out, 0, operand)?,
-            at(a, program_offset, DESCRIPTOR_BYTES)?,
-        ])
+            }
+        })
     }
 
     /// Enqueues the iteration's five operations: copy-in (H2D of both
@@ -464,7 +451,7 @@ impl Shared<'_> {
     fn launch(
         &self,
         [copy_in, compute, copy_out]: [SpyreStream; 3],
-        [a_dev, b_dev, out_dev, program]: &[CompositeAddress; 4],
+        buffers: &mut IterationBuffers,
         [a, b]: &[HostBuffer; 2],
         alpha: f32,
         output: &HostBuffer,
@@ -504,11 +491,13 @@ impl Shared<'_> {
         let previous = ordering.as_ref().and_then(|o| o.previous);
 
         begin(0, copy_in, &[previous.map(StageEvents::computed)])?;
-        copy_in
-            .launch_h2d(a, a_dev, LaunchOptions::new())
+        buffers
+            .a
+            .copy_from_host_buffer(copy_in, a)
             .map_err(at(format!("H2D of {a_name}")))?;
-        copy_in
-            .launch_h2d(b, b_dev, LaunchOptions::new())
+        buffers
+            .b
+            .copy_from_host_buffer(copy_in, b)
             .map_err(at(format!("H2D of {b_name}")))?;
         end(0, copy_in)?;
 
@@ -518,79 +507,47 @@ impl Shared<'_> {
             compute,
             &[copied_in, previous.map(StageEvents::copied_out)],
         )?;
-        let descriptor =
-            HostBuffer::from_vec(plan.descriptor(alpha, a_dev, b_dev, out_dev).to_vec());
-        compute
-            .launch_h2d(&descriptor, program, LaunchOptions::new())
+        let descriptor = plan.descriptor(
+            alpha,
+            buffers.a.address(),
+            buffers.b.address(),
+            buffers.out.address(),
+        );
+        // The compute reaches the operands through its program.
+        buffers
+            .record_stream(compute)
+            .map_err(at(event_step("declaring the buffers' use", compute)))?;
+        buffers
+            .program
+            .copy_from_host_buffer(compute, &HostBuffer::from_vec(descriptor.to_vec()))
             .map_err(at("H2D of the kernel descriptor".into()))?;
         compute
-            .launch_compute(program, LaunchOptions::new())
+            .launch_compute(buffers.program.address(), LaunchOptions::new())
             .map_err(at(format!("compute ({})", plan.kernel.name())))?;
         end(1, compute)?;
 
         let computed = ordering.as_ref().map(|o| o.stages.computed());
         begin(2, copy_out, &[computed])?;
+        // A launch of its own, for the completion that signals the thread.
+        buffers
+            .out
+            .record_stream(copy_out)
+            .map_err(at(event_step("declaring the buffers' use", copy_out)))?;
         copy_out
-            .launch_d2h(out_dev, output, completion)
+            .launch_d2h(buffers.out.address(), output, completion)
             .map_err(at(format!("D2H of {out_name}")))?;
         end(2, copy_out)
     }
 
-    /// Allocates `bytes` of device memory in one chunk (a kernel operand
-    /// must lie in one chunk).
-    fn allocate(
-        &self,
-        bytes: u64,
-        place: IterationPlace,
-    ) -> Result<CompositeAddress, IterationFailure> {
-        let address =
-            spyre_stream::allocate(Device::CURRENT, bytes).map_err(|error| IterationFailure {
-                place,
-                kind: match error {
-                    spyre_stream::Error::Flex(source)
-                        if source.status() == Status::OUT_OF_MEMORY =>
-                    {
-                        FailureKind::OutOfMemory { bytes, source }
-                    }
-                    source => FailureKind::Device {
-                        step: format!("allocating {bytes} bytes of device memory"),
-                        source,
-                    },
-                },
-            })?;
-        if address.chunks().len() == 1 {
-            return Ok(address);
-        }
-        let chunks = address.chunks().len();
-        if let Err(e) = spyre_stream::free(Device::CURRENT, &address) {
-            tracing::warn!(error = %e, "freeing a split allocation failed");
-        }
-        Err(IterationFailure {
-            place,
-            kind: FailureKind::OutOfMemory {
-                bytes,
-                source: FlexError::new(
-                    Status::OUT_OF_MEMORY,
-                    "allocate",
-                    format!(
-                        "no free range holds {bytes} bytes in one piece (the allocation came back in {chunks} chunks, and a kernel operand must lie in one)"
-                    ),
-                ),
-            },
-        })
-    }
-
     /// After a failure: waits for the streams (errors ignored; the failure
-    /// is already recorded) and frees the memory.
-    fn release(&self, streams: &[SpyreStream], memory: Option<DeviceMemory>) {
+    /// is already recorded) and drops the buffers.
+    fn release(&self, streams: &[SpyreStream], memory: Option<IterationBuffers>) {
         for stream in streams {
             if let Err(e) = stream.synchronize() {
                 tracing::debug!(stream = stream.id().get(), error = %e, "stream failed while releasing an iteration");
             }
         }
-        if let Some(memory) = memory {
-            memory.free_or_warn();
-        }
+        drop(memory);
     }
 
     /// Waits for an iteration whose results are not needed any more.
@@ -631,9 +588,7 @@ impl Shared<'_> {
             let first = launches
                 .iter()
                 .find_map(|(stream, _)| stream.synchronize().err());
-            if let Some(memory) = memory {
-                memory.free_or_warn();
-            }
+            drop(memory);
             let source = match (first, completion) {
                 (Some(first), _) => first,
                 (None, Ok(Err(e))) => e.into(),
@@ -645,11 +600,7 @@ impl Shared<'_> {
             };
             return Err(device_error("running the iteration", source));
         }
-        if let Some(memory) = memory {
-            memory
-                .free()
-                .map_err(|e| device_error("freeing device memory", e))?;
-        }
+        drop(memory);
         verify::check_bitwise(&expected, &output.read()).map_err(|mismatch| IterationFailure {
             place,
             kind: FailureKind::Mismatch(mismatch),
@@ -660,6 +611,12 @@ impl Shared<'_> {
                 .map_err(|e| device_error("timing the pipeline's stages", e))?;
         }
         stats.verified += 1;
+        if place.iteration == 0
+            && self.first_iterations.fetch_add(1, Ordering::AcqRel) + 1 == self.args.threads
+            && let Ok(memory) = spyre_stream::memory_stats(Device::CURRENT)
+        {
+            let _ = self.allocations_after_first.set(memory.device_allocations);
+        }
         self.progress.inc(1);
         Ok(())
     }

@@ -110,12 +110,16 @@ enum Fence {
 }
 
 impl Fence {
-    /// Whether the stream has passed the point of the drop. A stream that
-    /// has failed has: its later work never runs.
+    /// Whether the stream has passed the point of the drop. An event whose
+    /// record failed has: a record's outcome is set when its stream reaches
+    /// it, after everything enqueued before it, and the stream's later work
+    /// never runs. A stream without an event must be idle; one that has
+    /// failed never passes (its error does not say that nothing runs any
+    /// more), so its block is not reused.
     fn passed(&self) -> bool {
         match self {
             Fence::Event(event) => event.query().unwrap_or(true),
-            Fence::Idle(stream) => stream.query().unwrap_or(true),
+            Fence::Idle(stream) => matches!(stream.query(), Ok(true)),
         }
     }
 }
@@ -168,6 +172,21 @@ struct State {
 pub(crate) struct CachingAllocator {
     runtime: &'static dyn Runtime,
     state: Mutex<State>,
+    /// Held while segments are returned to the device, so that an
+    /// allocation retrying after a full device waits for a return already
+    /// under way instead of failing beside it.
+    emptying: Mutex<()>,
+}
+
+/// How [`CachingAllocator::empty_cache`] treats segments whose stream has
+/// work left.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Waiting {
+    /// Waits for the stream (`torch.cuda.empty_cache`).
+    Wait,
+    /// Keeps them cached: the retry of a full device does not wait for
+    /// streams the caller did not name.
+    IdleOnly,
 }
 
 impl std::fmt::Debug for CachingAllocator {
@@ -231,6 +250,7 @@ impl CachingAllocator {
         Self {
             runtime,
             state: Mutex::new(State::default()),
+            emptying: Mutex::new(()),
         }
     }
 
@@ -263,7 +283,7 @@ impl CachingAllocator {
         let segment = match self.allocate_segment(rounded) {
             Ok(segment) => segment,
             Err(error) if error.status() == Status::OUT_OF_MEMORY => {
-                self.empty_cache();
+                self.release_cached(Waiting::IdleOnly);
                 self.state.lock().stats.alloc_retries += 1;
                 match self.allocate_segment(rounded) {
                     Ok(segment) => segment,
@@ -359,7 +379,19 @@ impl CachingAllocator {
     /// for from here (from a host callback of that stream) stays cached.
     /// Returns the bytes returned to the device.
     pub(crate) fn empty_cache(&self) -> u64 {
-        let released = self.state.lock().take_free_segments();
+        self.release_cached(Waiting::Wait)
+    }
+
+    /// Returns the wholly free segments to the device: those of streams
+    /// that have finished their work (waiting for them, or not, as
+    /// `waiting` says). One return at a time.
+    fn release_cached(&self, waiting: Waiting) -> u64 {
+        let _one_at_a_time = self.emptying.lock();
+        let released = {
+            let mut state = self.state.lock();
+            state.collect_deferred();
+            state.take_free_segments()
+        };
         let mut by_stream: BTreeMap<i64, Vec<(u64, Segment)>> = BTreeMap::new();
         for (id, segment) in released {
             by_stream
@@ -373,7 +405,11 @@ impl CachingAllocator {
                 self.runtime.logical_device() as u8,
                 crate::StreamId(stream_id),
             );
-            if !stream_has_finished(stream) {
+            let finished = match waiting {
+                Waiting::Wait => stream_has_finished(stream),
+                Waiting::IdleOnly => matches!(stream.query(), Ok(true)),
+            };
+            if !finished {
                 let mut state = self.state.lock();
                 for (id, segment) in segments {
                     state.restore_segment(id, segment);
@@ -415,15 +451,16 @@ impl CachingAllocator {
     }
 }
 
-/// Whether `stream` has no work left that could touch its memory: it
-/// finished everything enqueued (waiting for it), or it failed (its later
-/// work never runs). `false` when it cannot be waited for from here.
+/// Whether `stream` has no work left that could touch its memory, waiting
+/// for it: `synchronize` returns once everything enqueued has completed,
+/// with the stream's error if it failed. `false` when the wait was refused
+/// (from a host callback of the same runtime, `UNSUPPORTED`) or the stream
+/// cannot be reached.
 fn stream_has_finished(stream: SpyreStream) -> bool {
     match stream.synchronize() {
         Ok(()) => true,
-        // A failed stream reports its error to query as well; a wait that
-        // was refused (from a callback) leaves work pending.
-        Err(_) => !matches!(stream.query(), Ok(false)),
+        Err(Error::Flex(error)) => error.status() != Status::UNSUPPORTED,
+        Err(_) => false,
     }
 }
 
@@ -489,15 +526,10 @@ impl State {
         segment
             .blocks
             .insert(found.offset, Span { size, free: false });
-        let address = match segment.address.slice(found.offset, requested) {
-            Ok(address) => address,
-            Err(error) => {
-                // Blocks start at multiples of MIN_BLOCK, so this does not
-                // happen; if it did, the block goes back to the cache.
-                self.release(found.segment, found.offset);
-                return Err(error.into());
-            }
-        };
+        // Fails only for a backend whose chunks are not multiples of
+        // MIN_BLOCK (flex.h promises aligned starts, not sizes): the block
+        // is then kept out of the cache, so that no later request picks it.
+        let address = segment.address.slice(found.offset, requested)?;
         self.stats.allocated_bytes += size;
         self.stats.peak_allocated_bytes = self
             .stats
