@@ -129,6 +129,24 @@
 //! | `Event.elapsed_time(end)` (ms, `float`) | [`SpyreEvent::elapsed_time`] ([`std::time::Duration`]) |
 //! | (none: awaiting a CUDA event needs polling) | [`SpyreEvent::synchronize_async`], [`SpyreStream::synchronize_async`] |
 //!
+//! # Device memory: PyTorch and cudarc names
+//!
+//! torch-spyre hands out raw allocations; these follow `torch.cuda`'s
+//! caching allocator and cudarc ([`DeviceBuffer`] has the rules).
+//!
+//! | PyTorch (`torch.cuda`) / cudarc | here |
+//! |---|---|
+//! | `torch.empty(n, device=...)`; `CudaStream::alloc` | [`DeviceBuffer::new`] |
+//! | `torch.zeros(n, device=...)`; `alloc_zeros` | [`DeviceBuffer::zeros`] |
+//! | `torch.tensor(data, device=...)`; `memcpy_stod` | [`DeviceBuffer::from_host`] |
+//! | `Tensor.copy_(host)`; `memcpy_htod` | [`DeviceBuffer::copy_from_host`], [`DeviceBuffer::copy_from_host_buffer`] |
+//! | `Tensor.cpu()`; `memcpy_dtoh`, `memcpy_dtov` | [`DeviceBuffer::copy_to_host`], [`DeviceBuffer::to_vec`], [`DeviceBuffer::copy_to_host_buffer`] |
+//! | `Tensor.fill_(v)`; `memset_zeros` | [`DeviceBuffer::fill`] |
+//! | `Tensor.record_stream(s)` | [`DeviceBuffer::record_stream`] |
+//! | `memory_allocated` / `memory_reserved` / `max_memory_allocated` | [`memory_allocated`] / [`memory_reserved`] / [`max_memory_allocated`] |
+//! | `memory_stats` / `reset_peak_memory_stats` / `empty_cache` | [`memory_stats`] / [`reset_peak_memory_stats`] / [`empty_cache`] |
+//! | `mem_get_info` | [`memory_info`] |
+//!
 //! # Where this differs from torch-spyre, on purpose
 //!
 //! - **Handle resolution takes no lock** (the spec's table has a shared

@@ -27,7 +27,7 @@
 //!   whole free segments to the device ([`CachingAllocator::empty_cache`])
 //!   and tries once more; then it fails with [`Error::OutOfMemory`].
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
 use flex_rt::{CompositeAddress, Event, FlexError, Runtime, Status};
 use parking_lot::Mutex;
@@ -155,10 +155,44 @@ struct FreeKey {
     offset: u64,
 }
 
+/// The segments by id; an id is the segment's index and is never reused
+/// (a segment returned to the device leaves `None`).
+#[derive(Default)]
+struct Segments(Vec<Option<Segment>>);
+
+impl Segments {
+    fn get_mut(&mut self, id: u64) -> Option<&mut Segment> {
+        self.0.get_mut(usize::try_from(id).ok()?)?.as_mut()
+    }
+
+    /// Adds `segment` under a fresh id.
+    fn push(&mut self, segment: Segment) -> u64 {
+        self.0.push(Some(segment));
+        (self.0.len() - 1) as u64
+    }
+
+    fn remove(&mut self, id: u64) -> Option<Segment> {
+        self.0.get_mut(usize::try_from(id).ok()?)?.take()
+    }
+
+    /// Puts back a segment [`Segments::remove`] took.
+    fn restore(&mut self, id: u64, segment: Segment) {
+        if let Some(slot) = usize::try_from(id).ok().and_then(|i| self.0.get_mut(i)) {
+            *slot = Some(segment);
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (u64, &Segment)> {
+        self.0
+            .iter()
+            .enumerate()
+            .filter_map(|(id, segment)| Some((id as u64, segment.as_ref()?)))
+    }
+}
+
 #[derive(Default)]
 struct State {
-    segments: HashMap<u64, Segment>,
-    next_segment: u64,
+    segments: Segments,
     free: BTreeSet<FreeKey>,
     deferred: Vec<Deferred>,
     stats: MemoryStats,
@@ -504,7 +538,7 @@ impl State {
         self.free.remove(&found);
         let segment = self
             .segments
-            .get_mut(&found.segment)
+            .get_mut(found.segment)
             .expect("a cached block's segment exists");
         let mut size = found.size;
         if should_split(rounded, found.size - rounded) {
@@ -549,17 +583,12 @@ impl State {
     /// Adds a segment from the device for `stream`, all of it one free
     /// block, and returns that block.
     fn add_segment(&mut self, address: CompositeAddress, stream: i64) -> FreeKey {
-        let id = self.next_segment;
-        self.next_segment += 1;
         let size = address.total_size();
-        self.segments.insert(
-            id,
-            Segment {
-                address,
-                stream,
-                blocks: BTreeMap::from([(0, Span { size, free: true })]),
-            },
-        );
+        let id = self.segments.push(Segment {
+            address,
+            stream,
+            blocks: BTreeMap::from([(0, Span { size, free: true })]),
+        });
         let whole = FreeKey {
             stream,
             size,
@@ -573,7 +602,7 @@ impl State {
     /// Marks the block at `offset` of `segment` free, merged with free
     /// neighbours, and caches it.
     fn release(&mut self, segment_id: u64, offset: u64) {
-        let Some(segment) = self.segments.get_mut(&segment_id) else {
+        let Some(segment) = self.segments.get_mut(segment_id) else {
             return;
         };
         let stream = segment.stream;
@@ -621,12 +650,12 @@ impl State {
             .segments
             .iter()
             .filter(|(_, s)| s.blocks.len() == 1 && s.blocks.values().all(|span| span.free))
-            .map(|(&id, _)| id)
+            .map(|(id, _)| id)
             .collect();
         whole
             .into_iter()
             .filter_map(|id| {
-                let segment = self.segments.remove(&id)?;
+                let segment = self.segments.remove(id)?;
                 self.free.remove(&FreeKey {
                     stream: segment.stream,
                     size: segment.address.total_size(),
@@ -646,6 +675,6 @@ impl State {
             segment: id,
             offset: 0,
         });
-        self.segments.insert(id, segment);
+        self.segments.restore(id, segment);
     }
 }
