@@ -102,16 +102,17 @@ pub unsafe extern "C" fn flex_event_destroy(
 }
 
 /// The live event and stream of a record or wait, which must be of one
-/// runtime.
-fn event_and_stream(
+/// runtime; the stream is borrowed from `snapshot`.
+fn event_and_stream<'a>(
+    snapshot: &'a handles::Snapshot,
     event: *mut flex_event_t,
     stream: *mut flex_stream_t,
     call: &str,
-) -> Result<(Arc<EventEntry>, handles::StreamRef), Failure> {
-    let stream = handles::stream(stream)?;
+) -> Result<(Arc<EventEntry>, handles::StreamRef<'a>), Failure> {
+    let stream = snapshot.stream(stream)?;
     stream.state.check_switch(call)?;
     let event = handles::event(event)?;
-    if !Arc::ptr_eq(&event.state, &stream.state) {
+    if !Arc::ptr_eq(&event.state, stream.state) {
         return Err(Failure::invalid_argument(
             "the event and the stream belong to different runtimes",
         ));
@@ -133,8 +134,9 @@ pub unsafe extern "C" fn flex_event_record(
 ) -> flex_status_t {
     const CALL: &str = "flex_event_record";
     boundary(CALL, || {
-        let (event, stream) = event_and_stream(event, stream, CALL)?;
-        let completion = completion_for(&stream.state, stream.id, completion);
+        let snapshot = handles::snapshot();
+        let (event, stream) = event_and_stream(&snapshot, event, stream, CALL)?;
+        let completion = completion_for(stream.state, stream.id, completion);
         stream.mock()?.record_event(&*event.event, completion)?;
         Ok(FLEX_SUCCESS)
     })
@@ -153,11 +155,12 @@ pub unsafe extern "C" fn flex_stream_wait_event(
 ) -> flex_status_t {
     const CALL: &str = "flex_stream_wait_event";
     boundary(CALL, || {
-        let (event, stream) = event_and_stream(event, stream, CALL)?;
+        let snapshot = handles::snapshot();
+        let (event, stream) = event_and_stream(&snapshot, event, stream, CALL)?;
         if !flex_rt::Runtime::capabilities(&stream.state.runtime)?.device_side_wait {
             // The wait blocks the host: not from a callback of the runtime
             // (an engine, or the late-completion thread).
-            refuse_in_callback(&stream.state, CALL)?;
+            refuse_in_callback(stream.state, CALL)?;
         }
         stream.mock()?.wait_event(&*event.event)?;
         Ok(FLEX_SUCCESS)

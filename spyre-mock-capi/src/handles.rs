@@ -1,14 +1,23 @@
-//! Live handles: which `flex_runtime_t *` and `flex_stream_t *` values this
-//! library handed out and has not destroyed, and the state behind them.
+//! Live handles: which `flex_runtime_t *`, `flex_stream_t *` and
+//! `flex_event_t *` values this library handed out and has not destroyed,
+//! and the state behind them.
 //!
 //! A runtime handle is the address of a [`RuntimeHandle`] box
 //! (`Box::into_raw`); a stream handle is the address of a [`MockStream`]
 //! owned by its runtime (streams never move). Neither is ever dereferenced
-//! to validate it: every call looks the address up in one process-wide
+//! to validate it: every call looks the address up in a process-wide
 //! table, and a null, foreign or destroyed address is
-//! `FLEX_ERROR_INVALID_HANDLE`. The lookup hands out an `Arc` of the
-//! runtime's state, so the state stays alive for the call even if another
-//! thread breaks flex.h and destroys the runtime meanwhile.
+//! `FLEX_ERROR_INVALID_HANDLE`.
+//!
+//! Runtimes and streams, read by every call and changed only when one is
+//! created or destroyed, live in an immutable [`Handles`] snapshot behind
+//! an `ArcSwap`: a call takes the current snapshot ([`snapshot`]: no lock,
+//! no reference-count change on the shared `Arc` in the common case) and
+//! looks the handle up in it; a create or destroy publishes a changed copy.
+//! The snapshot a call holds keeps the runtime's state alive until the call
+//! returns, even if another thread breaks flex.h and destroys the runtime
+//! meanwhile. Events, created and destroyed far more often, are in a
+//! table behind a mutex and handed out as `Arc`s.
 //!
 //! A destroyed stream (`flex_stream_destroy`) leaves the table and is
 //! recorded as retired in its runtime; its memory lives until the runtime
@@ -17,7 +26,9 @@
 //! this library, like any pointer handle; until then it is rejected.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
+
+use arc_swap::ArcSwap;
 
 use flex_rt::{Event, Stream};
 use flex_sys::bindings::{FLEX_ERROR_UNSUPPORTED, flex_event_t, flex_runtime_t, flex_stream_t};
@@ -110,13 +121,14 @@ pub(super) struct RuntimeHandle {
     _state: Arc<RuntimeState>,
 }
 
-/// A live stream handle: its runtime and its id there.
-pub(super) struct StreamRef {
-    pub(super) state: Arc<RuntimeState>,
+/// A live stream handle: its runtime and its id there, borrowed from the
+/// [`Snapshot`] the call holds.
+pub(super) struct StreamRef<'a> {
+    pub(super) state: &'a Arc<RuntimeState>,
     pub(super) id: u64,
 }
 
-impl StreamRef {
+impl StreamRef<'_> {
     /// The device stream.
     ///
     /// # Errors
@@ -129,6 +141,7 @@ impl StreamRef {
     }
 }
 
+#[derive(Clone)]
 struct Entry {
     runtime: Arc<RuntimeState>,
     id: u64,
@@ -140,27 +153,48 @@ pub(super) struct EventEntry {
     pub(super) event: Box<dyn Event>,
 }
 
-struct Registry {
+/// The live runtimes and streams: replaced as a whole, never changed in
+/// place.
+#[derive(Clone, Default)]
+pub(super) struct Handles {
     /// Runtime handle address → state.
     runtimes: BTreeMap<usize, Arc<RuntimeState>>,
     /// Stream handle address → runtime and id.
     streams: BTreeMap<usize, Entry>,
-    /// Event handle address (of the `EventEntry` inside the `Arc`) → event.
-    events: BTreeMap<usize, Arc<EventEntry>>,
 }
 
-static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
-    runtimes: BTreeMap::new(),
-    streams: BTreeMap::new(),
-    events: BTreeMap::new(),
-});
+static HANDLES: LazyLock<ArcSwap<Handles>> = LazyLock::new(ArcSwap::default);
+
+/// Serializes the writers of [`HANDLES`] (each publishes a changed copy of
+/// the snapshot it read).
+static HANDLE_WRITES: Mutex<()> = Mutex::new(());
+
+/// Event handle address (of the `EventEntry` inside the `Arc`) → event.
+static EVENTS: Mutex<BTreeMap<usize, Arc<EventEntry>>> = Mutex::new(BTreeMap::new());
+
+/// The live runtimes and streams as a call sees them: held for the call.
+pub(super) struct Snapshot(arc_swap::Guard<Arc<Handles>>);
+
+/// The current snapshot of the live runtimes and streams.
+pub(super) fn snapshot() -> Snapshot {
+    Snapshot(HANDLES.load())
+}
+
+/// Publishes `change` applied to a copy of the current snapshot.
+fn change_handles<T>(change: impl FnOnce(&mut Handles) -> T) -> T {
+    let _writer = HANDLE_WRITES.lock();
+    let mut next = Handles::clone(&HANDLES.load());
+    let result = change(&mut next);
+    HANDLES.store(Arc::new(next));
+    result
+}
 
 /// Registers a new event; returns its handle (the address of the entry,
 /// never dereferenced: only looked up).
 pub(super) fn register_event(entry: EventEntry) -> *mut flex_event_t {
     let entry = Arc::new(entry);
     let handle = Arc::as_ptr(&entry).cast_mut().cast::<flex_event_t>();
-    REGISTRY.lock().events.insert(handle as usize, entry);
+    EVENTS.lock().insert(handle as usize, entry);
     handle
 }
 
@@ -174,9 +208,8 @@ pub(super) fn event(handle: *mut flex_event_t) -> Result<Arc<EventEntry>, Failur
     if handle.is_null() {
         return Err(Failure::invalid_handle("the event handle is NULL"));
     }
-    REGISTRY
+    EVENTS
         .lock()
-        .events
         .get(&(handle as usize))
         .cloned()
         .ok_or_else(|| {
@@ -202,7 +235,7 @@ pub(super) fn unregister_event(
             "{handle:p} is an event of another runtime"
         )));
     }
-    let removed = REGISTRY.lock().events.remove(&(handle as usize));
+    let removed = EVENTS.lock().remove(&(handle as usize));
     drop(entry);
     // Dropped outside the table's lock: dropping an event is device code.
     drop(removed);
@@ -221,15 +254,16 @@ pub(super) fn register_runtime(state: Arc<RuntimeState>) -> *mut flex_runtime_t 
     let handle = Box::into_raw(Box::new(RuntimeHandle {
         _state: Arc::clone(&state),
     }));
-    let mut registry = REGISTRY.lock();
-    registry.streams.insert(
-        default,
-        Entry {
-            runtime: Arc::clone(&state),
-            id: 0,
-        },
-    );
-    registry.runtimes.insert(handle as usize, state);
+    change_handles(|handles| {
+        handles.streams.insert(
+            default,
+            Entry {
+                runtime: Arc::clone(&state),
+                id: 0,
+            },
+        );
+        handles.runtimes.insert(handle as usize, state);
+    });
     handle.cast()
 }
 
@@ -239,65 +273,75 @@ pub(super) fn register_stream(
     stream: &MockStream,
 ) -> *mut flex_stream_t {
     let handle = stream_handle(stream);
-    REGISTRY.lock().streams.insert(
-        handle as usize,
-        Entry {
-            runtime: Arc::clone(state),
-            id: stream.id(),
-        },
-    );
+    change_handles(|handles| {
+        handles.streams.insert(
+            handle as usize,
+            Entry {
+                runtime: Arc::clone(state),
+                id: stream.id(),
+            },
+        )
+    });
     handle
 }
 
-/// The state of a live runtime handle.
-///
-/// # Errors
-/// `FLEX_ERROR_INVALID_HANDLE` for NULL or an address that is not a live
-/// runtime of this library.
-pub(super) fn runtime(handle: *mut flex_runtime_t) -> Result<Arc<RuntimeState>, Failure> {
-    if handle.is_null() {
-        return Err(Failure::invalid_handle("the runtime handle is NULL"));
-    }
-    REGISTRY
-        .lock()
-        .runtimes
-        .get(&(handle as usize))
-        .cloned()
-        .ok_or_else(|| {
+impl Snapshot {
+    /// The state of a live runtime handle.
+    ///
+    /// # Errors
+    /// `FLEX_ERROR_INVALID_HANDLE` for NULL or an address that is not a
+    /// live runtime of this library.
+    pub(super) fn runtime(
+        &self,
+        handle: *mut flex_runtime_t,
+    ) -> Result<&Arc<RuntimeState>, Failure> {
+        if handle.is_null() {
+            return Err(Failure::invalid_handle("the runtime handle is NULL"));
+        }
+        self.0.runtimes.get(&(handle as usize)).ok_or_else(|| {
             Failure::invalid_handle(format!(
                 "{handle:p} is not a live runtime of this library (never created by it, or destroyed)"
             ))
         })
+    }
+
+    /// The runtime and id of a live stream handle.
+    ///
+    /// # Errors
+    /// `FLEX_ERROR_INVALID_HANDLE` for NULL or an address that is not a
+    /// live stream of this library.
+    pub(super) fn stream(&self, handle: *mut flex_stream_t) -> Result<StreamRef<'_>, Failure> {
+        if handle.is_null() {
+            return Err(Failure::invalid_handle("the stream handle is NULL"));
+        }
+        self.0
+            .streams
+            .get(&(handle as usize))
+            .map(|entry| StreamRef {
+                state: &entry.runtime,
+                id: entry.id,
+            })
+            .ok_or_else(|| {
+                Failure::invalid_handle(format!(
+                    "{handle:p} is not a live stream of this library (never created by it, destroyed, or its runtime was destroyed)"
+                ))
+            })
+    }
 }
 
-/// The runtime and id of a live stream handle.
+/// The state of a live runtime handle, kept alive by the returned `Arc`
+/// (for calls that are not on the hot path).
 ///
 /// # Errors
-/// `FLEX_ERROR_INVALID_HANDLE` for NULL or an address that is not a live
-/// stream of this library.
-pub(super) fn stream(handle: *mut flex_stream_t) -> Result<StreamRef, Failure> {
-    if handle.is_null() {
-        return Err(Failure::invalid_handle("the stream handle is NULL"));
-    }
-    REGISTRY
-        .lock()
-        .streams
-        .get(&(handle as usize))
-        .map(|entry| StreamRef {
-            state: Arc::clone(&entry.runtime),
-            id: entry.id,
-        })
-        .ok_or_else(|| {
-            Failure::invalid_handle(format!(
-                "{handle:p} is not a live stream of this library (never created by it, destroyed, or its runtime was destroyed)"
-            ))
-        })
+/// As [`Snapshot::runtime`].
+pub(super) fn runtime(handle: *mut flex_runtime_t) -> Result<Arc<RuntimeState>, Failure> {
+    snapshot().runtime(handle).cloned()
 }
 
 /// Removes a stream handle from the table and records the stream as
 /// retired in its runtime. `false` if it was not there.
 pub(super) fn retire_stream(handle: *mut flex_stream_t) -> bool {
-    let removed = REGISTRY.lock().streams.remove(&(handle as usize));
+    let removed = change_handles(|handles| handles.streams.remove(&(handle as usize)));
     match removed {
         Some(entry) => {
             entry.runtime.retired.lock().insert(entry.id);
@@ -310,22 +354,23 @@ pub(super) fn retire_stream(handle: *mut flex_stream_t) -> bool {
 /// Removes a runtime handle and all its streams from the table, frees the
 /// handle box, and returns the state. `None` if the handle was not live.
 pub(super) fn unregister_runtime(handle: *mut flex_runtime_t) -> Option<Arc<RuntimeState>> {
-    let state = {
-        let mut registry = REGISTRY.lock();
-        let state = registry.runtimes.remove(&(handle as usize))?;
-        registry
+    let state = change_handles(|handles| {
+        let state = handles.runtimes.remove(&(handle as usize))?;
+        handles
             .streams
             .retain(|_, entry| !Arc::ptr_eq(&entry.runtime, &state));
-        registry
-            .events
-            .retain(|_, entry| !Arc::ptr_eq(&entry.state, &state));
-        state
-    };
+        Some(state)
+    })?;
+    EVENTS
+        .lock()
+        .retain(|_, entry| !Arc::ptr_eq(&entry.state, &state));
     // SAFETY: the address was in the table, and only `register_runtime`
     // puts one there: the value of `Box::into_raw` of a `RuntimeHandle`.
-    // Removing it under the table's lock (above) is the only way to get
-    // here, so this reclaims the box exactly once; no other code
-    // dereferences handle addresses.
+    // Removing it from the table (above, under the writers' lock, from the
+    // latest snapshot) is the only way to get here, and a later snapshot
+    // no longer has it, so this reclaims the box exactly once; no code
+    // dereferences handle addresses (older snapshots hold the state's
+    // `Arc`, not the box).
     drop(unsafe { Box::from_raw(handle.cast::<RuntimeHandle>()) });
     Some(state)
 }
@@ -333,8 +378,8 @@ pub(super) fn unregister_runtime(handle: *mut flex_runtime_t) -> Option<Arc<Runt
 /// The stream handles of a live runtime (for tests).
 #[cfg(test)]
 pub(super) fn live_streams_of(state: &Arc<RuntimeState>) -> usize {
-    REGISTRY
-        .lock()
+    snapshot()
+        .0
         .streams
         .values()
         .filter(|entry| Arc::ptr_eq(&entry.runtime, state))

@@ -197,13 +197,14 @@ pub(crate) fn launch(
     completion: flex_completion_t,
     build: impl FnOnce(&Arc<RuntimeState>) -> Result<Op, Failure>,
 ) -> CallResult {
-    let stream = handles::stream(stream)?;
+    let snapshot = handles::snapshot();
+    let stream = snapshot.stream(stream)?;
     stream.state.check_switch(call)?;
-    let op = build(&stream.state)?;
+    let op = build(stream.state)?;
     let device = stream.mock()?;
     let options = LaunchOptions {
         pipeline_barrier: pipeline_barrier != 0,
-        completion: completion_for(&stream.state, stream.id, completion),
+        completion: completion_for(stream.state, stream.id, completion),
     };
     device.enqueue(op, options)?;
     Ok(FLEX_SUCCESS)

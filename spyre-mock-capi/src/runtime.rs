@@ -168,8 +168,9 @@ pub unsafe extern "C" fn flex_stream_destroy(
     const CALL: &str = "flex_stream_destroy";
     boundary(CALL, || {
         let state = handles::runtime(runtime)?;
-        let target = handles::stream(stream)?;
-        if !Arc::ptr_eq(&state, &target.state) {
+        let snapshot = handles::snapshot();
+        let target = snapshot.stream(stream)?;
+        if !Arc::ptr_eq(&state, target.state) {
             return Err(Failure::invalid_handle(format!(
                 "stream {stream:p} belongs to another runtime than {runtime:p}"
             )));

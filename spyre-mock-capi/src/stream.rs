@@ -22,7 +22,8 @@ pub unsafe extern "C" fn flex_stream_get_id(
 ) -> flex_status_t {
     const CALL: &str = "flex_stream_get_id";
     boundary(CALL, || {
-        let stream = handles::stream(stream)?;
+        let snapshot = handles::snapshot();
+        let stream = snapshot.stream(stream)?;
         stream.state.check_switch(CALL)?;
         let out = out_param(id_out, "id_out")?;
         // SAFETY: flex.h: `id_out` points to a writable `uint64_t` when not
@@ -43,7 +44,8 @@ pub unsafe extern "C" fn flex_stream_get_priority(
 ) -> flex_status_t {
     const CALL: &str = "flex_stream_get_priority";
     boundary(CALL, || {
-        let stream = handles::stream(stream)?;
+        let snapshot = handles::snapshot();
+        let stream = snapshot.stream(stream)?;
         stream.state.check_switch(CALL)?;
         let out = out_param(priority_out, "priority_out")?;
         let priority = stream.mock()?.priority().to_raw();
@@ -65,7 +67,8 @@ pub unsafe extern "C" fn flex_stream_get_priority(
 pub unsafe extern "C" fn flex_stream_query(stream: *mut flex_stream_t) -> flex_status_t {
     const CALL: &str = "flex_stream_query";
     boundary(CALL, || {
-        let stream = handles::stream(stream)?;
+        let snapshot = handles::snapshot();
+        let stream = snapshot.stream(stream)?;
         stream.state.check_switch(CALL)?;
         let done = stream.mock()?.query()?;
         let late_pending = stream
@@ -93,8 +96,9 @@ pub unsafe extern "C" fn flex_stream_query(stream: *mut flex_stream_t) -> flex_s
 pub unsafe extern "C" fn flex_stream_synchronize(stream: *mut flex_stream_t) -> flex_status_t {
     const CALL: &str = "flex_stream_synchronize";
     boundary(CALL, || {
-        let stream = handles::stream(stream)?;
-        refuse_in_callback(&stream.state, CALL)?;
+        let snapshot = handles::snapshot();
+        let stream = snapshot.stream(stream)?;
+        refuse_in_callback(stream.state, CALL)?;
         stream.state.check_switch(CALL)?;
         let device = stream.mock()?;
         let result = device.synchronize();
@@ -117,7 +121,8 @@ pub unsafe extern "C" fn flex_stream_needs_shutdown(
 ) -> flex_status_t {
     const CALL: &str = "flex_stream_needs_shutdown";
     boundary(CALL, || {
-        let stream = handles::stream(stream)?;
+        let snapshot = handles::snapshot();
+        let stream = snapshot.stream(stream)?;
         stream.state.check_switch(CALL)?;
         let out = out_param(needs_shutdown_out, "needs_shutdown_out")?;
         let needs = stream.mock()?.needs_shutdown()?;

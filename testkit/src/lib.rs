@@ -6,7 +6,8 @@
 //! - [`interleaved`] (and, with feature `criterion`, `bench_interleaved`):
 //!   timing several contenders round by round, so that a benchmark and its
 //!   baseline see the same machine even when its speed drifts; [`batched`]:
-//!   timing launches without the wait that drains them.
+//!   timing launches without the wait that drains them;
+//!   [`interleaved_batched`]: both at once.
 //! - [`f32_le_bytes`], [`f32s_from_le`]: `f32`s as the device stores them.
 //!
 //! No dependency on the workspace's own crates, so every crate can use it.
@@ -18,7 +19,7 @@ mod timing;
 pub use rng::{SplitMix64, mix64};
 #[cfg(feature = "criterion")]
 pub use timing::bench_interleaved;
-pub use timing::{batched, interleaved};
+pub use timing::{BatchedMember, batched, interleaved, interleaved_batched};
 
 /// `values` as the device stores `f32`: 4 little-endian bytes each.
 pub fn f32_le_bytes(values: &[f32]) -> Vec<u8> {

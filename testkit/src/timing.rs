@@ -53,6 +53,45 @@ pub fn batched(
     total
 }
 
+/// A member of [`interleaved_batched`]: its launch, and the drain that
+/// waits for its launches.
+pub type BatchedMember<'a> = (&'a dyn Fn(), &'a dyn Fn());
+
+/// [`interleaved`] for asynchronous work: times `iters` calls of member
+/// `me`'s launch, in batches of at most `batch`. Every round runs a batch
+/// of each member's launch, timing only `me`'s, and calls that member's
+/// drain untimed after it; each round starts one member later than the one
+/// before. Members are `(launch, drain)` pairs.
+pub fn interleaved_batched(
+    iters: u64,
+    batch: u64,
+    me: usize,
+    members: &[BatchedMember<'_>],
+) -> Duration {
+    let mut total = Duration::ZERO;
+    let count = members.len().max(1);
+    let mut left = iters;
+    let mut round = 0;
+    while left > 0 {
+        let n = left.min(batch.max(1));
+        let first = round % count;
+        round += 1;
+        for index in (first..members.len()).chain(0..first) {
+            let (launch, drain) = members[index];
+            let start = Instant::now();
+            for _ in 0..n {
+                launch();
+            }
+            if index == me {
+                total += start.elapsed();
+            }
+            drain();
+        }
+        left -= n;
+    }
+    total
+}
+
 /// Benchmarks every `(name, op)` of `members` in `group`, each timed with
 /// [`interleaved`] against all the others.
 #[cfg(feature = "criterion")]
@@ -73,6 +112,23 @@ mod tests {
     use std::cell::Cell;
 
     use super::*;
+
+    #[test]
+    fn interleaved_batches_run_every_member_and_drain_after_each_batch() {
+        let counts: [Cell<u64>; 4] = Default::default();
+        let (a, b) = (
+            || counts[0].set(counts[0].get() + 1),
+            || counts[1].set(counts[1].get() + 1),
+        );
+        let (da, db) = (
+            || counts[2].set(counts[2].get() + 1),
+            || counts[3].set(counts[3].get() + 1),
+        );
+        let members: [BatchedMember<'_>; 2] = [(&a, &da), (&b, &db)];
+        interleaved_batched(10, 4, 1, &members);
+        // 4 + 4 + 2 launches of each member, a drain after each batch.
+        assert_eq!(counts.each_ref().map(Cell::get), [10, 10, 3, 3]);
+    }
 
     #[test]
     fn batches_launch_everything_and_drain_after_each() {

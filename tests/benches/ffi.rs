@@ -14,7 +14,8 @@
 //! - `ffi_query`: [`Stream::query`] of an idle stream.
 //! - `ffi_enqueue`: [`Stream::launch_host_callback`] of a no-op, timed in
 //!   batches of [`BATCH`] with the stream synchronized after each batch,
-//!   outside the timed region.
+//!   outside the timed region; the two sides' batches interleaved round by
+//!   round.
 //! - `ffi_round_trip`: launch of a no-op host callback, then
 //!   [`Stream::synchronize`]; interleaved (below).
 //! - `ffi_h2d_4KiB`: [`Stream::launch_h2d`] of 4 KiB, then `synchronize`;
@@ -37,7 +38,7 @@ use flex_rt::{
     StreamMode, StreamPriority,
 };
 use spyre_mock::MockSystem;
-use spyre_testkit::{batched, bench_interleaved};
+use spyre_testkit::{BatchedMember, bench_interleaved, interleaved_batched};
 
 /// Launches timed back to back before the queue is drained, in `ffi_enqueue`.
 const BATCH: u64 = 256;
@@ -88,18 +89,26 @@ fn bench_query(c: &mut Criterion, sides: &[Side]) {
 }
 
 fn bench_enqueue(c: &mut Criterion, sides: &[Side]) {
+    let streams: Vec<&dyn Stream> = sides.iter().map(Side::stream).collect();
+    let launches: Vec<Box<dyn Fn() + '_>> = streams
+        .iter()
+        .map(|&stream| -> Box<dyn Fn() + '_> { Box::new(move || noop(stream)) })
+        .collect();
+    let drains: Vec<Box<dyn Fn() + '_>> = streams
+        .iter()
+        .map(|&stream| -> Box<dyn Fn() + '_> {
+            Box::new(move || stream.synchronize().expect("synchronize"))
+        })
+        .collect();
+    let members: Vec<BatchedMember<'_>> = launches
+        .iter()
+        .zip(&drains)
+        .map(|(launch, drain)| (&**launch, &**drain))
+        .collect();
     let mut group = c.benchmark_group("ffi_enqueue");
-    for side in sides {
-        let stream = side.stream();
+    for (me, side) in sides.iter().enumerate() {
         group.bench_function(side.name, |b| {
-            b.iter_custom(|iters| {
-                batched(
-                    iters,
-                    BATCH,
-                    || noop(stream),
-                    || stream.synchronize().expect("synchronize"),
-                )
-            });
+            b.iter_custom(|iters| interleaved_batched(iters, BATCH, me, &members))
         });
     }
     group.finish();

@@ -15,11 +15,9 @@
 //! Targets: record and query ≤ 2× an empty launch; an
 //! await round trip within 1.5× of a blocking synchronize round trip.
 
-use std::time::{Duration, Instant};
-
 use criterion::Criterion;
 use spyre_stream::{Device, LaunchOptions, SpyreEvent, SpyreStream};
-use spyre_testkit::bench_interleaved;
+use spyre_testkit::{BatchedMember, bench_interleaved, interleaved_batched};
 
 /// Operations timed back to back before the stream is drained.
 const BATCH: u64 = 256;
@@ -32,35 +30,6 @@ fn noop(stream: SpyreStream) {
 
 fn drain(stream: SpyreStream) {
     stream.synchronize().expect("synchronize");
-}
-
-/// Times `iters` runs of member `me` of `members` (each an operation and
-/// the stream to drain after its batches): every round runs a batch of
-/// each member, timing only `me`'s, and drains each stream untimed; each
-/// round starts one member later than the one before.
-fn interleaved_batches(iters: u64, me: usize, members: &[(&dyn Fn(), SpyreStream)]) -> Duration {
-    let mut total = Duration::ZERO;
-    let mut left = iters;
-    let mut round = 0;
-    while left > 0 {
-        let n = left.min(BATCH);
-        // Each round starts one member later (as `spyre_testkit::interleaved`).
-        let first = round % members.len();
-        round += 1;
-        for index in (first..members.len()).chain(0..first) {
-            let (op, stream) = members[index];
-            let start = Instant::now();
-            for _ in 0..n {
-                op();
-            }
-            if index == me {
-                total += start.elapsed();
-            }
-            drain(stream);
-        }
-        left -= n;
-    }
-    total
 }
 
 /// Runs every group on the pool's backend, naming groups after `side`.
@@ -87,11 +56,19 @@ pub fn run(c: &mut Criterion, side: &str) {
         ("wait_idle", &wait_idle, other),
         ("query_completed", &query_completed, stream),
     ];
-    let ops: Vec<(&dyn Fn(), SpyreStream)> = members.iter().map(|&(_, op, s)| (op, s)).collect();
+    let drains: Vec<Box<dyn Fn()>> = members
+        .iter()
+        .map(|&(_, _, s)| -> Box<dyn Fn()> { Box::new(move || drain(s)) })
+        .collect();
+    let ops: Vec<BatchedMember<'_>> = members
+        .iter()
+        .zip(&drains)
+        .map(|(&(_, op, _), drain)| (op, &**drain))
+        .collect();
     let mut group = c.benchmark_group(format!("{side}_enqueue"));
     for (me, (name, _, _)) in members.iter().enumerate() {
         group.bench_function(*name, |b| {
-            b.iter_custom(|iters| interleaved_batches(iters, me, &ops))
+            b.iter_custom(|iters| interleaved_batched(iters, BATCH, me, &ops))
         });
     }
     group.finish();
