@@ -29,6 +29,12 @@ pub const MIN_COPY_BANDWIDTH: u64 = 1_000_000;
 
 /// Environment variable: number of devices (decimal, ≥ 1).
 pub const ENV_DEVICES: &str = "SPYRE_MOCK_DEVICES";
+/// Environment variable (torch-spyre's, like `CUDA_VISIBLE_DEVICES`): the
+/// devices the process may see, in the order it numbers them — a
+/// comma-separated list of distinct device indices below the device count;
+/// `"2,3"` makes logical device 0 device 2 and logical device 1 device 3.
+/// Unset or empty: every device, in order.
+pub const ENV_VISIBLE_DEVICES: &str = "SPYRE_DEVICES";
 /// Environment variable: device memory per runtime in bytes (decimal, a
 /// positive multiple of 128).
 pub const ENV_MEMORY_BYTES: &str = "SPYRE_MOCK_MEMORY_BYTES";
@@ -79,7 +85,7 @@ const NUMERIC_ENV_VARS: [&str; 6] = [
 
 /// Every environment variable [`MockConfig::from_lookup`] reads, in the order
 /// it reads them.
-pub const ENV_VARS: [&str; 9] = [
+pub const ENV_VARS: [&str; 10] = [
     ENV_DEVICES,
     ENV_MEMORY_BYTES,
     ENV_REGION_BYTES,
@@ -89,6 +95,7 @@ pub const ENV_VARS: [&str; 9] = [
     ENV_SYNC_POLICY,
     ENV_DEVICE_SIDE_WAIT,
     ENV_CHECK_REUSE,
+    ENV_VISIBLE_DEVICES,
 ];
 
 /// A checked configuration of the software device. Made by
@@ -105,6 +112,8 @@ pub struct MockConfig {
     sync_policy: SyncPolicy,
     device_side_wait: bool,
     check_reuse: bool,
+    /// `None`: every device, in order.
+    visible_devices: Option<Vec<u32>>,
 }
 
 impl Default for MockConfig {
@@ -119,14 +128,38 @@ impl Default for MockConfig {
             sync_policy: SyncPolicy::Auto,
             device_side_wait: true,
             check_reuse: false,
+            visible_devices: None,
         }
     }
 }
 
 impl MockConfig {
-    /// Number of logical devices.
+    /// Number of devices the system has (before [`MockConfig::visible_devices`]
+    /// selects among them).
     pub fn devices(&self) -> u32 {
         self.devices
+    }
+
+    /// The devices a process sees, in its order (`SPYRE_DEVICES`), or
+    /// `None` for every device in order.
+    pub fn visible_devices(&self) -> Option<&[u32]> {
+        self.visible_devices.as_deref()
+    }
+
+    /// Number of logical devices: the visible ones.
+    pub fn visible_count(&self) -> u32 {
+        self.visible_devices
+            .as_ref()
+            .map_or(self.devices, |visible| visible.len() as u32)
+    }
+
+    /// The device behind `logical` device, or `None` when `logical` is not
+    /// below [`MockConfig::visible_count`].
+    pub fn device_of(&self, logical: u32) -> Option<u32> {
+        match &self.visible_devices {
+            Some(visible) => visible.get(logical as usize).copied(),
+            None => (logical < self.devices).then_some(logical),
+        }
     }
 
     /// Device memory of each runtime, in bytes.
@@ -270,6 +303,15 @@ impl MockConfig {
             };
             used.push(format!("{name}={raw:?}"));
         }
+        if let Some(raw) = lookup(ENV_VISIBLE_DEVICES).filter(|raw| !raw.trim().is_empty()) {
+            builder = builder.visible_devices(parse_device_list(&raw).map_err(|reason| {
+                FlexError::invalid_argument(
+                    CALL,
+                    format!("{ENV_VISIBLE_DEVICES}={raw:?} is not valid: {reason}"),
+                )
+            })?);
+            used.push(format!("{ENV_VISIBLE_DEVICES}={raw:?}"));
+        }
         builder.build_config().map_err(|err| {
             FlexError::invalid_argument(
                 CALL,
@@ -277,6 +319,32 @@ impl MockConfig {
             )
         })
     }
+}
+
+/// Parses a `SPYRE_DEVICES` list: comma-separated decimal device indices,
+/// spaces around an entry allowed. Whether they exist and are distinct is
+/// the builder's check.
+fn parse_device_list(raw: &str) -> std::result::Result<Vec<u32>, String> {
+    raw.split(',')
+        .enumerate()
+        .map(|(index, entry)| {
+            let entry = entry.trim();
+            if entry.is_empty() {
+                return Err(format!(
+                    "entry {} is empty; expected a comma-separated list of device indices such as 2,3",
+                    index + 1
+                ));
+            }
+            if !entry.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(format!(
+                    "entry {entry:?} is not a device index; expected a comma-separated list of device indices such as 2,3"
+                ));
+            }
+            entry
+                .parse::<u32>()
+                .map_err(|_| format!("entry {entry} is too large for a device index"))
+        })
+        .collect()
 }
 
 impl fmt::Display for MockConfig {
@@ -304,6 +372,9 @@ impl fmt::Display for MockConfig {
         write!(f, ", event waits: {wait}")?;
         if self.check_reuse {
             write!(f, ", reuse check on")?;
+        }
+        if let Some(visible) = &self.visible_devices {
+            write!(f, ", visible devices {}", device_list(visible))?;
         }
         Ok(())
     }
@@ -338,6 +409,16 @@ pub struct MockSystemBuilder {
     sync_policy: SyncPolicy,
     device_side_wait: bool,
     check_reuse: bool,
+    visible_devices: Option<Vec<u32>>,
+}
+
+/// `devices` as `SPYRE_DEVICES` writes them: `3,2,1,0`.
+pub(crate) fn device_list(devices: &[u32]) -> String {
+    devices
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 impl Default for MockSystemBuilder {
@@ -353,6 +434,7 @@ impl Default for MockSystemBuilder {
             sync_policy: defaults.sync_policy,
             device_side_wait: defaults.device_side_wait,
             check_reuse: defaults.check_reuse,
+            visible_devices: None,
         }
     }
 }
@@ -433,6 +515,14 @@ impl MockSystemBuilder {
         self
     }
 
+    /// The devices a process sees, in its order (`SPYRE_DEVICES`): distinct
+    /// indices below [`MockSystemBuilder::devices`], at least one. Default:
+    /// every device in order.
+    pub fn visible_devices(mut self, devices: Vec<u32>) -> Self {
+        self.visible_devices = Some(devices);
+        self
+    }
+
     /// Checks the values and returns the configuration.
     ///
     /// # Errors
@@ -498,6 +588,21 @@ impl MockSystemBuilder {
                 self.op_latency.as_micros()
             ));
         }
+        if let Some(visible) = &self.visible_devices {
+            if visible.is_empty() {
+                return fail("visible_devices must name at least one device".into());
+            }
+            if let Some(&missing) = visible.iter().find(|&&d| d >= self.devices) {
+                return fail(format!(
+                    "visible device {missing} does not exist: the system has {} device(s) (0..{})",
+                    self.devices, self.devices
+                ));
+            }
+            let mut seen = std::collections::BTreeSet::new();
+            if let Some(&twice) = visible.iter().find(|&&d| !seen.insert(d)) {
+                return fail(format!("visible device {twice} is listed twice"));
+            }
+        }
         if let Some(bandwidth) = self.copy_bandwidth.filter(|b| *b < MIN_COPY_BANDWIDTH) {
             return fail(format!(
                 "copy_bandwidth must be at least {MIN_COPY_BANDWIDTH} bytes per second (1 MB/s), got {bandwidth} (leave it unset for unlimited)"
@@ -513,6 +618,7 @@ impl MockSystemBuilder {
             sync_policy: self.sync_policy,
             device_side_wait: self.device_side_wait,
             check_reuse: self.check_reuse,
+            visible_devices: self.visible_devices,
         })
     }
 }
@@ -722,5 +828,63 @@ mod tests {
             .build_config()
             .unwrap();
         assert_eq!(config.region_count(), 3);
+    }
+
+    #[test]
+    fn spyre_devices_selects_and_orders_the_visible_devices() {
+        let config =
+            MockConfig::from_lookup(lookup(&[(ENV_DEVICES, "4"), (ENV_VISIBLE_DEVICES, "2, 3")]))
+                .unwrap();
+        assert_eq!(config.visible_devices(), Some(&[2, 3][..]));
+        assert_eq!(config.visible_count(), 2);
+        assert_eq!(
+            (
+                config.device_of(0),
+                config.device_of(1),
+                config.device_of(2)
+            ),
+            (Some(2), Some(3), None)
+        );
+        let all =
+            MockConfig::from_lookup(lookup(&[(ENV_DEVICES, "2"), (ENV_VISIBLE_DEVICES, " ")]))
+                .unwrap();
+        assert_eq!((all.visible_devices(), all.visible_count()), (None, 2));
+        assert_eq!(all.device_of(1), Some(1));
+    }
+
+    #[test]
+    fn bad_spyre_devices_lists_are_named() {
+        for (raw, expected) in [
+            (
+                "1,,2",
+                "SPYRE_DEVICES=\"1,,2\" is not valid: entry 2 is empty",
+            ),
+            (
+                "1,x",
+                "SPYRE_DEVICES=\"1,x\" is not valid: entry \"x\" is not a device index",
+            ),
+            (
+                "-1",
+                "SPYRE_DEVICES=\"-1\" is not valid: entry \"-1\" is not a device index",
+            ),
+            (
+                "0,4",
+                "visible device 4 does not exist: the system has 4 device(s) (0..4) (from SPYRE_MOCK_DEVICES=\"4\", SPYRE_DEVICES=\"0,4\")",
+            ),
+            (
+                "3,1,3",
+                "visible device 3 is listed twice (from SPYRE_MOCK_DEVICES=\"4\", SPYRE_DEVICES=\"3,1,3\")",
+            ),
+            (
+                "99999999999",
+                "entry 99999999999 is too large for a device index",
+            ),
+        ] {
+            let err =
+                MockConfig::from_lookup(lookup(&[(ENV_DEVICES, "4"), (ENV_VISIBLE_DEVICES, raw)]))
+                    .unwrap_err();
+            assert_eq!(err.status(), flex_rt::Status::INVALID_ARGUMENT, "{raw}");
+            assert!(err.message().contains(expected), "{raw}: {}", err.message());
+        }
     }
 }

@@ -3,7 +3,7 @@ use std::sync::Arc;
 
 use flex_rt::{Backend, FlexError, Result, Runtime, Status};
 
-use crate::config::{MockConfig, MockSystemBuilder};
+use crate::config::{MockConfig, MockSystemBuilder, device_list};
 use crate::faults::SystemFaults;
 use crate::runtime::MockRuntime;
 
@@ -80,14 +80,19 @@ impl MockSystem {
     /// thread cannot be started.
     pub fn create_mock_runtime(&self, logical_device: u32) -> Result<MockRuntime> {
         const CALL: &str = "create_runtime";
-        let devices = self.config.devices();
-        if logical_device >= devices {
+        if self.config.device_of(logical_device).is_none() {
+            let visible = self.config.visible_count();
+            let which = match self.config.visible_devices() {
+                Some(list) => format!(
+                    "{visible} device(s) are visible (SPYRE_DEVICES={})",
+                    device_list(list)
+                ),
+                None => format!("the mock system has {visible} device(s) (0..{visible})"),
+            };
             return Err(FlexError::new(
                 Status::NO_DEVICE,
                 CALL,
-                format!(
-                    "logical device {logical_device} does not exist; the mock system has {devices} device(s) (0..{devices})"
-                ),
+                format!("logical device {logical_device} does not exist; {which}"),
             ));
         }
         if self.faults.fail_runtime_creation() {
@@ -108,16 +113,21 @@ impl Backend for MockSystem {
         "mock"
     }
 
+    /// The visible devices (`SPYRE_DEVICES`), all by default.
     fn device_count(&self) -> Result<u32> {
-        Ok(self.config.devices())
+        Ok(self.config.visible_count())
     }
 
-    /// The configuration: devices, memory, region size, engines, op
-    /// latency and copy bandwidth.
+    /// The configuration: devices (and the visible ones, when
+    /// `SPYRE_DEVICES` chooses), memory, region size, engines, op latency
+    /// and copy bandwidth.
     fn details(&self) -> Vec<(&'static str, String)> {
         let c = &self.config;
-        vec![
-            ("devices", c.devices().to_string()),
+        let mut details = vec![("devices", c.devices().to_string())];
+        if let Some(visible) = c.visible_devices() {
+            details.push(("visible_devices", device_list(visible)));
+        }
+        details.extend([
             ("memory_bytes", c.memory_bytes().to_string()),
             ("region_bytes", c.region_bytes().to_string()),
             ("engines", c.engines().to_string()),
@@ -128,7 +138,8 @@ impl Backend for MockSystem {
                     .map_or_else(|| "unlimited".to_string(), |bw| format!("{bw} B/s")),
             ),
             ("sync_policy", c.sync_policy().as_str().to_string()),
-        ]
+        ]);
+        details
     }
 
     fn create_runtime(&self, logical_device: u32) -> Result<Box<dyn Runtime>> {

@@ -8,6 +8,24 @@ use crate::id::{DEFAULT_HOST_COMPUTE_STREAMS, MAX_HOST_COMPUTE_STREAMS};
 
 /// Logical device of the process when no thread-local device is set (torchrun sets it).
 pub const LOCAL_RANK: &str = "LOCAL_RANK";
+/// Open MPI's local rank (`mpirun`).
+pub const OMPI_LOCAL_RANK: &str = "OMPI_COMM_WORLD_LOCAL_RANK";
+/// MPICH's local rank (Hydra's `mpiexec`).
+pub const MPICH_LOCAL_RANK: &str = "MPI_LOCALRANKID";
+/// Slurm's local task id (`srun`).
+pub const SLURM_LOCAL_ID: &str = "SLURM_LOCALID";
+/// The launchers' local-rank variables, in the order they are asked: the
+/// first one set gives the process's logical device. torchrun's first, then
+/// Open MPI's, MPICH's and Slurm's: a launcher started by another sets its
+/// own variable and inherits the outer one's, so the more specific (inner)
+/// launcher must win — `srun` starting `torchrun` sets `SLURM_LOCALID` per
+/// node task and `LOCAL_RANK` per worker, and the worker is the process.
+pub const LOCAL_RANK_VARIABLES: [&str; 4] = [
+    LOCAL_RANK,
+    OMPI_LOCAL_RANK,
+    MPICH_LOCAL_RANK,
+    SLURM_LOCAL_ID,
+];
 /// Number of host-compute streams (ids 65..65+N-1).
 pub const NUM_HOST_COMPUTE_STREAMS: &str = "TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS";
 /// A boolean (see [`flex_rt::env`]): on makes every stream created
@@ -21,13 +39,13 @@ pub const BACKEND: &str = "SPYRE_BACKEND";
 /// backend's), then the software device's `SPYRE_MOCK_*` when feature `mock`
 /// is on.
 pub fn variables() -> Vec<&'static str> {
-    let mut names = vec![
-        LOCAL_RANK,
+    let mut names = LOCAL_RANK_VARIABLES.to_vec();
+    names.extend([
         NUM_HOST_COMPUTE_STREAMS,
         HAZARD_TRACKER,
         BACKEND,
         flex_rt::RUNTIME_LIB_ENV,
-    ];
+    ]);
     #[cfg(feature = "mock")]
     names.extend(spyre_mock::config::ENV_VARS);
     names
@@ -59,20 +77,30 @@ fn invalid(variable: &'static str, value: &str, reason: impl Into<String>) -> Er
 /// [`Error::InvalidEnv`] naming the raw value when it is not an integer, is
 /// negative, or exceeds 127.
 pub fn parse_local_rank(raw: Option<&str>) -> Result<u8> {
+    parse_rank(LOCAL_RANK, raw)
+}
+
+/// Parses a launcher's local-rank variable `variable` (one of
+/// [`LOCAL_RANK_VARIABLES`]) with `LOCAL_RANK`'s rules
+/// ([`parse_local_rank`]); errors name `variable`.
+///
+/// # Errors
+/// As [`parse_local_rank`].
+pub fn parse_rank(variable: &'static str, raw: Option<&str>) -> Result<u8> {
     let Some(raw) = raw.filter(|r| !r.is_empty()) else {
         return Ok(0);
     };
     match raw.parse::<i64>() {
         Ok(v) if v < 0 => Err(invalid(
-            LOCAL_RANK,
+            variable,
             raw,
-            "LOCAL_RANK value is out of range: a device index cannot be negative",
+            format!("{variable} value is out of range: a device index cannot be negative"),
         )),
         Ok(v) if v > i64::from(MAX_DEVICE_INDEX) => Err(invalid(
-            LOCAL_RANK,
+            variable,
             raw,
             format!(
-                "LOCAL_RANK value {v} exceeds the maximum supported device index ({MAX_DEVICE_INDEX})"
+                "{variable} value {v} exceeds the maximum supported device index ({MAX_DEVICE_INDEX})"
             ),
         )),
         Ok(v) => Ok(v as u8),
@@ -83,17 +111,35 @@ pub fn parse_local_rank(raw: Option<&str>) -> Result<u8> {
             ) =>
         {
             Err(invalid(
-                LOCAL_RANK,
+                variable,
                 raw,
-                "LOCAL_RANK value is out of range: expected 0..=127",
+                format!("{variable} value is out of range: expected 0..=127"),
             ))
         }
         Err(_) => Err(invalid(
-            LOCAL_RANK,
+            variable,
             raw,
-            "LOCAL_RANK is not a valid integer: expected 0..=127",
+            format!("{variable} is not a valid integer: expected 0..=127"),
         )),
     }
+}
+
+/// The launcher's local rank: the first of [`LOCAL_RANK_VARIABLES`] that
+/// `lookup` finds set (non-empty), parsed strictly, with its name; `None`
+/// when none is set. A malformed value is an error, not a reason to ask
+/// the next variable.
+///
+/// # Errors
+/// As [`parse_rank`], naming the variable that was set.
+pub fn launcher_local_rank(
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Result<Option<(u8, &'static str)>> {
+    for variable in LOCAL_RANK_VARIABLES {
+        if let Some(raw) = lookup(variable).filter(|raw| !raw.is_empty()) {
+            return parse_rank(variable, Some(&raw)).map(|rank| Some((rank, variable)));
+        }
+    }
+    Ok(None)
 }
 
 /// Parses `TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS`: unset or empty gives 4;
@@ -215,6 +261,62 @@ mod tests {
         assert!(
             message.starts_with("LOCAL_RANK=\"abc\" is invalid"),
             "{message}"
+        );
+    }
+
+    #[test]
+    fn the_innermost_launcher_chooses_the_device() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                pairs
+                    .iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| (*v).to_owned())
+            }
+        };
+        assert_eq!(launcher_local_rank(env(&[])).unwrap(), None);
+        // srun starting torchrun: torchrun's LOCAL_RANK wins.
+        assert_eq!(
+            launcher_local_rank(env(&[(SLURM_LOCAL_ID, "0"), (LOCAL_RANK, "3")])).unwrap(),
+            Some((3, LOCAL_RANK))
+        );
+        // mpirun inside a Slurm allocation: Open MPI's wins.
+        assert_eq!(
+            launcher_local_rank(env(&[(SLURM_LOCAL_ID, "1"), (OMPI_LOCAL_RANK, "2")])).unwrap(),
+            Some((2, OMPI_LOCAL_RANK))
+        );
+        assert_eq!(
+            launcher_local_rank(env(&[(MPICH_LOCAL_RANK, "5"), (SLURM_LOCAL_ID, "1")])).unwrap(),
+            Some((5, MPICH_LOCAL_RANK))
+        );
+        assert_eq!(
+            launcher_local_rank(env(&[(SLURM_LOCAL_ID, "7")])).unwrap(),
+            Some((7, SLURM_LOCAL_ID))
+        );
+        // Empty is unset: the next variable is asked.
+        assert_eq!(
+            launcher_local_rank(env(&[(LOCAL_RANK, ""), (SLURM_LOCAL_ID, "1")])).unwrap(),
+            Some((1, SLURM_LOCAL_ID))
+        );
+    }
+
+    #[test]
+    fn a_malformed_launcher_rank_is_named_and_not_skipped() {
+        let lookup = |name: &str| match name {
+            OMPI_LOCAL_RANK => Some("x1".to_owned()),
+            SLURM_LOCAL_ID => Some("0".to_owned()),
+            _ => None,
+        };
+        let message = launcher_local_rank(lookup).unwrap_err().to_string();
+        assert_eq!(
+            message,
+            "OMPI_COMM_WORLD_LOCAL_RANK=\"x1\" is invalid: OMPI_COMM_WORLD_LOCAL_RANK is not a valid integer: expected 0..=127"
+        );
+        let (value, why) = reason(parse_rank(SLURM_LOCAL_ID, Some("200")).unwrap_err());
+        assert_eq!(value, "200");
+        assert_eq!(
+            why,
+            "SLURM_LOCALID value 200 exceeds the maximum supported device index (127)"
         );
     }
 

@@ -98,13 +98,16 @@ pub enum Error {
 
     /// The logical device is not below the number of visible devices.
     #[error(
-        "Device index out of bounds: logical_device_id={device}, number of visible devices={count}"
+        "Device index out of bounds: logical_device_id={device}, number of visible devices={count}; the device came from {}",
+        chosen_by.description()
     )]
     DeviceOutOfRange {
         /// The logical device asked for.
         device: u8,
         /// How many devices the backend sees.
         count: u32,
+        /// What chose the device (a launcher's variable, `set_device`, ...).
+        chosen_by: crate::DeviceSource,
     },
 
     /// An environment variable holds a value that cannot be used.

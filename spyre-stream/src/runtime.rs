@@ -67,20 +67,23 @@ pub enum DeviceSource {
     Requested,
     /// The starting thread's current device, set with [`set_device`].
     ThreadDevice,
-    /// The `LOCAL_RANK` environment variable.
-    LocalRank,
-    /// Neither was set: device 0.
+    /// A launcher's local rank: the variable named (one of
+    /// [`env::LOCAL_RANK_VARIABLES`]: `LOCAL_RANK`,
+    /// `OMPI_COMM_WORLD_LOCAL_RANK`, `MPI_LOCALRANKID`, `SLURM_LOCALID`).
+    LocalRank(&'static str),
+    /// None of these: device 0.
     Default,
 }
 
 impl DeviceSource {
-    /// A short stable name for reports: `requested`, `set_device`,
-    /// `LOCAL_RANK` or `default`.
+    /// A short stable name for reports: `requested`, `set_device`, the
+    /// launcher's variable (`LOCAL_RANK`, `OMPI_COMM_WORLD_LOCAL_RANK`,
+    /// `MPI_LOCALRANKID`, `SLURM_LOCALID`) or `default`.
     pub fn name(self) -> &'static str {
         match self {
             Self::Requested => "requested",
             Self::ThreadDevice => "set_device",
-            Self::LocalRank => "LOCAL_RANK",
+            Self::LocalRank(variable) => variable,
             Self::Default => "default",
         }
     }
@@ -91,8 +94,13 @@ impl DeviceSource {
         match self {
             Self::Requested => "the device named by the first call",
             Self::ThreadDevice => "the thread's current device (set_device)",
-            Self::LocalRank => "LOCAL_RANK",
-            Self::Default => "default (no current device, LOCAL_RANK unset)",
+            Self::LocalRank(variable) => match variable {
+                env::OMPI_LOCAL_RANK => "Open MPI's local rank (OMPI_COMM_WORLD_LOCAL_RANK)",
+                env::MPICH_LOCAL_RANK => "MPICH's local rank (MPI_LOCALRANKID)",
+                env::SLURM_LOCAL_ID => "Slurm's local task id (SLURM_LOCALID)",
+                _ => "LOCAL_RANK",
+            },
+            Self::Default => "default (no current device, no launcher's local rank set)",
         }
     }
 }
@@ -208,8 +216,8 @@ fn resolve(device: Device, running: Option<&Running>) -> Result<(u8, DeviceSourc
     if let Some(running) = running {
         return Ok((running.pool.device(), running.device_source));
     }
-    match env::var(env::LOCAL_RANK) {
-        Some(raw) => Ok((env::parse_local_rank(Some(&raw))?, DeviceSource::LocalRank)),
+    match env::launcher_local_rank(env::var)? {
+        Some((rank, variable)) => Ok((rank, DeviceSource::LocalRank(variable))),
         None => Ok((0, DeviceSource::Default)),
     }
 }
@@ -243,7 +251,11 @@ pub fn set_device(index: i64) -> Result<()> {
         .ok_or(Error::InvalidDeviceIndex { index })?;
     let count = device_count()?;
     if u32::from(device) >= count {
-        return Err(Error::DeviceOutOfRange { device, count });
+        return Err(Error::DeviceOutOfRange {
+            device,
+            count,
+            chosen_by: DeviceSource::ThreadDevice,
+        });
     }
     if let Some(running) = RUNNING.get() {
         let bound = running.pool.device();
@@ -309,7 +321,11 @@ fn start_locked(slot: &mut Option<Slot>, device: Device) -> Result<(&'static Run
     let backend = backend_slot(slot)?;
     let count = backend.device_count().map_err(Error::from_backend)?;
     if u32::from(device) >= count {
-        return Err(Error::DeviceOutOfRange { device, count });
+        return Err(Error::DeviceOutOfRange {
+            device,
+            count,
+            chosen_by: device_source,
+        });
     }
     let generation = ForkGeneration::current();
     let runtime: &'static dyn Runtime = Box::leak(

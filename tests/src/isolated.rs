@@ -10,8 +10,9 @@ use crate::mock_cdylib::{MOCK_CDYLIB_ENV, built_mock_cdylib};
 const CHILD_MARKER: &str = "SPYRE_TESTS_ISOLATED_CHILD";
 
 /// Runs `body` in a fresh process: the test binary re-executes itself with
-/// only the test `name` selected, `env` set (and `SPYRE_*`, `LOCAL_RANK`,
-/// `TORCH_SPYRE_*` and `FLEX_RUNTIME_LIB` cleared unless given), and asserts
+/// only the test `name` selected, `env` set (and `SPYRE_*`, `TORCH_SPYRE_*`,
+/// the launchers' local-rank variables and `FLEX_RUNTIME_LIB` cleared unless
+/// given), and asserts
 /// that the child passed. Inside the child, `body` runs directly.
 ///
 /// `name` must be the test's path as the harness prints it (for a test at
@@ -30,9 +31,17 @@ pub fn isolated(name: &str, env: &[(&str, &str)], body: impl FnOnce()) {
     command.args([name, "--exact", "--nocapture", "--test-threads=1"]);
     for (key, _) in std::env::vars_os() {
         let key = key.to_string_lossy();
-        if ["SPYRE_", "TORCH_SPYRE_", "LOCAL_RANK", "FLEX_RUNTIME_LIB"]
-            .iter()
-            .any(|p| key.starts_with(p))
+        if [
+            "SPYRE_",
+            "TORCH_SPYRE_",
+            "LOCAL_RANK",
+            "OMPI_COMM_WORLD_LOCAL_RANK",
+            "MPI_LOCALRANKID",
+            "SLURM_LOCALID",
+            "FLEX_RUNTIME_LIB",
+        ]
+        .iter()
+        .any(|p| key.starts_with(p))
         {
             command.env_remove(key.as_ref());
         }

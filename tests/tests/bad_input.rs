@@ -389,14 +389,14 @@ fn local_rank_values_end_to_end() {
                     let source = if raw.is_empty() {
                         DeviceSource::Default
                     } else {
-                        DeviceSource::LocalRank
+                        DeviceSource::LocalRank("LOCAL_RANK")
                     };
                     assert_eq!((info.device, info.device_source), (0, source));
                 }
                 (Some(device), Err(err)) => {
                     // One mock device: any other index is out of range, with both numbers.
                     assert!(
-                        matches!(err, Error::DeviceOutOfRange { device: d, count: 1 } if d == device),
+                        matches!(err, Error::DeviceOutOfRange { device: d, count: 1, chosen_by: DeviceSource::LocalRank("LOCAL_RANK") } if d == device),
                         "LOCAL_RANK={raw:?}: {err:?}"
                     );
                 }
@@ -509,13 +509,13 @@ fn bad_device_indices_end_to_end() {
         for index in [1, 2, 127] {
             let err = set_device(index).unwrap_err();
             assert!(
-                matches!(err, Error::DeviceOutOfRange { device, count: 1 } if i64::from(device) == index),
+                matches!(err, Error::DeviceOutOfRange { device, count: 1, chosen_by: DeviceSource::ThreadDevice } if i64::from(device) == index),
                 "{err:?}"
             );
             assert_eq!(
                 err.to_string(),
                 format!(
-                    "Device index out of bounds: logical_device_id={index}, number of visible devices=1"
+                    "Device index out of bounds: logical_device_id={index}, number of visible devices=1; the device came from the thread's current device (set_device)"
                 )
             );
         }
@@ -536,8 +536,11 @@ fn bad_device_indices_end_to_end() {
         for index in [1, 127] {
             let device = Device::new(index).unwrap();
             let expect = |result: spyre_stream::Result<SpyreStream>| match result {
-                Err(Error::DeviceOutOfRange { device, count: 1 }) if i64::from(device) == index => {
-                }
+                Err(Error::DeviceOutOfRange {
+                    device,
+                    count: 1,
+                    chosen_by: DeviceSource::Requested,
+                }) if i64::from(device) == index => {}
                 other => panic!("device {index}: {other:?}"),
             };
             stream_calls_on(device).into_iter().for_each(expect);

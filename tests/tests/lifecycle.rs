@@ -84,7 +84,7 @@ fn local_rank_selects_the_device_and_other_devices_are_refused() {
             let info = runtime_info().unwrap();
             assert_eq!(
                 (info.device, info.device_source),
-                (2, DeviceSource::LocalRank)
+                (2, DeviceSource::LocalRank("LOCAL_RANK"))
             );
 
             let err = stream_from_pool(Device::new(0).unwrap(), 0).unwrap_err();
@@ -194,20 +194,22 @@ fn a_device_beyond_the_visible_count_is_refused_with_both_numbers() {
                 err,
                 Error::DeviceOutOfRange {
                     device: 1,
-                    count: 1
+                    count: 1,
+                    chosen_by: DeviceSource::LocalRank("LOCAL_RANK"),
                 }
             ),
             "{err:?}"
         );
         assert_eq!(
             err.to_string(),
-            "Device index out of bounds: logical_device_id=1, number of visible devices=1"
+            "Device index out of bounds: logical_device_id=1, number of visible devices=1; the device came from LOCAL_RANK"
         );
         assert!(matches!(
             set_device(1),
             Err(Error::DeviceOutOfRange {
                 device: 1,
-                count: 1
+                count: 1,
+                chosen_by: DeviceSource::ThreadDevice,
             })
         ));
         assert!(matches!(
@@ -563,7 +565,8 @@ fn a_corrected_local_rank_is_what_the_retry_and_every_thread_use() {
                     err,
                     Error::DeviceOutOfRange {
                         device: 5,
-                        count: 2
+                        count: 2,
+                        chosen_by: DeviceSource::LocalRank("LOCAL_RANK"),
                     }
                 ),
                 "{err:?}"
@@ -577,7 +580,7 @@ fn a_corrected_local_rank_is_what_the_retry_and_every_thread_use() {
             let info = runtime_info().unwrap();
             assert_eq!(
                 (info.device, info.device_source),
-                (1, DeviceSource::LocalRank)
+                (1, DeviceSource::LocalRank("LOCAL_RANK"))
             );
             current_stream(Device::CURRENT)
                 .unwrap()
@@ -603,7 +606,8 @@ fn a_failed_start_reads_the_corrected_environment_on_retry() {
                     err,
                     Error::DeviceOutOfRange {
                         device: 1,
-                        count: 1
+                        count: 1,
+                        chosen_by: DeviceSource::LocalRank("LOCAL_RANK"),
                     }
                 ),
                 "{err:?}"
@@ -674,4 +678,113 @@ fn requests_refused_for_their_arguments_bind_nothing() {
             1
         );
     });
+}
+
+#[test]
+fn every_launchers_local_rank_chooses_the_device() {
+    let envs: Vec<Vec<(&str, &str)>> = [
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "MPI_LOCALRANKID",
+        "SLURM_LOCALID",
+    ]
+    .into_iter()
+    .map(|variable| vec![MOCK, ("SPYRE_MOCK_DEVICES", "4"), (variable, "2")])
+    .collect();
+    isolated!(each; &envs, || {
+        // The one launcher variable this child was given.
+        let set = spyre_stream::env::LOCAL_RANK_VARIABLES
+            .into_iter()
+            .find(|v| std::env::var(v).is_ok())
+            .expect("a launcher variable is set");
+        start_runtime().unwrap();
+        let info = runtime_info().unwrap();
+        assert_eq!((info.device, info.device_source), (2, DeviceSource::LocalRank(set)));
+        assert_eq!(info.device_source.name(), set);
+    });
+}
+
+#[test]
+fn srun_starting_torchrun_binds_torchruns_rank() {
+    isolated!(
+        &[
+            MOCK,
+            ("SPYRE_MOCK_DEVICES", "4"),
+            ("SLURM_LOCALID", "0"),
+            ("LOCAL_RANK", "3")
+        ],
+        || {
+            start_runtime().unwrap();
+            let info = runtime_info().unwrap();
+            assert_eq!(
+                (info.device, info.device_source),
+                (3, DeviceSource::LocalRank("LOCAL_RANK"))
+            );
+        }
+    );
+}
+
+#[test]
+fn a_rank_beyond_the_devices_is_refused_naming_its_variable() {
+    isolated!(
+        &[
+            MOCK,
+            ("SPYRE_MOCK_DEVICES", "4"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "4")
+        ],
+        || {
+            let err = start_runtime().unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                "Device index out of bounds: logical_device_id=4, number of visible devices=4; the device came from Open MPI's local rank (OMPI_COMM_WORLD_LOCAL_RANK)"
+            );
+        }
+    );
+}
+
+#[test]
+fn spyre_devices_restricts_and_reorders_the_software_devices() {
+    isolated!(
+        &[
+            MOCK,
+            ("SPYRE_MOCK_DEVICES", "4"),
+            ("SPYRE_DEVICES", "3,2"),
+            ("LOCAL_RANK", "1")
+        ],
+        || {
+            assert_eq!(spyre_stream::device_count().unwrap(), 2);
+            start_runtime().unwrap();
+            let info = runtime_info().unwrap();
+            assert_eq!(info.device, 1, "logical device 1 (device 2)");
+            assert!(
+                info.backend_details
+                    .contains(&("visible_devices", "3,2".to_owned())),
+                "{:?}",
+                info.backend_details
+            );
+            assert!(matches!(
+                set_device(2),
+                Err(Error::DeviceOutOfRange {
+                    device: 2,
+                    count: 2,
+                    ..
+                })
+            ));
+        }
+    );
+}
+
+#[test]
+fn a_bad_spyre_devices_list_stops_the_start_naming_it() {
+    isolated!(
+        &[MOCK, ("SPYRE_MOCK_DEVICES", "2"), ("SPYRE_DEVICES", "1,1")],
+        || {
+            let err = start_runtime().unwrap_err();
+            assert!(matches!(err, Error::BackendConfig(_)), "{err:?}");
+            assert!(
+                err.to_string()
+                    .contains("visible device 1 is listed twice (from SPYRE_MOCK_DEVICES=\"2\", SPYRE_DEVICES=\"1,1\")"),
+                "{err}"
+            );
+        }
+    );
 }

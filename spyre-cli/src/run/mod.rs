@@ -176,6 +176,7 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
     }
     Ok(RunOutcome {
         backend: info.backend,
+        backend_details: info.backend_details,
         device: info.device,
         device_source: info.device_source,
         plan,

@@ -14,6 +14,9 @@ use super::plan::Plan;
 pub(crate) struct RunOutcome {
     /// The backend's name.
     pub(crate) backend: &'static str,
+    /// The backend's details (library and ABI, or the software device's
+    /// configuration, with the visible devices when `SPYRE_DEVICES` chose).
+    pub(crate) backend_details: Vec<(&'static str, String)>,
     /// The logical device the process ran on.
     pub(crate) device: u8,
     /// What chose that device.

@@ -1,5 +1,6 @@
 //! The report of `spyre run`, as text and as JSON.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use serde::Serialize;
@@ -28,6 +29,10 @@ pub(crate) struct StreamCount {
 pub(crate) struct RunReport {
     /// The backend (`mock` or `hardware`).
     pub(crate) backend: &'static str,
+    /// The backend's details, as `spyre info` shows them (for the software
+    /// device with `SPYRE_DEVICES` set, `visible_devices`: the device behind
+    /// each logical device).
+    pub(crate) backend_details: BTreeMap<&'static str, String>,
     /// The logical device the process ran on.
     pub(crate) device: u8,
     /// What chose the device: `LOCAL_RANK`, `set_device`, `requested` or
@@ -137,6 +142,7 @@ impl RunReport {
         let in_pool = |pool: &'static str| streams.iter().filter(move |s| s.pool == pool);
         Self {
             backend: outcome.backend,
+            backend_details: outcome.backend_details.iter().cloned().collect(),
             device: outcome.device,
             device_source: outcome.device_source.name(),
             kernel: plan.kernel.name(),
@@ -327,8 +333,9 @@ mod tests {
         let plan = Plan::new(KernelArg::Axpy, 4096).unwrap();
         let outcome = RunOutcome {
             backend: "mock",
+            backend_details: vec![("devices", "4".to_owned())],
             device: 3,
-            device_source: spyre_stream::DeviceSource::LocalRank,
+            device_source: spyre_stream::DeviceSource::LocalRank(spyre_stream::env::LOCAL_RANK),
             plan,
             verified: 6,
             launches_by_stream: BTreeMap::from([(1, 10), (2, 5), (33, 10), (34, 5)]),
