@@ -973,7 +973,7 @@ fn a_run_larger_than_host_memory_is_refused_before_it_allocates() {
 }
 
 #[test]
-fn a_steady_run_makes_no_device_allocation_after_its_first_iteration() {
+fn a_steady_run_makes_no_device_allocation_after_its_warm_up() {
     for mode in ["pipelined", "serialized"] {
         let report = json(
             &["run", "--json", "--iterations", "30", "--mode", mode],
@@ -983,7 +983,7 @@ fn a_steady_run_makes_no_device_allocation_after_its_first_iteration() {
         let memory = &report["memory"];
         assert_eq!(memory["allocated_bytes_at_end"], 0, "{mode}");
         assert_eq!(
-            memory["device_allocations_after_first_iteration"], 0,
+            memory["device_allocations_after_warm_up"], 0,
             "{mode}: {memory}"
         );
         // 2 threads, each holding at least one iteration's three operands
@@ -992,4 +992,26 @@ fn a_steady_run_makes_no_device_allocation_after_its_first_iteration() {
         assert!(peak >= 2 * (3 * 349_696 + 512), "{mode}: {memory}");
         assert!(memory["device_allocations"].as_u64().unwrap() >= 1);
     }
+}
+
+#[test]
+fn a_run_no_longer_than_its_window_has_no_steady_state() {
+    // 3 iterations with 4 in flight: all allocate before any is checked.
+    let report = json(
+        &[
+            "run",
+            "--json",
+            "--iterations",
+            "3",
+            "--mode",
+            "per-iteration",
+        ],
+        &[],
+    );
+    assert_eq!(report["iterations_verified"], 6);
+    assert!(
+        report["memory"]["device_allocations_after_warm_up"].is_null(),
+        "{}",
+        report["memory"]
+    );
 }

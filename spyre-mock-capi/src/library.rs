@@ -44,8 +44,8 @@ pub unsafe extern "C" fn flex_get_last_error_message() -> *const c_char {
     std::panic::catch_unwind(last_error_ptr).unwrap_or_else(|_| c"".as_ptr())
 }
 
-/// `flex_get_device_count`: the number of devices configured by
-/// `SPYRE_MOCK_DEVICES` (default 1).
+/// `flex_get_device_count`: the number of devices visible to the process:
+/// those `SPYRE_DEVICES` lists, else all `SPYRE_MOCK_DEVICES` (default 1).
 ///
 /// # Safety
 /// `count` is NULL or valid for writing an `int32_t`.
@@ -55,7 +55,7 @@ pub unsafe extern "C" fn flex_get_device_count(count: *mut i32) -> flex_status_t
     boundary(CALL, || {
         handles::undefined_status_check(&env_switches()?, CALL)?;
         let out = out_param(count, "count")?;
-        let devices = env_config()?.devices();
+        let devices = env_config()?.visible_count();
         let devices = i32::try_from(devices)
             .map_err(|_| Failure::internal(format!("{devices} devices do not fit int32_t")))?;
         // SAFETY: flex.h: `count` points to a writable `int32_t` when it is

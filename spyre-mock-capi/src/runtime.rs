@@ -227,7 +227,7 @@ pub(crate) fn start_runtime(
     config: MockConfig,
     switches: Switches,
 ) -> Result<Arc<RuntimeState>, Failure> {
-    let devices = config.devices();
+    let devices = config.visible_count();
     let Ok(device) = u32::try_from(logical_device) else {
         return Err(Failure::new(
             FLEX_ERROR_NO_DEVICE,

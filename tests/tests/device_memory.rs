@@ -446,3 +446,26 @@ fn a_full_device_does_not_wait_for_a_busy_stream_it_was_not_asked_about() {
         drop(DeviceBuffer::<u8>::new(b, 2 << 20).unwrap());
     });
 }
+
+#[test]
+fn segments_stay_within_a_region_so_buffers_can_be_operands() {
+    let env = [
+        MOCK,
+        ("SPYRE_MOCK_MEMORY_BYTES", "67108864"),
+        ("SPYRE_MOCK_REGION_BYTES", "1048576"),
+    ];
+    isolated!(&env, || {
+        let stream = pool_stream();
+        // 600 000 bytes: two do not fit one 1 MiB region, and the small
+        // segment (2 MiB) would cross a region boundary: each buffer gets
+        // a segment of at most one region, and lies in one chunk.
+        let buffers: Vec<_> = (0..4)
+            .map(|_| DeviceBuffer::<u8>::new(stream, 600_000).unwrap())
+            .collect();
+        for buffer in &buffers {
+            assert_eq!(buffer.address().chunks().len(), 1, "{buffer:?}");
+            buffer.operand().unwrap();
+        }
+        assert_eq!(stats().reserved_bytes, 4 * MIB, "4 segments of one region");
+    });
+}

@@ -50,9 +50,10 @@ pub(super) fn check_capacity(
     let iterations_held = blocks_held / BLOCKS_PER_ITERATION;
     if iterations_held == 0 {
         return Err(CliError::Usage(format!(
-            "--size {} needs {BLOCKS_PER_ITERATION} blocks of {block} bytes per iteration, each in one memory region, but the device has {memory} bytes ({}) in regions of {region} bytes, which hold {blocks_held} such blocks; use a smaller --size",
+            "--size {} needs {BLOCKS_PER_ITERATION} blocks of {block} bytes per iteration, each in one memory region, but the device has {memory} bytes ({}) in regions of {region} bytes, which hold {blocks_held} such block{}; use a smaller --size",
             args.size,
-            format_size(memory)
+            format_size(memory),
+            if blocks_held == 1 { "" } else { "s" }
         )));
     }
     // A thread never has more iterations in flight than it runs; pipelined,

@@ -144,7 +144,7 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
     });
     let wall = start.elapsed();
     progress.finish_and_clear();
-    let allocations_after_first = shared.allocations_after_first();
+    let allocations_at_warm_up = shared.allocations_at_warm_up();
 
     let mut failures = shared.into_failures();
     if !failures.is_empty() {
@@ -188,7 +188,7 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
             peak_allocated_bytes: memory.peak_allocated_bytes,
             peak_reserved_bytes: memory.peak_reserved_bytes,
             device_allocations: memory.device_allocations,
-            device_allocations_after_first_iteration: allocations_after_first
+            device_allocations_after_warm_up: allocations_at_warm_up
                 .map(|first| memory.device_allocations - first),
             allocated_bytes_at_end: memory.allocated_bytes,
         },

@@ -45,9 +45,11 @@ pub(crate) struct MemoryUse {
     pub(crate) peak_reserved_bytes: u64,
     /// Allocations the device made for the allocator.
     pub(crate) device_allocations: u64,
-    /// Of those, how many came after every thread had checked its first
-    /// iteration (`None`, `null` in JSON, if some thread never did).
-    pub(crate) device_allocations_after_first_iteration: Option<u64>,
+    /// Of those, how many came after the warm-up: once every thread had
+    /// checked its first window of `--in-flight` iterations, the most that
+    /// can be in flight before memory is reused (`None`, `null` in JSON,
+    /// if a thread ran no more iterations than that).
+    pub(crate) device_allocations_after_warm_up: Option<u64>,
     /// Bytes still allocated at the end (checked to be 0).
     pub(crate) allocated_bytes_at_end: u64,
 }

@@ -256,9 +256,9 @@ impl RunReport {
             );
         }
         let memory = &self.memory;
-        let after_first = match memory.device_allocations_after_first_iteration {
-            Some(n) => format!("{n} after every thread's first iteration"),
-            None => "a thread ran no iteration".to_owned(),
+        let after_first = match memory.device_allocations_after_warm_up {
+            Some(n) => format!("{n} after the warm-up"),
+            None => "no steady state: a thread ran no more than --in-flight iterations".to_owned(),
         };
         let _ = writeln!(
             out,
@@ -352,7 +352,7 @@ mod tests {
                 peak_allocated_bytes: 3 << 20,
                 peak_reserved_bytes: 4 << 20,
                 device_allocations: 2,
-                device_allocations_after_first_iteration: Some(0),
+                device_allocations_after_warm_up: Some(0),
                 allocated_bytes_at_end: 0,
             },
         };
@@ -391,13 +391,10 @@ mod tests {
         );
         assert_eq!(json["streams"][2]["pool"], "high");
         assert!(
-            text.contains("memory       peak 3 MiB in buffers, 4 MiB reserved; 2 device allocations (0 after every thread's first iteration); 0 bytes allocated at the end"),
+            text.contains("memory       peak 3 MiB in buffers, 4 MiB reserved; 2 device allocations (0 after the warm-up); 0 bytes allocated at the end"),
             "{text}"
         );
-        assert_eq!(
-            json["memory"]["device_allocations_after_first_iteration"],
-            0
-        );
+        assert_eq!(json["memory"]["device_allocations_after_warm_up"], 0);
         assert_eq!(json["memory"]["peak_allocated_bytes"], 3 << 20);
     }
 }

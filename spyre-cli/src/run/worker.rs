@@ -26,11 +26,12 @@ pub(super) struct Shared<'a> {
     /// Failures in the order they were found.
     failures: Mutex<Vec<CliError>>,
     progress: ProgressBar,
-    /// Threads whose first iteration has been checked.
-    first_iterations: AtomicUsize,
+    /// Threads that have checked their first window of iterations (the
+    /// first `--in-flight`).
+    warmed_up: AtomicUsize,
     /// The allocator's device allocations when every thread had checked
-    /// its first iteration.
-    allocations_after_first: OnceLock<u64>,
+    /// its first window.
+    allocations_at_warm_up: OnceLock<u64>,
 }
 
 /// What one worker thread did.
@@ -118,15 +119,16 @@ impl<'a> Shared<'a> {
             stop: AtomicBool::new(false),
             failures: Mutex::new(Vec::new()),
             progress,
-            first_iterations: AtomicUsize::new(0),
-            allocations_after_first: OnceLock::new(),
+            warmed_up: AtomicUsize::new(0),
+            allocations_at_warm_up: OnceLock::new(),
         }
     }
 
     /// The allocator's device allocations when every thread had checked
-    /// its first iteration (`None` if some thread never did).
-    pub(super) fn allocations_after_first(&self) -> Option<u64> {
-        self.allocations_after_first.get().copied()
+    /// its first window of `--in-flight` iterations (`None` if some thread
+    /// ran no more than that).
+    pub(super) fn allocations_at_warm_up(&self) -> Option<u64> {
+        self.allocations_at_warm_up.get().copied()
     }
 
     /// The failures, in the order they were found.
@@ -611,11 +613,16 @@ impl Shared<'_> {
                 .map_err(|e| device_error("timing the pipeline's stages", e))?;
         }
         stats.verified += 1;
-        if place.iteration == 0
-            && self.first_iterations.fetch_add(1, Ordering::AcqRel) + 1 == self.args.threads
+        // The first window: the iterations in flight before any could
+        // reuse the memory of one checked (a thread that runs no more than
+        // that never reaches a steady state).
+        let window = self.args.in_flight as u64;
+        if place.iteration + 1 == window
+            && self.args.iterations > window
+            && self.warmed_up.fetch_add(1, Ordering::AcqRel) + 1 == self.args.threads
             && let Ok(memory) = spyre_stream::memory_stats(Device::CURRENT)
         {
-            let _ = self.allocations_after_first.set(memory.device_allocations);
+            let _ = self.allocations_at_warm_up.set(memory.device_allocations);
         }
         self.progress.inc(1);
         Ok(())

@@ -7,8 +7,11 @@
 //!   [`MIN_BLOCK`] bytes. Requests up to [`SMALL_REQUEST`] come from
 //!   segments of [`SMALL_SEGMENT`]; up to [`LARGE_SEGMENT_LIMIT`], from
 //!   segments of [`LARGE_SEGMENT`]; larger ones get a segment of their own,
-//!   rounded to [`SMALL_SEGMENT`]. When the device cannot give a whole
-//!   segment, the request's own size is tried.
+//!   rounded to [`SMALL_SEGMENT`]. No segment is larger than one memory
+//!   region (so that every block lies in one chunk, as a kernel operand
+//!   must) or than 1/[`SEGMENTS_PER_DEVICE`] of the device's memory, where
+//!   the runtime tells them, unless the request itself is. When the
+//!   device cannot give a whole segment, the request's own size is tried.
 //! - **Per stream.** A segment, and every block in it, belongs to the stream
 //!   it was allocated for. A free block is reused only for that stream, with
 //!   no synchronization: work enqueued later on a stream runs after work
@@ -23,9 +26,9 @@
 //!   the rest is worth keeping ([`MIN_BLOCK`] or more for small requests,
 //!   more than [`SMALL_REQUEST`] for large ones); a block freed next to free
 //!   blocks of its segment merges with them.
-//! - **Out of memory.** When the device is full the allocator returns its
-//!   whole free segments to the device ([`CachingAllocator::empty_cache`])
-//!   and tries once more; then it fails with [`Error::OutOfMemory`].
+//! - **Out of memory.** When the device is full the allocator returns the
+//!   whole free segments of idle streams to the device (waiting for no
+//!   stream) and tries once more; then it fails with [`Error::OutOfMemory`].
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -48,6 +51,10 @@ pub const LARGE_SEGMENT_LIMIT: u64 = 10 << 20;
 /// The segment of requests between [`SMALL_REQUEST`] and
 /// [`LARGE_SEGMENT_LIMIT`] (PyTorch's `kLargeBuffer`).
 pub const LARGE_SEGMENT: u64 = 20 << 20;
+/// A segment is at most this fraction of the device's memory (when the
+/// runtime tells its size), so that a small device is not taken by the
+/// cached segments of a few streams.
+pub const SEGMENTS_PER_DEVICE: u64 = 32;
 
 /// The memory statistics of one device's caching allocator (PyTorch's
 /// `torch.cuda.memory_stats`, in its main counters), in bytes and counts
@@ -205,11 +212,25 @@ struct State {
 /// wait.
 pub(crate) struct CachingAllocator {
     runtime: &'static dyn Runtime,
+    /// The largest segment taken from the device ([`segment_cap`]).
+    segment_cap: u64,
+    /// The device's region size, where the runtime tells it.
+    region: Option<u64>,
     state: Mutex<State>,
     /// Held while segments are returned to the device, so that an
     /// allocation retrying after a full device waits for a return already
     /// under way instead of failing beside it.
     emptying: Mutex<()>,
+}
+
+/// Whether [`CachingAllocator::allocate_segment`] takes a segment that
+/// fits one region in several chunks.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pieces {
+    /// No: the cache is returned first (its segments fragment the memory).
+    Refuse,
+    /// Yes: a buffer in several chunks still serves copies and fills.
+    Accept,
 }
 
 /// How [`CachingAllocator::empty_cache`] treats segments whose stream has
@@ -255,9 +276,10 @@ pub(crate) fn round_request(bytes: u64) -> Result<u64> {
     })
 }
 
-/// The segment to take from the device for a request of `rounded` bytes.
-fn segment_size(rounded: u64) -> u64 {
-    if rounded <= SMALL_REQUEST {
+/// The segment to take from the device for a request of `rounded` bytes:
+/// the standard size, at most `cap` (but never less than the request).
+fn segment_size(rounded: u64, cap: u64) -> u64 {
+    let standard = if rounded <= SMALL_REQUEST {
         SMALL_SEGMENT
     } else if rounded < LARGE_SEGMENT_LIMIT {
         LARGE_SEGMENT
@@ -265,7 +287,21 @@ fn segment_size(rounded: u64) -> u64 {
         rounded
             .checked_next_multiple_of(SMALL_SEGMENT)
             .unwrap_or(rounded)
-    }
+    };
+    standard.min(cap).max(rounded)
+}
+
+/// The largest segment worth taking on a device of `layout` (or of
+/// `total` bytes when only that is known): one region, so that a segment
+/// (and every block in it) lies in one chunk, as a kernel operand must;
+/// and 1/[`SEGMENTS_PER_DEVICE`] of the memory, so that a few streams'
+/// segments do not take a small device. A multiple of [`MIN_BLOCK`];
+/// `u64::MAX` when the runtime tells neither.
+fn segment_cap(region: Option<u64>, total: Option<u64>) -> u64 {
+    let by_region = region.unwrap_or(u64::MAX);
+    let by_memory = total.map_or(u64::MAX, |total| total / SEGMENTS_PER_DEVICE);
+    let cap = by_region.min(by_memory) / MIN_BLOCK * MIN_BLOCK;
+    cap.max(MIN_BLOCK)
 }
 
 /// Whether a free block with `rest` bytes left over a request of
@@ -281,8 +317,14 @@ fn should_split(rounded: u64, rest: u64) -> bool {
 impl CachingAllocator {
     /// An empty allocator over `runtime`.
     pub(crate) fn new(runtime: &'static dyn Runtime) -> Self {
+        let layout = runtime.memory_layout();
+        let total = layout
+            .map(|layout| layout.total_bytes)
+            .or_else(|| runtime.memory_info().ok().map(|info| info.total_bytes));
         Self {
             runtime,
+            segment_cap: segment_cap(layout.map(|layout| layout.region_bytes), total),
+            region: layout.map(|layout| layout.region_bytes),
             state: Mutex::new(State::default()),
             emptying: Mutex::new(()),
         }
@@ -314,12 +356,12 @@ impl CachingAllocator {
                 return Ok(block);
             }
         }
-        let segment = match self.allocate_segment(rounded) {
+        let segment = match self.allocate_segment(rounded, Pieces::Refuse) {
             Ok(segment) => segment,
             Err(error) if error.status() == Status::OUT_OF_MEMORY => {
                 self.release_cached(Waiting::IdleOnly);
                 self.state.lock().stats.alloc_retries += 1;
-                match self.allocate_segment(rounded) {
+                match self.allocate_segment(rounded, Pieces::Accept) {
                     Ok(segment) => segment,
                     Err(error) if error.status() == Status::OUT_OF_MEMORY => {
                         return Err(self.out_of_memory(bytes, error));
@@ -336,8 +378,16 @@ impl CachingAllocator {
 
     /// A segment for `rounded` bytes from the device: the standard segment
     /// size, or the request's own if the device cannot give that much.
-    fn allocate_segment(&self, rounded: u64) -> std::result::Result<CompositeAddress, FlexError> {
-        let size = segment_size(rounded);
+    /// With [`Pieces::Refuse`], a segment that fits one region but came back
+    /// in several chunks (the memory is fragmented) goes back to the device
+    /// and the call fails with `OUT_OF_MEMORY`, so that the caller can
+    /// return its cache and try again.
+    fn allocate_segment(
+        &self,
+        rounded: u64,
+        pieces: Pieces,
+    ) -> std::result::Result<CompositeAddress, FlexError> {
+        let size = segment_size(rounded, self.segment_cap);
         let segment = match self.runtime.allocate(size) {
             Err(error) if error.status() == Status::OUT_OF_MEMORY && size > rounded => {
                 self.runtime.allocate(rounded)
@@ -346,6 +396,23 @@ impl CachingAllocator {
         }?;
         let mut state = self.state.lock();
         state.stats.device_allocations += 1;
+        let fits_a_region = self
+            .region
+            .is_some_and(|region| segment.total_size() <= region);
+        if pieces == Pieces::Refuse && fits_a_region && segment.chunks().len() > 1 {
+            drop(state);
+            let chunks = segment.chunks().len();
+            let freed = self.runtime.free(&segment);
+            self.state.lock().stats.device_frees += u64::from(freed.is_ok());
+            return Err(FlexError::new(
+                Status::OUT_OF_MEMORY,
+                "allocate",
+                format!(
+                    "no free range holds {} bytes in one piece (the device offered {chunks} chunks)",
+                    segment.total_size()
+                ),
+            ));
+        }
         state.stats.reserved_bytes += segment.total_size();
         state.stats.peak_reserved_bytes = state
             .stats

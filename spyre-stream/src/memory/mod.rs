@@ -9,7 +9,8 @@ mod raw;
 
 pub(crate) use allocator::CachingAllocator;
 pub use allocator::{
-    LARGE_SEGMENT, LARGE_SEGMENT_LIMIT, MIN_BLOCK, MemoryStats, SMALL_REQUEST, SMALL_SEGMENT,
+    LARGE_SEGMENT, LARGE_SEGMENT_LIMIT, MIN_BLOCK, MemoryStats, SEGMENTS_PER_DEVICE, SMALL_REQUEST,
+    SMALL_SEGMENT,
 };
 pub use buffer::DeviceBuffer;
 pub use element::DeviceElement;
