@@ -154,6 +154,12 @@ pub(crate) struct RunArgs {
     /// {"error": MESSAGE, "exit_code": CODE}.
     #[arg(long)]
     pub(crate) json: bool,
+    /// Write a trace of every device operation to FILE in the Chrome trace
+    /// event format (open it in Perfetto or chrome://tracing): one track
+    /// per stream, each operation from its start to its finish on the
+    /// device, waits on events as arrows from the records they waited for.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) trace: Option<std::path::PathBuf>,
 }
 
 /// Default transfer sizes of `spyre bench`.

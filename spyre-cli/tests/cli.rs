@@ -1015,3 +1015,62 @@ fn a_run_no_longer_than_its_window_has_no_steady_state() {
         report["memory"]
     );
 }
+
+#[test]
+fn a_trace_holds_every_launched_operation_once_on_its_streams_track() {
+    let path = std::env::temp_dir().join(format!("spyre-trace-{}.json", std::process::id()));
+    let path_text = path.to_str().unwrap().to_owned();
+    let report = json(
+        &["run", "--json", "--iterations", "6", "--trace", &path_text],
+        &[],
+    );
+    let trace: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&path);
+    let events = trace["traceEvents"].as_array().unwrap();
+    let slices: Vec<&Value> = events.iter().filter(|e| e["ph"] == "X").collect();
+    // Every launch of the report is a slice: 2 threads × 6 iterations × 5
+    // (3 H2D, a compute, a D2H), each once.
+    let launches = slices
+        .iter()
+        .filter(|e| ["H2D", "D2H", "compute"].contains(&e["cat"].as_str().unwrap()))
+        .count() as u64;
+    assert_eq!(launches, u64_of(&report, "operations"));
+    assert_eq!(launches, 2 * 6 * 5);
+    for (cat, count) in [("H2D", 36), ("compute", 12), ("D2H", 12)] {
+        assert_eq!(
+            slices.iter().filter(|e| e["cat"] == cat).count(),
+            count,
+            "{cat}"
+        );
+    }
+    for slice in &slices {
+        let (ts, dur) = (
+            slice["ts"].as_f64().unwrap(),
+            slice["dur"].as_f64().unwrap(),
+        );
+        assert!(ts >= 0.0 && dur >= 0.0, "{slice}");
+        assert!(
+            slice["args"]["enqueued_us"].as_f64().unwrap() <= ts + 1e-6,
+            "{slice}"
+        );
+    }
+    // One named track per stream used, and the pipeline's waits as arrows.
+    let named: std::collections::BTreeSet<i64> = events
+        .iter()
+        .filter(|e| e["ph"] == "M" && e["name"] == "thread_name")
+        .map(|e| e["tid"].as_i64().unwrap())
+        .collect();
+    let used: std::collections::BTreeSet<i64> =
+        slices.iter().map(|e| e["tid"].as_i64().unwrap()).collect();
+    assert_eq!(named, used);
+    let starts = events.iter().filter(|e| e["ph"] == "s").count();
+    let ends = events.iter().filter(|e| e["ph"] == "f").count();
+    assert!(
+        starts > 0 && starts == ends,
+        "{starts} arrows start, {ends} end"
+    );
+    assert_eq!(
+        report["trace"]["operations"].as_u64().unwrap() as usize,
+        slices.len()
+    );
+}

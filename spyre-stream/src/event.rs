@@ -5,7 +5,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -16,6 +16,7 @@ use crate::error::{Error, EventRole, Result};
 use crate::runtime;
 use crate::signal::Signal;
 use crate::stream::SpyreStream;
+use crate::trace::{self, OperationKind};
 
 /// A marker in a stream's order (torch-spyre would call it `SpyreEvent`;
 /// `torch.cuda.Event`, cudarc's `CudaEvent`).
@@ -82,6 +83,8 @@ pub struct SpyreEvent {
     /// Whether a record has been made (for [`SpyreEvent::elapsed_time`]'s
     /// errors); the runtime keeps the rest.
     recorded: AtomicBool,
+    /// The trace link of the latest record, when it was traced (0: not).
+    traced_record: AtomicU64,
 }
 
 impl SpyreEvent {
@@ -118,6 +121,7 @@ impl SpyreEvent {
             device: pool.device(),
             timing,
             recorded: AtomicBool::new(false),
+            traced_record: AtomicU64::new(0),
         })
     }
 
@@ -143,7 +147,19 @@ impl SpyreEvent {
     /// stream of another device); the stream's error if it has failed. On
     /// error the event is unchanged.
     pub fn record(&self, stream: SpyreStream) -> Result<()> {
-        stream.handle()?.record_event(&*self.event, None)?;
+        let handle = stream.handle()?;
+        if trace::is_on() {
+            let (completion, entry) = trace::record(stream, OperationKind::EventRecord, 0, None);
+            let link = entry.link;
+            if let Err(error) = handle.record_event(&*self.event, Some(completion)) {
+                entry.refused();
+                return Err(error.into());
+            }
+            self.traced_record.store(link, Ordering::Relaxed);
+        } else {
+            handle.record_event(&*self.event, None)?;
+            self.traced_record.store(0, Ordering::Relaxed);
+        }
         self.recorded.store(true, Ordering::Release);
         Ok(())
     }
@@ -162,7 +178,12 @@ impl SpyreEvent {
     /// process refuses only when it would actually have to wait, a flex
     /// library always).
     pub fn wait(&self, stream: SpyreStream) -> Result<()> {
-        Ok(stream.handle()?.wait_event(&*self.event)?)
+        stream.handle()?.wait_event(&*self.event)?;
+        if trace::is_on() {
+            let link = self.traced_record.load(Ordering::Relaxed);
+            trace::record_wait(stream, (link != 0).then_some(link));
+        }
+        Ok(())
     }
 
     /// Whether the latest record has completed (`Event.query()`): `true`

@@ -147,6 +147,13 @@
 //! | `memory_stats` / `reset_peak_memory_stats` / `empty_cache` | [`memory_stats`] / [`reset_peak_memory_stats`] / [`empty_cache`] |
 //! | `mem_get_info` | [`memory_info`] |
 //!
+//! # Tracing
+//!
+//! [`start_trace`] and [`stop_trace`] record every operation launched
+//! through the pool's streams in between, with its stream, kind, bytes and
+//! times ([`Trace`]); `spyre run --trace FILE` writes it for Perfetto. Off,
+//! it costs one relaxed atomic load per launch.
+//!
 //! # Where this differs from torch-spyre, on purpose
 //!
 //! - **Handle resolution takes no lock** (the spec's table has a shared
@@ -209,6 +216,7 @@ mod signal;
 mod state;
 mod stream;
 mod stream_operations;
+mod trace;
 
 pub use backend::{BackendKind, parse_backend};
 pub use current::{StreamGuard, current_stream, set_current_stream};
@@ -242,3 +250,4 @@ pub use runtime::{
 };
 pub use state::{DeviceState, StreamErrorState};
 pub use stream::SpyreStream;
+pub use trace::{OperationKind, Trace, TraceEntry, start_trace, stop_trace};

@@ -9,6 +9,7 @@ use crate::error::Result;
 use crate::runtime;
 use crate::state::StreamErrorState;
 use crate::stream::SpyreStream;
+use crate::trace::{self, OperationKind};
 
 impl SpyreStream {
     /// The runtime handle behind this stream, resolved through the
@@ -16,6 +17,27 @@ impl SpyreStream {
     #[inline]
     pub(crate) fn handle(self) -> Result<&'static dyn Stream> {
         runtime::pool_of(self)?.resolve(self)
+    }
+
+    /// The launch chokepoint: resolves the handle and launches, recording
+    /// the operation in the trace when tracing is on (one relaxed load when
+    /// it is off).
+    fn launch(
+        self,
+        kind: OperationKind,
+        bytes: u64,
+        options: LaunchOptions,
+        launch: impl FnOnce(&dyn Stream, LaunchOptions) -> flex_rt::Result<()>,
+    ) -> Result<()> {
+        let handle = self.handle()?;
+        if !trace::is_on() {
+            return Ok(launch(handle, options)?);
+        }
+        let (options, entry) = trace::traced(self, kind, bytes, options);
+        launch(handle, options).map_err(|error| {
+            entry.refused();
+            error.into()
+        })
     }
 
     /// Whether all work enqueued on the stream has completed. Never blocks.
@@ -60,7 +82,12 @@ impl SpyreStream {
         dst: &CompositeAddress,
         options: LaunchOptions,
     ) -> Result<()> {
-        Ok(self.handle()?.launch_h2d(src, dst, options)?)
+        self.launch(
+            OperationKind::H2d,
+            dst.total_size(),
+            options,
+            |handle, options| handle.launch_h2d(src, dst, options),
+        )
     }
 
     /// Enqueues a device-to-host copy of all of `src` into `dst`
@@ -75,7 +102,12 @@ impl SpyreStream {
         dst: &HostBuffer,
         options: LaunchOptions,
     ) -> Result<()> {
-        Ok(self.handle()?.launch_d2h(src, dst, options)?)
+        self.launch(
+            OperationKind::D2h,
+            src.total_size(),
+            options,
+            |handle, options| handle.launch_d2h(src, dst, options),
+        )
     }
 
     /// Enqueues the compute program at `program` (`SpyreStream::launchCompute`;
@@ -85,7 +117,9 @@ impl SpyreStream {
     /// # Errors
     /// As [`SpyreStream::launch_h2d`].
     pub fn launch_compute(self, program: &CompositeAddress, options: LaunchOptions) -> Result<()> {
-        Ok(self.handle()?.launch_compute(program, options)?)
+        self.launch(OperationKind::Compute, 0, options, |handle, options| {
+            handle.launch_compute(program, options)
+        })
     }
 
     /// Enqueues `callback` to run on a runtime thread in stream order
@@ -100,9 +134,12 @@ impl SpyreStream {
         callback: impl FnOnce() + Send + 'static,
         options: LaunchOptions,
     ) -> Result<()> {
-        Ok(self
-            .handle()?
-            .launch_host_callback(Box::new(callback), options)?)
+        self.launch(
+            OperationKind::HostCallback,
+            0,
+            options,
+            |handle, options| handle.launch_host_callback(Box::new(callback), options),
+        )
     }
 
     /// Enqueues a fill of `dst` with `value` in `format`
@@ -117,6 +154,11 @@ impl SpyreStream {
         format: DataFormat,
         options: LaunchOptions,
     ) -> Result<()> {
-        Ok(self.handle()?.launch_fill(dst, value, format, options)?)
+        self.launch(
+            OperationKind::Fill,
+            dst.total_size(),
+            options,
+            |handle, options| handle.launch_fill(dst, value, format, options),
+        )
     }
 }

@@ -34,6 +34,7 @@ mod lane;
 mod outcome;
 mod plan;
 mod report;
+mod trace_file;
 mod worker;
 
 use std::collections::BTreeMap;
@@ -44,7 +45,7 @@ use spyre_stream::Device;
 use spyre_stream::program::DESCRIPTOR_SIZE;
 
 use self::capacity::check_capacity;
-pub(crate) use self::outcome::{MemoryUse, RunOutcome};
+pub(crate) use self::outcome::{MemoryUse, RunOutcome, TraceFile};
 pub(crate) use self::plan::Plan;
 pub(crate) use self::report::RunReport;
 use self::worker::{Shared, ThreadStats};
@@ -113,6 +114,9 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
         "{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} iterations verified ({per_sec}, eta {eta})",
     );
     let shared = Shared::new(plan, args, progress.clone());
+    if args.trace.is_some() {
+        spyre_stream::start_trace();
+    }
     let start = Instant::now();
     let results: Vec<Option<ThreadStats>> = std::thread::scope(|scope| {
         let mut handles = Vec::with_capacity(args.threads);
@@ -144,6 +148,10 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
     });
     let wall = start.elapsed();
     progress.finish_and_clear();
+    let trace = args
+        .trace
+        .as_ref()
+        .map(|path| (path, spyre_stream::stop_trace()));
     let allocations_at_warm_up = shared.allocations_at_warm_up();
 
     let mut failures = shared.into_failures();
@@ -166,6 +174,13 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
             overlap.get_or_insert_default().merge(thread);
         }
     }
+    let trace = match trace {
+        Some((path, trace)) => Some(TraceFile {
+            path: path.display().to_string(),
+            summary: trace_file::write_chrome_trace(path, &trace)?,
+        }),
+        None => None,
+    };
     let memory = spyre_stream::memory_stats(Device::CURRENT)
         .map_err(|e| CliError::stream("reading the memory statistics", e))?;
     if memory.allocated_bytes != 0 {
@@ -184,6 +199,7 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
         launches_by_stream,
         overlap,
         wall,
+        trace,
         memory: MemoryUse {
             peak_allocated_bytes: memory.peak_allocated_bytes,
             peak_reserved_bytes: memory.peak_reserved_bytes,

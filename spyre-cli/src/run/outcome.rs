@@ -33,6 +33,18 @@ pub(crate) struct RunOutcome {
     pub(crate) wall: Duration,
     /// Device memory the run used.
     pub(crate) memory: MemoryUse,
+    /// `--trace`: the file written.
+    pub(crate) trace: Option<TraceFile>,
+}
+
+/// The trace file of `--trace`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub(crate) struct TraceFile {
+    /// Where it was written.
+    pub(crate) path: String,
+    /// What it holds.
+    #[serde(flatten)]
+    pub(crate) summary: super::trace_file::TraceSummary,
 }
 
 /// Device memory a run used, from the caching allocator's statistics

@@ -7,7 +7,7 @@ use serde::Serialize;
 use spyre_stream::PoolKind;
 
 use super::lane::STAGES;
-use super::outcome::{MemoryUse, RunOutcome};
+use super::outcome::{MemoryUse, RunOutcome, TraceFile};
 use super::plan::{H2D_PER_ITERATION, LAUNCHES_PER_ITERATION};
 use crate::cli::RunArgs;
 use crate::error::pool_name;
@@ -96,6 +96,8 @@ pub(crate) struct RunReport {
     pub(crate) overlap: Option<OverlapReport>,
     /// Device memory, from the caching allocator's statistics.
     pub(crate) memory: MemoryUse,
+    /// `--trace`: the file written and what it holds.
+    pub(crate) trace: Option<TraceFile>,
 }
 
 /// How much the stages of a pipelined run overlapped, from timed events
@@ -179,6 +181,7 @@ impl RunReport {
             operations_high: in_pool(PoolKind::High.as_str()).map(|s| s.operations).sum(),
             streams,
             memory: outcome.memory,
+            trace: outcome.trace.clone(),
             overlap: outcome.overlap.map(|overlap| OverlapReport {
                 stage_seconds: overlap.stage_time.map(|t| t.as_secs_f64()),
                 span_seconds: overlap.span.as_secs_f64(),
@@ -273,6 +276,13 @@ impl RunReport {
             },
             memory.allocated_bytes_at_end
         );
+        if let Some(trace) = &self.trace {
+            let _ = writeln!(
+                out,
+                "trace        {} ({} operations on {} streams; Chrome trace format: open in Perfetto or chrome://tracing)",
+                trace.path, trace.summary.operations, trace.summary.streams
+            );
+        }
         let _ = writeln!(
             out,
             "streams      {} used: {} normal ({} launches), {} high ({} launches)",
@@ -325,6 +335,7 @@ mod tests {
             in_flight: 2,
             seed: 5,
             json: false,
+            trace: None,
         }
     }
 
@@ -348,6 +359,7 @@ mod tests {
                 span: Duration::from_millis(400),
             }),
             wall: Duration::from_millis(500),
+            trace: None,
             memory: crate::run::MemoryUse {
                 peak_allocated_bytes: 3 << 20,
                 peak_reserved_bytes: 4 << 20,

@@ -230,9 +230,9 @@ impl<T: DeviceElement> DeviceBuffer<T> {
     /// long; as [`SpyreStream::launch_d2h`].
     pub fn copy_to_host_buffer(&self, stream: SpyreStream, dst: &HostBuffer) -> Result<()> {
         self.check_bytes("copy_to_host_buffer", dst.len())?;
-        let handle = stream.handle()?;
+        stream.handle()?;
         self.note_use(stream);
-        Ok(handle.launch_d2h(self.address(), dst, LaunchOptions::new())?)
+        stream.launch_d2h(self.address(), dst, LaunchOptions::new())
     }
 
     /// Copies the buffer into `out` (D2H on `stream`) and waits for it: it
@@ -268,27 +268,27 @@ impl<T: DeviceElement> DeviceBuffer<T> {
     /// # Errors
     /// As [`SpyreStream::launch_fill`].
     pub fn fill(&mut self, stream: SpyreStream, value: T) -> Result<()> {
-        let handle = stream.handle()?;
+        stream.handle()?;
         self.note_use(stream);
-        Ok(handle.launch_fill(
+        stream.launch_fill(
             self.address(),
             value.to_f64(),
             T::FORMAT,
             LaunchOptions::new(),
-        )?)
+        )
     }
 
     /// Zeros every byte (a fill of `u8` zeros, valid for every format).
     fn fill_bytes_zero(&mut self, stream: SpyreStream) -> Result<()> {
-        let handle = stream.handle()?;
+        stream.handle()?;
         self.note_use(stream);
-        Ok(handle.launch_fill(self.address(), 0.0, DataFormat::Uint8, LaunchOptions::new())?)
+        stream.launch_fill(self.address(), 0.0, DataFormat::Uint8, LaunchOptions::new())
     }
 
     fn launch_h2d(&mut self, stream: SpyreStream, src: &HostBuffer) -> Result<()> {
-        let handle = stream.handle()?;
+        stream.handle()?;
         self.note_use(stream);
-        Ok(handle.launch_h2d(src, self.address(), LaunchOptions::new())?)
+        stream.launch_h2d(src, self.address(), LaunchOptions::new())
     }
 
     /// Remembers a use on `stream` if it is not the buffer's own.

@@ -1,0 +1,339 @@
+//! A trace of what the device did: every operation launched through the
+//! pool's streams while tracing is on, with its stream, kind, bytes and
+//! times (Nsight Systems' timeline, for Spyre).
+//!
+//! Off (the default) it costs one relaxed atomic load per launch. On, each
+//! launch appends an entry under a mutex and carries a completion that
+//! stamps the time the runtime reported it finished. When it started on
+//! the device is derived: a stream runs its operations one at a time in
+//! order, so an operation starts when it was enqueued or when the one
+//! before it on its stream finished, whichever is later (an operation held
+//! by a wait on an event counts from then too; the wait itself is an entry
+//! of its own, linked to the record it waits for).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use flex_rt::{Completion, FlexError, LaunchOptions};
+use parking_lot::Mutex;
+
+use crate::stream::SpyreStream;
+
+/// What an operation was.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OperationKind {
+    /// A host-to-device copy.
+    H2d,
+    /// A device-to-host copy.
+    D2h,
+    /// A compute program.
+    Compute,
+    /// A host callback run in stream order.
+    HostCallback,
+    /// A fill.
+    Fill,
+    /// An event recorded on the stream.
+    EventRecord,
+    /// The stream made to wait for an event.
+    EventWait,
+    /// A launch the runtime refused: it never ran.
+    Refused,
+}
+
+impl OperationKind {
+    /// A short name: `H2D`, `D2H`, `compute`, `host callback`, `fill`,
+    /// `event record`, `event wait`, `refused launch`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::H2d => "H2D",
+            Self::D2h => "D2H",
+            Self::Compute => "compute",
+            Self::HostCallback => "host callback",
+            Self::Fill => "fill",
+            Self::EventRecord => "event record",
+            Self::EventWait => "event wait",
+            Self::Refused => "refused launch",
+        }
+    }
+}
+
+/// One operation of a [`Trace`]. Times are from the start of the trace.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TraceEntry {
+    /// The stream it was launched on.
+    pub stream: SpyreStream,
+    /// What it was.
+    pub kind: OperationKind,
+    /// Bytes copied or filled (0 for the other kinds).
+    pub bytes: u64,
+    /// When the host enqueued it.
+    pub enqueued: Duration,
+    /// When it started on the device, derived: a stream runs its
+    /// operations one at a time in order, so an operation starts when it
+    /// was enqueued or when the one before it on its stream finished,
+    /// whichever is later. `None` until it finished.
+    pub started: Option<Duration>,
+    /// When the runtime reported it finished (`None`: not by the time the
+    /// trace stopped). An event wait finishes when it is enqueued.
+    pub finished: Option<Duration>,
+    /// Whether it failed.
+    pub failed: bool,
+    /// For an event record, the link its waits name; for an event wait,
+    /// the link of the record it waits for (`None`: a wait on an event
+    /// never recorded while tracing).
+    pub link: Option<u64>,
+}
+
+/// What [`stop_trace`] returns: every operation traced, in enqueue order.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Trace {
+    /// The operations, in the order they were enqueued.
+    pub entries: Vec<TraceEntry>,
+}
+
+struct Log {
+    origin: Instant,
+    entries: Vec<TraceEntry>,
+}
+
+static ON: AtomicBool = AtomicBool::new(false);
+/// The log of the current (or last) trace; `Arc`ed into completions, so
+/// that one finishing after a new trace started writes to its own log.
+static LOG: OnceLock<Mutex<Arc<Mutex<Log>>>> = OnceLock::new();
+static NEXT_LINK: AtomicU64 = AtomicU64::new(1);
+
+fn log_slot() -> &'static Mutex<Arc<Mutex<Log>>> {
+    LOG.get_or_init(|| {
+        Mutex::new(Arc::new(Mutex::new(Log {
+            origin: Instant::now(),
+            entries: Vec::new(),
+        })))
+    })
+}
+
+/// Whether tracing is on: one relaxed load, what every launch pays when it
+/// is off.
+#[inline]
+pub(crate) fn is_on() -> bool {
+    ON.load(Ordering::Relaxed)
+}
+
+/// Starts a trace of every operation launched through the pool's streams
+/// from now on, in every thread, dropping what an earlier trace recorded.
+/// Operations already in flight are not in it.
+///
+/// Thread-safety: any thread; launches racing the start may or may not be
+/// traced.
+pub fn start_trace() {
+    let mut slot = log_slot().lock();
+    *slot = Arc::new(Mutex::new(Log {
+        origin: Instant::now(),
+        entries: Vec::new(),
+    }));
+    ON.store(true, Ordering::Relaxed);
+}
+
+/// Stops tracing and returns what was recorded. Operations still in flight
+/// have no finish time; wait for them (synchronize) before stopping to
+/// have all of them.
+pub fn stop_trace() -> Trace {
+    ON.store(false, Ordering::Relaxed);
+    let log = Arc::clone(&log_slot().lock());
+    let mut entries = log.lock().entries.clone();
+    derive_starts(&mut entries);
+    Trace { entries }
+}
+
+/// Sets `started` of every finished entry: the later of its enqueue and
+/// the finish of the operation before it on its stream. A wait finishes
+/// when the record it waits for finished (if later than its enqueue): the
+/// device holds the stream's later work until then.
+fn derive_starts(entries: &mut [TraceEntry]) {
+    let records: std::collections::HashMap<u64, Duration> = entries
+        .iter()
+        .filter(|e| e.kind == OperationKind::EventRecord)
+        .filter_map(|e| Some((e.link?, e.finished?)))
+        .collect();
+    for wait in entries
+        .iter_mut()
+        .filter(|e| e.kind == OperationKind::EventWait)
+    {
+        if let Some(record) = wait.link.and_then(|link| records.get(&link)) {
+            wait.finished = Some(wait.enqueued.max(*record));
+        }
+    }
+    let mut last_finish: std::collections::HashMap<SpyreStream, Duration> =
+        std::collections::HashMap::new();
+    for entry in entries.iter_mut() {
+        let previous = last_finish.get(&entry.stream).copied().unwrap_or_default();
+        if let Some(finished) = entry.finished {
+            let started = entry.enqueued.max(previous).min(finished);
+            entry.started = Some(started);
+            last_finish.insert(entry.stream, finished.max(previous));
+        }
+    }
+}
+
+/// An entry of the trace, for its launch to report a refusal.
+pub(crate) struct Traced {
+    log: Arc<Mutex<Log>>,
+    index: usize,
+    /// The entry's link (an event record's).
+    pub(crate) link: u64,
+}
+
+impl Traced {
+    /// The launch was refused: the operation never ran; its entry goes.
+    pub(crate) fn refused(self) {
+        let mut guard = self.log.lock();
+        if let Some(entry) = guard.entries.get_mut(self.index) {
+            // Kept in place (later entries' indices are in completions),
+            // marked as not launched.
+            entry.finished = None;
+            entry.failed = true;
+            entry.kind = OperationKind::Refused;
+        }
+    }
+}
+
+/// Records an operation about to be launched, and returns the options with
+/// a completion that stamps its finish (then calls the caller's), and the
+/// entry. Call only when [`is_on`].
+pub(crate) fn traced(
+    stream: SpyreStream,
+    kind: OperationKind,
+    bytes: u64,
+    options: LaunchOptions,
+) -> (LaunchOptions, Traced) {
+    let LaunchOptions {
+        pipeline_barrier,
+        completion,
+    } = options;
+    let (completion, entry) = record(stream, kind, bytes, completion);
+    (
+        LaunchOptions {
+            pipeline_barrier,
+            completion: Some(completion),
+        },
+        entry,
+    )
+}
+
+/// Appends an entry and returns the completion that finishes it (then
+/// calls `then`), and the entry.
+pub(crate) fn record(
+    stream: SpyreStream,
+    kind: OperationKind,
+    bytes: u64,
+    then: Option<Completion>,
+) -> (Completion, Traced) {
+    let log = Arc::clone(&log_slot().lock());
+    let link = NEXT_LINK.fetch_add(1, Ordering::Relaxed);
+    let index = {
+        let mut guard = log.lock();
+        let enqueued = guard.origin.elapsed();
+        guard.entries.push(TraceEntry {
+            stream,
+            kind,
+            bytes,
+            enqueued,
+            started: None,
+            finished: None,
+            failed: false,
+            link: (kind == OperationKind::EventRecord).then_some(link),
+        });
+        guard.entries.len() - 1
+    };
+    let entry = Traced {
+        log: Arc::clone(&log),
+        index,
+        link,
+    };
+    let completion: Completion = Box::new(move |outcome: Result<(), FlexError>| {
+        {
+            let mut guard = log.lock();
+            let finished = guard.origin.elapsed();
+            if let Some(entry) = guard.entries.get_mut(index) {
+                entry.finished = Some(finished);
+                entry.failed = outcome.is_err();
+            }
+        }
+        if let Some(then) = then {
+            then(outcome);
+        }
+    });
+    (completion, entry)
+}
+
+/// Records a wait of `stream` on the record with `link` (finished when
+/// enqueued: the device holds the stream's later work, which the entries
+/// after it show).
+pub(crate) fn record_wait(stream: SpyreStream, link: Option<u64>) {
+    let log = Arc::clone(&log_slot().lock());
+    let mut guard = log.lock();
+    let now = guard.origin.elapsed();
+    guard.entries.push(TraceEntry {
+        stream,
+        kind: OperationKind::EventWait,
+        bytes: 0,
+        enqueued: now,
+        started: None,
+        finished: Some(now),
+        failed: false,
+        link,
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::id::StreamId;
+
+    fn entry(id: i64, enqueued: u64, finished: u64) -> TraceEntry {
+        TraceEntry {
+            stream: SpyreStream::from_parts(0, StreamId(id)),
+            kind: OperationKind::H2d,
+            bytes: 0,
+            enqueued: Duration::from_micros(enqueued),
+            started: None,
+            finished: Some(Duration::from_micros(finished)),
+            failed: false,
+            link: None,
+        }
+    }
+
+    #[test]
+    fn an_operation_starts_when_enqueued_or_when_its_predecessor_finished() {
+        // Stream 1: enqueued at 0, 1, 50; finished at 10, 20, 60. Stream 2
+        // is independent.
+        let mut entries = vec![
+            entry(1, 0, 10),
+            entry(1, 1, 20),
+            entry(2, 2, 5),
+            entry(1, 50, 60),
+        ];
+        derive_starts(&mut entries);
+        let starts: Vec<u64> = entries
+            .iter()
+            .map(|e| e.started.unwrap().as_micros() as u64)
+            .collect();
+        assert_eq!(starts, [0, 10, 2, 50]);
+    }
+
+    #[test]
+    fn a_wait_holds_its_stream_until_the_record_finished() {
+        // Stream 1 records at 0, finished at 30; stream 2 waits at 5 and
+        // then copies (enqueued at 6, finished at 40): the copy starts at 30.
+        let mut record = entry(1, 0, 30);
+        record.kind = OperationKind::EventRecord;
+        record.link = Some(7);
+        let mut wait = entry(2, 5, 5);
+        wait.kind = OperationKind::EventWait;
+        wait.link = Some(7);
+        let mut entries = vec![record, wait, entry(2, 6, 40)];
+        derive_starts(&mut entries);
+        assert_eq!(entries[1].finished, Some(Duration::from_micros(30)));
+        assert_eq!(entries[2].started, Some(Duration::from_micros(30)));
+    }
+}
