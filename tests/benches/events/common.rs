@@ -5,6 +5,7 @@
 //! | group | measures | baseline |
 //! |---|---|---|
 //! | `<side>_enqueue` | `SpyreEvent::record` on an idle stream (and `record_raw`: flex-rt's `Stream::record_event` with no completion, what the layers below cost); `SpyreStream::wait_event` between two idle streams (the event completed); `SpyreEvent::query` of a completed event | an empty launch (a no-op host callback) |
+//! | `<side>_trace` | an empty launch with tracing on (`launch_traced`: an entry and a completion per launch) | the same with tracing off (`launch_untraced`: one relaxed load) |
 //! | `<side>_round_trip` | a no-op launch, then awaiting the stream (`synchronize_async`, `futures_executor::block_on`) or the event (`record` + `synchronize_async`) | the same launch, then blocking `synchronize` |
 //!
 //! Every member of a group is timed round by round against the others
@@ -14,6 +15,8 @@
 //!
 //! Targets: record and query ≤ 2× an empty launch; an
 //! await round trip within 1.5× of a blocking synchronize round trip.
+
+use std::time::{Duration, Instant};
 
 use criterion::Criterion;
 use spyre_stream::{Device, LaunchOptions, SpyreEvent, SpyreStream};
@@ -30,6 +33,44 @@ fn noop(stream: SpyreStream) {
 
 fn drain(stream: SpyreStream) {
     stream.synchronize().expect("synchronize");
+}
+
+/// Times `iters` empty launches with tracing off (`traced == false`) or on,
+/// in batches of [`BATCH`]: every round times a batch of each, one after
+/// the other (the order alternating round by round), each drained untimed,
+/// and adds up the time of the batches asked for.
+fn trace_batches(iters: u64, traced: bool, stream: SpyreStream) -> Duration {
+    let mut total = Duration::ZERO;
+    let mut left = iters;
+    let mut round = 0u64;
+    while left > 0 {
+        let n = left.min(BATCH);
+        let order = if round.is_multiple_of(2) {
+            [false, true]
+        } else {
+            [true, false]
+        };
+        for on in order {
+            if on {
+                spyre_stream::start_trace();
+            }
+            let start = Instant::now();
+            for _ in 0..n {
+                noop(stream);
+            }
+            let time = start.elapsed();
+            drain(stream);
+            if on {
+                drop(spyre_stream::stop_trace());
+            }
+            if on == traced {
+                total += time;
+            }
+        }
+        round += 1;
+        left -= n;
+    }
+    total
 }
 
 /// Runs every group on the pool's backend, naming groups after `side`.
@@ -69,6 +110,14 @@ pub fn run(c: &mut Criterion, side: &str) {
     for (me, (name, _, _)) in members.iter().enumerate() {
         group.bench_function(*name, |b| {
             b.iter_custom(|iters| interleaved_batched(iters, BATCH, me, &ops))
+        });
+    }
+    group.finish();
+
+    let mut group = c.benchmark_group(format!("{side}_trace"));
+    for (name, traced) in [("launch_untraced", false), ("launch_traced", true)] {
+        group.bench_function(name, |b| {
+            b.iter_custom(|iters| trace_batches(iters, traced, stream))
         });
     }
     group.finish();
