@@ -160,6 +160,11 @@ pub(crate) struct RunArgs {
     /// device, waits on events as arrows from the records they waited for.
     #[arg(long, value_name = "FILE")]
     pub(crate) trace: Option<std::path::PathBuf>,
+    /// Draw the same trace as a timeline into FILE (SVG: a name ending in
+    /// .svg): one row per stream, each operation a bar coloured by kind,
+    /// with a legend and a time axis.
+    #[arg(long, value_name = "FILE.svg")]
+    pub(crate) timeline: Option<std::path::PathBuf>,
 }
 
 /// Default transfer sizes of `spyre bench`.

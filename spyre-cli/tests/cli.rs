@@ -1074,3 +1074,46 @@ fn a_trace_holds_every_launched_operation_once_on_its_streams_track() {
         slices.len()
     );
 }
+
+#[test]
+fn a_timeline_draws_a_row_per_stream_and_a_bar_per_operation() {
+    let path = std::env::temp_dir().join(format!("spyre-timeline-{}.svg", std::process::id()));
+    let path_text = path.to_str().unwrap().to_owned();
+    let report = json(
+        &[
+            "run",
+            "--json",
+            "--threads",
+            "1",
+            "--iterations",
+            "4",
+            "--timeline",
+            &path_text,
+        ],
+        &[],
+    );
+    let svg = std::fs::read_to_string(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    assert!(svg.starts_with("<svg"), "{}", &svg[..80.min(svg.len())]);
+    // One row label per stream: 4 pipelined iterations on 3 new pool
+    // streams each.
+    let rows = svg.matches("stream ").count();
+    assert_eq!(rows, 12, "row labels");
+    for legend in ["H2D", "compute", "D2H", "event record / wait"] {
+        assert!(svg.contains(legend), "legend {legend}");
+    }
+    assert!(svg.contains("time on the device (ms)"));
+    // 20 launches drawn as bars (the background, the plot area and the
+    // legend add a few more rectangles).
+    assert!(svg.matches("<rect").count() >= 20);
+    assert_eq!(report["timeline"], path_text.as_str());
+}
+
+#[test]
+fn a_timeline_must_be_svg() {
+    refused(
+        &["run", "--timeline", "out.png"],
+        &[],
+        &["--timeline out.png: the timeline is drawn as SVG; give a file name ending in .svg"],
+    );
+}

@@ -34,6 +34,7 @@ mod lane;
 mod outcome;
 mod plan;
 mod report;
+mod timeline;
 mod trace_file;
 mod worker;
 
@@ -61,6 +62,9 @@ use crate::output;
 /// start error; [`CliError::Iteration`] for the first iteration that failed.
 pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
     let plan = Plan::new(args.kernel, args.size)?;
+    if let Some(path) = &args.timeline {
+        timeline::check_path(path)?;
+    }
     let total = (args.threads as u64)
         .checked_mul(args.iterations)
         .ok_or_else(|| {
@@ -114,7 +118,8 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
         "{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} iterations verified ({per_sec}, eta {eta})",
     );
     let shared = Shared::new(plan, args, progress.clone());
-    if args.trace.is_some() {
+    let tracing = args.trace.is_some() || args.timeline.is_some();
+    if tracing {
         spyre_stream::start_trace();
     }
     let start = Instant::now();
@@ -148,10 +153,7 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
     });
     let wall = start.elapsed();
     progress.finish_and_clear();
-    let trace = args
-        .trace
-        .as_ref()
-        .map(|path| (path, spyre_stream::stop_trace()));
+    let recorded = tracing.then(spyre_stream::stop_trace);
     let allocations_at_warm_up = shared.allocations_at_warm_up();
 
     let mut failures = shared.into_failures();
@@ -174,13 +176,16 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
             overlap.get_or_insert_default().merge(thread);
         }
     }
-    let trace = match trace {
-        Some((path, trace)) => Some(TraceFile {
+    let trace = match (&args.trace, &recorded) {
+        (Some(path), Some(recorded)) => Some(TraceFile {
             path: path.display().to_string(),
-            summary: trace_file::write_chrome_trace(path, &trace)?,
+            summary: trace_file::write_chrome_trace(path, recorded)?,
         }),
-        None => None,
+        _ => None,
     };
+    if let (Some(path), Some(recorded)) = (&args.timeline, &recorded) {
+        timeline::write_timeline(path, recorded)?;
+    }
     let memory = spyre_stream::memory_stats(Device::CURRENT)
         .map_err(|e| CliError::stream("reading the memory statistics", e))?;
     if memory.allocated_bytes != 0 {
@@ -200,6 +205,10 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
         overlap,
         wall,
         trace,
+        timeline: args
+            .timeline
+            .as_ref()
+            .map(|path| path.display().to_string()),
         memory: MemoryUse {
             peak_allocated_bytes: memory.peak_allocated_bytes,
             peak_reserved_bytes: memory.peak_reserved_bytes,

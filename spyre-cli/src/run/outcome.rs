@@ -35,6 +35,8 @@ pub(crate) struct RunOutcome {
     pub(crate) memory: MemoryUse,
     /// `--trace`: the file written.
     pub(crate) trace: Option<TraceFile>,
+    /// `--timeline`: the picture written.
+    pub(crate) timeline: Option<String>,
 }
 
 /// The trace file of `--trace`.

@@ -98,6 +98,8 @@ pub(crate) struct RunReport {
     pub(crate) memory: MemoryUse,
     /// `--trace`: the file written and what it holds.
     pub(crate) trace: Option<TraceFile>,
+    /// `--timeline`: the SVG written.
+    pub(crate) timeline: Option<String>,
 }
 
 /// How much the stages of a pipelined run overlapped, from timed events
@@ -182,6 +184,7 @@ impl RunReport {
             streams,
             memory: outcome.memory,
             trace: outcome.trace.clone(),
+            timeline: outcome.timeline.clone(),
             overlap: outcome.overlap.map(|overlap| OverlapReport {
                 stage_seconds: overlap.stage_time.map(|t| t.as_secs_f64()),
                 span_seconds: overlap.span.as_secs_f64(),
@@ -283,6 +286,9 @@ impl RunReport {
                 trace.path, trace.summary.operations, trace.summary.streams
             );
         }
+        if let Some(timeline) = &self.timeline {
+            let _ = writeln!(out, "timeline     {timeline} (SVG, one row per stream)");
+        }
         let _ = writeln!(
             out,
             "streams      {} used: {} normal ({} launches), {} high ({} launches)",
@@ -336,6 +342,7 @@ mod tests {
             seed: 5,
             json: false,
             trace: None,
+            timeline: None,
         }
     }
 
@@ -360,6 +367,7 @@ mod tests {
             }),
             wall: Duration::from_millis(500),
             trace: None,
+            timeline: None,
             memory: crate::run::MemoryUse {
                 peak_allocated_bytes: 3 << 20,
                 peak_reserved_bytes: 4 << 20,
