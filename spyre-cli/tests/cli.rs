@@ -1117,3 +1117,31 @@ fn a_timeline_must_be_svg() {
         &["--timeline out.png: the timeline is drawn as SVG; give a file name ending in .svg"],
     );
 }
+
+#[test]
+fn the_json_report_carries_the_counters_of_every_stream() {
+    let report = json(&["run", "--json", "--iterations", "10"], &[]);
+    let counters = &report["counters"];
+    let device = &counters["device"];
+    // 2 threads × 10 iterations × 5 launches, all completed.
+    assert_eq!(u64_of(device, "launched"), 100);
+    assert_eq!(u64_of(device, "launched"), u64_of(&report, "operations"));
+    assert_eq!(u64_of(device, "completed"), 100);
+    assert_eq!(u64_of(device, "failed"), 0);
+    assert_eq!(u64_of(device, "in_flight"), 0);
+    assert!(u64_of(device, "max_in_flight") >= 1);
+    assert_eq!(u64_of(device, "bytes_h2d"), u64_of(&report, "bytes_h2d"));
+    assert_eq!(u64_of(device, "bytes_d2h"), u64_of(&report, "bytes_d2h"));
+    // Each stream's launches are the report's count for that stream.
+    let streams = counters["streams"].as_object().unwrap();
+    for stream in report["streams"].as_array().unwrap() {
+        let id = stream["id"].as_i64().unwrap().to_string();
+        assert_eq!(
+            u64_of(&streams[&id], "launched"),
+            u64_of(stream, "operations"),
+            "stream {id}"
+        );
+    }
+    let summed: u64 = streams.values().map(|s| u64_of(s, "launched")).sum();
+    assert_eq!(summed, 100);
+}

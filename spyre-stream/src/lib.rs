@@ -147,12 +147,17 @@
 //! | `memory_stats` / `reset_peak_memory_stats` / `empty_cache` | [`memory_stats`] / [`reset_peak_memory_stats`] / [`empty_cache`] |
 //! | `mem_get_info` | [`memory_info`] |
 //!
-//! # Tracing
+//! # Tracing and counters
 //!
 //! [`start_trace`] and [`stop_trace`] record every operation launched
 //! through the pool's streams in between, with its stream, kind, bytes and
 //! times ([`Trace`]); `spyre run --trace FILE` writes it for Perfetto. Off,
 //! it costs one relaxed atomic load per launch.
+//!
+//! [`enable_counters`] and [`counters`] count, per stream and for the
+//! device, operations launched, completed and failed, bytes each way and
+//! operations in flight; off (the default), one relaxed atomic load per
+//! launch.
 //!
 //! # Where this differs from torch-spyre, on purpose
 //!
@@ -201,6 +206,7 @@
 #![forbid(unsafe_code)]
 
 mod backend;
+mod counters;
 mod current;
 mod device;
 pub mod env;
@@ -219,6 +225,7 @@ mod stream_operations;
 mod trace;
 
 pub use backend::{BackendKind, parse_backend};
+pub use counters::{Counters, CountersSnapshot, counters, enable_counters};
 pub use current::{StreamGuard, current_stream, set_current_stream};
 pub use device::Device;
 pub use error::{Error, EventRole, OutOfMemory, Result};

@@ -5,6 +5,7 @@
 
 use flex_rt::{CompositeAddress, DataFormat, HostBuffer, LaunchOptions, Stream};
 
+use crate::counters::{self, Direction};
 use crate::error::Result;
 use crate::runtime;
 use crate::state::StreamErrorState;
@@ -20,8 +21,8 @@ impl SpyreStream {
     }
 
     /// The launch chokepoint: resolves the handle and launches, recording
-    /// the operation in the trace when tracing is on (one relaxed load when
-    /// it is off).
+    /// the operation in the trace and the counters when they are on (one
+    /// relaxed load each when they are off).
     fn launch(
         self,
         kind: OperationKind,
@@ -30,12 +31,34 @@ impl SpyreStream {
         launch: impl FnOnce(&dyn Stream, LaunchOptions) -> flex_rt::Result<()>,
     ) -> Result<()> {
         let handle = self.handle()?;
-        if !trace::is_on() {
+        let (tracing, counting) = (trace::is_on(), counters::is_on());
+        if !tracing && !counting {
             return Ok(launch(handle, options)?);
         }
-        let (options, entry) = trace::traced(self, kind, bytes, options);
+        let (options, traced) = if tracing {
+            let (options, entry) = trace::traced(self, kind, bytes, options);
+            (options, Some(entry))
+        } else {
+            (options, None)
+        };
+        let (options, counted) = if counting {
+            let direction = match kind {
+                OperationKind::H2d => Direction::H2d,
+                OperationKind::D2h => Direction::D2h,
+                _ => Direction::None,
+            };
+            let (options, count) = counters::counted(self, direction, bytes, options);
+            (options, Some(count))
+        } else {
+            (options, None)
+        };
         launch(handle, options).map_err(|error| {
-            entry.refused();
+            if let Some(entry) = traced {
+                entry.refused();
+            }
+            if let Some(count) = counted {
+                count.refused();
+            }
             error.into()
         })
     }

@@ -118,6 +118,7 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
         "{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} iterations verified ({per_sec}, eta {eta})",
     );
     let shared = Shared::new(plan, args, progress.clone());
+    spyre_stream::enable_counters();
     let tracing = args.trace.is_some() || args.timeline.is_some();
     if tracing {
         spyre_stream::start_trace();
@@ -186,6 +187,7 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
     if let (Some(path), Some(recorded)) = (&args.timeline, &recorded) {
         timeline::write_timeline(path, recorded)?;
     }
+    let counters = spyre_stream::counters();
     let memory = spyre_stream::memory_stats(Device::CURRENT)
         .map_err(|e| CliError::stream("reading the memory statistics", e))?;
     if memory.allocated_bytes != 0 {
@@ -204,6 +206,7 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
         launches_by_stream,
         overlap,
         wall,
+        counters,
         trace,
         timeline: args
             .timeline

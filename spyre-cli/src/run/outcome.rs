@@ -33,6 +33,8 @@ pub(crate) struct RunOutcome {
     pub(crate) wall: Duration,
     /// Device memory the run used.
     pub(crate) memory: MemoryUse,
+    /// The operation counters at the end (`spyre_stream::counters`).
+    pub(crate) counters: spyre_stream::CountersSnapshot,
     /// `--trace`: the file written.
     pub(crate) trace: Option<TraceFile>,
     /// `--timeline`: the picture written.

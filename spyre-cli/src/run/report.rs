@@ -96,10 +96,68 @@ pub(crate) struct RunReport {
     pub(crate) overlap: Option<OverlapReport>,
     /// Device memory, from the caching allocator's statistics.
     pub(crate) memory: MemoryUse,
+    /// The operation counters at the end (`spyre_stream::counters`): the
+    /// device's and each stream's.
+    pub(crate) counters: CountersReport,
     /// `--trace`: the file written and what it holds.
     pub(crate) trace: Option<TraceFile>,
     /// `--timeline`: the SVG written.
     pub(crate) timeline: Option<String>,
+}
+
+/// Operation counters, as `spyre_stream::Counters` has them.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub(crate) struct CountsReport {
+    /// Operations launched.
+    pub(crate) launched: u64,
+    /// Operations that completed.
+    pub(crate) completed: u64,
+    /// Operations that failed.
+    pub(crate) failed: u64,
+    /// Bytes copied host to device.
+    pub(crate) bytes_h2d: u64,
+    /// Bytes copied device to host.
+    pub(crate) bytes_d2h: u64,
+    /// Operations in flight at the end.
+    pub(crate) in_flight: u64,
+    /// The most in flight at once.
+    pub(crate) max_in_flight: u64,
+}
+
+impl From<spyre_stream::Counters> for CountsReport {
+    fn from(c: spyre_stream::Counters) -> Self {
+        Self {
+            launched: c.launched,
+            completed: c.completed,
+            failed: c.failed,
+            bytes_h2d: c.bytes_h2d,
+            bytes_d2h: c.bytes_d2h,
+            in_flight: c.in_flight,
+            max_in_flight: c.max_in_flight,
+        }
+    }
+}
+
+/// The device's counters and each stream's (by id).
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct CountersReport {
+    /// All streams together.
+    pub(crate) device: CountsReport,
+    /// Each stream that launched anything.
+    pub(crate) streams: BTreeMap<i64, CountsReport>,
+}
+
+impl CountersReport {
+    fn new(snapshot: &spyre_stream::CountersSnapshot) -> Self {
+        Self {
+            device: snapshot.device.into(),
+            streams: snapshot
+                .streams
+                .iter()
+                .map(|(stream, counters)| (stream.id().get(), (*counters).into()))
+                .collect(),
+        }
+    }
 }
 
 /// How much the stages of a pipelined run overlapped, from timed events
@@ -183,6 +241,7 @@ impl RunReport {
             operations_high: in_pool(PoolKind::High.as_str()).map(|s| s.operations).sum(),
             streams,
             memory: outcome.memory,
+            counters: CountersReport::new(&outcome.counters),
             trace: outcome.trace.clone(),
             timeline: outcome.timeline.clone(),
             overlap: outcome.overlap.map(|overlap| OverlapReport {
@@ -366,6 +425,7 @@ mod tests {
                 span: Duration::from_millis(400),
             }),
             wall: Duration::from_millis(500),
+            counters: Default::default(),
             trace: None,
             timeline: None,
             memory: crate::run::MemoryUse {

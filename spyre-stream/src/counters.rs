@@ -1,0 +1,199 @@
+//! Operation counters a server can export: per stream and for the device,
+//! launched, completed and failed operations, bytes each way, and the
+//! current and highest number of operations in flight.
+//!
+//! Off until [`enable_counters`] (one relaxed load per launch while off).
+//! On, a launch adds to its stream's counters and carries a completion that
+//! counts its outcome; a [`counters`] snapshot reads relaxed atomics and
+//! takes no lock. Operations launched while the counters were off are not
+//! counted, not even when they complete later.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use flex_rt::{FlexError, LaunchOptions};
+
+use crate::id::{HOST_COMPUTE_START, MAX_HOST_COMPUTE_STREAMS, StreamId};
+use crate::stream::SpyreStream;
+
+/// Stream ids with counters: every id the pool can hand out.
+const IDS: usize = HOST_COMPUTE_START as usize + MAX_HOST_COMPUTE_STREAMS;
+
+struct Slot {
+    launched: AtomicU64,
+    completed: AtomicU64,
+    failed: AtomicU64,
+    bytes_h2d: AtomicU64,
+    bytes_d2h: AtomicU64,
+    max_in_flight: AtomicU64,
+}
+
+static ON: AtomicBool = AtomicBool::new(false);
+static SLOTS: [Slot; IDS] = [const {
+    Slot {
+        launched: AtomicU64::new(0),
+        completed: AtomicU64::new(0),
+        failed: AtomicU64::new(0),
+        bytes_h2d: AtomicU64::new(0),
+        bytes_d2h: AtomicU64::new(0),
+        max_in_flight: AtomicU64::new(0),
+    }
+}; IDS];
+
+/// Which way an operation moves bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Direction {
+    /// Host to device.
+    H2d,
+    /// Device to host.
+    D2h,
+    /// Neither.
+    None,
+}
+
+/// The counters of one stream, or of the device (all its streams), at one
+/// moment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Counters {
+    /// Operations launched.
+    pub launched: u64,
+    /// Operations that completed.
+    pub completed: u64,
+    /// Operations that failed (or were skipped because their stream had
+    /// failed).
+    pub failed: u64,
+    /// Bytes copied host to device.
+    pub bytes_h2d: u64,
+    /// Bytes copied device to host.
+    pub bytes_d2h: u64,
+    /// Operations launched and not finished (`launched − completed −
+    /// failed`).
+    pub in_flight: u64,
+    /// The most operations in flight at once (for the device: the highest
+    /// of any stream).
+    pub max_in_flight: u64,
+}
+
+/// A snapshot of [`counters`]: the device's totals and every stream that
+/// launched anything, by id.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CountersSnapshot {
+    /// All streams together.
+    pub device: Counters,
+    /// Each stream that launched anything, in id order.
+    pub streams: Vec<(SpyreStream, Counters)>,
+}
+
+/// Starts counting operations launched from now on (see the
+/// [`counters`] snapshot). Counts start where an earlier enabling left
+/// them.
+pub fn enable_counters() {
+    ON.store(true, Ordering::Relaxed);
+}
+
+/// Whether the counters are on: one relaxed load.
+#[inline]
+pub(crate) fn is_on() -> bool {
+    ON.load(Ordering::Relaxed)
+}
+
+/// The counters of the process's device and its streams now: relaxed
+/// reads, no lock; a snapshot taken while operations run may pair a
+/// stream's counts from slightly different moments. All zero before
+/// [`enable_counters`].
+pub fn counters() -> CountersSnapshot {
+    let device_index = crate::runtime::runtime_info().map_or(0, |info| info.device);
+    let mut snapshot = CountersSnapshot::default();
+    for (id, slot) in SLOTS.iter().enumerate() {
+        let launched = slot.launched.load(Ordering::Relaxed);
+        if launched == 0 {
+            continue;
+        }
+        let completed = slot.completed.load(Ordering::Relaxed);
+        let failed = slot.failed.load(Ordering::Relaxed);
+        let counters = Counters {
+            launched,
+            completed,
+            failed,
+            bytes_h2d: slot.bytes_h2d.load(Ordering::Relaxed),
+            bytes_d2h: slot.bytes_d2h.load(Ordering::Relaxed),
+            in_flight: launched.saturating_sub(completed + failed),
+            max_in_flight: slot.max_in_flight.load(Ordering::Relaxed),
+        };
+        let device = &mut snapshot.device;
+        device.launched += counters.launched;
+        device.completed += counters.completed;
+        device.failed += counters.failed;
+        device.bytes_h2d += counters.bytes_h2d;
+        device.bytes_d2h += counters.bytes_d2h;
+        device.in_flight += counters.in_flight;
+        device.max_in_flight = device.max_in_flight.max(counters.max_in_flight);
+        let stream = SpyreStream::from_parts(device_index, StreamId(id as i64));
+        snapshot.streams.push((stream, counters));
+    }
+    snapshot
+}
+
+/// Counts a launch on `stream` about to be made, and returns the options
+/// with a completion that counts its outcome (then calls the caller's).
+/// Call only when [`is_on`]; `refused` undoes the count of a launch the
+/// runtime refused.
+pub(crate) fn counted(
+    stream: SpyreStream,
+    direction: Direction,
+    bytes: u64,
+    options: LaunchOptions,
+) -> (LaunchOptions, Counted) {
+    let Some(slot) = usize::try_from(stream.id().get())
+        .ok()
+        .and_then(|id| SLOTS.get(id))
+    else {
+        return (options, Counted(None));
+    };
+    let launched = slot.launched.fetch_add(1, Ordering::Relaxed) + 1;
+    let finished = slot.completed.load(Ordering::Relaxed) + slot.failed.load(Ordering::Relaxed);
+    slot.max_in_flight
+        .fetch_max(launched.saturating_sub(finished), Ordering::Relaxed);
+    match direction {
+        Direction::H2d => slot.bytes_h2d.fetch_add(bytes, Ordering::Relaxed),
+        Direction::D2h => slot.bytes_d2h.fetch_add(bytes, Ordering::Relaxed),
+        Direction::None => 0,
+    };
+    let LaunchOptions {
+        pipeline_barrier,
+        completion,
+    } = options;
+    let counting = Box::new(move |outcome: Result<(), FlexError>| {
+        match outcome {
+            Ok(()) => slot.completed.fetch_add(1, Ordering::Relaxed),
+            Err(_) => slot.failed.fetch_add(1, Ordering::Relaxed),
+        };
+        if let Some(completion) = completion {
+            completion(outcome);
+        }
+    });
+    (
+        LaunchOptions {
+            pipeline_barrier,
+            completion: Some(counting),
+        },
+        Counted(Some((slot, direction, bytes))),
+    )
+}
+
+/// A counted launch, for its refusal to be taken back.
+pub(crate) struct Counted(Option<(&'static Slot, Direction, u64)>);
+
+impl Counted {
+    /// The runtime refused the launch: it is not counted.
+    pub(crate) fn refused(self) {
+        if let Some((slot, direction, bytes)) = self.0 {
+            slot.launched.fetch_sub(1, Ordering::Relaxed);
+            match direction {
+                Direction::H2d => slot.bytes_h2d.fetch_sub(bytes, Ordering::Relaxed),
+                Direction::D2h => slot.bytes_d2h.fetch_sub(bytes, Ordering::Relaxed),
+                Direction::None => 0,
+            };
+        }
+    }
+}

@@ -1,0 +1,116 @@
+//! The counters and the trace of the process-wide pool
+//! (`spyre_stream::{enable_counters, counters, start_trace, stop_trace}`),
+//! on the software device, each test in a fresh process.
+
+use spyre_stream::{
+    Device, HostBuffer, LaunchOptions, OperationKind, SpyreEvent, SpyreStream, counters,
+    enable_counters, start_trace, stop_trace, stream_from_pool,
+};
+use spyre_tests::isolated;
+
+const MOCK: (&str, &str) = ("SPYRE_BACKEND", "mock");
+
+fn pool_stream() -> SpyreStream {
+    stream_from_pool(Device::CURRENT, 0).expect("stream_from_pool")
+}
+
+#[test]
+fn counters_count_launches_outcomes_and_bytes_per_stream() {
+    isolated!(&[MOCK], || {
+        let (a, b) = (pool_stream(), pool_stream());
+        a.launch_host_callback(|| {}, LaunchOptions::new()).unwrap();
+        assert_eq!(counters().device.launched, 0, "off until enabled");
+        enable_counters();
+        let device = spyre_stream::allocate(Device::CURRENT, 4096).unwrap();
+        let (source, target) = (HostBuffer::zeroed(4096), HostBuffer::zeroed(4096));
+        a.launch_h2d(&source, &device, LaunchOptions::new())
+            .unwrap();
+        a.launch_d2h(&device, &target, LaunchOptions::new())
+            .unwrap();
+        b.launch_host_callback(|| {}, LaunchOptions::new()).unwrap();
+        a.synchronize().unwrap();
+        b.synchronize().unwrap();
+        let snapshot = counters();
+        let [(first, on_a), (second, on_b)] = snapshot.streams[..] else {
+            panic!("two streams: {snapshot:?}");
+        };
+        assert_eq!((first, second), (a, b));
+        assert_eq!((on_a.launched, on_a.completed, on_a.failed), (2, 2, 0));
+        assert_eq!((on_a.bytes_h2d, on_a.bytes_d2h), (4096, 4096));
+        assert_eq!((on_b.launched, on_b.completed), (1, 1));
+        assert_eq!(snapshot.device.launched, 3);
+        assert_eq!(snapshot.device.in_flight, 0);
+        assert!(on_a.max_in_flight >= 1);
+        spyre_stream::free(Device::CURRENT, &device).unwrap();
+    });
+}
+
+#[test]
+fn a_failed_operation_and_those_skipped_after_it_count_as_failed() {
+    isolated!(&[MOCK], || {
+        enable_counters();
+        let stream = pool_stream();
+        stream
+            .launch_host_callback(|| panic!("on purpose"), LaunchOptions::new())
+            .unwrap();
+        // Launched before the failure is seen, or refused after it.
+        let later = stream.launch_host_callback(|| {}, LaunchOptions::new());
+        assert!(stream.synchronize().is_err());
+        let device = counters().device;
+        let expected = if later.is_ok() { 2 } else { 1 };
+        assert_eq!(
+            (device.launched, device.failed, device.completed),
+            (expected, expected, 0)
+        );
+        assert_eq!(device.in_flight, 0);
+    });
+}
+
+#[test]
+fn a_trace_holds_each_launch_record_and_wait_once() {
+    isolated!(&[MOCK], || {
+        let (producer, consumer) = (pool_stream(), pool_stream());
+        start_trace();
+        producer
+            .launch_host_callback(|| {}, LaunchOptions::new())
+            .unwrap();
+        let event = SpyreEvent::new().unwrap();
+        event.record(producer).unwrap();
+        event.wait(consumer).unwrap();
+        consumer
+            .launch_host_callback(|| {}, LaunchOptions::new())
+            .unwrap();
+        consumer.synchronize().unwrap();
+        let trace = stop_trace();
+        let kinds: Vec<(OperationKind, SpyreStream)> =
+            trace.entries.iter().map(|e| (e.kind, e.stream)).collect();
+        assert_eq!(
+            kinds,
+            [
+                (OperationKind::HostCallback, producer),
+                (OperationKind::EventRecord, producer),
+                (OperationKind::EventWait, consumer),
+                (OperationKind::HostCallback, consumer),
+            ]
+        );
+        for entry in &trace.entries {
+            let (started, finished) = (entry.started.unwrap(), entry.finished.unwrap());
+            assert!(
+                entry.enqueued <= started && started <= finished,
+                "{entry:?}"
+            );
+        }
+        // The wait links to the record, and the consumer's work starts
+        // after the record finished.
+        let (record, wait, consumed) = (&trace.entries[1], &trace.entries[2], &trace.entries[3]);
+        assert_eq!(wait.link, record.link);
+        assert!(consumed.started.unwrap() >= record.finished.unwrap());
+        // Nothing is traced once it stopped.
+        producer
+            .launch_host_callback(|| {}, LaunchOptions::new())
+            .unwrap();
+        producer.synchronize().unwrap();
+        start_trace();
+        assert!(stop_trace().entries.is_empty());
+    });
+}
