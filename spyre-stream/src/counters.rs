@@ -102,7 +102,7 @@ pub(crate) fn is_on() -> bool {
 /// stream's counts from slightly different moments. All zero before
 /// [`enable_counters`].
 pub fn counters() -> CountersSnapshot {
-    let device_index = crate::runtime::runtime_info().map_or(0, |info| info.device);
+    let device_index = crate::runtime::started_device().unwrap_or(0);
     let mut snapshot = CountersSnapshot::default();
     for (id, slot) in SLOTS.iter().enumerate() {
         let launched = slot.launched.load(Ordering::Relaxed);

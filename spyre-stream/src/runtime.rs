@@ -427,6 +427,12 @@ pub(crate) fn started_allocator_for(device: Device) -> Result<&'static CachingAl
     Ok(&running()?.allocator)
 }
 
+/// The device the started runtime runs on; `None` before the start (and in
+/// a forked child).
+pub(crate) fn started_device() -> Option<u8> {
+    running().ok().map(|running| running.pool.device())
+}
+
 /// `running`'s pool if it serves `requested`.
 fn bound_pool(running: &'static Running, requested: u8) -> Result<&'static StreamPool<'static>> {
     let bound = running.pool.device();

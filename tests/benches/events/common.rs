@@ -5,6 +5,7 @@
 //! | group | measures | baseline |
 //! |---|---|---|
 //! | `<side>_enqueue` | `SpyreEvent::record` on an idle stream (and `record_raw`: flex-rt's `Stream::record_event` with no completion, what the layers below cost); `SpyreStream::wait_event` between two idle streams (the event completed); `SpyreEvent::query` of a completed event | an empty launch (a no-op host callback) |
+//! | `<side>_counters_snapshot` | `spyre_stream::counters()` with two streams counted | (none: its absolute cost) |
 //! | `<side>_trace` | an empty launch with tracing on (`launch_traced`: an entry and a completion per launch) | the same with tracing off (`launch_untraced`: one relaxed load) |
 //! | `<side>_round_trip` | a no-op launch, then awaiting the stream (`synchronize_async`, `futures_executor::block_on`) or the event (`record` + `synchronize_async`) | the same launch, then blocking `synchronize` |
 //!
@@ -121,6 +122,17 @@ pub fn run(c: &mut Criterion, side: &str) {
         });
     }
     group.finish();
+
+    // The counters' snapshot (launches above were counted on `stream` and
+    // `other`).
+    spyre_stream::enable_counters();
+    noop(stream);
+    noop(other);
+    drain(stream);
+    drain(other);
+    c.bench_function(&format!("{side}_counters_snapshot"), |b| {
+        b.iter(|| std::hint::black_box(spyre_stream::counters()))
+    });
 
     let synchronize = || {
         noop(stream);
