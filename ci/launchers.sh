@@ -55,12 +55,20 @@ if [[ "$(id -u)" -eq 0 ]]; then
 fi
 
 # Runs `spyre run --json` on $1 ranks with the environment that follows;
-# prints every rank's JSON line.
+# prints every rank's JSON line. Each rank writes its report to a file of
+# its own: mpirun forwards standard output in pieces of at most 4 KiB,
+# which can cut a long line of one rank with another's.
 ranks() {
     local count="$1"
     shift
+    local dir
+    dir="$(mktemp -d)"
     mpirun "${mpirun_flags[@]}" -np "$count" \
-        env SPYRE_MOCK_DEVICES=4 "$@" "$spyre" run --json --iterations 20 --threads 1 2>/dev/null
+        env SPYRE_MOCK_DEVICES=4 "$@" \
+        sh -c '"$0" run --json --iterations 20 --threads 1 >"$1/rank-$OMPI_COMM_WORLD_RANK.json" 2>/dev/null' \
+        "$spyre" "$dir"
+    cat "$dir"/rank-*.json
+    rm -rf "$dir"
 }
 
 # Checks the JSON lines on stdin: $1 successful ranks on distinct devices,

@@ -2,17 +2,19 @@
 //! launched, completed and failed operations, bytes each way, and the
 //! current and highest number of operations in flight.
 //!
-//! Off until [`enable_counters`] (one relaxed load per launch while off).
+//! Off until [`enable_counters`] (while off, and the trace too, a launch
+//! pays one relaxed load for both).
 //! On, a launch adds to its stream's counters and carries a completion that
 //! counts its outcome; a [`counters`] snapshot reads relaxed atomics and
 //! takes no lock. Operations launched while the counters were off are not
 //! counted, not even when they complete later.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use flex_rt::{FlexError, LaunchOptions};
 
 use crate::id::{HOST_COMPUTE_START, MAX_HOST_COMPUTE_STREAMS, StreamId};
+use crate::instrument;
 use crate::stream::SpyreStream;
 
 /// Stream ids with counters: every id the pool can hand out.
@@ -27,7 +29,6 @@ struct Slot {
     max_in_flight: AtomicU64,
 }
 
-static ON: AtomicBool = AtomicBool::new(false);
 static SLOTS: [Slot; IDS] = [const {
     Slot {
         launched: AtomicU64::new(0),
@@ -88,13 +89,7 @@ pub struct CountersSnapshot {
 /// [`counters`] snapshot). Counts start where an earlier enabling left
 /// them.
 pub fn enable_counters() {
-    ON.store(true, Ordering::Relaxed);
-}
-
-/// Whether the counters are on: one relaxed load.
-#[inline]
-pub(crate) fn is_on() -> bool {
-    ON.load(Ordering::Relaxed)
+    instrument::set(instrument::COUNTERS, true);
 }
 
 /// The counters of the process's device and its streams now: relaxed
@@ -136,7 +131,7 @@ pub fn counters() -> CountersSnapshot {
 
 /// Counts a launch on `stream` about to be made, and returns the options
 /// with a completion that counts its outcome (then calls the caller's).
-/// Call only when [`is_on`]; `refused` undoes the count of a launch the
+/// Call only when the counters are on; `refused` undoes the count of a launch the
 /// runtime refused.
 pub(crate) fn counted(
     stream: SpyreStream,

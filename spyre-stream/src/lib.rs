@@ -213,6 +213,7 @@ pub mod env;
 mod error;
 mod event;
 mod id;
+mod instrument;
 mod loom_shim;
 mod memory;
 mod pool;

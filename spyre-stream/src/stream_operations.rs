@@ -7,6 +7,7 @@ use flex_rt::{CompositeAddress, DataFormat, HostBuffer, LaunchOptions, Stream};
 
 use crate::counters::{self, Direction};
 use crate::error::Result;
+use crate::instrument;
 use crate::runtime;
 use crate::state::StreamErrorState;
 use crate::stream::SpyreStream;
@@ -22,7 +23,7 @@ impl SpyreStream {
 
     /// The launch chokepoint: resolves the handle and launches, recording
     /// the operation in the trace and the counters when they are on (one
-    /// relaxed load each when they are off).
+    /// relaxed load decides).
     fn launch(
         self,
         kind: OperationKind,
@@ -31,10 +32,14 @@ impl SpyreStream {
         launch: impl FnOnce(&dyn Stream, LaunchOptions) -> flex_rt::Result<()>,
     ) -> Result<()> {
         let handle = self.handle()?;
-        let (tracing, counting) = (trace::is_on(), counters::is_on());
-        if !tracing && !counting {
+        let flags = instrument::flags();
+        if flags == 0 {
             return Ok(launch(handle, options)?);
         }
+        let (tracing, counting) = (
+            flags & instrument::TRACE != 0,
+            flags & instrument::COUNTERS != 0,
+        );
         let (options, traced) = if tracing {
             let (options, entry) = trace::traced(self, kind, bytes, options);
             (options, Some(entry))

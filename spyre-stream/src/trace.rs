@@ -2,7 +2,8 @@
 //! pool's streams while tracing is on, with its stream, kind, bytes and
 //! times (Nsight Systems' timeline, for Spyre).
 //!
-//! Off (the default) it costs one relaxed atomic load per launch. On, each
+//! Off (the default; the counters too) it costs one relaxed atomic load per
+//! launch. On, each
 //! launch appends an entry under a mutex and carries a completion that
 //! stamps the time the runtime reported it finished. When it started on
 //! the device is derived: a stream runs its operations one at a time in
@@ -11,13 +12,14 @@
 //! by a wait on an event counts from then too; the wait itself is an entry
 //! of its own, linked to the record it waits for).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use flex_rt::{Completion, FlexError, LaunchOptions};
 use parking_lot::Mutex;
 
+use crate::instrument;
 use crate::stream::SpyreStream;
 
 /// What an operation was.
@@ -97,7 +99,6 @@ struct Log {
     entries: Vec<TraceEntry>,
 }
 
-static ON: AtomicBool = AtomicBool::new(false);
 /// The log of the current (or last) trace; `Arc`ed into completions, so
 /// that one finishing after a new trace started writes to its own log.
 static LOG: OnceLock<Mutex<Arc<Mutex<Log>>>> = OnceLock::new();
@@ -112,11 +113,11 @@ fn log_slot() -> &'static Mutex<Arc<Mutex<Log>>> {
     })
 }
 
-/// Whether tracing is on: one relaxed load, what every launch pays when it
-/// is off.
+/// Whether tracing is on: one relaxed load (event records and waits ask
+/// it; a launch reads the flags of the trace and the counters at once).
 #[inline]
 pub(crate) fn is_on() -> bool {
-    ON.load(Ordering::Relaxed)
+    instrument::flags() & instrument::TRACE != 0
 }
 
 /// Starts a trace of every operation launched through the pool's streams
@@ -131,14 +132,14 @@ pub fn start_trace() {
         origin: Instant::now(),
         entries: Vec::new(),
     }));
-    ON.store(true, Ordering::Relaxed);
+    instrument::set(instrument::TRACE, true);
 }
 
 /// Stops tracing and returns what was recorded. Operations still in flight
 /// have no finish time; wait for them (synchronize) before stopping to
 /// have all of them.
 pub fn stop_trace() -> Trace {
-    ON.store(false, Ordering::Relaxed);
+    instrument::set(instrument::TRACE, false);
     let log = Arc::clone(&log_slot().lock());
     let mut entries = log.lock().entries.clone();
     derive_starts(&mut entries);
