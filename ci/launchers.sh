@@ -26,7 +26,7 @@ if ! command -v mpirun >/dev/null 2>&1; then
     if [[ "$(id -u)" -ne 0 ]]; then
         command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null ||
             cannot_run "the launcher runs" "mpirun is missing, and installing openmpi-bin needs root (or sudo without a password)"
-        as_root=(sudo -n)
+        as_root=(sudo -n env DEBIAN_FRONTEND=noninteractive)
     fi
     command -v apt-get >/dev/null 2>&1 ||
         cannot_run "the launcher runs" "mpirun is missing and there is no apt-get to install openmpi-bin"
@@ -35,6 +35,7 @@ if ! command -v mpirun >/dev/null 2>&1; then
     if ! { "${as_root[@]}" apt-get update -qq &&
         DEBIAN_FRONTEND=noninteractive "${as_root[@]}" apt-get install -y -qq openmpi-bin; } >"$log" 2>&1; then
         cat "$log" >&2
+        rm -f "$log"
         cannot_run "the launcher runs" "installing openmpi-bin failed (its output is above)"
     fi
     rm -f "$log"
@@ -62,11 +63,13 @@ ranks() {
     local count="$1"
     shift
     local dir
-    dir="$(mktemp -d)"
-    mpirun "${mpirun_flags[@]}" -np "$count" \
+    dir="$(mktemp -d)" || exit 1
+    timeout 300 mpirun "${mpirun_flags[@]}" -np "$count" \
         env SPYRE_MOCK_DEVICES=4 "$@" \
-        sh -c '"$0" run --json --iterations 20 --threads 1 >"$1/rank-$OMPI_COMM_WORLD_RANK.json" 2>/dev/null' \
-        "$spyre" "$dir"
+        sh -c '"$0" run --json --iterations 20 --threads 1 >"$1/rank-$OMPI_COMM_WORLD_RANK.json" 2>"$1/rank-$OMPI_COMM_WORLD_RANK.log"' \
+        "$spyre" "$dir" || true
+    # A rank's log tells why when the check fails.
+    cat "$dir"/rank-*.log >&2 2>/dev/null || true
     cat "$dir"/rank-*.json
     rm -rf "$dir"
 }

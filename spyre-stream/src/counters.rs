@@ -29,6 +29,17 @@ struct Slot {
     max_in_flight: AtomicU64,
 }
 
+/// The device as a whole: its launches, finishes and the most in flight
+/// at once over all streams.
+static DEVICE: Slot = Slot {
+    launched: AtomicU64::new(0),
+    completed: AtomicU64::new(0),
+    failed: AtomicU64::new(0),
+    bytes_h2d: AtomicU64::new(0),
+    bytes_d2h: AtomicU64::new(0),
+    max_in_flight: AtomicU64::new(0),
+};
+
 static SLOTS: [Slot; IDS] = [const {
     Slot {
         launched: AtomicU64::new(0),
@@ -70,8 +81,9 @@ pub struct Counters {
     /// Operations launched and not finished (`launched − completed −
     /// failed`).
     pub in_flight: u64,
-    /// The most operations in flight at once (for the device: the highest
-    /// of any stream).
+    /// The most operations in flight at once (for the device: on all its
+    /// streams together). A launch the runtime refused may have raised it
+    /// for the moment it took to refuse.
     pub max_in_flight: u64,
 }
 
@@ -122,10 +134,11 @@ pub fn counters() -> CountersSnapshot {
         device.bytes_h2d += counters.bytes_h2d;
         device.bytes_d2h += counters.bytes_d2h;
         device.in_flight += counters.in_flight;
-        device.max_in_flight = device.max_in_flight.max(counters.max_in_flight);
+
         let stream = SpyreStream::from_parts(device_index, StreamId(id as i64));
         snapshot.streams.push((stream, counters));
     }
+    snapshot.device.max_in_flight = DEVICE.max_in_flight.load(Ordering::Relaxed);
     snapshot
 }
 
@@ -145,10 +158,14 @@ pub(crate) fn counted(
     else {
         return (options, Counted(None));
     };
-    let launched = slot.launched.fetch_add(1, Ordering::Relaxed) + 1;
-    let finished = slot.completed.load(Ordering::Relaxed) + slot.failed.load(Ordering::Relaxed);
-    slot.max_in_flight
-        .fetch_max(launched.saturating_sub(finished), Ordering::Relaxed);
+    for counts in [slot, &DEVICE] {
+        let launched = counts.launched.fetch_add(1, Ordering::Relaxed) + 1;
+        let finished =
+            counts.completed.load(Ordering::Relaxed) + counts.failed.load(Ordering::Relaxed);
+        counts
+            .max_in_flight
+            .fetch_max(launched.saturating_sub(finished), Ordering::Relaxed);
+    }
     match direction {
         Direction::H2d => slot.bytes_h2d.fetch_add(bytes, Ordering::Relaxed),
         Direction::D2h => slot.bytes_d2h.fetch_add(bytes, Ordering::Relaxed),
@@ -159,10 +176,12 @@ pub(crate) fn counted(
         completion,
     } = options;
     let counting = Box::new(move |outcome: Result<(), FlexError>| {
-        match outcome {
-            Ok(()) => slot.completed.fetch_add(1, Ordering::Relaxed),
-            Err(_) => slot.failed.fetch_add(1, Ordering::Relaxed),
-        };
+        for counts in [slot, &DEVICE] {
+            match outcome {
+                Ok(()) => counts.completed.fetch_add(1, Ordering::Relaxed),
+                Err(_) => counts.failed.fetch_add(1, Ordering::Relaxed),
+            };
+        }
         if let Some(completion) = completion {
             completion(outcome);
         }
@@ -184,6 +203,7 @@ impl Counted {
     pub(crate) fn refused(self) {
         if let Some((slot, direction, bytes)) = self.0 {
             slot.launched.fetch_sub(1, Ordering::Relaxed);
+            DEVICE.launched.fetch_sub(1, Ordering::Relaxed);
             match direction {
                 Direction::H2d => slot.bytes_h2d.fetch_sub(bytes, Ordering::Relaxed),
                 Direction::D2h => slot.bytes_d2h.fetch_sub(bytes, Ordering::Relaxed),

@@ -141,14 +141,14 @@ pub fn start_trace() {
 pub fn stop_trace() -> Trace {
     instrument::set(instrument::TRACE, false);
     let log = Arc::clone(&log_slot().lock());
-    let mut entries = log.lock().entries.clone();
+    let mut entries = std::mem::take(&mut log.lock().entries);
     derive_starts(&mut entries);
     Trace { entries }
 }
 
 /// Sets `started` of every finished entry: the later of its enqueue and
-/// the finish of the operation before it on its stream. A wait finishes
-/// when the record it waits for finished (if later than its enqueue): the
+/// the finish of the operation before it on its stream. A wait is passed
+/// when its stream got to it and the record it waits for had finished: the
 /// device holds the stream's later work until then.
 fn derive_starts(entries: &mut [TraceEntry]) {
     let records: std::collections::HashMap<u64, Duration> = entries
@@ -156,18 +156,14 @@ fn derive_starts(entries: &mut [TraceEntry]) {
         .filter(|e| e.kind == OperationKind::EventRecord)
         .filter_map(|e| Some((e.link?, e.finished?)))
         .collect();
-    for wait in entries
-        .iter_mut()
-        .filter(|e| e.kind == OperationKind::EventWait)
-    {
-        if let Some(record) = wait.link.and_then(|link| records.get(&link)) {
-            wait.finished = Some(wait.enqueued.max(*record));
-        }
-    }
     let mut last_finish: std::collections::HashMap<SpyreStream, Duration> =
         std::collections::HashMap::new();
     for entry in entries.iter_mut() {
         let previous = last_finish.get(&entry.stream).copied().unwrap_or_default();
+        if entry.kind == OperationKind::EventWait {
+            let record = entry.link.and_then(|link| records.get(&link).copied());
+            entry.finished = Some(entry.enqueued.max(previous).max(record.unwrap_or_default()));
+        }
         if let Some(finished) = entry.finished {
             let started = entry.enqueued.max(previous).min(finished);
             entry.started = Some(started);
@@ -252,9 +248,11 @@ pub(crate) fn record(
         link,
     };
     let completion: Completion = Box::new(move |outcome: Result<(), FlexError>| {
+        // The time first: the lock may be busy with launches.
+        let now = Instant::now();
         {
             let mut guard = log.lock();
-            let finished = guard.origin.elapsed();
+            let finished = now.saturating_duration_since(guard.origin);
             if let Some(entry) = guard.entries.get_mut(index) {
                 entry.finished = Some(finished);
                 entry.failed = outcome.is_err();
@@ -336,5 +334,21 @@ mod tests {
         derive_starts(&mut entries);
         assert_eq!(entries[1].finished, Some(Duration::from_micros(30)));
         assert_eq!(entries[2].started, Some(Duration::from_micros(30)));
+    }
+
+    #[test]
+    fn a_wait_is_passed_only_after_its_streams_earlier_work() {
+        // Stream 2 runs a copy 0..50; a wait enqueued at 5 on a record that
+        // finished at 30 is passed at 50, and the next copy starts then.
+        let mut record = entry(1, 0, 30);
+        record.kind = OperationKind::EventRecord;
+        record.link = Some(3);
+        let mut wait = entry(2, 5, 5);
+        wait.kind = OperationKind::EventWait;
+        wait.link = Some(3);
+        let mut entries = vec![record, entry(2, 0, 50), wait, entry(2, 6, 60)];
+        derive_starts(&mut entries);
+        assert_eq!(entries[2].finished, Some(Duration::from_micros(50)));
+        assert_eq!(entries[3].started, Some(Duration::from_micros(50)));
     }
 }

@@ -114,3 +114,34 @@ fn a_trace_holds_each_launch_record_and_wait_once() {
         assert!(stop_trace().entries.is_empty());
     });
 }
+
+#[test]
+fn the_devices_most_in_flight_counts_every_stream_together() {
+    isolated!(&[MOCK], || {
+        enable_counters();
+        let (a, b) = (pool_stream(), pool_stream());
+        // Each stream: a held callback and two launches behind it.
+        let gates = [a, b].map(spyre_tests::conformance::Gate::hold_pool_stream);
+        for stream in [a, b] {
+            for _ in 0..2 {
+                stream
+                    .launch_host_callback(|| {}, LaunchOptions::new())
+                    .unwrap();
+            }
+        }
+        let held = counters();
+        assert_eq!(held.device.in_flight, 6);
+        assert_eq!(held.device.max_in_flight, 6, "3 on each stream at once");
+        for (_, stream) in &held.streams {
+            assert_eq!((stream.in_flight, stream.max_in_flight), (3, 3));
+        }
+        for gate in gates {
+            gate.open();
+        }
+        a.synchronize().unwrap();
+        b.synchronize().unwrap();
+        let done = counters();
+        assert_eq!((done.device.in_flight, done.device.completed), (0, 6));
+        assert_eq!(done.device.max_in_flight, 6);
+    });
+}

@@ -154,8 +154,26 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
     });
     let wall = start.elapsed();
     progress.finish_and_clear();
-    let recorded = tracing.then(spyre_stream::stop_trace);
+    let recorded = tracing.then(|| {
+        // Every operation finished (after a failure too), so that each has
+        // its finish time.
+        if let Err(e) = spyre_stream::synchronize_device(Device::CURRENT) {
+            tracing::debug!(error = %e, "a stream failed before the trace stopped");
+        }
+        spyre_stream::stop_trace()
+    });
     let allocations_at_warm_up = shared.allocations_at_warm_up();
+    // Written after a failure too: that is when a picture helps most.
+    let trace = match (&args.trace, &recorded) {
+        (Some(path), Some(recorded)) => Some(TraceFile {
+            path: path.display().to_string(),
+            summary: trace_file::write_chrome_trace(path, recorded)?,
+        }),
+        _ => None,
+    };
+    if let (Some(path), Some(recorded)) = (&args.timeline, &recorded) {
+        timeline::write_timeline(path, recorded)?;
+    }
 
     let mut failures = shared.into_failures();
     if !failures.is_empty() {
@@ -176,16 +194,6 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
         if let Some(thread) = stats.overlap {
             overlap.get_or_insert_default().merge(thread);
         }
-    }
-    let trace = match (&args.trace, &recorded) {
-        (Some(path), Some(recorded)) => Some(TraceFile {
-            path: path.display().to_string(),
-            summary: trace_file::write_chrome_trace(path, recorded)?,
-        }),
-        _ => None,
-    };
-    if let (Some(path), Some(recorded)) = (&args.timeline, &recorded) {
-        timeline::write_timeline(path, recorded)?;
     }
     let counters = spyre_stream::counters();
     let memory = spyre_stream::memory_stats(Device::CURRENT)

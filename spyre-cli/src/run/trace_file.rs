@@ -2,7 +2,7 @@
 //! (ui.perfetto.dev) and `chrome://tracing` open: one track per stream,
 //! named by its id and priority; every operation a slice from its start to
 //! its finish on the device; every wait on an event a flow arrow from the
-//! record it waited for.
+//! record it waited for (flow events bound to the slices by `bind_id`).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -21,6 +21,10 @@ pub(crate) struct TraceSummary {
     pub(crate) streams: usize,
 }
 
+/// The trace's one process (not 0, which viewers take for the kernel's
+/// idle task).
+const PID: u32 = 1;
+
 fn micros(time: std::time::Duration) -> f64 {
     time.as_secs_f64() * 1e6
 }
@@ -36,7 +40,7 @@ pub(crate) fn chrome_trace(trace: &Trace) -> (Value, TraceSummary) {
         .filter_map(|e| Some((e.link?, e)))
         .collect();
     let mut operations = 0;
-    for (index, entry) in trace.entries.iter().enumerate() {
+    for entry in &trace.entries {
         let (Some(started), Some(finished)) = (entry.started, entry.finished) else {
             continue;
         };
@@ -55,31 +59,30 @@ pub(crate) fn chrome_trace(trace: &Trace) -> (Value, TraceSummary) {
         } else {
             entry.kind.name().to_owned()
         };
-        events.push(json!({
+        let mut slice = json!({
             "name": name,
             "cat": entry.kind.name(),
             "ph": "X",
-            "pid": 0,
+            "pid": PID,
             "tid": tid,
             "ts": micros(started),
             "dur": micros(finished.saturating_sub(started)),
             "args": args,
-        }));
-        // A wait: an arrow from the end of the record it waited for.
-        if entry.kind == OperationKind::EventWait
-            && let Some(record) = entry.link.and_then(|link| records.get(&link))
-            && let Some(recorded) = record.finished
-        {
-            let from = record.stream.id().get();
-            events.push(
-                json!({"name": "event", "cat": "event", "ph": "s", "id": index,
-                "pid": 0, "tid": from, "ts": micros(recorded)}),
-            );
-            events.push(
-                json!({"name": "event", "cat": "event", "ph": "f", "bp": "e", "id": index,
-                "pid": 0, "tid": tid, "ts": micros(finished)}),
-            );
+        });
+        // A record and the waits on it: an arrow from the record's slice
+        // to each wait's (flow events bound to the slices by id).
+        match (entry.kind, entry.link) {
+            (OperationKind::EventRecord, Some(link)) => {
+                slice["bind_id"] = json!(link);
+                slice["flow_out"] = json!(true);
+            }
+            (OperationKind::EventWait, Some(link)) if records.contains_key(&link) => {
+                slice["bind_id"] = json!(link);
+                slice["flow_in"] = json!(true);
+            }
+            _ => {}
         }
+        events.push(slice);
     }
     for (&tid, &priority) in &streams {
         let pool = if priority < 0 {
@@ -88,15 +91,15 @@ pub(crate) fn chrome_trace(trace: &Trace) -> (Value, TraceSummary) {
             "normal priority"
         };
         events.push(
-            json!({"name": "thread_name", "ph": "M", "pid": 0, "tid": tid,
+            json!({"name": "thread_name", "ph": "M", "pid": PID, "tid": tid,
             "args": {"name": format!("stream {tid} ({pool})")}}),
         );
         events.push(
-            json!({"name": "thread_sort_index", "ph": "M", "pid": 0, "tid": tid,
+            json!({"name": "thread_sort_index", "ph": "M", "pid": PID, "tid": tid,
             "args": {"sort_index": tid}}),
         );
     }
-    events.push(json!({"name": "process_name", "ph": "M", "pid": 0,
+    events.push(json!({"name": "process_name", "ph": "M", "pid": PID,
         "args": {"name": "Spyre device"}}));
     let summary = TraceSummary {
         operations,
