@@ -29,27 +29,25 @@ struct Slot {
     max_in_flight: AtomicU64,
 }
 
+impl Slot {
+    /// Every count at zero.
+    const fn new() -> Self {
+        Self {
+            launched: AtomicU64::new(0),
+            completed: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            bytes_h2d: AtomicU64::new(0),
+            bytes_d2h: AtomicU64::new(0),
+            max_in_flight: AtomicU64::new(0),
+        }
+    }
+}
+
 /// The device as a whole: its launches, finishes and the most in flight
 /// at once over all streams.
-static DEVICE: Slot = Slot {
-    launched: AtomicU64::new(0),
-    completed: AtomicU64::new(0),
-    failed: AtomicU64::new(0),
-    bytes_h2d: AtomicU64::new(0),
-    bytes_d2h: AtomicU64::new(0),
-    max_in_flight: AtomicU64::new(0),
-};
+static DEVICE: Slot = Slot::new();
 
-static SLOTS: [Slot; IDS] = [const {
-    Slot {
-        launched: AtomicU64::new(0),
-        completed: AtomicU64::new(0),
-        failed: AtomicU64::new(0),
-        bytes_h2d: AtomicU64::new(0),
-        bytes_d2h: AtomicU64::new(0),
-        max_in_flight: AtomicU64::new(0),
-    }
-}; IDS];
+static SLOTS: [Slot; IDS] = [const { Slot::new() }; IDS];
 
 /// Which way an operation moves bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -14,7 +14,7 @@ use crate::backend::{self, BackendKind};
 use crate::device::{Device, set_thread_device, thread_device};
 use crate::env::{self, MAX_DEVICE_INDEX};
 use crate::error::{Error, Result};
-use crate::memory::CachingAllocator;
+use crate::memory::allocator::CachingAllocator;
 use crate::pool::{PoolConfig, StreamPool};
 use crate::state::DeviceState;
 use crate::stream::SpyreStream;

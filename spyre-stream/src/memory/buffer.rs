@@ -230,9 +230,9 @@ impl<T: DeviceElement> DeviceBuffer<T> {
     /// long; as [`SpyreStream::launch_d2h`].
     pub fn copy_to_host_buffer(&self, stream: SpyreStream, dst: &HostBuffer) -> Result<()> {
         self.check_bytes("copy_to_host_buffer", dst.len())?;
-        stream.handle()?;
-        self.note_use(stream);
-        stream.launch_d2h(self.address(), dst, LaunchOptions::new())
+        self.launch_on(stream, |address| {
+            stream.launch_d2h(address, dst, LaunchOptions::new())
+        })
     }
 
     /// Copies the buffer into `out` (D2H on `stream`) and waits for it: it
@@ -268,27 +268,35 @@ impl<T: DeviceElement> DeviceBuffer<T> {
     /// # Errors
     /// As [`SpyreStream::launch_fill`].
     pub fn fill(&mut self, stream: SpyreStream, value: T) -> Result<()> {
-        stream.handle()?;
-        self.note_use(stream);
-        stream.launch_fill(
-            self.address(),
-            value.to_f64(),
-            T::FORMAT,
-            LaunchOptions::new(),
-        )
+        self.launch_on(stream, |address| {
+            stream.launch_fill(address, value.to_f64(), T::FORMAT, LaunchOptions::new())
+        })
     }
 
     /// Zeros every byte (a fill of `u8` zeros, valid for every format).
     fn fill_bytes_zero(&mut self, stream: SpyreStream) -> Result<()> {
-        stream.handle()?;
-        self.note_use(stream);
-        stream.launch_fill(self.address(), 0.0, DataFormat::Uint8, LaunchOptions::new())
+        self.launch_on(stream, |address| {
+            stream.launch_fill(address, 0.0, DataFormat::Uint8, LaunchOptions::new())
+        })
     }
 
     fn launch_h2d(&mut self, stream: SpyreStream, src: &HostBuffer) -> Result<()> {
-        stream.handle()?;
+        self.launch_on(stream, |address| {
+            stream.launch_h2d(src, address, LaunchOptions::new())
+        })
+    }
+
+    /// Launches on `stream` what `launch` enqueues on the buffer's memory
+    /// and, once it is enqueued, remembers the use (the launch resolved and
+    /// checked the stream).
+    fn launch_on(
+        &self,
+        stream: SpyreStream,
+        launch: impl FnOnce(&CompositeAddress) -> Result<()>,
+    ) -> Result<()> {
+        launch(self.address())?;
         self.note_use(stream);
-        stream.launch_h2d(src, self.address(), LaunchOptions::new())
+        Ok(())
     }
 
     /// Remembers a use on `stream` if it is not the buffer's own.
