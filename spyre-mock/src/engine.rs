@@ -376,6 +376,13 @@ fn run_job(device: &Device, scheduler: &mut MutexGuard<'_, Scheduler>, mut job: 
             ),
         );
     }
+    // The notifications of event records this operation reaches (awaiting
+    // tasks are woken here): without the lock, as they are user code, and
+    // before the stream advances, so a `synchronize` returns after them.
+    let reached = scheduler.reach(stream);
+    if !reached.is_empty() {
+        MutexGuard::unlocked(scheduler, || reached.notify());
+    }
     // If the stream has more work, this engine takes it (or something more
     // urgent) on its next turn; no other engine needs waking.
     scheduler.finish(stream);

@@ -1,5 +1,5 @@
-//! Events of the software device: a record is a marker operation in its
-//! stream's FIFO; a wait is a gate in the waiting stream that the scheduler
+//! Events of the software device: a record is a mark at a position of its
+//! stream (see `record.rs`); a wait is a gate in the waiting stream that the scheduler
 //! holds closed until the record has completed. No thread ever parks on a
 //! device-side wait.
 use std::any::Any;
@@ -15,9 +15,11 @@ use crate::record::Record;
 
 /// An event of a [`crate::MockRuntime`]; implements [`flex_rt::Event`].
 ///
-/// Thread-safety: `Send + Sync`. Its latest record is read and replaced
-/// only under the runtime's scheduler lock, so concurrent records are
-/// serialized and a wait sees one whole record.
+/// Thread-safety: `Send + Sync`. Its latest record is replaced only under
+/// the runtime's scheduler lock (so concurrent records are serialized, and
+/// a wait, which reads it under that lock too, is placed against one whole
+/// record); a query, a notification or a synchronize reads it under its own
+/// small lock only, without contending with the engines.
 pub struct MockEvent {
     pub(crate) device: Arc<Device>,
     timing: bool,
@@ -57,9 +59,8 @@ impl MockEvent {
         Ok(event)
     }
 
-    /// The latest record, read under the scheduler lock.
+    /// The latest record as of this call.
     fn latest(&self) -> Option<Arc<Record>> {
-        let _scheduler = self.device.scheduler.lock();
         self.latest.lock().clone()
     }
 }

@@ -68,11 +68,15 @@
 //! # Events
 //!
 //! [`MockRuntime`] implements flex.h 1.1's events ([`MockEvent`]). A record
-//! is a marker operation at the end of its stream's FIFO
-//! ([`Op::Record`]): when the stream reaches it the event completes and
-//! takes its timestamp (so elapsed times follow the timing model; the
-//! marker itself takes no time), and if the stream has failed first the
-//! event fails with the stream's error. A wait is a *gate* in the waiting
+//! marks the end of its stream's FIFO: when the stream has finished
+//! everything enqueued before it, the event completes and takes its
+//! timestamp (at once on a stream with nothing unfinished; elapsed times
+//! follow the timing model, the record itself takes no time), and if the
+//! stream has failed first the event fails with the stream's error. The
+//! record is no operation an engine has to take — the engine finishing the
+//! operation before it completes it — except when a wait holds its place or
+//! it carries a completion: then it is a marker operation ([`Op::Record`])
+//! in the FIFO. A wait is a *gate* in the waiting
 //! stream: the scheduler holds the operations enqueued after it until the
 //! record has completed, and looks again each time an operation of the
 //! recording stream finishes; no thread, engine or host, is parked on it.

@@ -1,8 +1,9 @@
 //! One record of an event on the software device: the point it marks, its
 //! outcome once the device reaches it, and the completions waiting for that
-//! outcome. A record is a marker operation in its stream's FIFO
-//! ([`EventRecord`] in [`crate::Op::Record`]); a wait is a gate on it in the
-//! scheduler.
+//! outcome. A record is a mark the scheduler keeps beside its stream's FIFO,
+//! or, when a wait holds its place or it carries a completion, a marker
+//! operation in it ([`EventRecord`] in [`crate::Op::Record`]); a wait is a
+//! gate on it in the scheduler.
 use std::fmt;
 use std::sync::Arc;
 use std::time::Instant;
@@ -14,7 +15,8 @@ use parking_lot::Mutex;
 /// One record of an event: the point it marks (a stream and the work before
 /// it) and, once the device reaches it, the outcome — the completion time,
 /// or the recording stream's error. Shared by the event (while it is the
-/// latest record), the marker operation, and every wait that saw it.
+/// latest record), the mark or marker operation, and every wait that saw
+/// it.
 pub(crate) struct Record {
     /// Scheduler index of the recording stream.
     pub(crate) stream: usize,
@@ -110,7 +112,21 @@ impl Record {
     /// completions asked for meanwhile, on the calling thread (an engine,
     /// with no lock held), catching their panics.
     pub(crate) fn settle(&self, outcome: Result<Instant>) {
-        let notifications = self.outcome.set(outcome);
+        let notifications = self.set_outcome(outcome);
+        self.notify_settled(notifications);
+    }
+
+    /// Sets the outcome once (later calls change nothing) and returns the
+    /// completions asked for meanwhile, which the caller hands to
+    /// [`Record::notify_settled`] once it holds no lock (they are user
+    /// code). Waits and queries see the outcome from now on.
+    pub(crate) fn set_outcome(&self, outcome: Result<Instant>) -> Vec<Completion> {
+        self.outcome.set(outcome)
+    }
+
+    /// Calls `notifications` (from [`Record::set_outcome`]) with the
+    /// outcome, catching their panics.
+    pub(crate) fn notify_settled(&self, notifications: Vec<Completion>) {
         if notifications.is_empty() {
             return;
         }

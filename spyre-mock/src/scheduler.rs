@@ -13,16 +13,25 @@
 //! *blocked*: not ready, and listed as a waiter of the recording stream,
 //! which looks at its waiters again each time one of its operations
 //! finishes. No thread waits for a gate.
+//!
+//! An event record is usually not an operation at all but a *mark*: the
+//! position in its stream it was recorded at, reached when the operation
+//! before it finishes (at once on a stream with nothing unfinished). Only a
+//! record that a wait holds (a wait added since the stream's last launch)
+//! or that carries a completion is a marker operation ([`Op::Record`]) in
+//! the FIFO. Either way the record completes exactly when the stream has
+//! finished everything enqueued before it; a mark needs no engine to take
+//! it, so an idle engine is not woken again just to pass it.
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use flex_rt::{Completion, CompositeAddress, FlexError, Status, StreamPriority};
 
 use crate::memory::DeviceMemory;
 use crate::op::Op;
-use crate::record::Record;
+use crate::record::{EventRecord, Record};
 use crate::reuse::ReuseCheck;
 
 /// An enqueued operation.
@@ -51,6 +60,34 @@ struct Gate {
     record: Arc<Record>,
 }
 
+/// An event record without a marker operation: reached when the stream's
+/// `after`th operation (1-based) has finished.
+struct Mark {
+    after: u64,
+    record: Arc<Record>,
+}
+
+/// The notifications asked for on the records an operation reached as it
+/// finished ([`Scheduler::reach`], which set their outcomes): to be called
+/// once the scheduler lock is released ([`Reached::notify`]).
+#[must_use = "the notifications of reached records must be called"]
+pub(crate) struct Reached(Vec<(Arc<Record>, Vec<Completion>)>);
+
+impl Reached {
+    /// Whether there is nothing to call.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Calls the notifications, in record order; call without the
+    /// scheduler lock (they are user code).
+    pub(crate) fn notify(self) {
+        for (record, notifications) in self.0 {
+            record.notify_settled(notifications);
+        }
+    }
+}
+
 /// Scheduling state of one stream.
 pub(crate) struct StreamState {
     priority: StreamPriority,
@@ -58,6 +95,8 @@ pub(crate) struct StreamState {
     running: bool,
     /// Waits not yet passed, in enqueue order (so by `before`).
     gates: VecDeque<Gate>,
+    /// Records not yet reached, in record order (so by `after`).
+    marks: VecDeque<Mark>,
     /// Streams blocked on a record of this stream; looked at again each time
     /// an operation of this stream finishes.
     waiters: Vec<usize>,
@@ -65,6 +104,12 @@ pub(crate) struct StreamState {
     pub(crate) submitted: u64,
     /// Operations whose completion has returned.
     pub(crate) completed: u64,
+    /// Operations whose end the stream's records have seen: `completed`,
+    /// or one more from [`Scheduler::reach`] to [`Scheduler::finish`]
+    /// (while the engine calls the notifications of the records reached),
+    /// so that a record made meanwhile is reached at once instead of
+    /// waiting for a position already passed.
+    passed: u64,
     /// The first error (sticky).
     pub(crate) error: Option<FlexError>,
     pub(crate) needs_shutdown: bool,
@@ -175,9 +220,11 @@ impl Scheduler {
             queue: VecDeque::new(),
             running: false,
             gates: VecDeque::new(),
+            marks: VecDeque::new(),
             waiters: Vec::new(),
             submitted: 0,
             completed: 0,
+            passed: 0,
             error: None,
             needs_shutdown: false,
             fail_launch_in: None,
@@ -235,27 +282,77 @@ impl Scheduler {
     ) -> Result<bool, (FlexError, Pending)> {
         let call = pending.op.call();
         let seq = self.next_seq;
-        if let Err(err) = self.check_accepts(index, call) {
+        if let Err(err) = self.check_launch(index, call) {
             return Err((err, pending));
         }
         let state = &mut self.streams[index];
-        if let Some(n) = state.fail_launch_in {
-            state.fail_launch_in = n.checked_sub(1).filter(|&left| left > 0);
-            if n <= 1 {
-                let err = FlexError::new(
-                    Status::LAUNCH_FAILED,
-                    call,
-                    "the runtime refused the launch (fault injected by MockStream::fail_nth_launch)",
-                );
-                return Err((err, pending));
-            }
-        }
         self.next_seq += 1;
         pending.seq = seq;
         state.submitted += 1;
         state.queue.push_back(pending);
         let first_in_line = !state.running && state.queue.len() == 1;
         Ok(first_in_line && self.schedule(index))
+    }
+
+    /// Records `record` on stream `index`: as a mark (no operation) unless a
+    /// wait added since the stream's last launch holds its place or it
+    /// carries a `completion`, in which case it is enqueued as a marker
+    /// operation ([`Self::admit`]). A mark on a stream with nothing
+    /// unfinished is reached at once. Refused as [`Self::admit`] refuses a
+    /// launch (a record counts for `fail_nth_launch`); what is refused is
+    /// handed back for the caller to drop after releasing the lock.
+    /// `Ok(true)` when the stream became ready (only ever for a marker).
+    pub(crate) fn admit_record(
+        &mut self,
+        index: usize,
+        record: Arc<Record>,
+        completion: Option<Completion>,
+    ) -> Result<bool, (FlexError, Option<Pending>)> {
+        let state = &self.streams[index];
+        let held = state
+            .gates
+            .back()
+            .is_some_and(|gate| gate.before == state.submitted);
+        if held || completion.is_some() {
+            let marker = Pending::new(Op::Record(EventRecord(record)), completion);
+            return self
+                .admit(index, marker)
+                .map_err(|(err, marker)| (err, Some(marker)));
+        }
+        self.check_launch(index, "record_event")
+            .map_err(|err| (err, None))?;
+        let state = &mut self.streams[index];
+        if state.passed == state.submitted {
+            // Nothing before it is unfinished. A fresh record: nobody has
+            // asked for a notification yet, so there is none to call.
+            let none = record.set_outcome(Ok(Instant::now()));
+            debug_assert!(none.is_empty());
+        } else {
+            state.marks.push_back(Mark {
+                after: state.submitted,
+                record,
+            });
+        }
+        Ok(false)
+    }
+
+    /// Whether stream `index` takes a launch now: [`Self::check_accepts`],
+    /// then a due `fail_nth_launch` fault ([`Status::LAUNCH_FAILED`]),
+    /// which this counts down.
+    fn check_launch(&mut self, index: usize, call: &'static str) -> Result<(), FlexError> {
+        self.check_accepts(index, call)?;
+        let state = &mut self.streams[index];
+        if let Some(n) = state.fail_launch_in {
+            state.fail_launch_in = n.checked_sub(1).filter(|&left| left > 0);
+            if n <= 1 {
+                return Err(FlexError::new(
+                    Status::LAUNCH_FAILED,
+                    call,
+                    "the runtime refused the launch (fault injected by MockStream::fail_nth_launch)",
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Whether stream `index` accepts work: `Err` with [`Status::SHUTDOWN`]
@@ -350,26 +447,11 @@ impl Scheduler {
         let state = &mut self.streams[index];
         let pending = state.queue.pop_front()?;
         state.running = true;
-        let verdict = match &state.error {
+        let verdict = match state.not_run(pending.op.call()) {
             None => Verdict::Run {
                 slowdown: state.slowdown,
             },
-            Some(first) => {
-                let call = pending.op.call();
-                Verdict::Skip(if state.needs_shutdown {
-                    FlexError::new(
-                        Status::SHUTDOWN,
-                        call,
-                        "the stream needs a shutdown of its runtime; the operation did not run",
-                    )
-                } else {
-                    FlexError::new(
-                        Status::STREAM_FAILED,
-                        call,
-                        format!("the stream failed earlier ({first}); the operation did not run"),
-                    )
-                })
-            }
+            Some(error) => Verdict::Skip(error),
         };
         Some(Job {
             stream: index,
@@ -387,22 +469,75 @@ impl Scheduler {
         }
     }
 
+    /// Sets the outcome of the marks that the running operation of stream
+    /// `index` reaches as it finishes (the stream's error, if it has
+    /// failed): call after its completion has returned and before
+    /// [`Self::finish`], which looks at the streams waiting on them.
+    pub(crate) fn reach(&mut self, index: usize) -> Reached {
+        let state = &mut self.streams[index];
+        state.passed = state.completed + 1;
+        let position = state.passed;
+        let due = state
+            .marks
+            .iter()
+            .take_while(|mark| mark.after <= position)
+            .count();
+        let mut reached = Vec::new();
+        if due > 0 {
+            let outcome = match state.not_run("record_event") {
+                None => Ok(Instant::now()),
+                Some(error) => Err(error),
+            };
+            for Mark { record, .. } in state.marks.drain(..due) {
+                let notifications = record.set_outcome(outcome.clone());
+                if !notifications.is_empty() {
+                    reached.push((record, notifications));
+                }
+            }
+        }
+        Reached(reached)
+    }
+
     /// Marks the running operation of stream `index` complete (its
     /// completion has returned) and makes the stream ready again if it has
     /// more work. Returns whether it did.
     ///
     /// Streams blocked on a record of this stream are looked at again (the
-    /// finished operation may be that record); any that became ready show up
-    /// in [`Self::has_ready`].
+    /// finished operation may be that record, or have reached its mark in
+    /// [`Self::reach`]); any that became ready show up in
+    /// [`Self::has_ready`].
     pub(crate) fn finish(&mut self, index: usize) -> bool {
         self.reuse_ran(index);
         let state = &mut self.streams[index];
         state.running = false;
         state.completed += 1;
+        state.passed = state.completed;
         for waiter in std::mem::take(&mut state.waiters) {
             self.schedule(waiter);
         }
         self.schedule(index)
+    }
+}
+
+impl StreamState {
+    /// The error an operation (`call`) of this stream completes with
+    /// instead of running, once the stream has failed or needs shutdown;
+    /// `None` while it has not.
+    fn not_run(&self, call: &'static str) -> Option<FlexError> {
+        let first = self.error.as_ref()?;
+        Some(if self.needs_shutdown {
+            FlexError::new(
+                Status::SHUTDOWN,
+                call,
+                "the stream needs a shutdown of its runtime; the operation did not run",
+            )
+        } else {
+            FlexError::new(
+                Status::STREAM_FAILED,
+                call,
+                format!("the stream failed earlier ({first}); the operation did not run"),
+            )
+        })
     }
 }
 
@@ -414,6 +549,13 @@ mod tests {
         Pending::new(Op::host_fn(|| Ok(())), None)
     }
 
+    /// A scheduler with one normal-priority stream.
+    fn one_stream() -> (Scheduler, usize) {
+        let mut s = Scheduler::default();
+        let a = s.add_stream(StreamPriority::Normal);
+        (s, a)
+    }
+
     fn take(s: &mut Scheduler) -> usize {
         let job = s.next_job().unwrap();
         job.stream
@@ -421,8 +563,7 @@ mod tests {
 
     #[test]
     fn high_priority_first_then_oldest() {
-        let mut s = Scheduler::default();
-        let a = s.add_stream(StreamPriority::Normal);
+        let (mut s, a) = one_stream();
         let b = s.add_stream(StreamPriority::Normal);
         let h = s.add_stream(StreamPriority::High);
         assert!(s.admit(b, noop()).is_ok());
@@ -436,8 +577,7 @@ mod tests {
 
     #[test]
     fn one_operation_at_a_time_per_stream() {
-        let mut s = Scheduler::default();
-        let a = s.add_stream(StreamPriority::Normal);
+        let (mut s, a) = one_stream();
         assert_eq!(s.admit(a, noop()).ok(), Some(true));
         assert_eq!(s.admit(a, noop()).ok(), Some(false));
         assert_eq!(take(&mut s), a);
@@ -452,8 +592,7 @@ mod tests {
 
     #[test]
     fn failed_streams_skip_and_refuse() {
-        let mut s = Scheduler::default();
-        let a = s.add_stream(StreamPriority::Normal);
+        let (mut s, a) = one_stream();
         s.admit(a, noop()).ok().unwrap();
         s.record_error(a, FlexError::new(Status::EXECUTION_FAILED, "x", "boom"));
         s.record_error(a, FlexError::new(Status::INTERNAL, "y", "later"));
@@ -487,8 +626,7 @@ mod tests {
 
     #[test]
     fn nth_launch_fault_counts_down() {
-        let mut s = Scheduler::default();
-        let a = s.add_stream(StreamPriority::Normal);
+        let (mut s, a) = one_stream();
         s.stream_mut(a).fail_launch_in = Some(2);
         assert!(s.admit(a, noop()).is_ok());
         let (err, _) = s.admit(a, noop()).unwrap_err();
@@ -496,6 +634,115 @@ mod tests {
         assert!(s.admit(a, noop()).is_ok());
         assert_eq!(s.stream(a).fail_launch_in, None);
         assert_eq!(s.stream(a).submitted, 2);
+    }
+
+    fn record_on(s: &mut Scheduler, index: usize) -> Arc<Record> {
+        let record = Arc::new(Record::new(index, 7));
+        let became_ready = s.admit_record(index, Arc::clone(&record), None);
+        assert!(matches!(became_ready, Ok(false)), "a mark never readies");
+        record
+    }
+
+    /// Ends an operation of stream `index` as an engine does.
+    fn end(s: &mut Scheduler, index: usize) {
+        s.reach(index).notify();
+        s.finish(index);
+    }
+
+    /// Takes the next job and ends it without running it.
+    fn complete_next(s: &mut Scheduler) -> usize {
+        let job = s.next_job().expect("a ready stream");
+        end(s, job.stream);
+        job.stream
+    }
+
+    #[test]
+    fn a_record_on_a_stream_with_nothing_unfinished_is_reached_at_once() {
+        let (mut s, a) = one_stream();
+        let record = record_on(&mut s, a);
+        assert!(matches!(record.outcome(), Some(Ok(_))));
+        assert_eq!(s.stream(a).submitted, 0, "no operation was enqueued");
+        assert!(!s.has_ready());
+    }
+
+    #[test]
+    fn a_record_is_reached_when_the_operation_before_it_finishes() {
+        let (mut s, a) = one_stream();
+        s.admit(a, noop()).ok().unwrap();
+        let after_one = record_on(&mut s, a);
+        s.admit(a, noop()).ok().unwrap();
+        let after_two = record_on(&mut s, a);
+        let job = s.next_job().unwrap();
+        assert!(after_one.outcome().is_none(), "the first launch is running");
+        end(&mut s, job.stream);
+        assert!(matches!(after_one.outcome(), Some(Ok(_))));
+        assert!(after_two.outcome().is_none(), "the second launch is queued");
+        assert_eq!(complete_next(&mut s), a);
+        assert!(matches!(after_two.outcome(), Some(Ok(_))));
+        assert_eq!(s.stream(a).submitted, 2, "records are not operations");
+    }
+
+    #[test]
+    fn a_record_behind_a_failure_fails_with_the_streams_first_error() {
+        let (mut s, a) = one_stream();
+        s.admit(a, noop()).ok().unwrap();
+        let record = record_on(&mut s, a);
+        let job = s.next_job().unwrap();
+        s.record_error(a, FlexError::new(Status::EXECUTION_FAILED, "x", "boom"));
+        end(&mut s, job.stream);
+        let error = record.outcome().unwrap().unwrap_err();
+        assert_eq!(error.status(), Status::STREAM_FAILED);
+        assert_eq!(error.call(), "record_event");
+        assert!(error.message().contains("boom"), "{error}");
+    }
+
+    #[test]
+    fn a_record_after_a_wait_is_a_marker_the_wait_holds() {
+        let mut s = Scheduler::default();
+        let producer = s.add_stream(StreamPriority::Normal);
+        let waiter = s.add_stream(StreamPriority::Normal);
+        s.admit(producer, noop()).ok().unwrap();
+        let produced = record_on(&mut s, producer);
+        s.add_gate(waiter, Arc::clone(&produced)).unwrap();
+        let held = Arc::new(Record::new(waiter, 8));
+        assert!(matches!(
+            s.admit_record(waiter, Arc::clone(&held), None),
+            Ok(false)
+        ));
+        assert_eq!(s.stream(waiter).submitted, 1, "a marker operation");
+        assert!(held.outcome().is_none(), "held by the wait");
+        assert_eq!(complete_next(&mut s), producer);
+        assert!(matches!(produced.outcome(), Some(Ok(_))));
+        let marker = s.next_job().expect("the wait passed");
+        assert_eq!(marker.stream, waiter);
+        assert!(matches!(marker.pending.op, Op::Record(_)));
+    }
+
+    #[test]
+    fn a_record_with_a_completion_is_a_marker_operation() {
+        let (mut s, a) = one_stream();
+        let record = Arc::new(Record::new(a, 7));
+        let completion: Completion = Box::new(|_| {});
+        assert!(matches!(
+            s.admit_record(a, Arc::clone(&record), Some(completion)),
+            Ok(true)
+        ));
+        assert!(record.outcome().is_none(), "reached when the marker runs");
+        assert_eq!(s.stream(a).submitted, 1);
+    }
+
+    #[test]
+    fn a_record_counts_for_the_nth_launch_fault() {
+        let (mut s, a) = one_stream();
+        s.stream_mut(a).fail_launch_in = Some(2);
+        record_on(&mut s, a);
+        let refused = s.admit_record(a, Arc::new(Record::new(a, 7)), None);
+        let Err((error, None)) = refused else {
+            panic!("the second launch, a record, is refused");
+        };
+        assert_eq!(error.status(), Status::LAUNCH_FAILED);
+        assert_eq!(error.call(), "record_event");
+        assert_eq!(s.stream(a).fail_launch_in, None);
     }
 }
 
@@ -519,16 +766,25 @@ mod loom_models {
     }
 
     /// One interleaving of record / wait / complete / drop; `fail` makes the
-    /// recording stream fail before the record runs.
-    fn race(fail: bool) {
+    /// recording stream fail before the record is reached. With `mark` the
+    /// record is a mark behind a launch, which the engine finishing that
+    /// launch reaches; without, a marker operation the engine runs.
+    fn race(fail: bool, mark: bool) {
         let scheduler = Arc::new(Mutex::new(Scheduler::default()));
         let (producer, waiter, record) = {
             let mut s = scheduler.lock().unwrap();
             let producer = s.add_stream(StreamPriority::Normal);
             let waiter = s.add_stream(StreamPriority::Normal);
             let record = Arc::new(Record::new(producer, 7));
-            let marker = Op::Record(EventRecord(Arc::clone(&record)));
-            s.admit(producer, Pending::new(marker, None)).ok().unwrap();
+            if mark {
+                s.admit(producer, noop()).ok().unwrap();
+                s.admit_record(producer, Arc::clone(&record), None)
+                    .ok()
+                    .unwrap();
+            } else {
+                let marker = Op::Record(EventRecord(Arc::clone(&record)));
+                s.admit(producer, Pending::new(marker, None)).ok().unwrap();
+            }
             if fail {
                 s.record_error(
                     producer,
@@ -552,6 +808,8 @@ mod loom_models {
                     Verdict::Skip(error) => job.pending.op.abandon(error),
                 }
                 drop(job);
+                let reached = scheduler.lock().unwrap().reach(producer);
+                reached.notify();
                 scheduler.lock().unwrap().finish(producer);
             })
         };
@@ -614,13 +872,66 @@ mod loom_models {
         });
     }
 
+    /// A record made while the engine calls the notifications of the
+    /// records its operation reached (between `reach` and `finish`) is
+    /// reached as well: at once, as nothing before it is unfinished.
+    #[test]
+    fn a_record_made_while_reached_records_notify_is_reached() {
+        loom::model(|| {
+            let scheduler = Arc::new(Mutex::new(Scheduler::default()));
+            let (producer, first) = {
+                let mut s = scheduler.lock().unwrap();
+                let producer = s.add_stream(StreamPriority::Normal);
+                s.admit(producer, noop()).ok().unwrap();
+                let first = Arc::new(Record::new(producer, 7));
+                s.admit_record(producer, Arc::clone(&first), None)
+                    .ok()
+                    .unwrap();
+                (producer, first)
+            };
+            assert!(first.notify(Box::new(|_| {})).is_ok(), "pending");
+            let engine = {
+                let scheduler = Arc::clone(&scheduler);
+                loom::thread::spawn(move || {
+                    let job = scheduler.lock().unwrap().next_job().unwrap();
+                    drop(job);
+                    let reached = scheduler.lock().unwrap().reach(producer);
+                    reached.notify();
+                    scheduler.lock().unwrap().finish(producer);
+                })
+            };
+            let second = Arc::new(Record::new(producer, 7));
+            scheduler
+                .lock()
+                .unwrap()
+                .admit_record(producer, Arc::clone(&second), None)
+                .ok()
+                .unwrap();
+            engine.join().unwrap();
+            assert!(
+                matches!(second.outcome(), Some(Ok(_))),
+                "the second record was reached"
+            );
+        });
+    }
+
     #[test]
     fn a_record_completing_while_a_wait_is_added_releases_the_waiter() {
-        loom::model(|| race(false));
+        loom::model(|| race(false, false));
     }
 
     #[test]
     fn a_record_failing_while_a_wait_is_added_fails_the_waiter() {
-        loom::model(|| race(true));
+        loom::model(|| race(true, false));
+    }
+
+    #[test]
+    fn a_mark_reached_while_a_wait_is_added_releases_the_waiter() {
+        loom::model(|| race(false, true));
+    }
+
+    #[test]
+    fn a_mark_failing_while_a_wait_is_added_fails_the_waiter() {
+        loom::model(|| race(true, true));
     }
 }

@@ -13,8 +13,8 @@ use parking_lot::MutexGuard;
 use crate::engine::Device;
 use crate::event::MockEvent;
 use crate::op::Op;
-use crate::record::{EventRecord, Record};
-use crate::scheduler::Pending;
+use crate::record::Record;
+use crate::scheduler::{Pending, Scheduler};
 
 /// A stream of a [`crate::MockRuntime`]; implements [`flex_rt::Stream`].
 ///
@@ -74,16 +74,22 @@ impl MockStream {
             pipeline_barrier: _,
             completion,
         } = options;
-        self.submit(Pending::new(op, completion), || {})
+        let pending = Pending::new(op, completion);
+        self.submit(|scheduler| scheduler.admit(self.index, pending), || {})
     }
 
-    /// Admits `pending` to the scheduler, runs `on_admitted` under the
-    /// scheduler lock if it was, and wakes an engine if the stream became
-    /// ready. A refused operation is dropped after the lock is released.
-    fn submit(&self, pending: Pending, on_admitted: impl FnOnce()) -> Result<()> {
+    /// Admits work to the scheduler with `admit`, runs `on_admitted` under
+    /// the scheduler lock if it was, and wakes an engine if the stream
+    /// became ready. What `admit` refused is dropped after the lock is
+    /// released (it may hold user code).
+    fn submit<R>(
+        &self,
+        admit: impl FnOnce(&mut Scheduler) -> std::result::Result<bool, (FlexError, R)>,
+        on_admitted: impl FnOnce(),
+    ) -> Result<()> {
         let admitted = {
             let mut scheduler = self.device.scheduler.lock();
-            let admitted = scheduler.admit(self.index, pending);
+            let admitted = admit(&mut scheduler);
             if admitted.is_ok() {
                 on_admitted();
             }
@@ -298,16 +304,19 @@ impl Stream for MockStream {
         self.enqueue(Op::fill(dst.clone(), value, format), options)
     }
 
-    /// A marker operation in the FIFO: the event completes, with a
-    /// timestamp, when the stream reaches it, and takes no time in the
-    /// timing model. Counts as a launch for `fail_nth_launch`.
+    /// The event completes, with a timestamp, when the stream has finished
+    /// everything enqueued before the record (at once on a stream with
+    /// nothing unfinished); a record takes no time in the timing model and
+    /// counts as a launch for `fail_nth_launch`. Usually a mark the
+    /// scheduler keeps beside the stream's FIFO, not an operation in it.
     fn record_event(&self, event: &dyn Event, completion: Option<Completion>) -> Result<()> {
         let event = MockEvent::of(event, &self.device, "record_event")?;
         let record = Arc::new(Record::new(self.index, self.id));
-        let marker = Op::Record(EventRecord(Arc::clone(&record)));
-        self.submit(Pending::new(marker, completion), || {
-            *event.latest.lock() = Some(record);
-        })
+        let latest = Arc::clone(&record);
+        self.submit(
+            |scheduler| scheduler.admit_record(self.index, record, completion),
+            || *event.latest.lock() = Some(latest),
+        )
     }
 
     /// With device-side waits (the default) a gate in the scheduler: no
