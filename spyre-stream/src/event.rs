@@ -13,6 +13,7 @@ use flex_rt::Capabilities;
 
 use crate::device::Device;
 use crate::error::{Error, EventRole, Result};
+use crate::marker::RuntimeEvent;
 use crate::runtime;
 use crate::signal::Signal;
 use crate::stream::SpyreStream;
@@ -77,7 +78,7 @@ use crate::trace::{self, OperationKind};
 /// `Send + Sync`: an event may be recorded, waited on, queried and awaited
 /// from any thread; concurrent records are serialized, the last one wins.
 pub struct SpyreEvent {
-    event: Box<dyn flex_rt::Event>,
+    event: RuntimeEvent,
     device: u8,
     timing: bool,
     /// Whether a record has been made (for [`SpyreEvent::elapsed_time`]'s
@@ -116,13 +117,26 @@ impl SpyreEvent {
             .runtime()
             .create_event(timing)
             .map_err(Error::from_abi_1_1_call)?;
-        Ok(Self {
+        Ok(Self::of(RuntimeEvent::owned(event), pool.device(), timing))
+    }
+
+    /// A marker event of `stream`'s runtime, lent for one use: see
+    /// [`crate::marker`].
+    fn marker(stream: SpyreStream) -> Result<Self> {
+        let event = runtime::markers_of(stream)?
+            .take()
+            .map_err(Error::from_abi_1_1_call)?;
+        Ok(Self::of(event, stream.device_index(), false))
+    }
+
+    fn of(event: RuntimeEvent, device: u8, timing: bool) -> Self {
+        Self {
             event,
-            device: pool.device(),
+            device,
             timing,
             recorded: AtomicBool::new(false),
             traced_record: AtomicU64::new(0),
-        })
+        }
     }
 
     /// The logical device the event belongs to.
@@ -306,7 +320,7 @@ pub struct SynchronizeFuture {
     slot: Option<usize>,
     /// The marker event of a stream's future, kept until the future is
     /// dropped (dropping it never blocks).
-    _event: Option<Box<dyn flex_rt::Event>>,
+    _event: Option<RuntimeEvent>,
 }
 
 impl Future for SynchronizeFuture {
@@ -353,17 +367,19 @@ impl SpyreStream {
 
     /// Makes this stream's later work wait for all work enqueued on `other`
     /// so far (`Stream.wait_stream(other)`; cudarc's `CudaStream::join`):
-    /// records a fresh event on `other` and waits on it. A no-op when
-    /// `other` is this stream. Never blocks the host where the device waits
-    /// on the device side.
+    /// records a marker event on `other` and waits on it (the runtime's
+    /// marker events are kept idle between uses, not made each time). A
+    /// no-op when `other` is this stream. Never blocks the host where the
+    /// device waits on the device side.
     ///
     /// # Errors
-    /// As [`SpyreEvent::new`] and [`SpyreEvent::wait`], for either stream.
+    /// As [`SpyreEvent::new`] (for the marker; [`Error::RuntimeReset`] after
+    /// [`crate::free_runtime`]) and [`SpyreEvent::wait`], for either stream.
     pub fn wait_stream(self, other: SpyreStream) -> Result<()> {
         if other == self {
             return Ok(());
         }
-        let marker = SpyreEvent::new()?;
+        let marker = SpyreEvent::marker(other)?;
         marker.record(other)?;
         marker.wait(self)
     }
@@ -372,11 +388,14 @@ impl SpyreStream {
     /// has completed: the awaitable form of [`SpyreStream::synchronize`],
     /// driven by the device's completion callback (no thread blocks, no
     /// polling). Resolves with the stream's error if that work fails.
+    /// Records a marker event, as [`SpyreStream::wait_stream`] does, lent to
+    /// the future until it is dropped.
     ///
     /// # Errors
-    /// As [`SpyreEvent::new`] and [`SpyreEvent::record`].
+    /// As [`SpyreEvent::new`] (for the marker; [`Error::RuntimeReset`] after
+    /// [`crate::free_runtime`]) and [`SpyreEvent::record`].
     pub fn synchronize_async(self) -> Result<SynchronizeFuture> {
-        let marker = SpyreEvent::new()?;
+        let marker = SpyreEvent::marker(self)?;
         marker.record(self)?;
         let signal = marker.completion_signal();
         Ok(SynchronizeFuture {

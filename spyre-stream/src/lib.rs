@@ -215,6 +215,7 @@ mod event;
 mod id;
 mod instrument;
 mod loom_shim;
+mod marker;
 mod memory;
 mod pool;
 mod process_pool;

@@ -14,6 +14,7 @@ use crate::backend::{self, BackendKind};
 use crate::device::{Device, set_thread_device, thread_device};
 use crate::env::{self, MAX_DEVICE_INDEX};
 use crate::error::{Error, Result};
+use crate::marker::MarkerEvents;
 use crate::memory::allocator::CachingAllocator;
 use crate::pool::{PoolConfig, StreamPool};
 use crate::state::DeviceState;
@@ -26,6 +27,8 @@ struct Running {
     pool: StreamPool<'static>,
     /// The caching allocator behind [`crate::DeviceBuffer`].
     allocator: CachingAllocator,
+    /// The idle marker events of `wait_stream` and `synchronize_async`.
+    markers: MarkerEvents,
     device_source: DeviceSource,
     /// The process the runtime was started in, for the fork error.
     pid: u32,
@@ -348,6 +351,7 @@ fn start_locked(slot: &mut Option<Slot>, device: Device) -> Result<(&'static Run
         backend,
         pool,
         allocator: CachingAllocator::new(runtime),
+        markers: MarkerEvents::new(runtime),
         device_source,
         pid: std::process::id(),
         generation,
@@ -403,6 +407,18 @@ pub(crate) fn started_pool_for(device: Device) -> Result<&'static StreamPool<'st
     let running = running()?;
     let (requested, _) = resolve(device, Some(running))?;
     bound_pool(running, requested)
+}
+
+/// The marker events of `stream`'s runtime, whose handle is checked (the
+/// stream's device is the runtime's). Starts nothing.
+///
+/// # Errors
+/// As [`crate::SpyreStream::query`] for `stream`; [`Error::RuntimeReset`]
+/// after [`free_runtime`].
+pub(crate) fn markers_of(stream: SpyreStream) -> Result<&'static MarkerEvents> {
+    stream.handle()?;
+    check_not_freed()?;
+    Ok(&running()?.markers)
 }
 
 /// The caching allocator that serves `stream`, whose handle is checked
