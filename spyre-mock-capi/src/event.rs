@@ -120,9 +120,8 @@ fn event_and_stream<'a>(
     Ok((event, stream))
 }
 
-/// `flex_event_record`: a marker at the end of the stream's FIFO; the
-/// completion is called when the device reaches it (or the stream failed
-/// first).
+/// `flex_event_record`: marks the end of the stream's FIFO; the completion
+/// is called when the device reaches it (or the stream failed first).
 ///
 /// # Safety
 /// `completion` follows `flex_completion_fn`.

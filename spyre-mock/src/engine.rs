@@ -378,7 +378,9 @@ fn run_job(device: &Device, scheduler: &mut MutexGuard<'_, Scheduler>, mut job: 
     }
     // The notifications of event records this operation reaches (awaiting
     // tasks are woken here): without the lock, as they are user code, and
-    // before the stream advances, so a `synchronize` returns after them.
+    // before the stream advances, so the stream's `synchronize` returns
+    // after them. (The records' outcomes are set already: an event's query
+    // or synchronize may see them complete first, as before.)
     let reached = scheduler.reach(stream);
     if !reached.is_empty() {
         MutexGuard::unlocked(scheduler, || reached.notify());

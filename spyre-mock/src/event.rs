@@ -1,5 +1,6 @@
 //! Events of the software device: a record is a mark at a position of its
-//! stream (see `record.rs`); a wait is a gate in the waiting stream that the scheduler
+//! stream, or a marker operation in its FIFO (see `record.rs`); a wait is a
+//! gate in the waiting stream that the scheduler
 //! holds closed until the record has completed. No thread ever parks on a
 //! device-side wait.
 use std::any::Any;
@@ -19,7 +20,8 @@ use crate::record::Record;
 /// the runtime's scheduler lock (so concurrent records are serialized, and
 /// a wait, which reads it under that lock too, is placed against one whole
 /// record); a query, a notification or a synchronize reads it under its own
-/// small lock only, without contending with the engines.
+/// small lock only (a synchronize of a pending record then waits as the
+/// stream's synchronize does).
 pub struct MockEvent {
     pub(crate) device: Arc<Device>,
     timing: bool,

@@ -19,9 +19,13 @@
 //! before it finishes (at once on a stream with nothing unfinished). Only a
 //! record that a wait holds (a wait added since the stream's last launch)
 //! or that carries a completion is a marker operation ([`Op::Record`]) in
-//! the FIFO. Either way the record completes exactly when the stream has
-//! finished everything enqueued before it; a mark needs no engine to take
-//! it, so an idle engine is not woken again just to pass it.
+//! the FIFO. Either way the record completes once everything enqueued
+//! before it on its stream has run and its completion has returned; a mark
+//! needs no engine to take it, so an idle engine is not woken again just to
+//! pass it. Notifications of different records are not ordered with each
+//! other: a record made while the engine calls an earlier record's
+//! notifications is complete at once (everything before it has finished),
+//! and may be seen complete before those calls return.
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
@@ -297,8 +301,8 @@ impl Scheduler {
     /// Records `record` on stream `index`: as a mark (no operation) unless a
     /// wait added since the stream's last launch holds its place or it
     /// carries a `completion`, in which case it is enqueued as a marker
-    /// operation ([`Self::admit`]). A mark on a stream with nothing
-    /// unfinished is reached at once. Refused as [`Self::admit`] refuses a
+    /// operation ([`Self::admit`]). A mark on a stream whose every operation
+    /// has run and returned its completion is reached at once (`passed`). Refused as [`Self::admit`] refuses a
     /// launch (a record counts for `fail_nth_launch`); what is refused is
     /// handed back for the caller to drop after releasing the lock.
     /// `Ok(true)` when the stream became ready (only ever for a marker).

@@ -125,7 +125,9 @@ impl MockStream {
         self.device.index
     }
 
-    /// Operations enqueued and not yet complete (completion returned).
+    /// Operations enqueued and not yet complete (completion returned). An
+    /// event record counts only while it is a marker operation (after a
+    /// wait, or with a completion); usually it is no operation at all.
     pub fn pending_operations(&self) -> u64 {
         let scheduler = self.device.scheduler.lock();
         let state = scheduler.stream(self.index);

@@ -13,12 +13,14 @@
 
 use std::ops::Deref;
 
+use flex_rt::fork::ForkGeneration;
 use flex_rt::{Event, Runtime};
 
 use crate::loom_shim::Mutex;
 
-/// Idle markers kept at most; more are destroyed when they come back. One
-/// per pool stream covers every stream awaiting at once.
+/// Idle markers kept at most; more are destroyed when they come back. Enough
+/// for the 64 pool streams each awaiting once at the same time; a burst
+/// beyond makes new ones and destroys the surplus.
 const IDLE_LIMIT: usize = 64;
 
 /// The idle markers of the process's runtime. Thread-safety: `Send + Sync`;
@@ -26,6 +28,9 @@ const IDLE_LIMIT: usize = 64;
 pub(crate) struct MarkerEvents {
     runtime: &'static dyn Runtime,
     idle: Mutex<Vec<Box<dyn Event>>>,
+    /// The process the markers were made in: a forked child leaves them
+    /// alone (another thread may have held `idle`'s lock at the fork).
+    generation: ForkGeneration,
 }
 
 impl MarkerEvents {
@@ -34,6 +39,7 @@ impl MarkerEvents {
         Self {
             runtime,
             idle: Mutex::new(Vec::new()),
+            generation: ForkGeneration::current(),
         }
     }
 
@@ -96,6 +102,12 @@ impl Drop for RuntimeEvent {
         let (Some(event), Some(home)) = (self.event.take(), self.home) else {
             return;
         };
+        if !home.generation.is_current() {
+            // A forked child: the event is the parent's runtime's; touch
+            // neither it nor the lock.
+            std::mem::forget(event);
+            return;
+        }
         let mut idle = home.idle.lock();
         if idle.len() < IDLE_LIMIT {
             idle.push(event);
