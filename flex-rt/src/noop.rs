@@ -92,6 +92,10 @@ impl Counters {
 /// A hook run inside every `synchronize`, with the stream's id.
 pub type SynchronizeHook = Box<dyn Fn(u64) + Send + Sync>;
 
+/// What [`NoopRuntime::with_creation_hook`] runs inside every stream
+/// creation, with the priority asked for, before the stream is made.
+pub type CreationHook = Box<dyn Fn(StreamPriority) + Send + Sync>;
+
 /// A [`Backend`] of no-op runtimes: `devices` logical devices, each
 /// [`Backend::create_runtime`] a fresh [`NoopRuntime`] with this backend's
 /// stream-creation delay.
@@ -166,6 +170,7 @@ pub struct NoopRuntime {
     default: NoopStream,
     streams: boxcar::Vec<NoopStream>,
     creation_delay: Duration,
+    creation_hook: Option<CreationHook>,
     fail_next: AtomicUsize,
     next_offset: AtomicU64,
 }
@@ -197,6 +202,7 @@ impl NoopRuntime {
             shared,
             streams: boxcar::Vec::new(),
             creation_delay: Duration::ZERO,
+            creation_hook: None,
             fail_next: AtomicUsize::new(0),
             next_offset: AtomicU64::new(0),
         }
@@ -205,6 +211,13 @@ impl NoopRuntime {
     /// Makes every stream creation take `delay` (the calling thread sleeps).
     pub fn with_creation_delay(mut self, delay: Duration) -> Self {
         self.creation_delay = delay;
+        self
+    }
+
+    /// Runs `hook` with the priority inside every stream creation, after the
+    /// creation delay (a test can block there to keep a creation "slow").
+    pub fn with_creation_hook(mut self, hook: CreationHook) -> Self {
+        self.creation_hook = Some(hook);
         self
     }
 
@@ -262,6 +275,9 @@ impl Runtime for NoopRuntime {
     ) -> Result<&dyn Stream> {
         if !self.creation_delay.is_zero() {
             std::thread::sleep(self.creation_delay);
+        }
+        if let Some(hook) = &self.creation_hook {
+            hook(priority);
         }
         let counters = &self.shared.counters;
         if self

@@ -35,14 +35,17 @@
 //!
 //! # Invariants, and why they hold
 //!
-//! - **The handle table is append-only.** A slot is written at most once,
-//!   under the exclusive lock, published with release, and never cleared or
+//! - **The handle table is append-only.** A slot is written at most once
+//!   (under the exclusive lock at initialization, under the slot's own
+//!   creation lock for a pool id), published with release, and never cleared or
 //!   overwritten; a reader (acquire, no lock) therefore sees a whole handle
 //!   or none, never a partial update or a removed entry.
 //! - **Ids are never reassigned.** Ids map to slots of a fixed table (0,
 //!   1–32, 33–64, 65..65+N-1), so an id always names the same handle.
-//! - **A handle is created at most once per id.** Creation happens only under
-//!   the exclusive lock, after checking that the slot is empty.
+//! - **A handle is created at most once per id.** A pool id's stream is
+//!   created only under that id's creation lock, after checking that the
+//!   slot is empty (the host-compute streams at initialization, under the
+//!   exclusive lock).
 //! - **Initialization is atomic.** The default-stream mapping and the
 //!   host-compute streams are created first, then written, then published by
 //!   one release store of the pool's `initialized` flag; readers resolve
@@ -89,7 +92,8 @@
 //! | [`StreamPool::default_stream_handle`] | shared lock | no lock (after initialization) |
 //! | [`StreamPool::synchronize_device`] | shared lock while collecting handles | exclusive lock while collecting (one consistent snapshot of the table); none while waiting |
 //! | pool initialization | exclusive lock | exclusive lock; published by a release store |
-//! | [`StreamPool::stream_from_pool`], [`StreamPool::host_compute_stream`] | exclusive lock; the cursor is written on every assignment | the same |
+//! | [`StreamPool::stream_from_pool`] | exclusive lock, the stream of a fresh id created inside it; the cursor is written on every assignment | exclusive lock for the cursor (an id whose creation failed is handed out again first, the cursor not written then); a fresh id's stream created after it is released, under that id's creation lock |
+//! | [`StreamPool::host_compute_stream`] | exclusive lock; the cursor is written on every assignment | the same |
 //!
 //! # torch-spyre names
 //!
@@ -172,9 +176,22 @@
 //!   without two locked read-modify-writes per operation on one cache line
 //!   (resolve went from 10.1 ns to 1.1 ns with one thread and from 38 ns to
 //!   1.6 ns with two, beside an array load of 0.4–0.8 ns; BENCHMARKS.md).
-//!   Every write stays under the exclusive lock; initialization stays atomic
-//!   through the release-published flag. The loom models check the protocol
-//!   and fail when the publication order is broken (RELIABILITY.md).
+//!   Every write of the cursors stays under the exclusive lock;
+//!   initialization stays atomic through the release-published flag. The
+//!   loom models check the protocol and fail when the publication order is
+//!   broken (RELIABILITY.md).
+//! - **A pool stream is created outside the exclusive section** (upstream
+//!   runs `createStream` inside the write lock, so a creation that takes
+//!   10 ms stalls every assignment). The assignment hands out the id under
+//!   the exclusive lock, releases it, and creates the stream under a lock of
+//!   that id alone: resolving any id and handing out ids that have streams
+//!   proceed meanwhile, and only callers handed the same fresh id wait for
+//!   its creation (at most one creation per id still holds). A failed
+//!   creation publishes nothing and its id is handed out again first, by the
+//!   pool's next assignment, which then does not advance the cursor: the
+//!   sequence of ids is the spec's (a cursor that stays on a failure), but
+//!   an assignment concurrent with the failing one may be handed the next id
+//!   before the failed one comes round again.
 //! - A positive priority asks for a normal-priority stream (PyTorch's
 //!   convention), and the runtime priority always matches the id's pool;
 //!   torch-spyre sends any non-zero priority to the high pool and creates

@@ -1,5 +1,6 @@
 //! `StreamPool`: the id → handle table and round-robin assignment of the spec.
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::sync::atomic::Ordering;
 
@@ -78,10 +79,51 @@ impl Default for PoolConfig {
 }
 
 /// The round-robin cursors: what the exclusive lock guards.
+#[derive(Default)]
 struct Cursors {
-    next_normal: usize,
-    next_high: usize,
+    normal: PoolCursor,
+    high: PoolCursor,
     next_host_compute: usize,
+}
+
+impl Cursors {
+    fn of(&mut self, high: bool) -> &mut PoolCursor {
+        if high {
+            &mut self.high
+        } else {
+            &mut self.normal
+        }
+    }
+}
+
+/// The round robin of one pool of 32 ids, as offsets from its first id.
+#[derive(Default)]
+struct PoolCursor {
+    /// The offset the round robin hands out next.
+    next: usize,
+    /// Offsets whose stream creation failed, handed out again first.
+    retry: VecDeque<usize>,
+}
+
+impl PoolCursor {
+    /// The offset to hand out: one whose creation failed, without
+    /// advancing the cursor (as if the cursor had stayed on it), else the
+    /// cursor's, advancing it.
+    fn hand_out(&mut self) -> usize {
+        if let Some(offset) = self.retry.pop_front() {
+            return offset;
+        }
+        let offset = self.next;
+        self.next = (offset + 1) % STREAMS_PER_POOL;
+        offset
+    }
+
+    /// Hands `offset` out again first, its creation having failed.
+    fn retry_later(&mut self, offset: usize) {
+        if !self.retry.contains(&offset) {
+            self.retry.push_back(offset);
+        }
+    }
 }
 
 /// The stream pool of one device over one runtime (torch-spyre's `StreamPool`).
@@ -94,7 +136,14 @@ struct Cursors {
 ///
 /// Locking: every write — initialization and every assignment
 /// ([`StreamPool::stream_from_pool`], [`StreamPool::host_compute_stream`]) —
-/// takes the exclusive lock and writes the cursor, as the spec says. Handle
+/// takes the exclusive lock and writes the cursor, as the spec says; but the
+/// stream an assignment creates for a fresh id is created after that lock
+/// is released, under a lock of that id alone, so a slow creation holds up
+/// only the callers handed the same id (they wait for it; at most one
+/// creation per id still holds). A failed creation publishes nothing and
+/// hands its id out again, first, to the next assignment of that pool,
+/// which does not advance the cursor then: the ids handed out are those of
+/// the spec's cursor that stays put on a failure. Handle
 /// resolution ([`StreamPool::resolve`], [`StreamPool::default_stream_handle`])
 /// takes no lock: the table is append-only and each slot is written once
 /// (published with release, read with acquire), so a reader sees a whole
@@ -127,6 +176,9 @@ pub struct StreamPool<'rt> {
     initialized: AtomicBool,
     /// The exclusive section of every write.
     cursors: Mutex<Cursors>,
+    /// Slot `i`'s creation lock: held while the stream of a fresh pool id
+    /// is created, outside `cursors`' lock.
+    creations: [Mutex<()>; MAX_STREAM_SLOTS],
 }
 
 impl<'rt> StreamPool<'rt> {
@@ -149,11 +201,8 @@ impl<'rt> StreamPool<'rt> {
             track_hazards: AtomicBool::new(config.track_hazards),
             handles: std::array::from_fn(|_| WriteOnce::new()),
             initialized: AtomicBool::new(false),
-            cursors: Mutex::new(Cursors {
-                next_normal: 0,
-                next_high: 0,
-                next_host_compute: 0,
-            }),
+            cursors: Mutex::new(Cursors::default()),
+            creations: std::array::from_fn(|_| Mutex::new(())),
         })
     }
 
@@ -229,11 +278,7 @@ impl<'rt> StreamPool<'rt> {
                 debug_assert!(written, "a host-compute slot is written once");
             }
         }
-        *cursors = Cursors {
-            next_normal: 0,
-            next_high: 0,
-            next_host_compute: 0,
-        };
+        *cursors = Cursors::default();
         // Publishes every slot written above (release).
         self.initialized.store(true, Ordering::Release);
         Ok(())
@@ -251,40 +296,55 @@ impl<'rt> StreamPool<'rt> {
     /// a negative `priority` picks the high-priority pool (ids 33–64), zero
     /// or positive the normal pool (ids 1–32) — PyTorch's convention. The
     /// cursor advances on every assignment. The first time an id is handed
-    /// out its handle is created, with the runtime priority of its pool.
-    /// Initializes the pool first if needed. Write lock.
+    /// out its handle is created, with the runtime priority of its pool:
+    /// after the exclusive lock is released, under that id's own lock, so
+    /// only callers handed the same id wait for it (see the type's docs).
+    /// Initializes the pool first if needed.
     ///
     /// # Errors
     /// The runtime's error if the pool cannot initialize or the stream cannot
-    /// be created; then nothing is inserted, the cursor stays, and the next
-    /// assignment retries the same id.
+    /// be created; then nothing is inserted, and the next assignment of the
+    /// pool retries the same id without advancing the cursor (as if it had
+    /// stayed on it).
     pub fn stream_from_pool(&self, priority: i32) -> Result<SpyreStream> {
         let high = priority < 0;
-        let mut cursors = self.cursors.lock();
-        self.initialize_locked(&mut cursors)?;
-        let (cursor, start, runtime_priority) = if high {
-            (cursors.next_high, HIGH_POOL_START, StreamPriority::High)
+        let (start, runtime_priority) = if high {
+            (HIGH_POOL_START, StreamPriority::High)
         } else {
-            (
-                cursors.next_normal,
-                NORMAL_POOL_START,
-                StreamPriority::Normal,
-            )
+            (NORMAL_POOL_START, StreamPriority::Normal)
         };
-        let id = start + cursor as i64;
-        let slot = &self.handles[id as usize];
-        if slot.get().is_none() {
-            // Only writers fill slots, one at a time under this lock.
-            let written = slot.set(self.create_stream(runtime_priority)?);
-            debug_assert!(written, "a pool slot is written once");
-        }
-        let next = (cursor + 1) % STREAMS_PER_POOL;
-        if high {
-            cursors.next_high = next;
-        } else {
-            cursors.next_normal = next;
+        let offset = {
+            let mut cursors = self.cursors.lock();
+            self.initialize_locked(&mut cursors)?;
+            cursors.of(high).hand_out()
+        };
+        let id = start + offset as i64;
+        if let Err(error) = self.create_once(id as usize, runtime_priority) {
+            self.cursors.lock().of(high).retry_later(offset);
+            return Err(error);
         }
         Ok(SpyreStream::from_parts(self.device, StreamId(id)))
+    }
+
+    /// Creates and publishes the handle of pool slot `slot` unless it has
+    /// one (at most one creation per id): under the slot's creation lock,
+    /// so a caller handed an id whose creation is in flight waits for it,
+    /// and nobody else does.
+    fn create_once(&self, slot: usize, priority: StreamPriority) -> Result<()> {
+        if self.handles[slot].get().is_some() {
+            return Ok(());
+        }
+        let _creating = self.creations[slot].lock();
+        if self.handles[slot].get().is_some() {
+            // Created by another caller of this id while this one waited.
+            return Ok(());
+        }
+        let written = self.handles[slot].set(self.create_stream(priority)?);
+        debug_assert!(
+            written,
+            "a pool slot is written once, under its creation lock"
+        );
+        Ok(())
     }
 
     /// The default stream (id 0), initializing the pool if needed (`getDefaultStream`).

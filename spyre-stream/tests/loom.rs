@@ -8,8 +8,8 @@
 //! cfg(spyre_loom) shim, so loom explores every interleaving of the scenarios
 //! below (one model bounds preemptions, see its comment). The runtime is
 //! flex-rt's no-op runtime, which counts creations and synchronizations, can
-//! refuse creations, and here holds the default stream's `synchronize`
-//! behind a loom gate.
+//! refuse creations, and here holds the default stream's `synchronize` or a
+//! high-priority stream's creation behind a loom gate.
 //!
 //! | scenario | model |
 //! |---|---|
@@ -17,7 +17,8 @@
 //! | initialization is published in one step | `initialization_is_published_atomically` |
 //! | two threads assigning fresh ids | `concurrent_assignments_create_each_fresh_id_once` |
 //! | two threads assigning across the wrap (31 ids handed out before) | `concurrent_assignments_across_the_wrap` |
-//! | two threads assigning the same fresh id (a failed creation leaves the cursor on it) | `two_threads_assign_the_same_fresh_id_after_a_failed_creation` |
+//! | two threads assigning fresh ids while a creation fails (its id is handed out again first) | `a_failed_creation_hands_its_id_out_again_first` |
+//! | a slow creation holds up only the callers of its id | `a_slow_creation_holds_up_only_its_own_id` |
 //! | the same fresh id handed out again after a full round, while its creation is in flight | `the_same_fresh_id_handed_out_again_after_a_full_round` |
 //! | a resolve racing the first assignment of that id | `resolve_races_first_assignment_of_that_id` |
 //! | device synchronization racing an assignment | `device_sync_races_assignment` |
@@ -28,8 +29,10 @@
 //! RELIABILITY.md for the breakages tried).
 #![cfg(spyre_loom)]
 
-use flex_rt::Status;
+use std::sync::atomic::Ordering::SeqCst;
+
 use flex_rt::noop::NoopRuntime;
+use flex_rt::{Status, StreamPriority};
 use loom::sync::{Arc, Condvar, Mutex};
 use spyre_stream::{Error, PoolConfig, SpyreStream, StreamId, StreamPool};
 
@@ -225,11 +228,13 @@ fn concurrent_assignments_across_the_wrap() {
     });
 }
 
-/// Two threads assigning the same fresh id: the first creation fails, which
-/// leaves the cursor on that id, so both threads go for id 1. Exactly one
-/// of them gets the error; the other gets id 1 with the one handle created.
+/// Two threads assigning fresh ids while the first creation fails: they
+/// are handed ids 1 and 2, one creation fails with the runtime's error and
+/// publishes nothing, the other succeeds. The next assignment is handed the
+/// failed id again, without advancing the cursor, and creates it; the one
+/// after goes on with id 3. Every id gets one handle.
 #[test]
-fn two_threads_assign_the_same_fresh_id_after_a_failed_creation() {
+fn a_failed_creation_hands_its_id_out_again_first() {
     loom::model(|| {
         let runtime = leak_runtime();
         let pool = pool(runtime);
@@ -251,10 +256,54 @@ fn two_threads_assign_the_same_fresh_id_after_a_failed_creation() {
             })
             .collect();
         results.sort_by_key(|r| r.is_ok());
-        assert_eq!(results, vec![Err(Status::RUNTIME_FAILED), Ok(1)]);
-        assert_eq!(created(runtime), HOST_COMPUTE + 1);
-        assert_eq!(handle_id(&pool, 1).unwrap(), HOST_COMPUTE as u64 + 1);
-        assert_eq!(pool.stream_from_pool(0).unwrap().id(), StreamId(2));
+        let Ok(made) = results[1] else {
+            panic!("one creation succeeds: {results:?}");
+        };
+        assert_eq!(results[0], Err(Status::RUNTIME_FAILED));
+        assert!(made == 1 || made == 2, "handed a fresh id: {made}");
+        assert!(
+            handle_id(&pool, 3 - made).is_err(),
+            "the failed id has no handle"
+        );
+        assert_eq!(pool.stream_from_pool(0).unwrap().id(), StreamId(3 - made));
+        assert_eq!(pool.stream_from_pool(0).unwrap().id(), StreamId(3));
+        assert_eq!(created(runtime), HOST_COMPUTE + 3);
+    });
+}
+
+/// A slow stream creation holds up nobody who does not need that stream:
+/// while one thread's assignment creates the first high-priority stream
+/// (held inside the runtime's creation until the main thread opens a
+/// gate), the main thread resolves the default stream and is handed a
+/// normal id. Were the creation inside the exclusive section, the main
+/// thread's assignment would wait for a creation that waits for it: loom
+/// reports the deadlock.
+#[test]
+fn a_slow_creation_holds_up_only_its_own_id() {
+    loom::model(|| {
+        // Leaked like the runtime (loom checks that every loom Arc is freed).
+        let gate: &'static Gate = Box::leak(Box::default());
+        let armed: &'static std::sync::atomic::AtomicBool =
+            Box::leak(Box::new(std::sync::atomic::AtomicBool::new(false)));
+        let runtime: &'static NoopRuntime = Box::leak(Box::new(
+            NoopRuntime::new(0).with_creation_hook(Box::new(|priority| {
+                if priority == StreamPriority::High && armed.load(SeqCst) {
+                    gate.wait();
+                }
+            })),
+        ));
+        let pool = pool(runtime);
+        pool.initialize().unwrap();
+        armed.store(true, SeqCst);
+        let creator = {
+            let pool = pool.clone();
+            loom::thread::spawn(move || pool.stream_from_pool(-1).unwrap().id())
+        };
+        assert_eq!(handle_id(&pool, 0).unwrap(), 0);
+        assert_eq!(pool.stream_from_pool(0).unwrap().id(), StreamId(1));
+        gate.open();
+        assert_eq!(creator.join().unwrap(), StreamId(33));
+        assert_eq!(created(runtime), HOST_COMPUTE + 2);
     });
 }
 

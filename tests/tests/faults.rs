@@ -193,8 +193,8 @@ fn a_failed_stream_creation_returns_the_error_inserts_nothing_and_the_id_is_retr
 
 /// Eight threads assign while the runtime refuses five stream creations in
 /// the middle: exactly five assignments fail, the ids handed out are still
-/// the round robin's (a failure does not move the cursor), and the table
-/// holds one stream per id.
+/// the round robin's (a failed id is handed out again first, without the
+/// cursor moving on for it), and the table holds one stream per id.
 #[test]
 fn concurrent_assignments_with_failing_creations_keep_the_table_consistent() {
     let rt = leaked_runtime();
