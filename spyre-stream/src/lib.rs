@@ -90,7 +90,7 @@
 //! |---|---|---|
 //! | [`StreamPool::resolve`] (every stream operation) | shared lock | no lock: acquire load of a write-once slot |
 //! | [`StreamPool::default_stream_handle`] | shared lock | no lock (after initialization) |
-//! | [`StreamPool::synchronize_device`] | shared lock while collecting handles | exclusive lock while collecting (one consistent snapshot of the table); none while waiting |
+//! | [`StreamPool::synchronize_device`] | shared lock while collecting handles | exclusive lock while collecting (initialization whole or not at all, and every stream anyone has been given); none while waiting |
 //! | pool initialization | exclusive lock | exclusive lock; published by a release store |
 //! | [`StreamPool::stream_from_pool`] | exclusive lock, the stream of a fresh id created inside it; the cursor is written on every assignment | exclusive lock for the cursor (an id whose creation failed is handed out again first, the cursor not written then); a fresh id's stream created after it is released, under that id's creation lock |
 //! | [`StreamPool::host_compute_stream`] | exclusive lock; the cursor is written on every assignment | the same |

@@ -457,12 +457,14 @@ impl<'rt> StreamPool<'rt> {
         self.snapshot().into_iter().map(|(id, _)| id).collect()
     }
 
-    /// Every published handle with its id, in table order, as one
-    /// consistent state of the table: taken under the exclusive lock that
-    /// every write holds (the spec's snapshot; one load per slot would see
-    /// a table in between two writes — slot 65 without slot 0, or id 3
-    /// without id 2 — and could miss a stream whose work must be waited
-    /// for). Released before the caller waits on anything.
+    /// Every published handle with its id, in table order: taken under the
+    /// exclusive lock, which initialization and every cursor write hold
+    /// (the spec's snapshot; one load per slot without it could see slot 65
+    /// without slot 0, half an initialization). A pool id's stream is
+    /// published under its own creation lock, before the id is returned to
+    /// anyone: a slot missing from the snapshot is one whose stream nobody
+    /// has been given yet, so no work on it can need waiting for. Released
+    /// before the caller waits on anything.
     fn snapshot(&self) -> Vec<(StreamId, &'rt dyn Stream)> {
         let _writes = self.cursors.lock();
         if !self.initialized.load(Ordering::Relaxed) {
