@@ -167,8 +167,8 @@
 //!
 //! - **Handle resolution takes no lock** (the spec's table has a shared
 //!   lock for `resolveRuntimeHandle` and `getDefaultStreamRuntimeHandle`;
-//!   the snapshot of `synchronizeDevice`, which needs the whole table at one
-//!   moment, takes the exclusive lock briefly instead of the shared one). The spec's own invariants make the
+//!   the snapshot of `synchronizeDevice` takes the exclusive lock briefly
+//!   instead of the shared one, so that it sees an initialization whole). The spec's own invariants make the
 //!   lock unnecessary: the table is append-only, an id is never remapped,
 //!   and the pool never destroys a handle. So a slot, once written, never
 //!   changes: publishing it with release and reading it with acquire gives a
@@ -187,11 +187,13 @@
 //!   that id alone: resolving any id and handing out ids that have streams
 //!   proceed meanwhile, and only callers handed the same fresh id wait for
 //!   its creation (at most one creation per id still holds). A failed
-//!   creation publishes nothing and its id is handed out again first, by the
-//!   pool's next assignment, which then does not advance the cursor: the
-//!   sequence of ids is the spec's (a cursor that stays on a failure), but
-//!   an assignment concurrent with the failing one may be handed the next id
-//!   before the failed one comes round again.
+//!   creation (an error or a panic) publishes nothing and its id is handed
+//!   out again first, once per failure, by a later assignment of the pool,
+//!   which then does not advance the cursor: once no creation is in flight
+//!   the ids handed out are the spec's (a cursor that stays on a failure),
+//!   but an assignment concurrent with the failing one may be handed the
+//!   next id before the failed one comes round again. A runtime's
+//!   `create_stream` must not assign from the same pool.
 //! - A positive priority asks for a normal-priority stream (PyTorch's
 //!   convention), and the runtime priority always matches the id's pool;
 //!   torch-spyre sends any non-zero priority to the high pool and creates

@@ -96,6 +96,25 @@ impl Cursors {
     }
 }
 
+/// Hands an id out again when dropped: armed while its stream is created,
+/// forgotten once it is, so an error or a panic of the creation leaves the
+/// id to a later assignment.
+struct RetryOnDrop<'p, 'rt> {
+    pool: &'p StreamPool<'rt>,
+    high: bool,
+    offset: usize,
+}
+
+impl Drop for RetryOnDrop<'_, '_> {
+    fn drop(&mut self) {
+        self.pool
+            .cursors
+            .lock()
+            .of(self.high)
+            .retry_later(self.offset);
+    }
+}
+
 /// The round robin of one pool of 32 ids, as offsets from its first id.
 #[derive(Default)]
 struct PoolCursor {
@@ -118,11 +137,14 @@ impl PoolCursor {
         offset
     }
 
-    /// Hands `offset` out again first, its creation having failed.
+    /// Hands `offset` out again first, its creation having failed: once per
+    /// failure, so that every hand-out the cursor advanced for ends in one
+    /// success (two callers of one id that both fail push it twice; an
+    /// entry whose id a waiter created meanwhile hands out that id again,
+    /// as a cursor that stayed on it would). Bounded by the assignments in
+    /// flight: every hand-out pops first.
     fn retry_later(&mut self, offset: usize) {
-        if !self.retry.contains(&offset) {
-            self.retry.push_back(offset);
-        }
+        self.retry.push_back(offset);
     }
 }
 
@@ -134,24 +156,25 @@ impl PoolCursor {
 /// the round robin hands them out, at most once per id; no id is ever
 /// remapped or removed, and the pool never destroys a stream.
 ///
-/// Locking: every write — initialization and every assignment
-/// ([`StreamPool::stream_from_pool`], [`StreamPool::host_compute_stream`]) —
-/// takes the exclusive lock and writes the cursor, as the spec says; but the
-/// stream an assignment creates for a fresh id is created after that lock
-/// is released, under a lock of that id alone, so a slow creation holds up
-/// only the callers handed the same id (they wait for it; at most one
-/// creation per id still holds). A failed creation publishes nothing and
-/// hands its id out again, first, to the next assignment of that pool,
-/// which does not advance the cursor then: the ids handed out are those of
-/// the spec's cursor that stays put on a failure. Handle
+/// Locking: initialization and every assignment
+/// ([`StreamPool::stream_from_pool`], [`StreamPool::host_compute_stream`])
+/// take the exclusive lock to hand an id out, as the spec says; but the
+/// stream an assignment creates for a fresh pool id is created after that
+/// lock is released, under a lock of that id alone, so a slow creation
+/// holds up only the callers handed the same id (they wait for it; at most
+/// one creation per id still holds). A failed creation (an error or a
+/// panic) publishes nothing and hands its id out again, first, to a later
+/// assignment of that pool, which does not advance the cursor then: once
+/// no creation is in flight, the ids handed out are those of the spec's
+/// cursor that stays put on a failure. A runtime's `create_stream` must
+/// not assign from the same pool (it would wait for itself). Handle
 /// resolution ([`StreamPool::resolve`], [`StreamPool::default_stream_handle`])
 /// takes no lock: the table is append-only and each slot is written once
 /// (published with release, read with acquire), so a reader sees a whole
 /// handle or none and never waits for a writer. This departs from the spec's
 /// shared lock on purpose; see the crate docs. The snapshot of
-/// [`StreamPool::synchronize_device`] needs the whole table at one moment, so
-/// it takes the exclusive lock briefly. No lock is held while waiting on the
-/// device.
+/// [`StreamPool::synchronize_device`] takes the exclusive lock briefly (see
+/// its docs for what it sees). No lock is held while waiting on the device.
 ///
 /// Initialization is atomic: the default-stream mapping and the host-compute
 /// streams are created first, written to their slots, and published together
@@ -170,11 +193,12 @@ pub struct StreamPool<'rt> {
     config: PoolConfig,
     track_hazards: AtomicBool,
     /// Slot `i` holds the handle of stream id `i`. Append-only: a slot is
-    /// written at most once, under `cursors`' lock, and never changes again.
+    /// written at most once — under `cursors`' lock at initialization, under
+    /// `creations[i]` for a pool id — and never changes again.
     handles: [WriteOnce<&'rt dyn Stream>; MAX_STREAM_SLOTS],
     /// Set (release) once id 0 and the host-compute ids are written.
     initialized: AtomicBool,
-    /// The exclusive section of every write.
+    /// The exclusive section: initialization and every hand-out of an id.
     cursors: Mutex<Cursors>,
     /// Slot `i`'s creation lock: held while the stream of a fresh pool id
     /// is created, outside `cursors`' lock.
@@ -295,7 +319,8 @@ impl<'rt> StreamPool<'rt> {
     /// Hands out the next stream of a pool, round robin (`getStreamFromPool`):
     /// a negative `priority` picks the high-priority pool (ids 33–64), zero
     /// or positive the normal pool (ids 1–32) — PyTorch's convention. The
-    /// cursor advances on every assignment. The first time an id is handed
+    /// cursor advances on every assignment but one handing out again an id
+    /// whose creation failed. The first time an id is handed
     /// out its handle is created, with the runtime priority of its pool:
     /// after the exclusive lock is released, under that id's own lock, so
     /// only callers handed the same id wait for it (see the type's docs).
@@ -319,10 +344,13 @@ impl<'rt> StreamPool<'rt> {
             cursors.of(high).hand_out()
         };
         let id = start + offset as i64;
-        if let Err(error) = self.create_once(id as usize, runtime_priority) {
-            self.cursors.lock().of(high).retry_later(offset);
-            return Err(error);
-        }
+        let failed = RetryOnDrop {
+            pool: self,
+            high,
+            offset,
+        };
+        self.create_once(id as usize, runtime_priority)?;
+        std::mem::forget(failed);
         Ok(SpyreStream::from_parts(self.device, StreamId(id)))
     }
 
@@ -452,7 +480,7 @@ impl<'rt> StreamPool<'rt> {
     }
 
     /// The ids that have a handle, in table order (for diagnostics and
-    /// tests). A consistent snapshot, taken under the exclusive lock.
+    /// tests): the snapshot [`StreamPool::synchronize_device`] takes.
     pub fn mapped_ids(&self) -> Vec<StreamId> {
         self.snapshot().into_iter().map(|(id, _)| id).collect()
     }

@@ -432,3 +432,89 @@ fn synchronize_device_syncs_every_mapped_stream_once_and_reports_the_first_failu
         .collect();
     assert_eq!(synced, order);
 }
+
+/// A no-op runtime whose next armed stream creation runs `first` (once).
+fn runtime_with_first_creation(
+    first: impl Fn() + Send + Sync + 'static,
+) -> (
+    &'static flex_rt::noop::NoopRuntime,
+    &'static std::sync::atomic::AtomicBool,
+) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let armed: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
+    let runtime = flex_rt::noop::NoopRuntime::new(0).with_creation_hook(Box::new(move |_| {
+        if armed.swap(false, Ordering::SeqCst) {
+            first();
+        }
+    }));
+    (Box::leak(Box::new(runtime)), armed)
+}
+
+/// While id 1's creation is held, the round robin comes round to id 1
+/// again, and that caller waits for the creation. Both creations fail: the
+/// id is handed out again once per failure, so the next two assignments are
+/// id 1 (created now) and id 1, and the cursor then goes on with id 2 — 33
+/// hand-outs by the cursor, 33 successes once the retries are done.
+#[test]
+fn a_failed_creation_that_a_caller_of_the_same_id_waited_for_is_retried_once_per_failure() {
+    use std::sync::atomic::Ordering;
+    use std::sync::{Arc, Mutex};
+    let (entered_tx, entered) = mpsc::channel::<()>();
+    let (release, release_rx) = mpsc::channel::<()>();
+    let release_rx = Arc::new(Mutex::new(release_rx));
+    let entered_tx = Mutex::new(entered_tx);
+    let (runtime, armed) = runtime_with_first_creation(move || {
+        entered_tx.lock().unwrap().send(()).unwrap();
+        release_rx.lock().unwrap().recv().unwrap();
+    });
+    let pool: &'static StreamPool<'static> = Box::leak(Box::new(
+        StreamPool::new(runtime, PoolConfig::default()).unwrap(),
+    ));
+    pool.initialize().unwrap();
+    armed.store(true, Ordering::SeqCst);
+    let first = std::thread::spawn(|| pool.stream_from_pool(0));
+    entered.recv().unwrap();
+    let others: Vec<i64> = (0..31)
+        .map(|_| pool.stream_from_pool(0).unwrap().id().get())
+        .collect();
+    assert_eq!(others, (2..=32).collect::<Vec<_>>());
+    runtime.fail_next_stream_creations(2);
+    let second = std::thread::spawn(|| pool.stream_from_pool(0));
+    // Give the second caller time to be handed id 1 and wait for its creation.
+    std::thread::sleep(Duration::from_millis(100));
+    release.send(()).unwrap();
+    for caller in [first, second] {
+        let error = caller.join().unwrap().unwrap_err();
+        assert!(
+            matches!(&error, Error::Flex(e) if e.status() == Status::RUNTIME_FAILED),
+            "{error:?}"
+        );
+    }
+    let next: Vec<i64> = (0..3)
+        .map(|_| pool.stream_from_pool(0).unwrap().id().get())
+        .collect();
+    assert_eq!(next, vec![1, 1, 2]);
+}
+
+/// A creation that panics publishes nothing and leaves its id to the next
+/// assignment, as a failed one does.
+#[test]
+fn a_panicking_creation_leaves_its_id_to_the_next_assignment() {
+    use std::sync::atomic::Ordering;
+    let (runtime, armed) =
+        runtime_with_first_creation(|| panic!("deliberate panic in create_stream"));
+    let pool = StreamPool::new(runtime, PoolConfig::default()).unwrap();
+    pool.initialize().unwrap();
+    armed.store(true, Ordering::SeqCst);
+    let panicked =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pool.stream_from_pool(0)));
+    assert!(panicked.is_err());
+    assert!(matches!(
+        pool.resolve(SpyreStream::from_parts(0, StreamId(1))),
+        Err(Error::NoHandle { .. })
+    ));
+    let ids: Vec<i64> = (0..2)
+        .map(|_| pool.stream_from_pool(0).unwrap().id().get())
+        .collect();
+    assert_eq!(ids, vec![1, 2]);
+}
