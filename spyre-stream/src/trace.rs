@@ -302,6 +302,18 @@ mod tests {
         }
     }
 
+    /// A record on stream 1 (enqueued at 0, finished at `record_finished`)
+    /// and a wait on stream 2 enqueued at `wait_at`, linked by `link`.
+    fn record_and_wait(link: u64, record_finished: u64, wait_at: u64) -> [TraceEntry; 2] {
+        let mut record = entry(1, 0, record_finished);
+        record.kind = OperationKind::EventRecord;
+        record.link = Some(link);
+        let mut wait = entry(2, wait_at, wait_at);
+        wait.kind = OperationKind::EventWait;
+        wait.link = Some(link);
+        [record, wait]
+    }
+
     #[test]
     fn an_operation_starts_when_enqueued_or_when_its_predecessor_finished() {
         // Stream 1: enqueued at 0, 1, 50; finished at 10, 20, 60. Stream 2
@@ -324,12 +336,7 @@ mod tests {
     fn a_wait_holds_its_stream_until_the_record_finished() {
         // Stream 1 records at 0, finished at 30; stream 2 waits at 5 and
         // then copies (enqueued at 6, finished at 40): the copy starts at 30.
-        let mut record = entry(1, 0, 30);
-        record.kind = OperationKind::EventRecord;
-        record.link = Some(7);
-        let mut wait = entry(2, 5, 5);
-        wait.kind = OperationKind::EventWait;
-        wait.link = Some(7);
+        let [record, wait] = record_and_wait(7, 30, 5);
         let mut entries = vec![record, wait, entry(2, 6, 40)];
         derive_starts(&mut entries);
         assert_eq!(entries[1].finished, Some(Duration::from_micros(30)));
@@ -340,12 +347,7 @@ mod tests {
     fn a_wait_is_passed_only_after_its_streams_earlier_work() {
         // Stream 2 runs a copy 0..50; a wait enqueued at 5 on a record that
         // finished at 30 is passed at 50, and the next copy starts then.
-        let mut record = entry(1, 0, 30);
-        record.kind = OperationKind::EventRecord;
-        record.link = Some(3);
-        let mut wait = entry(2, 5, 5);
-        wait.kind = OperationKind::EventWait;
-        wait.link = Some(3);
+        let [record, wait] = record_and_wait(3, 30, 5);
         let mut entries = vec![record, entry(2, 0, 50), wait, entry(2, 6, 60)];
         derive_starts(&mut entries);
         assert_eq!(entries[2].finished, Some(Duration::from_micros(50)));

@@ -1295,13 +1295,21 @@ fn query_while(
         .collect()
 }
 
+/// Runs `race` with the number of queries each racing thread makes, as many
+/// times as the race is repeated (fewer of both under Miri).
+fn repeat_race(mut race: impl FnMut(usize)) {
+    let (repeats, rounds) = if cfg!(miri) { (1, 20) } else { (20, 2_000) };
+    for _ in 0..repeats {
+        race(rounds);
+    }
+}
+
 /// Lookups take no lock: threads querying a stream while another thread
 /// destroys it see it live or `FLEX_ERROR_INVALID_HANDLE`, and only the
 /// latter once the destroy has returned.
 #[test]
 fn queries_racing_a_stream_destroy_see_a_live_or_an_invalid_handle() {
-    let rounds = if cfg!(miri) { 20 } else { 2_000 };
-    for _ in 0..if cfg!(miri) { 1 } else { 20 } {
+    repeat_race(|rounds| {
         let rt = Rt::new();
         let stream = rt.create_stream(0);
         let after = query_while(stream, rounds, || {
@@ -1313,7 +1321,7 @@ fn queries_racing_a_stream_destroy_see_a_live_or_an_invalid_handle() {
             "{after:?}"
         );
         assert_eq!(query(stream), sys::FLEX_ERROR_INVALID_HANDLE);
-    }
+    });
 }
 
 /// A runtime destroyed while other threads still call on its stream (which
@@ -1323,10 +1331,9 @@ fn queries_racing_a_stream_destroy_see_a_live_or_an_invalid_handle() {
 /// checked; the test is that nothing crashes, and Miri checks the memory.)
 #[test]
 fn queries_racing_a_runtime_destroy_do_not_use_freed_state() {
-    let rounds = if cfg!(miri) { 20 } else { 2_000 };
-    for _ in 0..if cfg!(miri) { 1 } else { 20 } {
+    repeat_race(|rounds| {
         let rt = Rt::new();
         let stream = rt.create_stream(0);
         query_while(stream, rounds, || assert_eq!(rt.destroy(), FLEX_SUCCESS));
-    }
+    });
 }
