@@ -1,6 +1,7 @@
 //! The runtime's events as this crate holds them ([`RuntimeEvent`]), and
 //! marker events: the events without timing that [`crate::SpyreStream`]'s
-//! `wait_stream` and `synchronize_async` record for their own use, kept
+//! `wait_stream` and `synchronize_async`, and the caching allocator's
+//! cross-stream fences, record for their own use, kept
 //! idle between uses instead of created and destroyed each time (through a
 //! flex library a creation and a destruction cost more than the record
 //! itself).

@@ -27,8 +27,10 @@ struct Running {
     pool: StreamPool<'static>,
     /// The caching allocator behind [`crate::DeviceBuffer`].
     allocator: CachingAllocator,
-    /// The idle marker events of `wait_stream` and `synchronize_async`.
-    markers: MarkerEvents,
+    /// The idle marker events of `wait_stream`, `synchronize_async` and the
+    /// allocator's fences (leaked with the rest, so that the allocator can
+    /// hold it).
+    markers: &'static MarkerEvents,
     device_source: DeviceSource,
     /// The process the runtime was started in, for the fork error.
     pid: u32,
@@ -347,11 +349,12 @@ fn start_locked(slot: &mut Option<Slot>, device: Device) -> Result<(&'static Run
         track_hazards,
         "Spyre runtime started"
     );
+    let markers: &'static MarkerEvents = Box::leak(Box::new(MarkerEvents::new(runtime)));
     let started = RUNNING.set(Running {
         backend,
         pool,
-        allocator: CachingAllocator::new(runtime),
-        markers: MarkerEvents::new(runtime),
+        allocator: CachingAllocator::new(runtime, markers),
+        markers,
         device_source,
         pid: std::process::id(),
         generation,
@@ -418,7 +421,7 @@ pub(crate) fn started_pool_for(device: Device) -> Result<&'static StreamPool<'st
 pub(crate) fn markers_of(stream: SpyreStream) -> Result<&'static MarkerEvents> {
     stream.handle()?;
     check_not_freed()?;
-    Ok(&running()?.markers)
+    Ok(running()?.markers)
 }
 
 /// The caching allocator that serves `stream`, whose handle is checked

@@ -1,25 +1,33 @@
 //! Device memory benchmarks on the software device in process, each member
 //! timed round by round against the others (interleaved, each round
-//! starting one member later):
+//! starting one member later), in batches of [`BATCH`] calls timed as one,
+//! so that the clock's own cost (tens of nanoseconds) is not in the
+//! figures:
 //!
 //! | member | measures |
 //! |---|---|
 //! | `buffer_1MiB` | `DeviceBuffer::<u8>::new` of 1 MiB and its drop, on one stream: a cached block taken and given back |
 //! | `raw_1MiB` (baseline) | the runtime's own allocate and free of 1 MiB (`Runtime::allocate` / `free`, what the allocator saves) |
+//! | `raw_ffi_1MiB` (baseline) | the same through flex-rt's FFI backend on the software device's flex library (`flex_memory_allocate` / `flex_memory_free`, the calls a `hardware` build makes) |
 //! | `vec_1MiB` (baseline) | `Vec::<u8>::with_capacity(1 MiB)` and its drop on the host |
 //!
 //! Targets: a cached allocate + free ≥ 20× faster than the runtime's, and
 //! within 5× of the host's `Vec`. Run with
 //! `cargo bench -p spyre-tests --bench memory` (with
 //! `SPYRE_MOCK_CHECK_REUSE=1` to see the use-after-free detector's cost).
+//! The first run builds the software device's flex library, outside any
+//! measurement.
 
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use flex_rt::{Backend, HardwareBackend};
 use spyre_stream::{Device, DeviceBuffer};
-use spyre_testkit::bench_interleaved;
+use spyre_testkit::{BatchedMember, interleaved_batched};
 
 const MIB: usize = 1 << 20;
+/// Calls per timed batch.
+const BATCH: u64 = 1000;
 
 fn benches(c: &mut Criterion) {
     let system = spyre_mock::MockSystem::from_env().expect("SPYRE_MOCK_* configure the device");
@@ -37,16 +45,28 @@ fn benches(c: &mut Criterion) {
         let address = runtime.allocate(MIB as u64).expect("allocate");
         runtime.free(black_box(&address)).expect("free");
     };
+    let library = HardwareBackend::open(spyre_tests::mock_cdylib()).expect("flex library");
+    let ffi = library.create_runtime(0).expect("runtime");
+    let raw_ffi = || {
+        let address = ffi.allocate(MIB as u64).expect("allocate");
+        ffi.free(black_box(&address)).expect("free");
+    };
     let vec = || drop(black_box(Vec::<u8>::with_capacity(MIB)));
+    // Nothing is left to wait for after a batch.
+    let drain = || {};
+    let members: [(&str, BatchedMember<'_>); 4] = [
+        ("buffer_1MiB", (&buffer, &drain)),
+        ("raw_1MiB", (&raw, &drain)),
+        ("raw_ffi_1MiB", (&raw_ffi, &drain)),
+        ("vec_1MiB", (&vec, &drain)),
+    ];
+    let batched = members.map(|(_, member)| member);
     let mut group = c.benchmark_group("memory");
-    bench_interleaved(
-        &mut group,
-        &[
-            ("buffer_1MiB", &buffer),
-            ("raw_1MiB", &raw),
-            ("vec_1MiB", &vec),
-        ],
-    );
+    for (me, (name, _)) in members.iter().enumerate() {
+        group.bench_function(*name, |b| {
+            b.iter_custom(|iters| interleaved_batched(iters, BATCH, me, &batched))
+        });
+    }
     group.finish();
 }
 

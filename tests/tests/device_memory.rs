@@ -114,6 +114,28 @@ fn a_dropped_block_is_reused_on_its_stream_without_a_device_call() {
 }
 
 #[test]
+fn a_freed_block_serves_its_size_again_whole_and_a_smaller_size_split() {
+    isolated!(&[MOCK], || {
+        let stream = pool_stream();
+        let first = DeviceBuffer::<u8>::new(stream, 4096).unwrap();
+        let at = first.operand().unwrap();
+        drop(first);
+        // 4000 bytes round up to the same 4096: the freed block, whole.
+        let same = DeviceBuffer::<u8>::new(stream, 4000).unwrap();
+        assert_eq!(same.operand().unwrap(), at);
+        assert_eq!(same.size_bytes(), 4000);
+        assert_eq!(memory_allocated(Device::CURRENT).unwrap(), 4096);
+        drop(same);
+        // 512 bytes: split off the start of the merged segment, not the
+        // whole 4096-byte block.
+        let small = DeviceBuffer::<u8>::new(stream, 512).unwrap();
+        assert_eq!(small.operand().unwrap(), at);
+        assert_eq!(memory_allocated(Device::CURRENT).unwrap(), 512);
+        assert_eq!(stats().device_allocations, 1);
+    });
+}
+
+#[test]
 fn blocks_split_and_merge_within_a_segment() {
     isolated!(&[MOCK], || {
         let stream = pool_stream();
@@ -161,14 +183,15 @@ fn memory_used_on_another_stream_is_reused_only_after_that_stream_passes_the_dro
             &address,
             "not reused while `other` is held"
         );
-        drop(meanwhile);
         gate.open();
         other.synchronize().unwrap();
         assert_eq!(stats().pending_frees, 0);
-        // Best fit: the 2 MiB block at the start, not the 18 MiB after it.
+        // Best fit (with `meanwhile` still held): the 2 MiB block at the
+        // start, not the 16 MiB after `meanwhile`.
         let later = DeviceBuffer::<u8>::new(owner, 2 << 20).unwrap();
         assert_eq!(later.address(), &address);
         assert_eq!(stats().device_allocations, 1);
+        drop(meanwhile);
     });
 }
 

@@ -18,7 +18,8 @@
 //!   enqueued earlier.
 //! - **Other streams.** A block used on other streams
 //!   ([`crate::DeviceBuffer::record_stream`]) is freed in their order: an
-//!   event is recorded on each when the buffer is dropped, and the block is
+//!   event (a marker event, reused) is recorded on each when the buffer is
+//!   dropped, and the block is
 //!   cached again only when all have completed (looked at on every
 //!   allocation, never waited for). Without events (a flex library of ABI
 //!   1.0) the block waits until each of those streams is idle instead.
@@ -26,16 +27,24 @@
 //!   the rest is worth keeping ([`MIN_BLOCK`] or more for small requests,
 //!   more than [`SMALL_REQUEST`] for large ones); a block freed next to free
 //!   blocks of its segment merges with them.
+//! - **Recent blocks.** The last [`RECENT_BLOCKS`] blocks freed on their own
+//!   stream are kept as they were, unmerged, and an allocation on that
+//!   stream that one of them serves without a split takes it back without
+//!   touching the ordered maps (a server allocating the same sizes every
+//!   step). They merge when pushed out by newer ones, when an allocation on
+//!   their stream finds none that fits, and before memory goes back to the
+//!   device.
 //! - **Out of memory.** When the device is full the allocator returns the
 //!   whole free segments of idle streams to the device (waiting for no
 //!   stream) and tries once more; then it fails with [`Error::OutOfMemory`].
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use flex_rt::{CompositeAddress, Event, FlexError, Runtime, Status};
+use flex_rt::{CompositeAddress, FlexError, Runtime, Status};
 use parking_lot::Mutex;
 
 use crate::error::{Error, OutOfMemory, Result};
+use crate::marker::{MarkerEvents, RuntimeEvent};
 use crate::stream::SpyreStream;
 
 /// Every block is a multiple of this many bytes (PyTorch's `kMinBlockSize`).
@@ -94,11 +103,17 @@ pub struct MemoryStats {
     pub out_of_memory: u64,
 }
 
+/// How many blocks freed on their own stream are kept unmerged, for the
+/// next allocations of the same size there.
+const RECENT_BLOCKS: usize = 16;
+
 /// A block handed out to a buffer.
 #[derive(Debug)]
 pub(crate) struct Block {
     /// The block's memory: `requested` bytes from the block's start.
     pub(crate) address: CompositeAddress,
+    /// The stream whose segment the block is in.
+    stream: i64,
     segment: u64,
     offset: u64,
     /// Rounded size, the bytes the block takes in its segment.
@@ -110,8 +125,9 @@ pub(crate) struct Block {
 /// What must happen before a block freed by a buffer that other streams
 /// used is cached again: one per such stream.
 enum Fence {
-    /// An event recorded on the stream when the buffer was dropped.
-    Event(Box<dyn Event>),
+    /// A marker event recorded on the stream when the buffer was dropped;
+    /// it goes back to the idle markers with the fence.
+    Event(RuntimeEvent),
     /// No event could be made: the stream must be idle.
     Idle(SpyreStream),
 }
@@ -201,6 +217,9 @@ impl Segments {
 struct State {
     segments: Segments,
     free: BTreeSet<FreeKey>,
+    /// Blocks freed on their own stream, oldest first, still marked in use
+    /// in their segments: cached, but not yet merged.
+    recent: VecDeque<Block>,
     deferred: Vec<Deferred>,
     stats: MemoryStats,
 }
@@ -212,6 +231,8 @@ struct State {
 /// wait.
 pub(crate) struct CachingAllocator {
     runtime: &'static dyn Runtime,
+    /// Where the fences' events come from.
+    markers: &'static MarkerEvents,
     /// The largest segment taken from the device ([`segment_cap`]).
     segment_cap: u64,
     /// The device's region size, where the runtime tells it.
@@ -315,14 +336,16 @@ fn should_split(rounded: u64, rest: u64) -> bool {
 }
 
 impl CachingAllocator {
-    /// An empty allocator over `runtime`.
-    pub(crate) fn new(runtime: &'static dyn Runtime) -> Self {
+    /// An empty allocator over `runtime`, fencing with `markers` (of the
+    /// same runtime).
+    pub(crate) fn new(runtime: &'static dyn Runtime, markers: &'static MarkerEvents) -> Self {
         let layout = runtime.memory_layout();
         let total = layout
             .map(|layout| layout.total_bytes)
             .or_else(|| runtime.memory_info().ok().map(|info| info.total_bytes));
         Self {
             runtime,
+            markers,
             segment_cap: segment_cap(layout.map(|layout| layout.region_bytes), total),
             region: layout.map(|layout| layout.region_bytes),
             state: Mutex::new(State::default()),
@@ -352,6 +375,10 @@ impl CachingAllocator {
         {
             let mut state = self.state.lock();
             state.collect_deferred();
+            if let Some(block) = state.take_recent(key, rounded, bytes)? {
+                return Ok(block);
+            }
+            state.merge_recent(Some(key));
             if let Some(block) = state.take_cached(key, rounded, bytes)? {
                 return Ok(block);
             }
@@ -425,6 +452,7 @@ impl CachingAllocator {
     fn out_of_memory(&self, requested: u64, source: FlexError) -> Error {
         let device_free = self.runtime.memory_info().ok().map(|info| info.free_bytes);
         let mut state = self.state.lock();
+        state.merge_recent(None);
         state.stats.out_of_memory += 1;
         let cached = state.stats.reserved_bytes - state.stats.allocated_bytes;
         let largest_cached = state.free.iter().map(|k| k.size).max().unwrap_or(0);
@@ -447,7 +475,7 @@ impl CachingAllocator {
         state.stats.requested_bytes -= block.requested;
         state.stats.frees += 1;
         if fences.is_empty() {
-            state.release(block.segment, block.offset);
+            state.keep_recent(block);
         } else {
             state.stats.pending_frees += 1;
             state.deferred.push(Deferred {
@@ -463,7 +491,7 @@ impl CachingAllocator {
     fn fence(&self, stream: SpyreStream) -> Fence {
         let recorded = (|| {
             let handle = stream.handle().ok()?;
-            let event = self.runtime.create_event(false).ok()?;
+            let event = self.markers.take().ok()?;
             handle.record_event(&*event, None).ok()?;
             Some(event)
         })();
@@ -583,6 +611,67 @@ impl State {
         }
     }
 
+    /// The newest recent block of `stream` that serves `rounded` bytes
+    /// without a split (the block [`State::take`] would hand out whole).
+    fn take_recent(&mut self, stream: i64, rounded: u64, requested: u64) -> Result<Option<Block>> {
+        let Some(index) = self.recent.iter().rposition(|block| {
+            block.stream == stream
+                && block.size >= rounded
+                && !should_split(rounded, block.size - rounded)
+        }) else {
+            return Ok(None);
+        };
+        let mut block = self.recent.remove(index).expect("found above");
+        if block.requested != requested {
+            let segment = self
+                .segments
+                .get_mut(block.segment)
+                .expect("a recent block's segment exists");
+            // As in `take`: a block that cannot be sliced stays out of the
+            // cache.
+            block.address = segment.address.slice(block.offset, requested)?;
+            block.requested = requested;
+        }
+        self.count_allocation(block.size, requested);
+        Ok(Some(block))
+    }
+
+    /// Keeps `block`, freed on its own stream, among the recent blocks,
+    /// merging the oldest one when there are [`RECENT_BLOCKS`].
+    fn keep_recent(&mut self, block: Block) {
+        if self.recent.len() == RECENT_BLOCKS
+            && let Some(oldest) = self.recent.pop_front()
+        {
+            self.release(oldest.segment, oldest.offset);
+        }
+        self.recent.push_back(block);
+    }
+
+    /// Merges the recent blocks of `stream` (of every stream for `None`)
+    /// into the cache.
+    fn merge_recent(&mut self, stream: Option<i64>) {
+        let mut index = 0;
+        while index < self.recent.len() {
+            if stream.is_none_or(|stream| self.recent[index].stream == stream) {
+                let block = self.recent.remove(index).expect("in range");
+                self.release(block.segment, block.offset);
+            } else {
+                index += 1;
+            }
+        }
+    }
+
+    /// Counts a block of `size` bytes handed out for `requested`.
+    fn count_allocation(&mut self, size: u64, requested: u64) {
+        self.stats.allocated_bytes += size;
+        self.stats.peak_allocated_bytes = self
+            .stats
+            .peak_allocated_bytes
+            .max(self.stats.allocated_bytes);
+        self.stats.requested_bytes += requested;
+        self.stats.allocations += 1;
+    }
+
     /// The best-fitting cached block of `stream` for `rounded` bytes.
     fn take_cached(&mut self, stream: i64, rounded: u64, requested: u64) -> Result<Option<Block>> {
         let probe = FreeKey {
@@ -631,15 +720,10 @@ impl State {
         // MIN_BLOCK (flex.h promises aligned starts, not sizes): the block
         // is then kept out of the cache, so that no later request picks it.
         let address = segment.address.slice(found.offset, requested)?;
-        self.stats.allocated_bytes += size;
-        self.stats.peak_allocated_bytes = self
-            .stats
-            .peak_allocated_bytes
-            .max(self.stats.allocated_bytes);
-        self.stats.requested_bytes += requested;
-        self.stats.allocations += 1;
+        self.count_allocation(size, requested);
         Ok(Block {
             address,
+            stream: found.stream,
             segment: found.segment,
             offset: found.offset,
             size,
@@ -713,6 +797,7 @@ impl State {
 
     /// Removes every segment that is one free block, for the device.
     fn take_free_segments(&mut self) -> Vec<(u64, Segment)> {
+        self.merge_recent(None);
         let whole: Vec<u64> = self
             .segments
             .iter()
