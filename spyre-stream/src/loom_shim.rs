@@ -4,7 +4,7 @@
 
 #[cfg(not(spyre_loom))]
 mod imp {
-    pub(crate) use std::sync::atomic::AtomicBool;
+    pub(crate) use std::sync::atomic::{AtomicBool, AtomicUsize};
 
     /// A cell written at most once and read without a lock (`OnceLock`): a
     /// reader sees either nothing or the whole value, published with release
@@ -48,7 +48,7 @@ mod imp {
 
 #[cfg(spyre_loom)]
 mod imp {
-    pub(crate) use loom::sync::atomic::AtomicBool;
+    pub(crate) use loom::sync::atomic::{AtomicBool, AtomicUsize};
 
     /// A write-once cell modelled by loom: every read and write is a point
     /// where loom switches threads (std's `OnceLock` publishes with
@@ -91,4 +91,4 @@ mod imp {
     }
 }
 
-pub(crate) use imp::{AtomicBool, Mutex, WriteOnce};
+pub(crate) use imp::{AtomicBool, AtomicUsize, Mutex, WriteOnce};

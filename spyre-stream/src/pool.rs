@@ -11,7 +11,9 @@ use crate::id::{
     HIGH_POOL_START, HOST_COMPUTE_START, MAX_HOST_COMPUTE_STREAMS, MAX_STREAM_SLOTS,
     NORMAL_POOL_START, STREAMS_PER_POOL, StreamId,
 };
-use crate::loom_shim::{AtomicBool, Mutex, WriteOnce};
+use crossbeam_utils::CachePadded;
+
+use crate::loom_shim::{AtomicBool, AtomicUsize, Mutex, WriteOnce};
 use crate::stream::SpyreStream;
 
 /// `Ok` when `id` is one of the `count` host-compute ids (65..65+count).
@@ -78,24 +80,6 @@ impl Default for PoolConfig {
     }
 }
 
-/// The round-robin cursors: what the exclusive lock guards.
-#[derive(Default)]
-struct Cursors {
-    normal: PoolCursor,
-    high: PoolCursor,
-    next_host_compute: usize,
-}
-
-impl Cursors {
-    fn of(&mut self, high: bool) -> &mut PoolCursor {
-        if high {
-            &mut self.high
-        } else {
-            &mut self.normal
-        }
-    }
-}
-
 /// Hands an id out again when dropped: armed while its stream is created,
 /// forgotten once it is, so an error or a panic of the creation leaves the
 /// id to a later assignment.
@@ -107,34 +91,59 @@ struct RetryOnDrop<'p, 'rt> {
 
 impl Drop for RetryOnDrop<'_, '_> {
     fn drop(&mut self) {
-        self.pool
-            .cursors
-            .lock()
-            .of(self.high)
-            .retry_later(self.offset);
+        self.pool.cursor(self.high).retry_later(self.offset);
     }
 }
 
 /// The round robin of one pool of 32 ids, as offsets from its first id.
-#[derive(Default)]
+///
+/// Once every id of the pool has its stream and no failed creation waits
+/// to be retried, the cursor is *settled*: an assignment is one acquire
+/// load of that flag and one atomic add, with no lock and no look at the
+/// table. Until then (the first round, and after a failure) an assignment
+/// takes `retry`'s lock, hands out a failed id first, and creates the id's
+/// stream if it has none.
 struct PoolCursor {
-    /// The offset the round robin hands out next.
-    next: usize,
+    /// Hand-outs the round robin has made; the next offset is this modulo
+    /// 32 (2^64 is a multiple of 32, so the order survives the wrap). On a
+    /// cache line of its own: every assignment writes it, and the flag and
+    /// slots every assignment reads must not move with it.
+    next: CachePadded<AtomicUsize>,
     /// Offsets whose stream creation failed, handed out again first.
-    retry: VecDeque<usize>,
+    retry: Mutex<VecDeque<usize>>,
+    /// Ids of the pool whose stream has been created and published, counted
+    /// by the creating thread after the slot's release (acquire-release, so
+    /// that whoever reads 32 with acquire sees every slot published).
+    created: AtomicUsize,
+    /// Every id of the pool has its stream and `retry` is empty. Written
+    /// under `retry`'s lock: set with release (after `created` was seen at
+    /// 32, so a reader that sees the flag with acquire sees the slots too),
+    /// cleared when a failure queues an id.
+    settled: AtomicBool,
 }
 
 impl PoolCursor {
-    /// The offset to hand out: one whose creation failed, without
-    /// advancing the cursor (as if the cursor had stayed on it), else the
-    /// cursor's, advancing it.
-    fn hand_out(&mut self) -> usize {
-        if let Some(offset) = self.retry.pop_front() {
-            return offset;
+    fn new() -> Self {
+        Self {
+            next: CachePadded::new(AtomicUsize::new(0)),
+            retry: Mutex::new(VecDeque::new()),
+            created: AtomicUsize::new(0),
+            settled: AtomicBool::new(false),
         }
-        let offset = self.next;
-        self.next = (offset + 1) % STREAMS_PER_POOL;
-        offset
+    }
+
+    /// The cursor's offset, advancing it.
+    #[inline]
+    fn advance(&self) -> usize {
+        self.next.fetch_add(1, Ordering::Relaxed) % STREAMS_PER_POOL
+    }
+
+    /// The offset to hand out while unsettled: one whose creation failed,
+    /// without advancing the cursor (as if the cursor had stayed on it),
+    /// else the cursor's, advancing it.
+    fn hand_out(&self) -> usize {
+        let queued = self.retry.lock().pop_front();
+        queued.unwrap_or_else(|| self.advance())
     }
 
     /// Hands `offset` out again first, its creation having failed: once per
@@ -142,9 +151,25 @@ impl PoolCursor {
     /// success (two callers of one id that both fail push it twice; an
     /// entry whose id a waiter created meanwhile hands out that id again,
     /// as a cursor that stayed on it would). Bounded by the assignments in
-    /// flight: every hand-out pops first.
-    fn retry_later(&mut self, offset: usize) {
-        self.retry.push_back(offset);
+    /// flight: every unsettled hand-out pops first.
+    fn retry_later(&self, offset: usize) {
+        let mut retry = self.retry.lock();
+        retry.push_back(offset);
+        self.settled.store(false, Ordering::Relaxed);
+    }
+
+    /// Counts one more id whose stream was created and published.
+    fn count_created(&self) {
+        self.created.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Settles the cursor if every id of the pool has its stream and
+    /// nothing waits for a retry.
+    fn settle(&self) {
+        let retry = self.retry.lock();
+        if retry.is_empty() && self.created.load(Ordering::Acquire) == STREAMS_PER_POOL {
+            self.settled.store(true, Ordering::Release);
+        }
     }
 }
 
@@ -156,25 +181,28 @@ impl PoolCursor {
 /// the round robin hands them out, at most once per id; no id is ever
 /// remapped or removed, and the pool never destroys a stream.
 ///
-/// Locking: initialization and every assignment
-/// ([`StreamPool::stream_from_pool`], [`StreamPool::host_compute_stream`])
-/// take the exclusive lock to hand an id out, as the spec says; but the
-/// stream an assignment creates for a fresh pool id is created after that
-/// lock is released, under a lock of that id alone, so a slow creation
-/// holds up only the callers handed the same id (they wait for it; at most
-/// one creation per id still holds). A failed creation (an error or a
-/// panic) publishes nothing and hands its id out again, first, to a later
-/// assignment of that pool, which does not advance the cursor then: once
-/// no creation is in flight, the ids handed out are those of the spec's
-/// cursor that stays put on a failure. A runtime's `create_stream` must
-/// not assign from the same pool (it would wait for itself). Handle
-/// resolution ([`StreamPool::resolve`], [`StreamPool::default_stream_handle`])
-/// takes no lock: the table is append-only and each slot is written once
-/// (published with release, read with acquire), so a reader sees a whole
-/// handle or none and never waits for a writer. This departs from the spec's
-/// shared lock on purpose; see the crate docs. The snapshot of
-/// [`StreamPool::synchronize_device`] takes the exclusive lock briefly (see
-/// its docs for what it sees). No lock is held while waiting on the device.
+/// Locking: initialization takes the exclusive lock, as the spec says. An
+/// assignment ([`StreamPool::stream_from_pool`],
+/// [`StreamPool::host_compute_stream`]) advances its cursor with one atomic
+/// read-modify-write instead of under that lock: the advance is the only
+/// write of a hand-out, and an atomic one is as exclusive as the lock made
+/// it (each advance sees the one before). The stream an assignment creates
+/// for a fresh pool id is created under a lock of that id alone, so a slow
+/// creation holds up only the callers handed the same id (they wait for it;
+/// at most one creation per id still holds). A failed creation (an error or
+/// a panic) publishes nothing and hands its id out again, first, to a later
+/// assignment of that pool, which does not advance the cursor then: once no
+/// creation is in flight, the ids handed out are those of the spec's cursor
+/// that stays put on a failure. Once all 32 ids of a pool have streams and
+/// no failed id is queued, an assignment of that pool is an acquire load
+/// and an atomic add. A runtime's `create_stream` must not assign
+/// from the same pool (it would wait for itself). Handle resolution
+/// ([`StreamPool::resolve`], [`StreamPool::default_stream_handle`]) and the
+/// snapshot of [`StreamPool::synchronize_device`] take no lock: the table
+/// is append-only and each slot is written once (published with release,
+/// read with acquire), so a reader sees a whole handle or none and never
+/// waits for a writer. This departs from the spec's locks on purpose; see
+/// the crate docs. No lock is held while waiting on the device.
 ///
 /// Initialization is atomic: the default-stream mapping and the host-compute
 /// streams are created first, written to their slots, and published together
@@ -193,15 +221,21 @@ pub struct StreamPool<'rt> {
     config: PoolConfig,
     track_hazards: AtomicBool,
     /// Slot `i` holds the handle of stream id `i`. Append-only: a slot is
-    /// written at most once — under `cursors`' lock at initialization, under
+    /// written at most once — under `initialization` at initialization, under
     /// `creations[i]` for a pool id — and never changes again.
     handles: [WriteOnce<&'rt dyn Stream>; MAX_STREAM_SLOTS],
     /// Set (release) once id 0 and the host-compute ids are written.
     initialized: AtomicBool,
-    /// The exclusive section: initialization and every hand-out of an id.
-    cursors: Mutex<Cursors>,
+    /// The exclusive section: initialization.
+    initialization: Mutex<()>,
+    /// The round robin of ids 1–32.
+    normal: PoolCursor,
+    /// The round robin of ids 33–64.
+    high: PoolCursor,
+    /// Host-compute hand-outs so far; the next index is this modulo N.
+    next_host_compute: AtomicUsize,
     /// Slot `i`'s creation lock: held while the stream of a fresh pool id
-    /// is created, outside `cursors`' lock.
+    /// is created, outside the exclusive lock.
     creations: [Mutex<()>; MAX_STREAM_SLOTS],
 }
 
@@ -225,7 +259,10 @@ impl<'rt> StreamPool<'rt> {
             track_hazards: AtomicBool::new(config.track_hazards),
             handles: std::array::from_fn(|_| WriteOnce::new()),
             initialized: AtomicBool::new(false),
-            cursors: Mutex::new(Cursors::default()),
+            initialization: Mutex::new(()),
+            normal: PoolCursor::new(),
+            high: PoolCursor::new(),
+            next_host_compute: AtomicUsize::new(0),
             creations: std::array::from_fn(|_| Mutex::new(())),
         })
     }
@@ -263,21 +300,26 @@ impl<'rt> StreamPool<'rt> {
     }
 
     /// Initializes the pool if it is not (`initializeStreamPoolImpl`): maps
-    /// id 0 to the runtime's default stream, creates the host-compute streams,
-    /// resets the cursors. Idempotent.
+    /// id 0 to the runtime's default stream and creates the host-compute
+    /// streams, under the exclusive lock. Idempotent; one acquire load once
+    /// initialized. The cursors start at the first id of their pools (no
+    /// assignment runs before initialization, so none needs resetting).
     ///
     /// # Errors
     /// The runtime's error if a host-compute stream cannot be created; then
     /// nothing is published and the next call retries.
+    #[inline]
     pub fn initialize(&self) -> Result<()> {
         if self.is_initialized() {
             return Ok(());
         }
-        self.initialize_locked(&mut self.cursors.lock())
+        self.initialize_slow()
     }
 
-    /// Initializes under the exclusive lock (`cursors` is its guard).
-    fn initialize_locked(&self, cursors: &mut Cursors) -> Result<()> {
+    /// [`StreamPool::initialize`] once the flag was seen unset.
+    #[cold]
+    fn initialize_slow(&self) -> Result<()> {
+        let _exclusive = self.initialization.lock();
         if self.initialized.load(Ordering::Relaxed) {
             // Written under this same lock: no ordering needed.
             return Ok(());
@@ -302,7 +344,6 @@ impl<'rt> StreamPool<'rt> {
                 debug_assert!(written, "a host-compute slot is written once");
             }
         }
-        *cursors = Cursors::default();
         // Publishes every slot written above (release).
         self.initialized.store(true, Ordering::Release);
         Ok(())
@@ -319,18 +360,19 @@ impl<'rt> StreamPool<'rt> {
     /// Hands out the next stream of a pool, round robin (`getStreamFromPool`):
     /// a negative `priority` picks the high-priority pool (ids 33–64), zero
     /// or positive the normal pool (ids 1–32) — PyTorch's convention. The
-    /// cursor advances on every assignment but one handing out again an id
-    /// whose creation failed. The first time an id is handed
-    /// out its handle is created, with the runtime priority of its pool:
-    /// after the exclusive lock is released, under that id's own lock, so
-    /// only callers handed the same id wait for it (see the type's docs).
-    /// Initializes the pool first if needed.
+    /// cursor advances (one atomic add, no lock) on every assignment but one
+    /// handing out again an id whose creation failed. The first time an id
+    /// is handed out its handle is created, with the runtime priority of its
+    /// pool, under that id's own lock, so only callers handed the same id
+    /// wait for it (see the type's docs). Initializes the pool first if
+    /// needed.
     ///
     /// # Errors
     /// The runtime's error if the pool cannot initialize or the stream cannot
     /// be created; then nothing is inserted, and the next assignment of the
     /// pool retries the same id without advancing the cursor (as if it had
     /// stayed on it).
+    #[inline]
     pub fn stream_from_pool(&self, priority: i32) -> Result<SpyreStream> {
         let high = priority < 0;
         let (start, runtime_priority) = if high {
@@ -338,41 +380,67 @@ impl<'rt> StreamPool<'rt> {
         } else {
             (NORMAL_POOL_START, StreamPriority::Normal)
         };
-        let offset = {
-            let mut cursors = self.cursors.lock();
-            self.initialize_locked(&mut cursors)?;
-            cursors.of(high).hand_out()
-        };
+        let cursor = self.cursor(high);
+        if cursor.settled.load(Ordering::Acquire) {
+            // Every id has its stream, so the pool is initialized too.
+            let id = start + cursor.advance() as i64;
+            return Ok(SpyreStream::from_parts(self.device, StreamId(id)));
+        }
+        self.assign_unsettled(high, start, runtime_priority)
+    }
+
+    /// [`StreamPool::stream_from_pool`] while the pool's cursor is not
+    /// settled: initializes the pool, hands out an id, creates its stream
+    /// if it has none, and settles the cursor once every id has one.
+    #[cold]
+    fn assign_unsettled(
+        &self,
+        high: bool,
+        start: i64,
+        priority: StreamPriority,
+    ) -> Result<SpyreStream> {
+        self.initialize()?;
+        let cursor = self.cursor(high);
+        let offset = cursor.hand_out();
         let id = start + offset as i64;
         let failed = RetryOnDrop {
             pool: self,
             high,
             offset,
         };
-        self.create_once(id as usize, runtime_priority)?;
+        if self.create_once(id as usize, priority)? {
+            cursor.count_created();
+        }
         std::mem::forget(failed);
+        cursor.settle();
         Ok(SpyreStream::from_parts(self.device, StreamId(id)))
+    }
+
+    /// The round robin of the high-priority pool, or of the normal one.
+    #[inline]
+    fn cursor(&self, high: bool) -> &PoolCursor {
+        if high { &self.high } else { &self.normal }
     }
 
     /// Creates and publishes the handle of pool slot `slot` unless it has
     /// one (at most one creation per id): under the slot's creation lock,
     /// so a caller handed an id whose creation is in flight waits for it,
-    /// and nobody else does.
-    fn create_once(&self, slot: usize, priority: StreamPriority) -> Result<()> {
+    /// and nobody else does. `true` if this call created it.
+    fn create_once(&self, slot: usize, priority: StreamPriority) -> Result<bool> {
         if self.handles[slot].get().is_some() {
-            return Ok(());
+            return Ok(false);
         }
         let _creating = self.creations[slot].lock();
         if self.handles[slot].get().is_some() {
             // Created by another caller of this id while this one waited.
-            return Ok(());
+            return Ok(false);
         }
         let written = self.handles[slot].set(self.create_stream(priority)?);
         debug_assert!(
             written,
             "a pool slot is written once, under its creation lock"
         );
-        Ok(())
+        Ok(true)
     }
 
     /// The default stream (id 0), initializing the pool if needed (`getDefaultStream`).
@@ -395,15 +463,22 @@ impl<'rt> StreamPool<'rt> {
     }
 
     /// The next host-compute stream, round robin over ids 65..65+N-1
-    /// (`getHostComputeStream`). Write lock; initializes the pool if needed.
+    /// (`getHostComputeStream`). The cursor advances with one atomic
+    /// read-modify-write, no lock; initializes the pool if needed.
     ///
     /// # Errors
     /// As [`StreamPool::initialize`].
     pub fn host_compute_stream(&self) -> Result<SpyreStream> {
-        let mut cursors = self.cursors.lock();
-        self.initialize_locked(&mut cursors)?;
-        let index = cursors.next_host_compute;
-        cursors.next_host_compute = (index + 1) % self.config.host_compute_streams;
+        self.initialize()?;
+        let count = self.config.host_compute_streams;
+        let advanced =
+            self.next_host_compute
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |index| {
+                    Some((index + 1) % count)
+                });
+        // The closure never refuses: `Err` cannot happen, and both carry
+        // the previous value.
+        let index = advanced.unwrap_or_else(|index| index);
         Ok(SpyreStream::from_parts(
             self.device,
             StreamId(HOST_COMPUTE_START + index as i64),
@@ -461,8 +536,8 @@ impl<'rt> StreamPool<'rt> {
     /// Synchronizes every stream of the device (`synchronizeDevice`): the
     /// default stream, each assigned normal and high-priority stream, then
     /// each host-compute stream, in that order, each once; ids never assigned
-    /// are skipped. The handles are collected as one snapshot under the
-    /// exclusive lock, which is released before the first wait. If a stream fails, the others are
+    /// are skipped. The handles are collected as one snapshot, without a
+    /// lock, before the first wait. If a stream fails, the others are
     /// still synchronized. An uninitialized pool has nothing to synchronize.
     ///
     /// # Errors
@@ -485,18 +560,15 @@ impl<'rt> StreamPool<'rt> {
         self.snapshot().into_iter().map(|(id, _)| id).collect()
     }
 
-    /// Every published handle with its id, in table order: taken under the
-    /// exclusive lock, which initialization and every cursor write hold
-    /// (the spec's snapshot; one load per slot without it could see slot 65
-    /// without slot 0, half an initialization). A pool id's stream is
-    /// published under its own creation lock, before the id is returned to
-    /// anyone: a slot missing from the snapshot is one whose stream nobody
-    /// has been given yet, so no work on it can need waiting for. Released
-    /// before the caller waits on anything.
+    /// Every published handle with its id, in table order, without a lock:
+    /// the initialization slots only once the `initialized` flag is seen
+    /// (acquire), so the snapshot has all of them or none, never half an
+    /// initialization. A pool id's stream is published under its own
+    /// creation lock before the id is returned to anyone: a slot missing
+    /// from the snapshot is one whose stream nobody has been given yet, so
+    /// no work on it can need waiting for.
     fn snapshot(&self) -> Vec<(StreamId, &'rt dyn Stream)> {
-        let _writes = self.cursors.lock();
-        if !self.initialized.load(Ordering::Relaxed) {
-            // Written under this same lock: no ordering needed.
+        if !self.initialized.load(Ordering::Acquire) {
             return Vec::new();
         }
         (0..MAX_STREAM_SLOTS)

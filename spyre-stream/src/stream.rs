@@ -32,6 +32,7 @@ impl SpyreStream {
     /// A stream value for `id` on `device` without asking the pool (c10's
     /// `Stream(UNSAFE, device, id)`). Nothing is checked here: an operation
     /// on an id that has no handle fails with [`crate::Error::NoHandle`].
+    #[inline]
     pub fn from_parts(device: u8, id: StreamId) -> Self {
         Self { device, id }
     }

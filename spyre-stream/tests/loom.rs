@@ -20,6 +20,7 @@
 //! | two threads assigning fresh ids while a creation fails (its id is handed out again first) | `a_failed_creation_hands_its_id_out_again_first` |
 //! | a slow creation holds up only the callers of its id | `a_slow_creation_holds_up_only_its_own_id` |
 //! | the same fresh id handed out again after a full round, while its creation is in flight | `the_same_fresh_id_handed_out_again_after_a_full_round` |
+//! | a failed creation's id queued after another thread settled the cursor (every id created) | `a_failure_queued_after_the_cursor_settled_unsettles_it` |
 //! | a resolve racing the first assignment of that id | `resolve_races_first_assignment_of_that_id` |
 //! | device synchronization racing an assignment | `device_sync_races_assignment` |
 //! | device synchronization waits with the lock released | `device_sync_releases_the_lock_before_waiting` |
@@ -354,6 +355,50 @@ fn the_same_fresh_id_handed_out_again_after_a_full_round() {
                 "id {id} changed handle"
             );
         }
+        assert_eq!(created(runtime), HOST_COMPUTE + 32);
+    });
+}
+
+/// A failure queued after the cursor settled unsettles it. Thirty-one ids
+/// are created first; then thread A assigns once while thread B assigns a
+/// full round (32 times), and the first creation of id 32 fails. Whichever
+/// thread's creation failed, and whatever the order of its retry entry and
+/// the other thread creating id 32 (which settles the cursor), the next
+/// assignment is handed id 32 again if the entry is still queued, or the
+/// cursor's next id, 32, if B took the entry: 32 either way, then 1.
+/// Were the entry queued without unsettling the cursor, an assignment after
+/// B settled it would skip the entry and be handed id 1.
+///
+/// Bounded to 3 preemptions, as the full round above (the race needs one:
+/// between the failed creation releasing its lock and queuing its id).
+#[test]
+fn a_failure_queued_after_the_cursor_settled_unsettles_it() {
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(3);
+    // Every unsettled assignment looks at the 32 slots: a long path.
+    builder.max_branches = 20_000;
+    builder.check(|| {
+        let runtime = leak_runtime();
+        let pool = pool(runtime);
+        pool.initialize().unwrap();
+        for id in 1..=31 {
+            assert_eq!(pool.stream_from_pool(0).unwrap().id(), StreamId(id));
+        }
+        runtime.fail_next_stream_creations(1);
+        let once = {
+            let pool = pool.clone();
+            loom::thread::spawn(move || pool.stream_from_pool(0).is_ok())
+        };
+        let round = {
+            let pool = pool.clone();
+            loom::thread::spawn(move || {
+                (0..32).filter(|_| pool.stream_from_pool(0).is_ok()).count()
+            })
+        };
+        let succeeded = usize::from(once.join().unwrap()) + round.join().unwrap();
+        assert_eq!(succeeded, 32, "one of the 33 assignments failed");
+        assert_eq!(pool.stream_from_pool(0).unwrap().id(), StreamId(32));
+        assert_eq!(pool.stream_from_pool(0).unwrap().id(), StreamId(1));
         assert_eq!(created(runtime), HOST_COMPUTE + 32);
     });
 }
