@@ -105,6 +105,11 @@ pub(crate) struct Device {
     /// Bumped (release) whenever a stream becomes ready: what a spinning
     /// engine watches instead of taking the scheduler lock.
     pub(crate) work_epoch: AtomicU64,
+    /// Idle engines watching `work_epoch` now. Written and read under the
+    /// scheduler lock: a launch that sees a watcher there leaves the
+    /// waking to it (the watcher takes the lock and looks before it
+    /// blocks), so it makes no wake-up call.
+    pub(crate) watching: AtomicUsize,
     /// Bumped (release) whenever an operation finishes: what a spinning
     /// `synchronize` watches instead of taking the scheduler lock.
     pub(crate) done_epoch: AtomicU64,
@@ -128,6 +133,7 @@ impl Device {
             device_side_wait: config.device_side_wait(),
             check_reuse: config.check_reuse(),
             work_epoch: AtomicU64::new(0),
+            watching: AtomicUsize::new(0),
             done_epoch: AtomicU64::new(0),
         }
     }
@@ -273,13 +279,26 @@ fn engine_main(device: Arc<Device>) {
             }
             None if scheduler.shutting_down => break,
             None => {
-                // Idle: watch for new work for a moment without the lock
-                // (not at all under `Blocking`), then block.
-                let seen = device.work_epoch.load(Ordering::Acquire);
-                let deadline = *idle_since.get_or_insert_with(Instant::now) + SyncPolicy::AUTO_SPIN;
-                let moved = MutexGuard::unlocked(&mut scheduler, || {
-                    device.wait_for_epoch(&device.work_epoch, seen, Some(deadline))
-                });
+                // Idle: watch for new work for a moment without the lock,
+                // then block. Under `Auto` one engine at a time watches, so
+                // that idle engines do not take the cores of the threads
+                // that launch; under `Blocking` none does.
+                let watch = match device.sync_policy {
+                    SyncPolicy::Blocking => false,
+                    SyncPolicy::Auto => device.watching.load(Ordering::Relaxed) == 0,
+                    SyncPolicy::Spin | SyncPolicy::Yield => true,
+                };
+                let moved = watch && {
+                    let seen = device.work_epoch.load(Ordering::Acquire);
+                    let deadline =
+                        *idle_since.get_or_insert_with(Instant::now) + SyncPolicy::AUTO_SPIN;
+                    device.watching.fetch_add(1, Ordering::Relaxed);
+                    let moved = MutexGuard::unlocked(&mut scheduler, || {
+                        device.wait_for_epoch(&device.work_epoch, seen, Some(deadline))
+                    });
+                    device.watching.fetch_sub(1, Ordering::Relaxed);
+                    moved
+                };
                 if !moved && !scheduler.has_ready() && !scheduler.shutting_down {
                     device.work.wait(&mut scheduler);
                 }

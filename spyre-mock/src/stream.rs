@@ -79,27 +79,33 @@ impl MockStream {
     }
 
     /// Admits work to the scheduler with `admit`, runs `on_admitted` under
-    /// the scheduler lock if it was, and wakes an engine if the stream
-    /// became ready. What `admit` refused is dropped after the lock is
+    /// the scheduler lock if it was, and, if the stream became ready, tells
+    /// the engines: a watching engine sees the work epoch move, a blocked
+    /// one is woken when none is watching. What `admit` refused is dropped after the lock is
     /// released (it may hold user code).
     fn submit<R>(
         &self,
         admit: impl FnOnce(&mut Scheduler) -> std::result::Result<bool, (FlexError, R)>,
         on_admitted: impl FnOnce(),
     ) -> Result<()> {
-        let admitted = {
+        let (admitted, watched) = {
             let mut scheduler = self.device.scheduler.lock();
             let admitted = admit(&mut scheduler);
             if admitted.is_ok() {
                 on_admitted();
             }
-            admitted
+            // Under the lock, where watchers come and go: one that is
+            // watching now takes the lock and looks before it blocks.
+            let watched = self.device.watching.load(Ordering::Relaxed) != 0;
+            (admitted, watched)
         };
         match admitted {
             Ok(became_ready) => {
                 if became_ready {
                     self.device.work_epoch.fetch_add(1, Ordering::Release);
-                    self.device.work.notify_one();
+                    if !watched {
+                        self.device.work.notify_one();
+                    }
                 }
                 Ok(())
             }

@@ -567,6 +567,46 @@ fn every_sync_policy_waits_for_the_work_and_reports_its_error() {
 }
 
 #[test]
+fn under_auto_at_most_one_idle_engine_watches_for_work() {
+    let rt = crate::MockSystemBuilder::new()
+        .memory_bytes(1 << 20)
+        .region_bytes(1 << 18)
+        .engines(4)
+        .sync_policy(SyncPolicy::Auto)
+        .build()
+        .unwrap()
+        .create_mock_runtime(0)
+        .unwrap();
+    let device = rt.device_weak().upgrade().unwrap();
+    let streams: Vec<&MockStream> = (0..8).map(|_| stream(&rt)).collect();
+    let ran = Arc::new(AtomicUsize::new(0));
+    let mut most = 0;
+    // Bursts over 8 streams: the four engines take work and run out of it
+    // again and again, each time deciding whether to watch.
+    for _ in 0..300 {
+        for s in &streams {
+            let ran = Arc::clone(&ran);
+            s.launch_host_callback(
+                Box::new(move || {
+                    ran.fetch_add(1, Ordering::Relaxed);
+                }),
+                LaunchOptions::new(),
+            )
+            .unwrap();
+        }
+        for _ in 0..64 {
+            most = most.max(device.watching.load(Ordering::Relaxed));
+            std::hint::spin_loop();
+        }
+    }
+    for s in &streams {
+        s.synchronize().unwrap();
+    }
+    assert_eq!(ran.load(Ordering::Relaxed), 300 * 8, "every launch ran");
+    assert!(most <= 1, "{most} idle engines watched at once");
+}
+
+#[test]
 fn a_spinning_wait_ends_at_its_deadline_or_when_the_epoch_moves() {
     use std::sync::atomic::AtomicU64;
     use std::time::{Duration, Instant};
