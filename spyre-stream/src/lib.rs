@@ -52,8 +52,10 @@
 //!   those ids only after seeing the flag, so they see all of them or none.
 //!   On error nothing is written and a later call retries.
 //! - **No lock is held while waiting on the device**, and none is taken to
-//!   resolve a handle or to hand out an id whose stream exists: `resolve`
-//!   is an acquire load, an assignment an acquire load and an atomic add;
+//!   resolve a handle or, once every id of a pool has its stream and no
+//!   failed id waits to be handed out again, to assign from that pool:
+//!   `resolve` is an acquire load, such an assignment an acquire load and
+//!   an atomic add (before that, an assignment takes the pool's retry lock);
 //!   [`synchronize_device`] snapshots the table without a lock, then waits.
 //! - **One device per process.** The pool is bound to the runtime's logical
 //!   device; asking for another fails with an error naming both. A request
@@ -94,7 +96,7 @@
 //! | [`StreamPool::synchronize_device`] | shared lock while collecting handles | no lock: the snapshot loads the `initialized` flag (acquire), then each slot (initialization whole or not at all, and every stream anyone has been given); none while waiting |
 //! | pool initialization | exclusive lock | exclusive lock; published by a release store |
 //! | [`StreamPool::stream_from_pool`] | exclusive lock, the stream of a fresh id created inside it; the cursor is written on every assignment | the cursor advanced by one atomic add (an id whose creation failed is handed out again first, from a queue under its own lock, the cursor not written then); a fresh id's stream created under that id's creation lock; once every id has its stream and nothing is queued, an acquire load and the add, nothing else |
-//! | [`StreamPool::host_compute_stream`] | exclusive lock; the cursor is written on every assignment | the cursor advanced by one atomic read-modify-write |
+//! | [`StreamPool::host_compute_stream`] | exclusive lock; the cursor is written on every assignment | the cursor advanced by a compare-and-swap loop (one read-modify-write when uncontended), no lock |
 //!
 //! # torch-spyre names
 //!
@@ -194,9 +196,9 @@
 //!   BENCHMARKS.md).
 //! - **A pool stream is created outside the exclusive section** (upstream
 //!   runs `createStream` inside the write lock, so a creation that takes
-//!   10 ms stalls every assignment). The assignment hands out the id under
-//!   the exclusive lock, releases it, and creates the stream under a lock of
-//!   that id alone: resolving any id and handing out ids that have streams
+//!   10 ms stalls every assignment). The assignment hands out the id (an
+//!   atomic add, above) and creates the stream under a lock of that id
+//!   alone: resolving any id and handing out ids that have streams
 //!   proceed meanwhile, and only callers handed the same fresh id wait for
 //!   its creation (at most one creation per id still holds). A failed
 //!   creation (an error or a panic) publishes nothing and its id is handed

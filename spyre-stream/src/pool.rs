@@ -463,8 +463,9 @@ impl<'rt> StreamPool<'rt> {
     }
 
     /// The next host-compute stream, round robin over ids 65..65+N-1
-    /// (`getHostComputeStream`). The cursor advances with one atomic
-    /// read-modify-write, no lock; initializes the pool if needed.
+    /// (`getHostComputeStream`). The cursor advances by a compare-and-swap
+    /// loop (so that it stays below N across the counter's wrap), no lock;
+    /// initializes the pool if needed.
     ///
     /// # Errors
     /// As [`StreamPool::initialize`].

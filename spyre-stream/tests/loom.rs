@@ -108,8 +108,8 @@ fn init_races_assignment_and_resolve() {
     });
 }
 
-/// Two threads assigning at once: the write lock makes the cursor move once
-/// per assignment, so they get ids 1 and 2, and each fresh id gets exactly
+/// Two threads assigning at once: the atomic cursor moves once per
+/// assignment, so they get ids 1 and 2, and each fresh id gets exactly
 /// one handle, created once.
 #[test]
 fn concurrent_assignments_create_each_fresh_id_once() {

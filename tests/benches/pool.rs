@@ -9,7 +9,8 @@
 //!   `std::unordered_map<int64_t, Handle*>`; `benches/cpp/`, compiled with
 //!   `-O2` by the build script).
 //! - `assignment`: [`StreamPool::stream_from_pool`] once every pool id has
-//!   its handle (exclusive lock, cursor update), beside
+//!   its handle (the settled cursor: an acquire load and an atomic add),
+//!   beside
 //!   `atomic_round_robin` (a relaxed `fetch_add` modulo 32, the cheapest
 //!   thread-safe round robin) and `cpp_shared_mutex` (`std::unique_lock`,
 //!   cursor advance, lazy insert).

@@ -709,8 +709,8 @@ fn fresh_pools_race_initialization_assignment_and_resolution() {
 fn race_one_fresh_pool(seed: u64, round: usize) {
     let ctx = format!("round {round} (SPYRE_STRESS_SEED={seed:#x})");
     // Stream creation takes a while (the mock's is nearly instant), so that
-    // the threads racing a fresh pool really overlap with the creations done
-    // under its write lock.
+    // the threads racing a fresh pool really overlap with the creations
+    // (each under its id's creation lock).
     let runtime = NoopRuntime::new(0).with_creation_delay(Duration::from_micros(200));
     let pool = StreamPool::new(&runtime, PoolConfig::new(HOST_COMPUTE, false).unwrap()).unwrap();
     let barrier = Barrier::new(WORKERS);

@@ -33,7 +33,10 @@
 //!   touching the ordered maps (a server allocating the same sizes every
 //!   step). They merge when pushed out by newer ones, when an allocation on
 //!   their stream finds none that fits, and before memory goes back to the
-//!   device.
+//!   device. A recent block is taken before a better fit among the merged
+//!   ones: for requests above [`SMALL_REQUEST`] it may be up to that much
+//!   larger than the request (as a block the best fit picks may be), for
+//!   smaller ones it is the request's rounded size.
 //! - **Out of memory.** When the device is full the allocator returns the
 //!   whole free segments of idle streams to the device (waiting for no
 //!   stream) and tries once more; then it fails with [`Error::OutOfMemory`].
