@@ -29,8 +29,9 @@ mod imp {
         }
     }
 
-    /// The pool's exclusive lock (torch-spyre's `unique_lock` on the
-    /// `shared_mutex`; nothing takes it shared any more).
+    /// The crate's lock: the pool's exclusive section (torch-spyre's
+    /// `unique_lock` on the `shared_mutex`; nothing takes it shared any
+    /// more), its retry queues and creation locks, the idle markers.
     #[derive(Debug, Default)]
     pub(crate) struct Mutex<T>(parking_lot::Mutex<T>);
 
@@ -75,7 +76,7 @@ mod imp {
         }
     }
 
-    /// The pool's exclusive lock, modelled by loom.
+    /// The crate's lock, modelled by loom.
     #[derive(Debug)]
     pub(crate) struct Mutex<T>(loom::sync::Mutex<T>);
 

@@ -21,7 +21,8 @@ use crate::loom_shim::Mutex;
 
 /// Idle markers kept at most; more are destroyed when they come back. Enough
 /// for the 64 pool streams each awaiting once at the same time; a burst
-/// beyond makes new ones and destroys the surplus.
+/// beyond (or many cross-stream frees still fenced) makes new ones and
+/// destroys the surplus.
 const IDLE_LIMIT: usize = 64;
 
 /// The idle markers of the process's runtime. Thread-safety: `Send + Sync`;

@@ -23,7 +23,7 @@
 //! | a failed creation's id queued after another thread settled the cursor (every id created) | `a_failure_queued_after_the_cursor_settled_unsettles_it` |
 //! | a resolve racing the first assignment of that id | `resolve_races_first_assignment_of_that_id` |
 //! | device synchronization racing an assignment | `device_sync_races_assignment` |
-//! | device synchronization waits with the lock released | `device_sync_releases_the_lock_before_waiting` |
+//! | device synchronization waits holding no lock an assignment needs | `device_sync_waits_holding_no_lock` |
 //! | a snapshot of the table racing initialization and an assignment | `snapshots_see_one_state_of_the_table` |
 //!
 //! Each model fails on a pool broken the way it guards against (see
@@ -403,13 +403,13 @@ fn a_failure_queued_after_the_cursor_settled_unsettles_it() {
     });
 }
 
-/// Device synchronization releases the lock before it waits: while it waits
-/// on a stream whose work is still running, an assignment (write lock) goes
-/// through. Here the stream's work finishes only after that assignment, so
-/// a synchronization that waited under the read lock would deadlock, which
-/// loom reports.
+/// Device synchronization holds no lock while it waits: while it waits on
+/// a stream whose work is still running, an assignment goes through. Here
+/// the stream's work finishes only after that assignment, so a
+/// synchronization that waited holding a lock the assignment needs (as the
+/// spec's read lock once was) would deadlock, which loom reports.
 #[test]
-fn device_sync_releases_the_lock_before_waiting() {
+fn device_sync_waits_holding_no_lock() {
     loom::model(|| {
         // Leaked like the runtime (loom checks that every loom Arc is freed).
         let gate: &'static Gate = Box::leak(Box::default());

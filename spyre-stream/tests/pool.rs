@@ -360,8 +360,8 @@ fn no_lock_is_held_while_a_stream_or_the_device_synchronizes() {
             })
         })
         .collect();
-    // While both waits are blocked on the slow stream, assignment (write
-    // lock) and resolution (read lock) still go through.
+    // While both waits are blocked on the slow stream, assignment and
+    // resolution still go through (neither waits for them).
     std::thread::sleep(Duration::from_millis(20));
     let fresh = pool.stream_from_pool(-1).unwrap();
     assert_eq!(fresh.id(), StreamId(33));

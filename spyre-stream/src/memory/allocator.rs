@@ -25,8 +25,9 @@
 //!   1.0) the block waits until each of those streams is idle instead.
 //! - **Split and merge.** A free block larger than a request is split when
 //!   the rest is worth keeping ([`MIN_BLOCK`] or more for small requests,
-//!   more than [`SMALL_REQUEST`] for large ones); a block freed next to free
-//!   blocks of its segment merges with them.
+//!   more than [`SMALL_REQUEST`] for large ones); a block that goes back to
+//!   its segment merges with the free blocks next to it (a block freed on
+//!   its own stream does so later, below).
 //! - **Recent blocks.** The last [`RECENT_BLOCKS`] blocks freed on their own
 //!   stream are kept as they were, unmerged, and an allocation on that
 //!   stream that one of them serves without a split takes it back without
