@@ -111,6 +111,11 @@ pub enum Op {
     },
     /// Runs a host function on an engine thread in stream order.
     HostFn(HostFn),
+    /// Runs the host callback of [`flex_rt::Stream::launch_host_callback`]
+    /// on an engine thread in stream order, as it was given (no second
+    /// box): it returns nothing, and a panic inside fails the operation
+    /// with [`Status::HOST_CALLBACK_FAILED`].
+    HostCallback(flex_rt::HostCallback),
     /// An event's record: completes the event, with a timestamp, when the
     /// stream reaches it. Made only by [`crate::MockStream`]'s
     /// `record_event`; takes no time in the timing model.
@@ -159,7 +164,7 @@ impl Op {
             Self::D2h { .. } => "launch_d2h",
             Self::Compute { .. } => "launch_compute",
             Self::Fill { .. } => "launch_fill",
-            Self::HostFn(_) => "launch_host_callback",
+            Self::HostFn(_) | Self::HostCallback(_) => "launch_host_callback",
             Self::Record(_) => "record_event",
         }
     }
@@ -171,7 +176,9 @@ impl Op {
             Self::H2d { src, dst } => check_copy_size(call, src.bytes().len(), dst),
             Self::D2h { src, dst } => check_copy_size(call, dst.bytes_mut().len(), src),
             Self::Fill { dst, format, .. } => check_fill_size(call, dst, *format),
-            Self::Compute { .. } | Self::HostFn(_) | Self::Record(_) => Ok(()),
+            Self::Compute { .. } | Self::HostFn(_) | Self::HostCallback(_) | Self::Record(_) => {
+                Ok(())
+            }
         }
     }
 
@@ -235,17 +242,21 @@ impl Op {
                     call,
                     format!("host callback returned an error: {message}"),
                 )),
-                Err(payload) => Err(FlexError::new(
-                    Status::HOST_CALLBACK_FAILED,
-                    call,
-                    format!(
-                        "host callback panicked: {}",
-                        panic_message(payload.as_ref())
-                    ),
-                )),
+                Err(payload) => Err(host_callback_panicked(call, payload.as_ref())),
             },
+            Self::HostCallback(f) => catch_unwind(AssertUnwindSafe(f))
+                .map_err(|payload| host_callback_panicked(call, payload.as_ref())),
         }
     }
+}
+
+/// The error of a host function or callback that panicked.
+fn host_callback_panicked(call: &'static str, payload: &(dyn std::any::Any + Send)) -> FlexError {
+    FlexError::new(
+        Status::HOST_CALLBACK_FAILED,
+        call,
+        format!("host callback panicked: {}", panic_message(payload)),
+    )
 }
 
 impl fmt::Debug for Op {
@@ -267,6 +278,7 @@ impl fmt::Debug for Op {
                 .field("format", format)
                 .finish(),
             Self::HostFn(_) => f.write_str("HostFn"),
+            Self::HostCallback(_) => f.write_str("HostCallback"),
             Self::Record(record) => record.fmt(f),
         }
     }

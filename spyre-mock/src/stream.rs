@@ -293,13 +293,7 @@ impl Stream for MockStream {
     }
 
     fn launch_host_callback(&self, callback: HostCallback, options: LaunchOptions) -> Result<()> {
-        self.enqueue(
-            Op::host_fn(move || {
-                callback();
-                Ok(())
-            }),
-            options,
-        )
+        self.enqueue(Op::HostCallback(callback), options)
     }
 
     fn launch_fill(
