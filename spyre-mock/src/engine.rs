@@ -105,11 +105,6 @@ pub(crate) struct Device {
     /// Bumped (release) whenever a stream becomes ready: what a spinning
     /// engine watches instead of taking the scheduler lock.
     pub(crate) work_epoch: AtomicU64,
-    /// Idle engines watching `work_epoch` now. Written and read under the
-    /// scheduler lock: a launch that sees a watcher there leaves the
-    /// waking to it (the watcher takes the lock and looks before it
-    /// blocks), so it makes no wake-up call.
-    pub(crate) watching: AtomicUsize,
     /// Bumped (release) whenever an operation finishes: what a spinning
     /// `synchronize` watches instead of taking the scheduler lock.
     pub(crate) done_epoch: AtomicU64,
@@ -133,7 +128,6 @@ impl Device {
             device_side_wait: config.device_side_wait(),
             check_reuse: config.check_reuse(),
             work_epoch: AtomicU64::new(0),
-            watching: AtomicUsize::new(0),
             done_epoch: AtomicU64::new(0),
         }
     }
@@ -285,18 +279,18 @@ fn engine_main(device: Arc<Device>) {
                 // that launch; under `Blocking` none does.
                 let watch = match device.sync_policy {
                     SyncPolicy::Blocking => false,
-                    SyncPolicy::Auto => device.watching.load(Ordering::Relaxed) == 0,
+                    SyncPolicy::Auto => scheduler.watching == 0,
                     SyncPolicy::Spin | SyncPolicy::Yield => true,
                 };
                 let moved = watch && {
                     let seen = device.work_epoch.load(Ordering::Acquire);
                     let deadline =
                         *idle_since.get_or_insert_with(Instant::now) + SyncPolicy::AUTO_SPIN;
-                    device.watching.fetch_add(1, Ordering::Relaxed);
+                    scheduler.watching += 1;
                     let moved = MutexGuard::unlocked(&mut scheduler, || {
                         device.wait_for_epoch(&device.work_epoch, seen, Some(deadline))
                     });
-                    device.watching.fetch_sub(1, Ordering::Relaxed);
+                    scheduler.watching -= 1;
                     moved
                 };
                 if !moved && !scheduler.has_ready() && !scheduler.shutting_down {

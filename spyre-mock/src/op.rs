@@ -416,6 +416,7 @@ mod tests {
             Op::fill(dst.clone(), 0.0, DataFormat::Uint8),
             Op::h2d(vec![0u8; 8], dst),
             Op::host_fn(|| Ok(())),
+            Op::HostCallback(Box::new(|| {})),
         ] {
             assert!(op.is_timed(), "{op:?}");
         }

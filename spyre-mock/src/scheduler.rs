@@ -152,6 +152,11 @@ pub(crate) struct Scheduler {
     next_seq: u64,
     /// Set when the runtime is dropped: engines exit once nothing is ready.
     pub(crate) shutting_down: bool,
+    /// Idle engines watching the device's work epoch now (without this
+    /// lock): a launch that sees a watcher here leaves the waking to it (the
+    /// watcher takes the lock and looks before it blocks), so it makes no
+    /// wake-up call.
+    pub(crate) watching: usize,
     /// Stream ids `synchronize` was called on, in call order; the most
     /// recent [`SYNCHRONIZE_LOG_LIMIT`] calls.
     synchronize_log: VecDeque<u64>,

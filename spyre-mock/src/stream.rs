@@ -81,8 +81,8 @@ impl MockStream {
     /// Admits work to the scheduler with `admit`, runs `on_admitted` under
     /// the scheduler lock if it was, and, if the stream became ready, tells
     /// the engines: a watching engine sees the work epoch move, a blocked
-    /// one is woken when none is watching. What `admit` refused is dropped after the lock is
-    /// released (it may hold user code).
+    /// one is woken when none is watching. What `admit` refused is dropped
+    /// after the lock is released (it may hold user code).
     fn submit<R>(
         &self,
         admit: impl FnOnce(&mut Scheduler) -> std::result::Result<bool, (FlexError, R)>,
@@ -96,7 +96,7 @@ impl MockStream {
             }
             // Under the lock, where watchers come and go: one that is
             // watching now takes the lock and looks before it blocks.
-            let watched = self.device.watching.load(Ordering::Relaxed) != 0;
+            let watched = scheduler.watching != 0;
             (admitted, watched)
         };
         match admitted {

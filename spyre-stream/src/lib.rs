@@ -192,7 +192,7 @@
 //!   advanced; a flag (set with release once all 32 ids have streams and
 //!   nothing is queued, cleared when a failure queues an id) lets an
 //!   assignment skip the queue and the table: an acquire load and an atomic
-//!   add (5.8 ns against 19.1 ns for torch-spyre's discipline in C++;
+//!   add (5.8 ns against 19.2 ns for torch-spyre's discipline in C++;
 //!   BENCHMARKS.md).
 //! - **A pool stream is created outside the exclusive section** (upstream
 //!   runs `createStream` inside the write lock, so a creation that takes

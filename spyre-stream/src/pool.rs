@@ -4,6 +4,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::sync::atomic::Ordering;
 
+use crossbeam_utils::CachePadded;
 use flex_rt::{Runtime, Stream, StreamMode, StreamPriority};
 
 use crate::error::{Error, Result};
@@ -11,8 +12,6 @@ use crate::id::{
     HIGH_POOL_START, HOST_COMPUTE_START, MAX_HOST_COMPUTE_STREAMS, MAX_STREAM_SLOTS,
     NORMAL_POOL_START, STREAMS_PER_POOL, StreamId,
 };
-use crossbeam_utils::CachePadded;
-
 use crate::loom_shim::{AtomicBool, AtomicUsize, Mutex, WriteOnce};
 use crate::stream::SpyreStream;
 
@@ -105,7 +104,8 @@ impl Drop for RetryOnDrop<'_, '_> {
 /// stream if it has none.
 struct PoolCursor {
     /// Hand-outs the round robin has made; the next offset is this modulo
-    /// 32 (2^64 is a multiple of 32, so the order survives the wrap). On a
+    /// 32 (`2^usize::BITS` is a multiple of 32, so the order survives the
+    /// wrap). On a
     /// cache line of its own: every assignment writes it, and the flag and
     /// slots every assignment reads must not move with it.
     next: CachePadded<AtomicUsize>,
@@ -156,11 +156,6 @@ impl PoolCursor {
         let mut retry = self.retry.lock();
         retry.push_back(offset);
         self.settled.store(false, Ordering::Relaxed);
-    }
-
-    /// Counts one more id whose stream was created and published.
-    fn count_created(&self) {
-        self.created.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Settles the cursor if every id of the pool has its stream and
@@ -232,7 +227,7 @@ pub struct StreamPool<'rt> {
     normal: PoolCursor,
     /// The round robin of ids 33–64.
     high: PoolCursor,
-    /// Host-compute hand-outs so far; the next index is this modulo N.
+    /// The host-compute index handed out next, below N.
     next_host_compute: AtomicUsize,
     /// Slot `i`'s creation lock: held while the stream of a fresh pool id
     /// is created, outside the exclusive lock.
@@ -409,7 +404,8 @@ impl<'rt> StreamPool<'rt> {
             offset,
         };
         if self.create_once(id as usize, priority)? {
-            cursor.count_created();
+            // After the slot's release: whoever reads 32 (acquire) sees it.
+            cursor.created.fetch_add(1, Ordering::AcqRel);
         }
         std::mem::forget(failed);
         cursor.settle();

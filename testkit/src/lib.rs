@@ -17,9 +17,9 @@ mod rng;
 mod timing;
 
 pub use rng::{SplitMix64, mix64};
-#[cfg(feature = "criterion")]
-pub use timing::bench_interleaved;
 pub use timing::{BatchedMember, batched, interleaved, interleaved_batched};
+#[cfg(feature = "criterion")]
+pub use timing::{bench_interleaved, bench_interleaved_batched};
 
 /// `values` as the device stores `f32`: 4 little-endian bytes each.
 pub fn f32_le_bytes(values: &[f32]) -> Vec<u8> {

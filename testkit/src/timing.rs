@@ -107,6 +107,23 @@ pub fn bench_interleaved<M: criterion::measurement::Measurement<Value = Duration
     }
 }
 
+/// Benchmarks member `i` of `members` as `names[i]` in `group`, each timed
+/// with [`interleaved_batched`] in batches of at most `batch` against all
+/// the others. `names` and `members` have the same length.
+#[cfg(feature = "criterion")]
+pub fn bench_interleaved_batched<M: criterion::measurement::Measurement<Value = Duration>>(
+    group: &mut criterion::BenchmarkGroup<'_, M>,
+    batch: u64,
+    names: &[&str],
+    members: &[BatchedMember<'_>],
+) {
+    for (me, name) in names.iter().enumerate() {
+        group.bench_function(*name, |b| {
+            b.iter_custom(|iters| interleaved_batched(iters, batch, me, members))
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::cell::Cell;

@@ -38,7 +38,7 @@ use flex_rt::{
     StreamMode, StreamPriority,
 };
 use spyre_mock::MockSystem;
-use spyre_testkit::{BatchedMember, bench_interleaved, interleaved_batched};
+use spyre_testkit::{BatchedMember, bench_interleaved, bench_interleaved_batched};
 
 /// Launches timed back to back before the queue is drained, in `ffi_enqueue`.
 const BATCH: u64 = 256;
@@ -105,12 +105,9 @@ fn bench_enqueue(c: &mut Criterion, sides: &[Side]) {
         .zip(&drains)
         .map(|(launch, drain)| (&**launch, &**drain))
         .collect();
+    let names: Vec<&str> = sides.iter().map(|side| side.name).collect();
     let mut group = c.benchmark_group("ffi_enqueue");
-    for (me, side) in sides.iter().enumerate() {
-        group.bench_function(side.name, |b| {
-            b.iter_custom(|iters| interleaved_batched(iters, BATCH, me, &members))
-        });
-    }
+    bench_interleaved_batched(&mut group, BATCH, &names, &members);
     group.finish();
 }
 

@@ -23,7 +23,7 @@ use std::hint::black_box;
 use criterion::{Criterion, criterion_group, criterion_main};
 use flex_rt::{Backend, HardwareBackend};
 use spyre_stream::{Device, DeviceBuffer};
-use spyre_testkit::{BatchedMember, interleaved_batched};
+use spyre_testkit::bench_interleaved_batched;
 
 const MIB: usize = 1 << 20;
 /// Calls per timed batch.
@@ -54,19 +54,18 @@ fn benches(c: &mut Criterion) {
     let vec = || drop(black_box(Vec::<u8>::with_capacity(MIB)));
     // Nothing is left to wait for after a batch.
     let drain = || {};
-    let members: [(&str, BatchedMember<'_>); 4] = [
-        ("buffer_1MiB", (&buffer, &drain)),
-        ("raw_1MiB", (&raw, &drain)),
-        ("raw_ffi_1MiB", (&raw_ffi, &drain)),
-        ("vec_1MiB", (&vec, &drain)),
-    ];
-    let batched = members.map(|(_, member)| member);
     let mut group = c.benchmark_group("memory");
-    for (me, (name, _)) in members.iter().enumerate() {
-        group.bench_function(*name, |b| {
-            b.iter_custom(|iters| interleaved_batched(iters, BATCH, me, &batched))
-        });
-    }
+    bench_interleaved_batched(
+        &mut group,
+        BATCH,
+        &["buffer_1MiB", "raw_1MiB", "raw_ffi_1MiB", "vec_1MiB"],
+        &[
+            (&buffer, &drain),
+            (&raw, &drain),
+            (&raw_ffi, &drain),
+            (&vec, &drain),
+        ],
+    );
     group.finish();
 }
 

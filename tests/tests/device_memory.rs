@@ -135,6 +135,33 @@ fn a_freed_block_serves_its_size_again_whole_and_a_smaller_size_split() {
     });
 }
 
+/// A recent block (freed on its own stream) is taken before a better fit:
+/// the documented trade of the allocator's recent blocks. In one 20 MiB
+/// segment, `b` (2 MiB) goes back merged after `other` passes its drop,
+/// `a` (3 MiB) is freed on its own stream; a 2 MiB request then takes `a`
+/// whole (its 1 MiB rest is not worth a split) instead of the exact `b`.
+#[test]
+fn a_recent_block_is_taken_before_a_better_fit() {
+    isolated!(&[MOCK], || {
+        const MIB: usize = 1 << 20;
+        let (owner, other) = (pool_stream(), pool_stream());
+        let a = DeviceBuffer::<u8>::new(owner, 3 * MIB).unwrap();
+        let b = DeviceBuffer::<u8>::new(owner, 2 * MIB).unwrap();
+        let c = DeviceBuffer::<u8>::new(owner, 2 * MIB).unwrap();
+        let a_at = a.operand().unwrap();
+        b.record_stream(other).unwrap();
+        drop(b);
+        other.synchronize().unwrap();
+        drop(a);
+        let d = DeviceBuffer::<u8>::new(owner, 2 * MIB).unwrap();
+        assert_eq!(d.operand().unwrap(), a_at);
+        // `a`'s 3 MiB and `c`'s 2 MiB (with `b` taken instead: 2 + 2).
+        assert_eq!(memory_allocated(Device::CURRENT).unwrap(), 5 * MIB as u64);
+        assert_eq!(stats().device_allocations, 1);
+        drop((c, d));
+    });
+}
+
 #[test]
 fn blocks_split_and_merge_within_a_segment() {
     isolated!(&[MOCK], || {

@@ -595,7 +595,7 @@ fn under_auto_at_most_one_idle_engine_watches_for_work() {
             .unwrap();
         }
         for _ in 0..64 {
-            most = most.max(device.watching.load(Ordering::Relaxed));
+            most = most.max(device.scheduler.lock().watching);
             std::hint::spin_loop();
         }
     }

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use criterion::Criterion;
 use spyre_stream::{Device, LaunchOptions, SpyreEvent, SpyreStream};
-use spyre_testkit::{BatchedMember, bench_interleaved, interleaved_batched};
+use spyre_testkit::{BatchedMember, bench_interleaved, bench_interleaved_batched};
 
 /// Operations timed back to back before the stream is drained.
 const BATCH: u64 = 256;
@@ -107,12 +107,9 @@ pub fn run(c: &mut Criterion, side: &str) {
         .zip(&drains)
         .map(|(&(_, op, _), drain)| (op, &**drain))
         .collect();
+    let names: Vec<&str> = members.iter().map(|&(name, _, _)| name).collect();
     let mut group = c.benchmark_group(format!("{side}_enqueue"));
-    for (me, (name, _, _)) in members.iter().enumerate() {
-        group.bench_function(*name, |b| {
-            b.iter_custom(|iters| interleaved_batched(iters, BATCH, me, &ops))
-        });
-    }
+    bench_interleaved_batched(&mut group, BATCH, &names, &ops);
     group.finish();
 
     let mut group = c.benchmark_group(format!("{side}_trace"));
