@@ -15,15 +15,17 @@
 //! times only its own member (see `interleaved`). On a shared machine the
 //! thread wake-up latency and the memory bandwidth drift by several times
 //! within minutes; interleaving measures a member and its baseline over
-//! the same stretch of time, so their ratio stays meaningful. The
-//! nanosecond-scale groups (`enqueue`, `copy_4KiB`) are timed plainly, as
-//! two clock reads per operation would distort them.
+//! the same stretch of time, so their ratio stays meaningful. `enqueue` is
+//! interleaved batch by batch (a batch timed as one, so the clock costs
+//! nothing per launch); `copy_4KiB` is timed plainly, as two clock reads
+//! per copy would distort it.
 //!
 //! - `enqueue`: one launch of an empty operation. `mock/host_callback` is
 //!   [`Stream::launch_host_callback`] of a no-op on one stream; baseline
 //!   `executor/submit` submits the same boxed no-op. Launches are timed in
-//!   batches of [`BATCH`]; the queue is drained (synchronized) after each
-//!   batch, outside the timed region, so it never grows without bound.
+//!   batches of [`BATCH`], the two members' batches interleaved round by
+//!   round; the queue is drained (synchronized) after each batch, outside
+//!   the timed region, so it never grows without bound.
 //! - `round_trip` (interleaved): launch of an empty operation followed by
 //!   a wait for it, `mock/launch_synchronize` (launch +
 //!   [`Stream::synchronize`]) against `executor/submit_wait`.
@@ -50,7 +52,7 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use flex_rt::{HostBuffer, LaunchOptions, Runtime, Stream, StreamMode, StreamPriority};
 use parking_lot::{Condvar, Mutex};
 use spyre_mock::{MockRuntime, MockStream, MockSystem};
-use spyre_testkit::{batched, bench_interleaved};
+use spyre_testkit::{bench_interleaved, bench_interleaved_batched};
 
 /// Launches timed back to back before the queue is drained, in `enqueue`.
 const BATCH: u64 = 256;
@@ -169,27 +171,17 @@ fn bench_enqueue(c: &mut Criterion) {
     let stream = new_stream(&runtime);
     let executor = Executor::new(2);
 
+    let submit = || executor.submit(Box::new(|| {}));
+    let wait = || executor.wait();
+    let launch = || noop(stream);
+    let synchronize = || stream.synchronize().expect("synchronize");
     let mut group = c.benchmark_group("enqueue");
-    group.bench_function("executor/submit", |b| {
-        b.iter_custom(|iters| {
-            batched(
-                iters,
-                BATCH,
-                || executor.submit(Box::new(|| {})),
-                || executor.wait(),
-            )
-        });
-    });
-    group.bench_function("mock/host_callback", |b| {
-        b.iter_custom(|iters| {
-            batched(
-                iters,
-                BATCH,
-                || noop(stream),
-                || stream.synchronize().expect("synchronize"),
-            )
-        });
-    });
+    bench_interleaved_batched(
+        &mut group,
+        BATCH,
+        &["executor/submit", "mock/host_callback"],
+        &[(&submit, &wait), (&launch, &synchronize)],
+    );
     group.finish();
 }
 
