@@ -375,8 +375,6 @@ fn the_same_fresh_id_handed_out_again_after_a_full_round() {
 fn a_failure_queued_after_the_cursor_settled_unsettles_it() {
     let mut builder = loom::model::Builder::new();
     builder.preemption_bound = Some(3);
-    // Every unsettled assignment looks at the 32 slots: a long path.
-    builder.max_branches = 20_000;
     builder.check(|| {
         let runtime = leak_runtime();
         let pool = pool(runtime);
