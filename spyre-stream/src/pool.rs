@@ -105,9 +105,8 @@ impl Drop for RetryOnDrop<'_, '_> {
 struct PoolCursor {
     /// Hand-outs the round robin has made; the next offset is this modulo
     /// 32 (`2^usize::BITS` is a multiple of 32, so the order survives the
-    /// wrap). On a
-    /// cache line of its own: every assignment writes it, and the flag and
-    /// slots every assignment reads must not move with it.
+    /// wrap). On a cache line of its own: every assignment writes it, and
+    /// the flag and slots every assignment reads must not move with it.
     next: CachePadded<AtomicUsize>,
     /// Offsets whose stream creation failed, handed out again first.
     retry: Mutex<VecDeque<usize>>,
