@@ -11,6 +11,12 @@
 //! advance until the operation is marked complete either way. No lock is held
 //! while user code runs, so completions and host functions may launch more
 //! work. Engines stop when the runtime is dropped and nothing is ready.
+//!
+//! Marking an operation complete publishes the stream's completion count,
+//! which a spinning `synchronize` of that stream watches without the
+//! scheduler lock, and wakes only the threads blocked on that stream
+//! (`synchronize`, or a wait for one of its event records): completions on
+//! other streams wake nobody.
 use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
@@ -93,8 +99,10 @@ pub(crate) struct Device {
     pub(crate) scheduler: Mutex<Scheduler>,
     /// Engines wait here for work.
     pub(crate) work: Condvar,
-    /// `synchronize` waits here for completions.
-    pub(crate) done: Condvar,
+    /// `synchronize` and event waits block here for completions
+    /// ([`Device::sleep_until`]); notified when an operation finishes on a
+    /// stream that has sleepers.
+    done: Condvar,
     /// How `synchronize` and the engines wait.
     pub(crate) sync_policy: SyncPolicy,
     /// Whether waits on events are held by the scheduler (else they block
@@ -105,9 +113,6 @@ pub(crate) struct Device {
     /// Bumped (release) whenever a stream becomes ready: what a spinning
     /// engine watches instead of taking the scheduler lock.
     pub(crate) work_epoch: AtomicU64,
-    /// Bumped (release) whenever an operation finishes: what a spinning
-    /// `synchronize` watches instead of taking the scheduler lock.
-    pub(crate) done_epoch: AtomicU64,
 }
 
 impl Device {
@@ -128,7 +133,6 @@ impl Device {
             device_side_wait: config.device_side_wait(),
             check_reuse: config.check_reuse(),
             work_epoch: AtomicU64::new(0),
-            done_epoch: AtomicU64::new(0),
         }
     }
 
@@ -146,32 +150,31 @@ impl Device {
     /// [`Status::UNSUPPORTED`] on an engine thread of this device, where
     /// waiting could never end.
     pub(crate) fn wait_for_record(&self, record: &Record, call: &'static str) -> Result<()> {
-        if record.outcome().is_none() && self.is_engine_thread() {
+        if !record.is_settled() && self.is_engine_thread() {
             return Err(FlexError::new(
                 Status::UNSUPPORTED,
                 call,
                 "called from a completion or host callback of the same runtime; it would wait for itself",
             ));
         }
-        let deadline = match self.sync_policy {
-            SyncPolicy::Spin | SyncPolicy::Yield => None,
-            SyncPolicy::Auto | SyncPolicy::Blocking => Some(Instant::now() + SyncPolicy::AUTO_SPIN),
-        };
-        if record.outcome().is_none() {
+        if !record.is_settled() && !self.watch(self.spin_deadline(), || record.is_settled()) {
             let mut scheduler = self.scheduler.lock();
-            while record.outcome().is_none() {
-                let seen = self.done_epoch.load(Ordering::Acquire);
-                let moved = MutexGuard::unlocked(&mut scheduler, || {
-                    self.wait_for_epoch(&self.done_epoch, seen, deadline)
-                });
-                if !moved && record.outcome().is_none() {
-                    self.done.wait(&mut scheduler);
-                }
-            }
+            self.sleep_until(&mut scheduler, record.stream, |_| record.is_settled());
         }
         match record.outcome() {
             Some(Err(error)) => Err(error),
             _ => Ok(()),
+        }
+    }
+
+    /// Tells the idle engines that a stream is ready: a watching one sees
+    /// the work epoch move; a blocked one is woken when none is watching
+    /// (`watched`, read under the scheduler lock, where watchers come and
+    /// go: one watching then takes the lock and looks before it blocks).
+    pub(crate) fn announce_work(&self, watched: bool) {
+        self.work_epoch.fetch_add(1, Ordering::Release);
+        if !watched {
+            self.work.notify_one();
         }
     }
 
@@ -182,28 +185,33 @@ impl Device {
         self.work.notify_all();
     }
 
-    /// Waits, without the scheduler lock, until `epoch` moves past `seen`,
-    /// as the sync policy says: spin, yield, or neither (`Blocking`); until
-    /// `deadline` at the latest (`None`: until it moves). Returns whether it
-    /// moved; the caller then takes the lock and looks, and blocks on a
-    /// condition variable if it still has to wait. Callers keep one deadline
-    /// across every wait of one blocking call, so the spinning a call burns
-    /// is bounded however often the epoch moves for others.
-    pub(crate) fn wait_for_epoch(
-        &self,
-        epoch: &AtomicU64,
-        seen: u64,
-        deadline: Option<Instant>,
-    ) -> bool {
+    /// The deadline of the spin of one blocking call (`synchronize`, an
+    /// event's wait) as the sync policy says: `None` (spin until done) for
+    /// `Spin` and `Yield`, [`SyncPolicy::AUTO_SPIN`] from now otherwise.
+    /// Callers keep one deadline across every wait of one call, so the
+    /// spinning a call burns is bounded however often it looks again.
+    pub(crate) fn spin_deadline(&self) -> Option<Instant> {
+        match self.sync_policy {
+            SyncPolicy::Spin | SyncPolicy::Yield => None,
+            SyncPolicy::Auto | SyncPolicy::Blocking => Some(Instant::now() + SyncPolicy::AUTO_SPIN),
+        }
+    }
+
+    /// Waits, without the scheduler lock, until `done` returns true, as the
+    /// sync policy says: spin, yield, or neither (`Blocking`); until
+    /// `deadline` at the latest (`None`: until done). Returns whether it
+    /// is done; if not, the caller blocks ([`Device::sleep_until`] or the
+    /// engines' condition variable). `done` is a few atomic loads.
+    pub(crate) fn watch(&self, deadline: Option<Instant>, done: impl Fn() -> bool) -> bool {
         let (yields, checks_per_clock_read) = match self.sync_policy {
-            SyncPolicy::Blocking => return false,
+            SyncPolicy::Blocking => return done(),
             // A yield takes long: read the clock after each.
             SyncPolicy::Yield => (true, 1),
             SyncPolicy::Spin | SyncPolicy::Auto => (false, 64),
         };
         loop {
             for _ in 0..checks_per_clock_read {
-                if epoch.load(Ordering::Acquire) != seen {
+                if done() {
                     return true;
                 }
                 if yields {
@@ -215,6 +223,24 @@ impl Device {
             if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
                 return false;
             }
+        }
+    }
+
+    /// Blocks, with `scheduler` locked on entry and on return, until `done`
+    /// holds, as a sleeper of stream `stream`: the stream whose finishing
+    /// operations can make it hold (the stream synchronized, or the one an
+    /// event was recorded on). Only operations finishing on that stream
+    /// wake the caller ([`finish`]).
+    pub(crate) fn sleep_until(
+        &self,
+        scheduler: &mut MutexGuard<'_, Scheduler>,
+        stream: usize,
+        done: impl Fn(&Scheduler) -> bool,
+    ) {
+        while !done(scheduler) {
+            scheduler.stream_mut(stream).sleepers += 1;
+            self.done.wait(scheduler);
+            scheduler.stream_mut(stream).sleepers -= 1;
         }
     }
 }
@@ -260,26 +286,40 @@ fn engine_main(device: Arc<Device>) {
     // When this engine ran out of work, for its spin budget: kept across
     // wake-ups that find nothing for it, reset only when it takes a job.
     let mut idle_since: Option<Instant> = None;
+    // Whether this engine counts in `scheduler.busy`: from taking a job
+    // until it finds no work.
+    let mut busy = false;
     loop {
         match scheduler.next_job() {
             Some(job) => {
                 idle_since = None;
-                if scheduler.has_ready() {
-                    // More streams are waiting: make sure an idle engine
-                    // looks, whoever was woken for them before.
-                    device.work.notify_one();
+                if !busy {
+                    busy = true;
+                    scheduler.busy += 1;
                 }
-                run_job(&device, &mut scheduler, job);
+                // More streams waiting (launched, or made ready again as an
+                // operation finished): `run_job` makes sure an idle engine
+                // looks, whoever was woken for them before.
+                let announce = scheduler.has_ready().then_some(scheduler.watching != 0);
+                run_job(&device, &mut scheduler, job, announce);
             }
             None if scheduler.shutting_down => break,
             None => {
+                if busy {
+                    busy = false;
+                    scheduler.busy -= 1;
+                }
                 // Idle: watch for new work for a moment without the lock,
-                // then block. Under `Auto` one engine at a time watches, so
-                // that idle engines do not take the cores of the threads
-                // that launch; under `Blocking` none does.
+                // then block. Under `Auto` an engine watches only while
+                // every engine is idle, and one at a time: an idle device
+                // answers a launch without a wake-up, and idle engines do
+                // not take the cores of the threads that launch and of the
+                // engines that work (a busy engine that sees more ready
+                // streams wakes a blocked one). Under `Blocking` none
+                // watches.
                 let watch = match device.sync_policy {
                     SyncPolicy::Blocking => false,
-                    SyncPolicy::Auto => scheduler.watching == 0,
+                    SyncPolicy::Auto => scheduler.watching == 0 && scheduler.busy == 0,
                     SyncPolicy::Spin | SyncPolicy::Yield => true,
                 };
                 let moved = watch && {
@@ -288,7 +328,9 @@ fn engine_main(device: Arc<Device>) {
                         *idle_since.get_or_insert_with(Instant::now) + SyncPolicy::AUTO_SPIN;
                     scheduler.watching += 1;
                     let moved = MutexGuard::unlocked(&mut scheduler, || {
-                        device.wait_for_epoch(&device.work_epoch, seen, Some(deadline))
+                        device.watch(Some(deadline), || {
+                            device.work_epoch.load(Ordering::Acquire) != seen
+                        })
                     });
                     scheduler.watching -= 1;
                     moved
@@ -302,8 +344,16 @@ fn engine_main(device: Arc<Device>) {
 }
 
 /// Runs one job; `scheduler` is locked on entry and on return, and unlocked
-/// while user code runs.
-fn run_job(device: &Device, scheduler: &mut MutexGuard<'_, Scheduler>, mut job: Job) {
+/// while user code runs. With `announce` (whether an engine was watching),
+/// first tells the idle engines that more streams are ready
+/// ([`Device::announce_work`]), once the lock is released: a wake-up call
+/// made under it would hold up every launch.
+fn run_job(
+    device: &Device,
+    scheduler: &mut MutexGuard<'_, Scheduler>,
+    mut job: Job,
+    announce: Option<bool>,
+) {
     if matches!(job.verdict, Verdict::Run { .. })
         && let Some(reused) = scheduler.check_reuse(&job, &device.memory)
     {
@@ -322,6 +372,9 @@ fn run_job(device: &Device, scheduler: &mut MutexGuard<'_, Scheduler>, mut job: 
     // `finish` either way); a failure is recorded as the stream's error
     // first, under the lock, so that the completion sees it.
     let (result, early) = MutexGuard::unlocked(scheduler, || {
+        if let Some(watched) = announce {
+            device.announce_work(watched);
+        }
         let result = match verdict {
             Verdict::Skip(err) => {
                 op.abandon(&err);
@@ -400,7 +453,15 @@ fn run_job(device: &Device, scheduler: &mut MutexGuard<'_, Scheduler>, mut job: 
     }
     // If the stream has more work, this engine takes it (or something more
     // urgent) on its next turn; no other engine needs waking.
+    finish(device, scheduler, stream);
+}
+
+/// Marks the running operation of `stream` complete ([`Scheduler::finish`])
+/// and wakes the threads blocked until this stream's work or records
+/// complete, if it has any; `scheduler` stays locked.
+fn finish(device: &Device, scheduler: &mut Scheduler, stream: usize) {
     scheduler.finish(stream);
-    device.done_epoch.fetch_add(1, Ordering::Release);
-    device.done.notify_all();
+    if scheduler.stream(stream).sleepers > 0 {
+        device.done.notify_all();
+    }
 }

@@ -57,6 +57,10 @@ impl OutcomeCell {
         self.outcome.get().cloned()
     }
 
+    fn is_set(&self) -> bool {
+        self.outcome.get().is_some()
+    }
+
     /// Registers `completion`, or hands it back when the outcome is set.
     fn register(&self, completion: Completion) -> std::result::Result<(), Completion> {
         let mut notifications = self.notifications.lock();
@@ -87,6 +91,10 @@ impl OutcomeCell {
 
     fn get(&self) -> Option<Result<Instant>> {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).0.clone()
+    }
+
+    fn is_set(&self) -> bool {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).0.is_some()
     }
 
     fn register(&self, completion: Completion) -> std::result::Result<(), Completion> {
@@ -158,6 +166,12 @@ impl Record {
     /// (a copy: the time, or the error).
     pub(crate) fn outcome(&self) -> Option<Result<Instant>> {
         self.outcome.get()
+    }
+
+    /// Whether the device has reached the record (its outcome is set);
+    /// [`Record::outcome`] without the copy.
+    pub(crate) fn is_settled(&self) -> bool {
+        self.outcome.is_set()
     }
 
     /// The error a stream that waited on this failed record fails with.

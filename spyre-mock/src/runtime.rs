@@ -45,13 +45,17 @@ impl MockRuntime {
     pub(crate) fn start(index: u32, config: &MockConfig) -> Result<Self> {
         let device = Arc::new(Device::new(index, config));
         let streams = boxcar::Vec::new();
-        let default = device.scheduler.lock().add_stream(StreamPriority::Normal);
-        streams.push(MockStream::new(
-            default,
-            StreamPriority::Normal,
-            false,
-            Arc::clone(&device),
-        ));
+        {
+            let mut scheduler = device.scheduler.lock();
+            let default = scheduler.add_stream(StreamPriority::Normal);
+            streams.push(MockStream::new(
+                default,
+                StreamPriority::Normal,
+                false,
+                Arc::clone(&device),
+                &scheduler,
+            ));
+        }
         let engines = spawn_engines(&device, config.engines())?;
         tracing::debug!(
             device = index,
@@ -105,6 +109,7 @@ impl MockRuntime {
             priority,
             track_hazards,
             Arc::clone(&self.device),
+            &scheduler,
         ));
         drop(scheduler);
         match self.streams.get(index) {

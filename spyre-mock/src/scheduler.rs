@@ -27,8 +27,9 @@
 //! notifications is complete at once (everything before it has finished),
 //! and may be seen complete before those calls return.
 use std::cmp::Reverse;
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BinaryHeap, VecDeque};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use flex_rt::{Completion, CompositeAddress, FlexError, Status, StreamPriority};
@@ -106,8 +107,14 @@ pub(crate) struct StreamState {
     waiters: Vec<usize>,
     /// Operations enqueued so far.
     pub(crate) submitted: u64,
-    /// Operations whose completion has returned.
-    pub(crate) completed: u64,
+    /// Operations whose completion has returned ([`Self::completed`]):
+    /// written under the scheduler lock, and shared with the stream's
+    /// `synchronize`, which watches it without the lock.
+    completed: Arc<AtomicU64>,
+    /// Threads blocked on the device's `done` condition variable until this
+    /// stream's operations or records complete; an operation that finishes
+    /// on a stream with none wakes nobody.
+    pub(crate) sleepers: u32,
     /// Operations whose end the stream's records have seen: `completed`,
     /// or one more from [`Scheduler::reach`] to [`Scheduler::finish`]
     /// (while the engine calls the notifications of the records reached),
@@ -138,7 +145,10 @@ pub(crate) struct Job {
     pub(crate) verdict: Verdict,
 }
 
-type ReadyKey = (Reverse<StreamPriority>, u64, usize);
+/// The ready order: the greatest key is taken first, so the highest
+/// priority, then the oldest front operation (the stream index only breaks
+/// no ties, as sequence numbers are unique).
+type ReadyKey = (StreamPriority, Reverse<u64>, usize);
 
 /// Entries [`Scheduler::log_synchronize`] keeps: the most recent calls only,
 /// so a process that synchronizes in a loop does not grow without bound.
@@ -148,7 +158,7 @@ pub(crate) const SYNCHRONIZE_LOG_LIMIT: usize = 4096;
 #[derive(Default)]
 pub(crate) struct Scheduler {
     streams: Vec<StreamState>,
-    ready: BTreeSet<ReadyKey>,
+    ready: BinaryHeap<ReadyKey>,
     next_seq: u64,
     /// Set when the runtime is dropped: engines exit once nothing is ready.
     pub(crate) shutting_down: bool,
@@ -157,6 +167,11 @@ pub(crate) struct Scheduler {
     /// watcher takes the lock and looks before it blocks), so it makes no
     /// wake-up call.
     pub(crate) watching: usize,
+    /// Engines between taking a job and finding no work: while one is,
+    /// under `Auto` no idle engine watches (it would take a core from the
+    /// busy one); the busy one wakes a blocked engine when it sees more
+    /// ready streams.
+    pub(crate) busy: usize,
     /// Stream ids `synchronize` was called on, in call order; the most
     /// recent [`SYNCHRONIZE_LOG_LIMIT`] calls.
     synchronize_log: VecDeque<u64>,
@@ -189,12 +204,12 @@ impl Scheduler {
             .enumerate()
             .filter(|(_, state)| state.error.is_none())
             .flat_map(|(index, state)| {
-                let first = state.completed + u64::from(state.running);
+                let first = state.completed() + u64::from(state.running);
                 (first..)
                     .zip(&state.queue)
                     .map(move |(position, pending)| (index, position, &pending.op))
             });
-        check.note(address, queued, *next_seq, |s| streams[s].completed);
+        check.note(address, queued, *next_seq, |s| streams[s].completed());
     }
 
     /// Tells the detector that stream `index`'s running operation has run;
@@ -211,14 +226,14 @@ impl Scheduler {
     pub(crate) fn check_reuse(&mut self, job: &Job, memory: &DeviceMemory) -> Option<FlexError> {
         let Self { streams, reuse, .. } = self;
         let check = reuse.as_mut()?;
-        let position = streams[job.stream].completed;
+        let position = streams[job.stream].completed();
         check.start(
             job.stream,
             position,
             job.pending.seq,
             &job.pending.op,
             memory,
-            |s| streams[s].completed,
+            |s| streams[s].completed(),
         )
     }
 
@@ -232,7 +247,8 @@ impl Scheduler {
             marks: VecDeque::new(),
             waiters: Vec::new(),
             submitted: 0,
-            completed: 0,
+            completed: Arc::new(AtomicU64::new(0)),
+            sleepers: 0,
             passed: 0,
             error: None,
             needs_shutdown: false,
@@ -443,8 +459,7 @@ impl Scheduler {
         }
         let state = &self.streams[index];
         if let Some(front) = state.queue.front() {
-            self.ready
-                .insert((Reverse(state.priority), front.seq, index));
+            self.ready.push((state.priority, Reverse(front.seq), index));
         }
         true
     }
@@ -452,7 +467,7 @@ impl Scheduler {
     /// Takes the next operation to run, if any stream is ready, and marks
     /// its stream running.
     pub(crate) fn next_job(&mut self) -> Option<Job> {
-        let (_, _, index) = self.ready.pop_first()?;
+        let (_, _, index) = self.ready.pop()?;
         let state = &mut self.streams[index];
         let pending = state.queue.pop_front()?;
         state.running = true;
@@ -484,7 +499,7 @@ impl Scheduler {
     /// [`Self::finish`], which looks at the streams waiting on them.
     pub(crate) fn reach(&mut self, index: usize) -> Reached {
         let state = &mut self.streams[index];
-        state.passed = state.completed + 1;
+        state.passed = state.completed() + 1;
         let position = state.passed;
         let due = state
             .marks
@@ -519,8 +534,9 @@ impl Scheduler {
         self.reuse_ran(index);
         let state = &mut self.streams[index];
         state.running = false;
-        state.completed += 1;
-        state.passed = state.completed;
+        state.passed = state.completed() + 1;
+        // The only writer, under the lock; `synchronize` reads it without.
+        state.completed.store(state.passed, Ordering::Release);
         for waiter in std::mem::take(&mut state.waiters) {
             self.schedule(waiter);
         }
@@ -529,6 +545,18 @@ impl Scheduler {
 }
 
 impl StreamState {
+    /// Operations whose completion has returned.
+    pub(crate) fn completed(&self) -> u64 {
+        self.completed.load(Ordering::Relaxed)
+    }
+
+    /// The counter behind [`Self::completed`], for a thread that watches it
+    /// without the scheduler lock (loads with `Acquire` pair with the
+    /// `Release` store of [`Scheduler::finish`]).
+    pub(crate) fn completed_counter(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.completed)
+    }
+
     /// The error an operation (`call`) of this stream completes with
     /// instead of running, once the stream has failed or needs shutdown;
     /// `None` while it has not.
@@ -595,7 +623,7 @@ mod tests {
         assert_eq!(take(&mut s), a);
         assert!(!s.finish(a));
         assert_eq!(s.stream(a).submitted, 2);
-        assert_eq!(s.stream(a).completed, 2);
+        assert_eq!(s.stream(a).completed(), 2);
         assert!(!s.has_ready());
     }
 

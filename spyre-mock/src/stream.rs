@@ -1,12 +1,12 @@
 //! One stream of the software device: a FIFO queue of operations.
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use flex_rt::{
     Completion, CompositeAddress, DataFormat, Event, FlexError, HostBuffer, HostCallback,
-    LaunchOptions, Result, Status, Stream, StreamMode, StreamPriority, SyncPolicy, check_copy_size,
+    LaunchOptions, Result, Status, Stream, StreamMode, StreamPriority, check_copy_size,
 };
 use parking_lot::MutexGuard;
 
@@ -36,14 +36,20 @@ pub struct MockStream {
     priority: StreamPriority,
     track_hazards: bool,
     device: Arc<Device>,
+    /// The scheduler's count of this stream's completed operations, which
+    /// `synchronize` watches without the scheduler lock.
+    completed: Arc<AtomicU64>,
 }
 
 impl MockStream {
+    /// The stream scheduled as `index` on `device`'s scheduler, locked by
+    /// the caller as `scheduler`.
     pub(crate) fn new(
         index: usize,
         priority: StreamPriority,
         track_hazards: bool,
         device: Arc<Device>,
+        scheduler: &Scheduler,
     ) -> Self {
         Self {
             id: index as u64,
@@ -51,6 +57,7 @@ impl MockStream {
             priority,
             track_hazards,
             device,
+            completed: scheduler.stream(index).completed_counter(),
         }
     }
 
@@ -102,10 +109,7 @@ impl MockStream {
         match admitted {
             Ok(became_ready) => {
                 if became_ready {
-                    self.device.work_epoch.fetch_add(1, Ordering::Release);
-                    if !watched {
-                        self.device.work.notify_one();
-                    }
+                    self.device.announce_work(watched);
                 }
                 Ok(())
             }
@@ -137,7 +141,7 @@ impl MockStream {
     pub fn pending_operations(&self) -> u64 {
         let scheduler = self.device.scheduler.lock();
         let state = scheduler.stream(self.index);
-        state.submitted - state.completed
+        state.submitted - state.completed()
     }
 
     /// Fault injection: the `n`th launch from now (1 = the next one) that
@@ -207,7 +211,7 @@ impl Stream for MockStream {
         let state = scheduler.stream(self.index);
         match &state.error {
             Some(err) => Err(err.clone()),
-            None => Ok(state.completed == state.submitted),
+            None => Ok(state.completed() == state.submitted),
         }
     }
 
@@ -230,23 +234,17 @@ impl Stream for MockStream {
         let mut scheduler = device.scheduler.lock();
         scheduler.log_synchronize(self.id);
         let target = scheduler.stream(self.index).submitted;
-        // Watch for completions without the lock as the sync policy says
-        // (spin or yield; `Auto` only for `AUTO_SPIN`), then block.
-        // One deadline for the whole call: completions on other streams move
-        // the epoch too, and must not restart the spin.
-        let deadline = match device.sync_policy {
-            SyncPolicy::Spin | SyncPolicy::Yield => None,
-            SyncPolicy::Auto | SyncPolicy::Blocking => Some(Instant::now() + SyncPolicy::AUTO_SPIN),
-        };
-        while scheduler.stream(self.index).completed < target {
-            let seen = device.done_epoch.load(Ordering::Acquire);
-            let moved = MutexGuard::unlocked(&mut scheduler, || {
-                device.wait_for_epoch(&device.done_epoch, seen, deadline)
-            });
-            if !moved {
-                while scheduler.stream(self.index).completed < target {
-                    device.done.wait(&mut scheduler);
-                }
+        if scheduler.stream(self.index).completed() < target {
+            // Watch this stream's completion count without the lock as the
+            // sync policy says (spin or yield; `Auto` only for
+            // `AUTO_SPIN`), then block until an operation of this stream
+            // that finishes wakes it.
+            let deadline = device.spin_deadline();
+            let done = || self.completed.load(Ordering::Acquire) >= target;
+            if !MutexGuard::unlocked(&mut scheduler, || device.watch(deadline, done)) {
+                device.sleep_until(&mut scheduler, self.index, |scheduler| {
+                    scheduler.stream(self.index).completed() >= target
+                });
             }
         }
         match &scheduler.stream(self.index).error {

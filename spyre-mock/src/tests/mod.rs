@@ -12,10 +12,11 @@ use std::time::Duration;
 
 use flex_rt::{
     CompositeAddress, FlexError, HostBuffer, LaunchOptions, Runtime, Stream, StreamMode,
-    StreamPriority,
+    StreamPriority, SyncPolicy,
 };
 use parking_lot::Mutex;
 
+use crate::config::MockSystemBuilder;
 use crate::op::Op;
 use crate::runtime::MockRuntime;
 use crate::stream::MockStream;
@@ -25,19 +26,33 @@ use crate::system::MockSystem;
 /// means a deadlock or lost wakeup.
 pub(crate) const DEADLOCK: Duration = Duration::from_secs(20);
 
-/// A system with 1 MiB of memory in 256 KiB regions and `engines` engines.
-pub(crate) fn system(engines: u32) -> MockSystem {
+/// The settings of [`system`].
+fn builder(engines: u32) -> MockSystemBuilder {
     MockSystem::builder()
         .memory_bytes(1 << 20)
         .region_bytes(1 << 18)
         .engines(engines)
-        .build()
-        .unwrap()
+}
+
+/// A system with 1 MiB of memory in 256 KiB regions and `engines` engines.
+pub(crate) fn system(engines: u32) -> MockSystem {
+    builder(engines).build().unwrap()
 }
 
 /// A runtime on device 0 of [`system`].
 pub(crate) fn runtime(engines: u32) -> MockRuntime {
     system(engines).create_mock_runtime(0).unwrap()
+}
+
+/// A runtime on device 0 of [`system`] whose `synchronize` and idle
+/// engines wait as `policy` says.
+pub(crate) fn runtime_with_policy(engines: u32, policy: SyncPolicy) -> MockRuntime {
+    builder(engines)
+        .sync_policy(policy)
+        .build()
+        .unwrap()
+        .create_mock_runtime(0)
+        .unwrap()
 }
 
 /// A new normal-priority stream.
@@ -58,6 +73,20 @@ impl Log {
     pub(crate) fn take(&self) -> Vec<String> {
         std::mem::take(&mut *self.0.lock())
     }
+}
+
+/// Launches a host function on `stream` that adds one to `count` when it
+/// runs.
+pub(crate) fn launch_counted(stream: &MockStream, count: &Arc<AtomicUsize>) {
+    let count = Arc::clone(count);
+    stream
+        .launch_host_callback(
+            Box::new(move || {
+                count.fetch_add(1, Ordering::SeqCst);
+            }),
+            LaunchOptions::new(),
+        )
+        .unwrap();
 }
 
 /// Enqueues a host function on `stream` that reports when it starts and then

@@ -343,15 +343,7 @@ fn panicking_host_callback_fails_the_stream_not_the_engine() {
     // The only engine still runs work.
     let other = stream(&rt);
     let ran = Arc::new(AtomicUsize::new(0));
-    let r = Arc::clone(&ran);
-    other
-        .launch_host_callback(
-            Box::new(move || {
-                r.fetch_add(1, Ordering::SeqCst);
-            }),
-            LaunchOptions::new(),
-        )
-        .unwrap();
+    launch_counted(other, &ran);
     other.synchronize().unwrap();
     assert_eq!(ran.load(Ordering::SeqCst), 1);
 }
@@ -522,27 +514,23 @@ fn every_sync_policy_waits_for_the_work_and_reports_its_error() {
         SyncPolicy::Yield,
         SyncPolicy::Blocking,
     ] {
-        let rt = crate::MockSystemBuilder::new()
-            .memory_bytes(1 << 20)
-            .region_bytes(1 << 18)
-            .sync_policy(policy)
-            .build()
-            .unwrap()
-            .create_mock_runtime(0)
-            .unwrap();
+        let rt = runtime_with_policy(crate::config::DEFAULT_ENGINES, policy);
         let s = rt.default_mock_stream();
         let ran = Arc::new(AtomicUsize::new(0));
-        for _ in 0..3 {
+        // Work longer than the automatic spin, so `Auto` blocks in the end.
+        let sleep_then_count = |millis| {
             let ran = Arc::clone(&ran);
-            // Longer than the automatic spin, so `Auto` blocks in the end.
             s.launch_host_callback(
                 Box::new(move || {
-                    std::thread::sleep(std::time::Duration::from_millis(2));
+                    std::thread::sleep(std::time::Duration::from_millis(millis));
                     ran.fetch_add(1, Ordering::SeqCst);
                 }),
                 LaunchOptions::new(),
             )
             .unwrap();
+        };
+        for _ in 0..3 {
+            sleep_then_count(2);
         }
         s.synchronize().unwrap();
         assert_eq!(
@@ -550,6 +538,21 @@ fn every_sync_policy_waits_for_the_work_and_reports_its_error() {
             3,
             "{policy:?}: synchronize returned early"
         );
+        // An event's wait, longer than the spin too, while another stream
+        // completes work all along (its completions wake nobody waiting on
+        // the first stream, and must not be taken for the awaited one).
+        let other = stream(&rt);
+        let event = rt.create_event(false).unwrap();
+        sleep_then_count(5);
+        s.record_event(&*event, None).unwrap();
+        let busy = Arc::new(AtomicUsize::new(0));
+        for _ in 0..50 {
+            launch_counted(other, &busy);
+        }
+        event.synchronize().unwrap();
+        assert_eq!(ran.load(Ordering::SeqCst), 4, "{policy:?}: event wait");
+        other.synchronize().unwrap();
+        assert_eq!(busy.load(Ordering::SeqCst), 50, "{policy:?}");
         // Short work, many times: the spinning paths see each completion.
         for _ in 0..200 {
             s.launch_host_callback(Box::new(|| {}), LaunchOptions::new())
@@ -568,15 +571,7 @@ fn every_sync_policy_waits_for_the_work_and_reports_its_error() {
 
 #[test]
 fn under_auto_at_most_one_idle_engine_watches_for_work() {
-    let rt = crate::MockSystemBuilder::new()
-        .memory_bytes(1 << 20)
-        .region_bytes(1 << 18)
-        .engines(4)
-        .sync_policy(SyncPolicy::Auto)
-        .build()
-        .unwrap()
-        .create_mock_runtime(0)
-        .unwrap();
+    let rt = runtime_with_policy(4, SyncPolicy::Auto);
     let device = rt.device_weak().upgrade().unwrap();
     let streams: Vec<&MockStream> = (0..8).map(|_| stream(&rt)).collect();
     let ran = Arc::new(AtomicUsize::new(0));
@@ -585,14 +580,7 @@ fn under_auto_at_most_one_idle_engine_watches_for_work() {
     // again and again, each time deciding whether to watch.
     for _ in 0..300 {
         for s in &streams {
-            let ran = Arc::clone(&ran);
-            s.launch_host_callback(
-                Box::new(move || {
-                    ran.fetch_add(1, Ordering::Relaxed);
-                }),
-                LaunchOptions::new(),
-            )
-            .unwrap();
+            launch_counted(s, &ran);
         }
         for _ in 0..64 {
             most = most.max(device.scheduler.lock().watching);
@@ -602,13 +590,35 @@ fn under_auto_at_most_one_idle_engine_watches_for_work() {
     for s in &streams {
         s.synchronize().unwrap();
     }
-    assert_eq!(ran.load(Ordering::Relaxed), 300 * 8, "every launch ran");
+    assert_eq!(ran.load(Ordering::SeqCst), 300 * 8, "every launch ran");
     assert!(most <= 1, "{most} idle engines watched at once");
 }
 
 #[test]
-fn a_spinning_wait_ends_at_its_deadline_or_when_the_epoch_moves() {
-    use std::sync::atomic::AtomicU64;
+fn under_auto_no_idle_engine_watches_while_another_is_busy() {
+    let rt = runtime_with_policy(2, SyncPolicy::Auto);
+    let device = rt.device_weak().upgrade().unwrap();
+    let (blocked, busy) = (stream(&rt), stream(&rt));
+    // One engine is held by a host function until the end.
+    let release = block(blocked);
+    // The other runs short work and runs out of it again and again; each
+    // time it is idle while the first is busy, so it parks at once.
+    let mut most = 0;
+    for _ in 0..300 {
+        busy.launch_host_callback(Box::new(|| {}), LaunchOptions::new())
+            .unwrap();
+        busy.synchronize().unwrap();
+        for _ in 0..16 {
+            most = most.max(device.scheduler.lock().watching);
+        }
+    }
+    release.send(()).unwrap();
+    blocked.synchronize().unwrap();
+    assert_eq!(most, 0, "an idle engine watched while the other was busy");
+}
+
+#[test]
+fn a_spinning_wait_ends_at_its_deadline_or_when_it_is_done() {
     use std::time::{Duration, Instant};
 
     for policy in [SyncPolicy::Auto, SyncPolicy::Spin, SyncPolicy::Yield] {
@@ -619,17 +629,13 @@ fn a_spinning_wait_ends_at_its_deadline_or_when_the_epoch_moves() {
             .build_config()
             .unwrap();
         let device = crate::engine::Device::new(0, &config);
-        let epoch = AtomicU64::new(7);
-        // Moved already: returns at once.
-        assert!(device.wait_for_epoch(&epoch, 6, None), "{policy:?}");
-        // Not moving: ends at the deadline, however often it is called.
+        // Done already: returns at once.
+        assert!(device.watch(None, || true), "{policy:?}");
+        // Never done: ends at the deadline, however often it is called.
         let started = Instant::now();
         let deadline = started + Duration::from_millis(5);
         for _ in 0..3 {
-            assert!(
-                !device.wait_for_epoch(&epoch, 7, Some(deadline)),
-                "{policy:?}"
-            );
+            assert!(!device.watch(Some(deadline), || false), "{policy:?}");
         }
         let spent = started.elapsed();
         assert!(spent >= Duration::from_millis(5), "{policy:?}: {spent:?}");
@@ -642,9 +648,6 @@ fn a_spinning_wait_ends_at_its_deadline_or_when_the_epoch_moves() {
         .build_config()
         .unwrap();
     let device = crate::engine::Device::new(0, &blocking);
-    let epoch = AtomicU64::new(7);
-    assert!(
-        !device.wait_for_epoch(&epoch, 7, None),
-        "blocking never spins"
-    );
+    assert!(!device.watch(None, || false), "blocking never spins");
+    assert!(device.watch(None, || true), "but looks once");
 }
