@@ -495,9 +495,9 @@ impl MockSystemBuilder {
 
     /// How `synchronize` and the engines wait ([`SyncPolicy`]). Default
     /// [`SyncPolicy::Auto`]: spin up to [`SyncPolicy::AUTO_SPIN`], then block;
-    /// of the idle engines, one at a time watches for work that way and
-    /// the others block at once (under `Spin` and `Yield` every idle engine
-    /// watches, under `Blocking` none).
+    /// of the idle engines, one at a time watches for work that way, and
+    /// only while no engine is busy; the others block at once (under `Spin`
+    /// and `Yield` every idle engine watches, under `Blocking` none).
     pub fn sync_policy(mut self, policy: SyncPolicy) -> Self {
         self.sync_policy = policy;
         self

@@ -99,10 +99,6 @@ pub(crate) struct Device {
     pub(crate) scheduler: Mutex<Scheduler>,
     /// Engines wait here for work.
     pub(crate) work: Condvar,
-    /// `synchronize` and event waits block here for completions
-    /// ([`Device::sleep_until`]); notified when an operation finishes on a
-    /// stream that has sleepers.
-    done: Condvar,
     /// How `synchronize` and the engines wait.
     pub(crate) sync_policy: SyncPolicy,
     /// Whether waits on events are held by the scheduler (else they block
@@ -110,8 +106,9 @@ pub(crate) struct Device {
     pub(crate) device_side_wait: bool,
     /// Whether the use-after-free detector is on.
     pub(crate) check_reuse: bool,
-    /// Bumped (release) whenever a stream becomes ready: what a spinning
-    /// engine watches instead of taking the scheduler lock.
+    /// Bumped (release) when a launch makes a stream ready, or a busy engine
+    /// sees more streams ready than it takes ([`Device::announce_work`]):
+    /// what a watching engine watches instead of taking the scheduler lock.
     pub(crate) work_epoch: AtomicU64,
 }
 
@@ -128,7 +125,6 @@ impl Device {
             },
             scheduler: Mutex::new(Scheduler::new(config.check_reuse())),
             work: Condvar::new(),
-            done: Condvar::new(),
             sync_policy: config.sync_policy(),
             device_side_wait: config.device_side_wait(),
             check_reuse: config.check_reuse(),
@@ -159,7 +155,7 @@ impl Device {
         }
         if !record.is_settled() && !self.watch(self.spin_deadline(), || record.is_settled()) {
             let mut scheduler = self.scheduler.lock();
-            self.sleep_until(&mut scheduler, record.stream, |_| record.is_settled());
+            Self::sleep_until(&mut scheduler, record.stream, |_| record.is_settled());
         }
         match record.outcome() {
             Some(Err(error)) => Err(error),
@@ -229,17 +225,19 @@ impl Device {
     /// Blocks, with `scheduler` locked on entry and on return, until `done`
     /// holds, as a sleeper of stream `stream`: the stream whose finishing
     /// operations can make it hold (the stream synchronized, or the one an
-    /// event was recorded on). Only operations finishing on that stream
-    /// wake the caller ([`finish`]).
+    /// event was recorded on). It waits on that stream's own condition
+    /// variable, so only operations finishing on that stream wake the
+    /// caller ([`Scheduler::finish`]).
     pub(crate) fn sleep_until(
-        &self,
         scheduler: &mut MutexGuard<'_, Scheduler>,
         stream: usize,
         done: impl Fn(&Scheduler) -> bool,
     ) {
         while !done(scheduler) {
-            scheduler.stream_mut(stream).sleepers += 1;
-            self.done.wait(scheduler);
+            let state = scheduler.stream_mut(stream);
+            state.sleepers += 1;
+            let finished = Arc::clone(&state.finished);
+            finished.wait(scheduler);
             scheduler.stream_mut(stream).sleepers -= 1;
         }
     }
@@ -453,15 +451,5 @@ fn run_job(
     }
     // If the stream has more work, this engine takes it (or something more
     // urgent) on its next turn; no other engine needs waking.
-    finish(device, scheduler, stream);
-}
-
-/// Marks the running operation of `stream` complete ([`Scheduler::finish`])
-/// and wakes the threads blocked until this stream's work or records
-/// complete, if it has any; `scheduler` stays locked.
-fn finish(device: &Device, scheduler: &mut Scheduler, stream: usize) {
     scheduler.finish(stream);
-    if scheduler.stream(stream).sleepers > 0 {
-        device.done.notify_all();
-    }
 }

@@ -33,6 +33,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use flex_rt::{Completion, CompositeAddress, FlexError, Status, StreamPriority};
+use parking_lot::Condvar;
 
 use crate::memory::DeviceMemory;
 use crate::op::Op;
@@ -111,10 +112,14 @@ pub(crate) struct StreamState {
     /// written under the scheduler lock, and shared with the stream's
     /// `synchronize`, which watches it without the lock.
     completed: Arc<AtomicU64>,
-    /// Threads blocked on the device's `done` condition variable until this
-    /// stream's operations or records complete; an operation that finishes
-    /// on a stream with none wakes nobody.
+    /// Threads blocked on [`Self::finished`] until this stream's operations
+    /// or records complete; an operation that finishes on a stream with
+    /// none wakes nobody.
     pub(crate) sleepers: u32,
+    /// Where `synchronize` of this stream and waits for its event records
+    /// block (with the scheduler lock); notified by [`Scheduler::finish`]
+    /// when there are sleepers.
+    pub(crate) finished: Arc<Condvar>,
     /// Operations whose end the stream's records have seen: `completed`,
     /// or one more from [`Scheduler::reach`] to [`Scheduler::finish`]
     /// (while the engine calls the notifications of the records reached),
@@ -163,9 +168,9 @@ pub(crate) struct Scheduler {
     /// Set when the runtime is dropped: engines exit once nothing is ready.
     pub(crate) shutting_down: bool,
     /// Idle engines watching the device's work epoch now (without this
-    /// lock): a launch that sees a watcher here leaves the waking to it (the
-    /// watcher takes the lock and looks before it blocks), so it makes no
-    /// wake-up call.
+    /// lock): a launch, or a busy engine that sees more ready streams, that
+    /// finds a watcher here leaves the waking to it (the watcher takes the
+    /// lock and looks before it blocks), so it makes no wake-up call.
     pub(crate) watching: usize,
     /// Engines between taking a job and finding no work: while one is,
     /// under `Auto` no idle engine watches (it would take a core from the
@@ -249,6 +254,7 @@ impl Scheduler {
             submitted: 0,
             completed: Arc::new(AtomicU64::new(0)),
             sleepers: 0,
+            finished: Arc::new(Condvar::new()),
             passed: 0,
             error: None,
             needs_shutdown: false,
@@ -523,8 +529,9 @@ impl Scheduler {
     }
 
     /// Marks the running operation of stream `index` complete (its
-    /// completion has returned) and makes the stream ready again if it has
-    /// more work. Returns whether it did.
+    /// completion has returned), wakes the threads blocked on the stream
+    /// (its sleepers), and makes the stream ready again if it has more
+    /// work. Returns whether it did.
     ///
     /// Streams blocked on a record of this stream are looked at again (the
     /// finished operation may be that record, or have reached its mark in
@@ -537,6 +544,9 @@ impl Scheduler {
         state.passed = state.completed() + 1;
         // The only writer, under the lock; `synchronize` reads it without.
         state.completed.store(state.passed, Ordering::Release);
+        if state.sleepers > 0 {
+            state.finished.notify_all();
+        }
         for waiter in std::mem::take(&mut state.waiters) {
             self.schedule(waiter);
         }
