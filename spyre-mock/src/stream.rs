@@ -242,9 +242,7 @@ impl Stream for MockStream {
             let deadline = device.spin_deadline();
             let done = || self.completed.load(Ordering::Acquire) >= target;
             if !MutexGuard::unlocked(&mut scheduler, || device.watch(deadline, done)) {
-                Device::sleep_until(&mut scheduler, self.index, |scheduler| {
-                    scheduler.stream(self.index).completed() >= target
-                });
+                Device::sleep_until(&mut scheduler, self.index, |_| done());
             }
         }
         match &scheduler.stream(self.index).error {

@@ -63,7 +63,7 @@ impl MarkerEvents {
     }
 
     /// Markers idle now.
-    #[cfg(test)]
+    #[cfg(all(test, not(spyre_loom)))]
     pub(crate) fn idle(&self) -> usize {
         self.idle.lock().len()
     }

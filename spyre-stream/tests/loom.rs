@@ -68,6 +68,22 @@ fn leak_runtime() -> &'static NoopRuntime {
     Box::leak(Box::new(NoopRuntime::new(0)))
 }
 
+/// Runs `model` under loom with preemptions bounded to 3, on an initialized
+/// pool over a fresh runtime: for the models whose full round of 32
+/// assignments makes the whole interleaving space too large to enumerate.
+fn check_with_three_preemptions(
+    model: impl Fn(&'static NoopRuntime, Arc<StreamPool<'static>>) + Sync + Send + 'static,
+) {
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(3);
+    builder.check(move || {
+        let runtime = leak_runtime();
+        let pool = pool(runtime);
+        pool.initialize().unwrap();
+        model(runtime, pool);
+    });
+}
+
 /// Streams the runtime has created (the default stream not counted).
 fn created(runtime: &NoopRuntime) -> usize {
     runtime.calls().streams_created as usize
@@ -318,12 +334,7 @@ fn a_slow_creation_holds_up_only_its_own_id() {
 /// with the lock released (the bug this looks for) needs only one.
 #[test]
 fn the_same_fresh_id_handed_out_again_after_a_full_round() {
-    let mut builder = loom::model::Builder::new();
-    builder.preemption_bound = Some(3);
-    builder.check(|| {
-        let runtime = leak_runtime();
-        let pool = pool(runtime);
-        pool.initialize().unwrap();
+    check_with_three_preemptions(|runtime, pool| {
         let single = {
             let pool = pool.clone();
             loom::thread::spawn(move || {
@@ -373,12 +384,7 @@ fn the_same_fresh_id_handed_out_again_after_a_full_round() {
 /// between the failed creation releasing its lock and queuing its id).
 #[test]
 fn a_failure_queued_after_the_cursor_settled_unsettles_it() {
-    let mut builder = loom::model::Builder::new();
-    builder.preemption_bound = Some(3);
-    builder.check(|| {
-        let runtime = leak_runtime();
-        let pool = pool(runtime);
-        pool.initialize().unwrap();
+    check_with_three_preemptions(|runtime, pool| {
         for id in 1..=31 {
             assert_eq!(pool.stream_from_pool(0).unwrap().id(), StreamId(id));
         }
