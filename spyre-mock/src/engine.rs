@@ -17,21 +17,33 @@
 //! scheduler lock, and wakes only the threads blocked on that stream
 //! (`synchronize`, or a wait for one of its event records): completions on
 //! other streams wake nobody.
+//!
+//! When no other stream is ready, an engine takes the operations queued
+//! behind its job on the same stream as well (up to [`BATCH_LIMIT`] in
+//! all; see [`Scheduler::take_batch`]) and runs them one after another,
+//! publishing each completion without the lock, so a busy stream costs one
+//! lock round trip per batch rather than per operation. It stops wherever
+//! running them one at a time could differ: when another stream becomes
+//! ready (the ready order decides again), when the stream fails or its
+//! shutdown state or slowdown changes, and at a record's mark, a marker
+//! operation or a device-side wait. Order, errors and wake-ups are those
+//! of one operation at a time.
 use std::cell::Cell;
+use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use flex_rt::{FlexError, Result, Status, SyncPolicy};
+use flex_rt::{Completion, FlexError, Result, Status, SyncPolicy};
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use crate::config::MockConfig;
 use crate::memory::DeviceMemory;
 use crate::op::{Op, panic_message};
 use crate::record::Record;
-use crate::scheduler::{Job, Scheduler, Verdict};
+use crate::scheduler::{Job, Pending, Scheduler, Verdict};
 
 static LIVE_ENGINE_THREADS: AtomicUsize = AtomicUsize::new(0);
 static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1);
@@ -225,21 +237,16 @@ impl Device {
     /// Blocks, with `scheduler` locked on entry and on return, until `done`
     /// holds, as a sleeper of stream `stream`: the stream whose finishing
     /// operations can make it hold (the stream synchronized, or the one an
-    /// event was recorded on). It waits on that stream's own condition
-    /// variable, so only operations finishing on that stream wake the
-    /// caller ([`Scheduler::finish`]).
+    /// event was recorded on). Only operations finishing on that stream
+    /// wake the caller ([`Scheduler::finish`], or an engine between the
+    /// operations of a batch).
     pub(crate) fn sleep_until(
         scheduler: &mut MutexGuard<'_, Scheduler>,
         stream: usize,
         done: impl Fn(&Scheduler) -> bool,
     ) {
-        while !done(scheduler) {
-            let state = scheduler.stream_mut(stream);
-            state.sleepers += 1;
-            let finished = Arc::clone(&state.finished);
-            finished.wait(scheduler);
-            scheduler.stream_mut(stream).sleepers -= 1;
-        }
+        let progress = scheduler.stream(stream).progress();
+        progress.sleep_until(scheduler, done);
     }
 }
 
@@ -287,6 +294,15 @@ fn engine_main(device: Arc<Device>) {
     // Whether this engine counts in `scheduler.busy`: from taking a job
     // until it finds no work.
     let mut busy = false;
+    // The operations taken after a job's own (`Scheduler::take_batch`);
+    // empty between jobs, kept for its capacity.
+    let mut batch = VecDeque::new();
+    // How many to take at most: doubled after a batch that ran whole; after
+    // a batch cut short, none for the next `BATCH_BACKOFF` jobs, then one:
+    // where other streams keep becoming ready, an engine does not move
+    // operations out of a queue and back again for nothing.
+    let mut batch_limit = 1;
+    let mut backoff = 0;
     loop {
         match scheduler.next_job() {
             Some(job) => {
@@ -299,7 +315,30 @@ fn engine_main(device: Arc<Device>) {
                 // operation finished): `run_job` makes sure an idle engine
                 // looks, whoever was woken for them before.
                 let announce = scheduler.has_ready().then_some(scheduler.watching != 0);
-                run_job(&device, &mut scheduler, job, announce);
+                if batch_limit > 0 && matches!(job.verdict, Verdict::Run { .. }) {
+                    scheduler.take_batch(job.stream, batch_limit, &mut batch);
+                }
+                let taken = batch.len();
+                let batch = Batch {
+                    work_epoch: if taken > 0 {
+                        device.work_epoch.load(Ordering::Acquire)
+                    } else {
+                        0
+                    },
+                    rest: &mut batch,
+                };
+                let ran_all = run_job(&device, &mut scheduler, job, announce, batch);
+                if !ran_all {
+                    batch_limit = 0;
+                    backoff = BATCH_BACKOFF;
+                } else if batch_limit == 0 {
+                    backoff -= 1;
+                    if backoff == 0 {
+                        batch_limit = 1;
+                    }
+                } else if taken == batch_limit {
+                    batch_limit = (batch_limit * 2).min(BATCH_LIMIT - 1);
+                }
             }
             None if scheduler.shutting_down => break,
             None => {
@@ -341,17 +380,65 @@ fn engine_main(device: Arc<Device>) {
     }
 }
 
-/// Runs one job; `scheduler` is locked on entry and on return, and unlocked
-/// while user code runs. With `announce` (whether an engine was watching),
-/// first tells the idle engines that more streams are ready
+/// Operations an engine runs at most from one stream per lock round trip:
+/// its job and up to this many minus one taken with it
+/// ([`Scheduler::take_batch`]).
+const BATCH_LIMIT: usize = 32;
+
+/// Jobs an engine runs alone after a batch was cut short, before it takes
+/// one more operation with a job again.
+const BATCH_BACKOFF: u32 = 16;
+
+/// The operations an engine took after its job's own, and what stops it
+/// from running them.
+struct Batch<'a> {
+    /// Still to run, in stream order; what is left goes back to the stream.
+    rest: &'a mut VecDeque<Pending>,
+    /// [`Device::work_epoch`] when the batch was taken, no stream being
+    /// ready then: the batch stops once it moves (a stream became ready),
+    /// so that the ready order decides the next operation.
+    work_epoch: u64,
+}
+
+/// One operation run without the lock: its call name, its result, its
+/// completion if it was not called yet (on failure it is called once the
+/// error is recorded), and the outcome of a completion already called.
+struct Ran {
+    call: &'static str,
+    result: Result<()>,
+    completion: Option<Completion>,
+    early: Option<std::thread::Result<()>>,
+}
+
+impl Ran {
+    /// Whether the operation and its completion succeeded, so the stream
+    /// may run its next operation without the lock.
+    fn succeeded(&self) -> bool {
+        self.result.is_ok() && !matches!(self.early, Some(Err(_)))
+    }
+}
+
+/// Runs one job, then the batch taken with it while each operation
+/// succeeds, no other stream is ready and the stream does not change;
+/// `scheduler` is locked on entry and on return, and unlocked while user
+/// code runs. With `announce` (whether an engine was watching), first
+/// tells the idle engines that more streams are ready
 /// ([`Device::announce_work`]), once the lock is released: a wake-up call
-/// made under it would hold up every launch.
+/// made under it would hold up every launch. Returns whether it ran every
+/// operation of the batch.
+///
+/// Between the operations of a batch the engine publishes each completion
+/// without the lock ([`crate::scheduler::Progress`]) and takes the lock
+/// only to wake a thread blocked on the stream; the last operation it runs
+/// finishes as a single job does (error, records reached, the stream made
+/// ready again), and what it did not run goes back to the stream.
 fn run_job(
     device: &Device,
     scheduler: &mut MutexGuard<'_, Scheduler>,
     mut job: Job,
     announce: Option<bool>,
-) {
+    batch: Batch<'_>,
+) -> bool {
     if matches!(job.verdict, Verdict::Run { .. })
         && let Some(reused) = scheduler.check_reuse(&job, &device.memory)
     {
@@ -362,58 +449,45 @@ fn run_job(
         pending,
         verdict,
     } = job;
-    let call = pending.op.call();
-    let mut completion = pending.completion;
-    let op = pending.op;
-    // A completion of an operation that succeeded is called in the same
-    // unlocked stretch as the operation (the stream does not advance before
-    // `finish` either way); a failure is recorded as the stream's error
-    // first, under the lock, so that the completion sees it.
-    let (result, early) = MutexGuard::unlocked(scheduler, || {
+    let slowdown = match verdict {
+        Verdict::Run { slowdown } => slowdown,
+        Verdict::Skip(_) => Duration::ZERO,
+    };
+    // What ends a batch early: a change of the stream seen from here on.
+    let watch = (!batch.rest.is_empty()).then(|| {
+        let progress = scheduler.stream(stream).progress();
+        let changes = progress.changes();
+        (progress, changes)
+    });
+    let Ran {
+        call,
+        result,
+        completion,
+        early,
+    } = MutexGuard::unlocked(scheduler, || {
         if let Some(watched) = announce {
             device.announce_work(watched);
         }
-        let result = match verdict {
-            Verdict::Skip(err) => {
-                op.abandon(&err);
-                // Dropping releases host leases and closures; their Drop is user code.
-                let _ = catch_unwind(AssertUnwindSafe(move || drop(op)));
-                Err(err)
-            }
-            Verdict::Run { slowdown } => {
-                let delay = device.timing.delay(&op).saturating_add(slowdown);
-                let result = catch_unwind(AssertUnwindSafe(|| op.execute(&device.memory)))
-                    .unwrap_or_else(|payload| {
-                        Err(FlexError::new(
-                            Status::INTERNAL,
-                            call,
-                            format!(
-                                "the operation panicked on the device: {}",
-                                panic_message(payload.as_ref())
-                            ),
-                        ))
-                    });
-                if !delay.is_zero() {
-                    std::thread::sleep(delay);
+        let mut ran = run_op(device, stream, pending, verdict);
+        if let Some((progress, changes)) = &watch {
+            while ran.succeeded()
+                && device.work_epoch.load(Ordering::Acquire) == batch.work_epoch
+                && progress.changes() == *changes
+                && let Some(next) = batch.rest.pop_front()
+            {
+                if progress.complete_one() {
+                    let _scheduler = device.scheduler.lock();
+                    progress.wake();
                 }
-                result
+                ran = run_op(device, stream, next, Verdict::Run { slowdown });
             }
-        };
-        if device.check_reuse {
-            // Before the completion: a host it wakes may reuse the memory.
-            device.scheduler.lock().reuse_ran(stream);
         }
-        let early = match (&result, completion.take()) {
-            (Ok(()), Some(completion)) => {
-                Some(catch_unwind(AssertUnwindSafe(|| completion(Ok(())))))
-            }
-            (_, taken) => {
-                completion = taken;
-                None
-            }
-        };
-        (result, early)
+        ran
     });
+    let ran_all = batch.rest.is_empty();
+    if !ran_all {
+        scheduler.put_back(stream, batch.rest);
+    }
     let outcome = match (result, completion) {
         (Err(err), Some(completion)) => {
             scheduler.record_error(stream, err.clone());
@@ -452,4 +526,60 @@ fn run_job(
     // If the stream has more work, this engine takes it (or something more
     // urgent) on its next turn; no other engine needs waking.
     scheduler.finish(stream);
+    ran_all
+}
+
+/// Runs one operation without the scheduler lock (or completes it with the
+/// verdict's error), and calls its completion if it succeeded.
+fn run_op(device: &Device, stream: usize, pending: Pending, verdict: Verdict) -> Ran {
+    let call = pending.op.call();
+    let mut completion = pending.completion;
+    let op = pending.op;
+    // A completion of an operation that succeeded is called in the same
+    // unlocked stretch as the operation (the stream does not advance before
+    // it returns either way); a failure is recorded as the stream's error
+    // first, under the lock, so that the completion sees it.
+    let result = match verdict {
+        Verdict::Skip(err) => {
+            op.abandon(&err);
+            // Dropping releases host leases and closures; their Drop is user code.
+            let _ = catch_unwind(AssertUnwindSafe(move || drop(op)));
+            Err(err)
+        }
+        Verdict::Run { slowdown } => {
+            let delay = device.timing.delay(&op).saturating_add(slowdown);
+            let result = catch_unwind(AssertUnwindSafe(|| op.execute(&device.memory)))
+                .unwrap_or_else(|payload| {
+                    Err(FlexError::new(
+                        Status::INTERNAL,
+                        call,
+                        format!(
+                            "the operation panicked on the device: {}",
+                            panic_message(payload.as_ref())
+                        ),
+                    ))
+                });
+            if !delay.is_zero() {
+                std::thread::sleep(delay);
+            }
+            result
+        }
+    };
+    if device.check_reuse {
+        // Before the completion: a host it wakes may reuse the memory.
+        device.scheduler.lock().reuse_ran(stream);
+    }
+    let early = match (&result, completion.take()) {
+        (Ok(()), Some(completion)) => Some(catch_unwind(AssertUnwindSafe(|| completion(Ok(()))))),
+        (_, taken) => {
+            completion = taken;
+            None
+        }
+    };
+    Ran {
+        call,
+        result,
+        completion,
+        early,
+    }
 }

@@ -7,6 +7,11 @@
 //! runs at most one operation at a time: from taking it until its
 //! completion has returned, the stream is *running* and not ready.
 //!
+//! An engine that takes a stream's front operation while no other stream
+//! is ready may take the operations queued behind it as well, to run them
+//! without the lock in between ([`Scheduler::take_batch`]): as long as no
+//! other stream becomes ready they are what it would take next anyway.
+//!
 //! A device-side wait on an event is a *gate* in the waiting stream: it
 //! holds the operations enqueued after it until the event's record has
 //! completed. A stream whose front operation is behind a closed gate is
@@ -29,7 +34,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use flex_rt::{Completion, CompositeAddress, FlexError, Status, StreamPriority};
@@ -108,18 +113,9 @@ pub(crate) struct StreamState {
     waiters: Vec<usize>,
     /// Operations enqueued so far.
     pub(crate) submitted: u64,
-    /// Operations whose completion has returned ([`Self::completed`]):
-    /// written under the scheduler lock, and shared with the stream's
-    /// `synchronize`, which watches it without the lock.
-    completed: Arc<AtomicU64>,
-    /// Threads blocked on [`Self::finished`] until this stream's operations
-    /// or records complete; an operation that finishes on a stream with
-    /// none wakes nobody.
-    pub(crate) sleepers: u32,
-    /// Where `synchronize` of this stream and waits for its event records
-    /// block (with the scheduler lock); notified by [`Scheduler::finish`]
-    /// when there are sleepers.
-    pub(crate) finished: Arc<Condvar>,
+    /// What the stream shares without the scheduler lock: its count of
+    /// completed operations and the threads blocked on it.
+    progress: Arc<Progress>,
     /// Operations whose end the stream's records have seen: `completed`,
     /// or one more from [`Scheduler::reach`] to [`Scheduler::finish`]
     /// (while the engine calls the notifications of the records reached),
@@ -128,11 +124,108 @@ pub(crate) struct StreamState {
     passed: u64,
     /// The first error (sticky).
     pub(crate) error: Option<FlexError>,
-    pub(crate) needs_shutdown: bool,
+    needs_shutdown: bool,
     /// The launch that many launches from now is refused (1 = the next).
     pub(crate) fail_launch_in: Option<u64>,
     /// Extra time every operation of the stream takes.
-    pub(crate) slowdown: Duration,
+    slowdown: Duration,
+}
+
+/// The part of a stream's state used without the scheduler lock.
+///
+/// The engine running the stream's operations is the only writer of
+/// `completed`: in [`Scheduler::finish`], under the lock, or between the
+/// operations of a batch ([`Scheduler::take_batch`]) without it. Sleepers
+/// are counted under the lock. So a thread that blocks on the stream
+/// counts itself a sleeper *before* it looks at `completed` a last time,
+/// and an engine that publishes a count without the lock looks at the
+/// sleepers *after* it (all four `SeqCst`): either the sleeper sees the new
+/// count, or the engine sees the sleeper and wakes it under the lock. Under
+/// the lock (`finish`) a release store and a plain look suffice.
+pub(crate) struct Progress {
+    /// Operations whose completion has returned.
+    completed: AtomicU64,
+    /// Threads blocked on `finished` until this stream's operations or
+    /// records complete; an operation that finishes on a stream with none
+    /// wakes nobody.
+    sleepers: AtomicU32,
+    /// Where `synchronize` of this stream and waits for its event records
+    /// block (with the scheduler lock).
+    finished: Condvar,
+    /// Bumped, under the lock, whenever the stream's error, shutdown state
+    /// or slowdown changes: an engine running a batch of the stream stops
+    /// there, so that the next operation is judged as
+    /// [`Scheduler::next_job`] would judge it.
+    changes: AtomicU64,
+}
+
+impl Progress {
+    fn new() -> Self {
+        Self {
+            completed: AtomicU64::new(0),
+            sleepers: AtomicU32::new(0),
+            finished: Condvar::new(),
+            changes: AtomicU64::new(0),
+        }
+    }
+
+    /// Operations whose completion has returned.
+    pub(crate) fn completed(&self) -> u64 {
+        self.completed.load(Ordering::SeqCst)
+    }
+
+    /// Publishes `completed` with the scheduler lock held, where sleepers
+    /// come and go; returns whether a thread is blocked on the stream.
+    fn publish_locked(&self, completed: u64) -> bool {
+        self.completed.store(completed, Ordering::Release);
+        self.sleepers.load(Ordering::Relaxed) > 0
+    }
+
+    /// Publishes that one more operation has completed (its completion
+    /// has returned), as an engine does without the lock between the
+    /// operations of a batch, the stream running on. Returns whether a
+    /// thread is blocked on the stream, to be woken with the lock held.
+    pub(crate) fn complete_one(&self) -> bool {
+        self.completed
+            .store(self.completed.load(Ordering::Relaxed) + 1, Ordering::SeqCst);
+        self.sleepers.load(Ordering::SeqCst) > 0
+    }
+
+    /// How often the stream's error, shutdown state or slowdown changed;
+    /// an engine running a batch stops when this moves.
+    pub(crate) fn changes(&self) -> u64 {
+        self.changes.load(Ordering::Relaxed)
+    }
+
+    /// Threads blocked on the stream right now.
+    #[cfg(test)]
+    pub(crate) fn sleepers(&self) -> u32 {
+        self.sleepers.load(Ordering::SeqCst)
+    }
+
+    /// Wakes every thread blocked on the stream; call with the scheduler
+    /// lock held.
+    pub(crate) fn wake(&self) {
+        self.finished.notify_all();
+    }
+
+    /// Blocks, with `scheduler` locked on entry and on return, until `done`
+    /// holds: counted as a sleeper before `done` is looked at for the last
+    /// time (see the type's docs), woken when an operation of the stream
+    /// finishes.
+    pub(crate) fn sleep_until(
+        &self,
+        scheduler: &mut parking_lot::MutexGuard<'_, Scheduler>,
+        done: impl Fn(&Scheduler) -> bool,
+    ) {
+        while !done(scheduler) {
+            self.sleepers.fetch_add(1, Ordering::SeqCst);
+            if !done(scheduler) {
+                self.finished.wait(scheduler);
+            }
+            self.sleepers.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
 }
 
 /// What an engine does with the operation it took.
@@ -252,9 +345,7 @@ impl Scheduler {
             marks: VecDeque::new(),
             waiters: Vec::new(),
             submitted: 0,
-            completed: Arc::new(AtomicU64::new(0)),
-            sleepers: 0,
-            finished: Arc::new(Condvar::new()),
+            progress: Arc::new(Progress::new()),
             passed: 0,
             error: None,
             needs_shutdown: false,
@@ -490,10 +581,63 @@ impl Scheduler {
         })
     }
 
+    /// Moves up to `limit` more operations of stream `index`, whose front
+    /// operation an engine has just taken ([`Self::next_job`]), into
+    /// `batch`, for that engine to run one after another without taking
+    /// the lock between them ([`crate::engine`]). Each is what
+    /// [`Self::next_job`] would take next, as long as no other stream
+    /// becomes ready (the engine stops the batch when one does: every
+    /// stream made ready moves the device's work epoch, see
+    /// [`crate::engine`]), so the ready order is the same.
+    ///
+    /// Takes nothing while another stream is ready, when the stream has
+    /// failed or needs shutdown, or with the use-after-free detector on;
+    /// and stops before an operation held by a device-side wait, before an
+    /// event record's marker operation, and after the operation that
+    /// reaches a record's mark: each of those needs the lock as it is
+    /// passed. Operations the engine does not run go back with
+    /// [`Self::put_back`].
+    pub(crate) fn take_batch(&mut self, index: usize, limit: usize, batch: &mut VecDeque<Pending>) {
+        if !self.ready.is_empty() || self.reuse.is_some() {
+            return;
+        }
+        let state = &mut self.streams[index];
+        if state.error.is_some() || state.needs_shutdown {
+            return;
+        }
+        // The first queued operation is the stream's (c + 1)th (0-based),
+        // c operations having completed and one running.
+        let first = state.completed() + 1;
+        let gate = state.gates.front().map_or(u64::MAX, |gate| gate.before);
+        let mark = state.marks.front().map_or(u64::MAX, |mark| mark.after);
+        // Queued operation j is the (first + j)th (0-based): held by a gate
+        // from `gate` on; reached marks are passed as the one before it
+        // finishes, so it must not come after a mark's position.
+        let room = gate.min(mark).saturating_sub(first);
+        let take = state
+            .queue
+            .iter()
+            .take(limit.min(usize::try_from(room).unwrap_or(usize::MAX)))
+            .take_while(|pending| !matches!(pending.op, Op::Record(_)))
+            .count();
+        batch.extend(state.queue.drain(..take));
+    }
+
+    /// Returns the operations of stream `index` that an engine took with
+    /// [`Self::take_batch`] and did not run to the front of its queue, in
+    /// their order.
+    pub(crate) fn put_back(&mut self, index: usize, batch: &mut VecDeque<Pending>) {
+        let queue = &mut self.streams[index].queue;
+        while let Some(pending) = batch.pop_back() {
+            queue.push_front(pending);
+        }
+    }
+
     /// Records `error` as the stream's error unless it already has one.
     pub(crate) fn record_error(&mut self, index: usize, error: FlexError) {
         let state = &mut self.streams[index];
         if state.error.is_none() {
+            state.changed();
             tracing::debug!(stream = index, %error, "stream failed");
             state.error = Some(error);
         }
@@ -542,10 +686,8 @@ impl Scheduler {
         let state = &mut self.streams[index];
         state.running = false;
         state.passed = state.completed() + 1;
-        // The only writer, under the lock; `synchronize` reads it without.
-        state.completed.store(state.passed, Ordering::Release);
-        if state.sleepers > 0 {
-            state.finished.notify_all();
+        if state.progress.publish_locked(state.passed) {
+            state.progress.wake();
         }
         for waiter in std::mem::take(&mut state.waiters) {
             self.schedule(waiter);
@@ -555,16 +697,38 @@ impl Scheduler {
 }
 
 impl StreamState {
-    /// Operations whose completion has returned.
-    pub(crate) fn completed(&self) -> u64 {
-        self.completed.load(Ordering::Relaxed)
+    /// Whether the stream needs a shutdown of its runtime.
+    pub(crate) fn needs_shutdown(&self) -> bool {
+        self.needs_shutdown
     }
 
-    /// The counter behind [`Self::completed`], for a thread that watches it
-    /// without the scheduler lock (loads with `Acquire` pair with the
-    /// `Release` store of [`Scheduler::finish`]).
-    pub(crate) fn completed_counter(&self) -> Arc<AtomicU64> {
-        Arc::clone(&self.completed)
+    /// Sets the stream's extra time per operation (fault injection).
+    pub(crate) fn set_slowdown(&mut self, per_op: Duration) {
+        self.slowdown = per_op;
+        self.changed();
+    }
+
+    /// Puts the stream in the needs-shutdown state (fault injection).
+    pub(crate) fn set_needs_shutdown(&mut self) {
+        self.needs_shutdown = true;
+        self.changed();
+    }
+
+    /// Notes a change of the error, shutdown state or slowdown for an
+    /// engine running a batch of the stream ([`Progress::changes`]).
+    fn changed(&self) {
+        self.progress.changes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Operations whose completion has returned.
+    pub(crate) fn completed(&self) -> u64 {
+        self.progress.completed()
+    }
+
+    /// What the stream shares without the scheduler lock, for a thread
+    /// that watches its completions or blocks on them.
+    pub(crate) fn progress(&self) -> Arc<Progress> {
+        Arc::clone(&self.progress)
     }
 
     /// The error an operation (`call`) of this stream completes with

@@ -1,7 +1,6 @@
 //! One stream of the software device: a FIFO queue of operations.
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use flex_rt::{
@@ -14,7 +13,7 @@ use crate::engine::Device;
 use crate::event::MockEvent;
 use crate::op::Op;
 use crate::record::Record;
-use crate::scheduler::{Pending, Scheduler};
+use crate::scheduler::{Pending, Progress, Scheduler};
 
 /// A stream of a [`crate::MockRuntime`]; implements [`flex_rt::Stream`].
 ///
@@ -36,9 +35,9 @@ pub struct MockStream {
     priority: StreamPriority,
     track_hazards: bool,
     device: Arc<Device>,
-    /// The scheduler's count of this stream's completed operations, which
-    /// `synchronize` watches without the scheduler lock.
-    completed: Arc<AtomicU64>,
+    /// The stream's count of completed operations, which `synchronize`
+    /// watches without the scheduler lock.
+    progress: Arc<Progress>,
 }
 
 impl MockStream {
@@ -57,7 +56,7 @@ impl MockStream {
             priority,
             track_hazards,
             device,
-            completed: scheduler.stream(index).completed_counter(),
+            progress: scheduler.stream(index).progress(),
         }
     }
 
@@ -144,6 +143,13 @@ impl MockStream {
         state.submitted - state.completed()
     }
 
+    /// Threads blocked on the stream right now (`synchronize`, or waits
+    /// for its event records).
+    #[cfg(test)]
+    pub(crate) fn sleepers(&self) -> u32 {
+        self.progress.sleepers()
+    }
+
     /// Fault injection: the `n`th launch from now (1 = the next one) that
     /// passes the size and stream-state checks is refused with
     /// [`Status::LAUNCH_FAILED`]; nothing is enqueued and its completion is
@@ -167,7 +173,7 @@ impl MockStream {
     /// the stream had failed before.
     pub fn set_needs_shutdown(&self) {
         let mut scheduler = self.device.scheduler.lock();
-        scheduler.stream_mut(self.index).needs_shutdown = true;
+        scheduler.stream_mut(self.index).set_needs_shutdown();
         scheduler.record_error(
             self.index,
             FlexError::new(
@@ -182,7 +188,11 @@ impl MockStream {
     /// holds its engine for `per_op` longer. [`Duration::ZERO`] restores
     /// normal speed.
     pub fn set_slowdown(&self, per_op: Duration) {
-        self.device.scheduler.lock().stream_mut(self.index).slowdown = per_op;
+        self.device
+            .scheduler
+            .lock()
+            .stream_mut(self.index)
+            .set_slowdown(per_op);
     }
 }
 
@@ -240,9 +250,9 @@ impl Stream for MockStream {
             // `AUTO_SPIN`), then block until an operation of this stream
             // that finishes wakes it.
             let deadline = device.spin_deadline();
-            let done = || self.completed.load(Ordering::Acquire) >= target;
+            let done = || self.progress.completed() >= target;
             if !MutexGuard::unlocked(&mut scheduler, || device.watch(deadline, done)) {
-                Device::sleep_until(&mut scheduler, self.index, |_| done());
+                self.progress.sleep_until(&mut scheduler, |_| done());
             }
         }
         match &scheduler.stream(self.index).error {
@@ -257,7 +267,7 @@ impl Stream for MockStream {
             .scheduler
             .lock()
             .stream(self.index)
-            .needs_shutdown)
+            .needs_shutdown())
     }
 
     fn launch_h2d(

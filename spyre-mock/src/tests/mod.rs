@@ -1,4 +1,5 @@
 //! Tests of the whole device through its public API.
+mod batches;
 mod events;
 mod faults;
 mod kernels;

@@ -1,0 +1,192 @@
+//! Batches: an engine runs a stream's queued operations one after another
+//! without the scheduler lock, and stops wherever running them one at a
+//! time could differ: another stream made ready, a change of the stream's
+//! state, a record's mark. And a thread blocked on the stream is woken by
+//! each operation of a batch, not at its end.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, mpsc};
+
+use flex_rt::{LaunchOptions, Runtime, Status, Stream, StreamMode, StreamPriority, SyncPolicy};
+
+use super::{Counters, DEADLOCK, Log, block, launch_counted, runtime, runtime_with_policy, stream};
+use crate::op::Op;
+use crate::stream::MockStream;
+
+/// Enqueues a host function that logs `name`, tells the test it runs, and
+/// returns only once the test answers (or the sender is dropped).
+fn handshake(
+    s: &MockStream,
+    log: &Log,
+    name: &'static str,
+) -> (mpsc::Receiver<()>, mpsc::Sender<()>) {
+    let (running_tx, running_rx) = mpsc::channel();
+    let (answer_tx, answer_rx) = mpsc::channel::<()>();
+    let log = log.clone();
+    s.enqueue(
+        Op::host_fn(move || {
+            log.push(name);
+            let _ = running_tx.send(());
+            let _ = answer_rx.recv_timeout(DEADLOCK);
+            Ok(())
+        }),
+        LaunchOptions::new(),
+    )
+    .unwrap();
+    (running_rx, answer_tx)
+}
+
+/// Enqueues a host function that logs `name`.
+fn logged(s: &MockStream, log: &Log, name: &'static str) {
+    let log = log.clone();
+    s.launch_host_callback(Box::new(move || log.push(name)), LaunchOptions::new())
+        .unwrap();
+}
+
+#[test]
+fn a_high_priority_launch_during_a_batch_runs_before_the_rest_of_it() {
+    // One engine. While it runs `a1`, taken with `a2` and `a3` behind it,
+    // a high-priority stream gets work: one at a time, the engine would take
+    // that next; the batch must stop after `a1` for the same order.
+    let rt = runtime(1);
+    let s = stream(&rt);
+    let high = rt
+        .create_mock_stream(StreamPriority::High, StreamMode::StrictOrdering, false)
+        .unwrap();
+    let log = Log::default();
+    let release = block(s);
+    let (running, answer) = handshake(s, &log, "a1");
+    logged(s, &log, "a2");
+    logged(s, &log, "a3");
+    drop(release);
+    running.recv_timeout(DEADLOCK).unwrap();
+    logged(high, &log, "high");
+    answer.send(()).unwrap();
+    s.synchronize().unwrap();
+    high.synchronize().unwrap();
+    assert_eq!(log.take(), ["a1", "high", "a2", "a3"]);
+}
+
+#[test]
+fn a_thread_blocked_on_the_stream_is_woken_by_an_operation_inside_a_batch() {
+    // `synchronize` waits for `a` only; `b`, enqueued after the call and
+    // taken in one batch with `a`, runs only once that call has returned.
+    // Woken at the end of the batch instead, the two would wait for each
+    // other (until `b` gave up at the deadlock bound and failed the stream).
+    // `a` holds the engine until the waiter, woken when the blocked
+    // operation before it finished, has had time to block again.
+    let rt = runtime_with_policy(1, SyncPolicy::Blocking);
+    let s = stream(&rt);
+    let log = Log::default();
+    let release = block(s);
+    let (running, answer) = handshake(s, &log, "a");
+    let returned = Arc::new(AtomicBool::new(false));
+    std::thread::scope(|scope| {
+        let waiter = scope.spawn(|| {
+            let result = s.synchronize();
+            returned.store(true, Ordering::SeqCst);
+            result
+        });
+        while s.sleepers() == 0 {
+            std::thread::yield_now();
+        }
+        let seen = Arc::clone(&returned);
+        s.enqueue(
+            Op::host_fn(move || {
+                let deadline = std::time::Instant::now() + DEADLOCK;
+                while !seen.load(Ordering::SeqCst) {
+                    if std::time::Instant::now() > deadline {
+                        return Err("synchronize never returned".into());
+                    }
+                    std::thread::yield_now();
+                }
+                Ok(())
+            }),
+            LaunchOptions::new(),
+        )
+        .unwrap();
+        drop(release);
+        running.recv_timeout(DEADLOCK).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        answer.send(()).unwrap();
+        waiter.join().unwrap().unwrap();
+    });
+    s.synchronize().unwrap();
+}
+
+#[test]
+fn needs_shutdown_set_during_a_batch_stops_the_operations_not_started() {
+    // Set while `a1` runs: the operations behind it complete with SHUTDOWN
+    // without running, as the stream's docs say, although the engine took
+    // them with `a1`.
+    let rt = runtime(1);
+    let s = stream(&rt);
+    let log = Log::default();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counters = Counters::default();
+    let release = block(s);
+    let (running, answer) = handshake(s, &log, "a1");
+    for _ in 0..2 {
+        let runs = Arc::clone(&runs);
+        s.launch_host_callback(
+            Box::new(move || {
+                runs.fetch_add(1, Ordering::SeqCst);
+            }),
+            counters.options(),
+        )
+        .unwrap();
+    }
+    drop(release);
+    running.recv_timeout(DEADLOCK).unwrap();
+    s.set_needs_shutdown();
+    answer.send(()).unwrap();
+    assert_eq!(s.synchronize().unwrap_err().status(), Status::SHUTDOWN);
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    assert_eq!(counters.statuses(), [Status::SHUTDOWN, Status::SHUTDOWN]);
+}
+
+#[test]
+fn a_mark_between_queued_operations_is_reached_before_the_next_one_runs() {
+    // The record sits between `a1` and `a2`, both queued behind a blocked
+    // operation: it must be complete when `a2` runs, not only once the
+    // engine has run everything it took.
+    let rt = runtime(1);
+    let s = stream(&rt);
+    let event = rt.create_event(false).unwrap();
+    let release = block(s);
+    let count = Arc::new(AtomicUsize::new(0));
+    launch_counted(s, &count);
+    s.record_event(&*event, None).unwrap();
+    let (seen_tx, seen_rx) = mpsc::channel();
+    s.launch_host_callback(
+        Box::new(move || {
+            let _ = seen_tx.send(event.query());
+        }),
+        LaunchOptions::new(),
+    )
+    .unwrap();
+    drop(release);
+    s.synchronize().unwrap();
+    assert!(seen_rx.recv_timeout(DEADLOCK).unwrap().unwrap());
+    assert_eq!(count.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn a_batch_runs_queued_operations_in_order_and_counts_each() {
+    // Ten operations queued behind a blocked one are taken together; they
+    // run in launch order and the stream counts all of them complete.
+    let rt = runtime(1);
+    let s = stream(&rt);
+    let log = Log::default();
+    let release = block(s);
+    let names = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
+    for name in names {
+        logged(s, &log, name);
+    }
+    assert_eq!(s.pending_operations(), 11);
+    drop(release);
+    s.synchronize().unwrap();
+    assert_eq!(log.take(), names);
+    assert_eq!(s.pending_operations(), 0);
+    assert!(s.query().unwrap());
+}
