@@ -118,9 +118,10 @@ pub(crate) struct Device {
     pub(crate) device_side_wait: bool,
     /// Whether the use-after-free detector is on.
     pub(crate) check_reuse: bool,
-    /// Bumped (release) when a launch makes a stream ready, or a busy engine
-    /// sees more streams ready than it takes ([`Device::announce_work`]):
-    /// what a watching engine watches instead of taking the scheduler lock.
+    /// Moved (release, under the scheduler lock) when a launch makes a
+    /// stream ready, or a busy engine sees more streams ready than it takes
+    /// ([`Device::mark_work`]): what a watching engine watches instead of
+    /// taking the scheduler lock, and what stops a batch.
     pub(crate) work_epoch: AtomicU64,
 }
 
@@ -175,12 +176,20 @@ impl Device {
         }
     }
 
-    /// Tells the idle engines that a stream is ready: a watching one sees
-    /// the work epoch move; a blocked one is woken when none is watching
-    /// (`watched`, read under the scheduler lock, where watchers come and
-    /// go: one watching then takes the lock and looks before it blocks).
-    pub(crate) fn announce_work(&self, watched: bool) {
+    /// Moves the work epoch: a stream was made ready. Called with the
+    /// scheduler lock held, so that whoever sees the stream ready (under
+    /// the lock) sees the epoch moved too: a watching engine, and an engine
+    /// running a batch, which stops there.
+    pub(crate) fn mark_work(&self) {
         self.work_epoch.fetch_add(1, Ordering::Release);
+    }
+
+    /// Wakes a blocked engine for work marked with [`Device::mark_work`],
+    /// when none was watching (`watched`, read under the scheduler lock,
+    /// where watchers come and go: one watching then takes the lock and
+    /// looks before it blocks). Called without the lock: a wake-up call
+    /// made under it would hold up every launch.
+    pub(crate) fn wake_idle(&self, watched: bool) {
         if !watched {
             self.work.notify_one();
         }
@@ -188,8 +197,11 @@ impl Device {
 
     /// Tells the engines to stop once nothing is ready.
     pub(crate) fn begin_shutdown(&self) {
-        self.scheduler.lock().shutting_down = true;
-        self.work_epoch.fetch_add(1, Ordering::Release);
+        {
+            let mut scheduler = self.scheduler.lock();
+            scheduler.shutting_down = true;
+            self.mark_work();
+        }
         self.work.notify_all();
     }
 
@@ -297,10 +309,12 @@ fn engine_main(device: Arc<Device>) {
     // The operations taken after a job's own (`Scheduler::take_batch`);
     // empty between jobs, kept for its capacity.
     let mut batch = VecDeque::new();
-    // How many to take at most: doubled after a batch that ran whole; after
-    // a batch cut short, none for the next `BATCH_BACKOFF` jobs, then one:
-    // where other streams keep becoming ready, an engine does not move
-    // operations out of a queue and back again for nothing.
+    // How many to take at most: doubled after a batch that took as many as
+    // it could and ran whole; after a batch cut short (another stream made
+    // ready, a change or a failure of the stream), none for the next
+    // `BATCH_BACKOFF` jobs, then one: where other streams keep becoming
+    // ready, an engine does not move operations out of a queue and back
+    // again for nothing.
     let mut batch_limit = 1;
     let mut backoff = 0;
     loop {
@@ -315,8 +329,11 @@ fn engine_main(device: Arc<Device>) {
                 // operation finished): `run_job` makes sure an idle engine
                 // looks, whoever was woken for them before.
                 let announce = scheduler.has_ready().then_some(scheduler.watching != 0);
-                if batch_limit > 0 && matches!(job.verdict, Verdict::Run { .. }) {
-                    scheduler.take_batch(job.stream, batch_limit, &mut batch);
+                if announce.is_some() {
+                    device.mark_work();
+                }
+                if batch_limit > 0 {
+                    scheduler.take_batch(&job, batch_limit, &mut batch);
                 }
                 let taken = batch.len();
                 let batch = Batch {
@@ -421,11 +438,10 @@ impl Ran {
 /// Runs one job, then the batch taken with it while each operation
 /// succeeds, no other stream is ready and the stream does not change;
 /// `scheduler` is locked on entry and on return, and unlocked while user
-/// code runs. With `announce` (whether an engine was watching), first
-/// tells the idle engines that more streams are ready
-/// ([`Device::announce_work`]), once the lock is released: a wake-up call
-/// made under it would hold up every launch. Returns whether it ran every
-/// operation of the batch.
+/// code runs. With `announce` (whether an engine was watching; the work
+/// is marked already), first wakes an idle engine for the other ready
+/// streams ([`Device::wake_idle`]), once the lock is released. Returns
+/// whether it ran every operation of the batch.
 ///
 /// Between the operations of a batch the engine publishes each completion
 /// without the lock ([`crate::scheduler::Progress`]) and takes the lock
@@ -466,7 +482,7 @@ fn run_job(
         early,
     } = MutexGuard::unlocked(scheduler, || {
         if let Some(watched) = announce {
-            device.announce_work(watched);
+            device.wake_idle(watched);
         }
         let mut ran = run_op(device, stream, pending, verdict);
         if let Some((progress, changes)) = &watch {

@@ -139,9 +139,11 @@ pub(crate) struct StreamState {
 /// are counted under the lock. So a thread that blocks on the stream
 /// counts itself a sleeper *before* it looks at `completed` a last time,
 /// and an engine that publishes a count without the lock looks at the
-/// sleepers *after* it (all four `SeqCst`): either the sleeper sees the new
-/// count, or the engine sees the sleeper and wakes it under the lock. Under
-/// the lock (`finish`) a release store and a plain look suffice.
+/// sleepers *after* it (all four `SeqCst`): either a `synchronize` sleeper
+/// sees the new count, or the engine sees the sleeper and wakes it under
+/// the lock. Under the lock (`finish`) a release store and a plain look
+/// suffice. Event records are never passed inside a batch, so a thread
+/// waiting for one is woken by `finish` alone.
 pub(crate) struct Progress {
     /// Operations whose completion has returned.
     completed: AtomicU64,
@@ -581,27 +583,33 @@ impl Scheduler {
         })
     }
 
-    /// Moves up to `limit` more operations of stream `index`, whose front
+    /// Moves up to `limit` more operations of `job`'s stream, whose front
     /// operation an engine has just taken ([`Self::next_job`]), into
     /// `batch`, for that engine to run one after another without taking
     /// the lock between them ([`crate::engine`]). Each is what
     /// [`Self::next_job`] would take next, as long as no other stream
-    /// becomes ready (the engine stops the batch when one does: every
-    /// stream made ready moves the device's work epoch, see
+    /// becomes ready (the engine stops the batch when one does: a stream
+    /// made ready moves the device's work epoch under the lock, or is
+    /// taken at once by the engine that made it ready; see
     /// [`crate::engine`]), so the ready order is the same.
     ///
     /// Takes nothing while another stream is ready, when the stream has
-    /// failed or needs shutdown, or with the use-after-free detector on;
-    /// and stops before an operation held by a device-side wait, before an
-    /// event record's marker operation, and after the operation that
-    /// reaches a record's mark: each of those needs the lock as it is
-    /// passed. Operations the engine does not run go back with
+    /// failed or needs shutdown, with the use-after-free detector on, or
+    /// behind an event record's marker operation (its completion opens the
+    /// gates of streams waiting on it, in [`Self::finish`]); and stops
+    /// before an operation held by a device-side wait, before a marker
+    /// operation, and after the operation that reaches a record's mark:
+    /// each of those needs the lock as it is passed. Operations the engine does not run go back with
     /// [`Self::put_back`].
-    pub(crate) fn take_batch(&mut self, index: usize, limit: usize, batch: &mut VecDeque<Pending>) {
-        if !self.ready.is_empty() || self.reuse.is_some() {
+    pub(crate) fn take_batch(&mut self, job: &Job, limit: usize, batch: &mut VecDeque<Pending>) {
+        if !self.ready.is_empty()
+            || self.reuse.is_some()
+            || !matches!(job.verdict, Verdict::Run { .. })
+            || matches!(job.pending.op, Op::Record(_))
+        {
             return;
         }
-        let state = &mut self.streams[index];
+        let state = &mut self.streams[job.stream];
         if state.error.is_some() || state.needs_shutdown {
             return;
         }

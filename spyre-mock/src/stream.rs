@@ -86,8 +86,8 @@ impl MockStream {
 
     /// Admits work to the scheduler with `admit`, runs `on_admitted` under
     /// the scheduler lock if it was, and, if the stream became ready, tells
-    /// the engines: a watching engine sees the work epoch move, a blocked
-    /// one is woken when none is watching. What `admit` refused is dropped
+    /// the engines: the work epoch moves under the lock (a watching engine
+    /// sees it), and a blocked one is woken after it when none is watching. What `admit` refused is dropped
     /// after the lock is released (it may hold user code).
     fn submit<R>(
         &self,
@@ -100,6 +100,9 @@ impl MockStream {
             if admitted.is_ok() {
                 on_admitted();
             }
+            if matches!(admitted, Ok(true)) {
+                self.device.mark_work();
+            }
             // Under the lock, where watchers come and go: one that is
             // watching now takes the lock and looks before it blocks.
             let watched = scheduler.watching != 0;
@@ -108,7 +111,7 @@ impl MockStream {
         match admitted {
             Ok(became_ready) => {
                 if became_ready {
-                    self.device.announce_work(watched);
+                    self.device.wake_idle(watched);
                 }
                 Ok(())
             }

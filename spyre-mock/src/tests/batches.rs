@@ -68,6 +68,29 @@ fn a_high_priority_launch_during_a_batch_runs_before_the_rest_of_it() {
 }
 
 #[test]
+fn a_stream_waiting_on_a_marker_runs_before_the_work_queued_behind_the_marker() {
+    // One engine. On stream `a`, a record with a completion (a marker
+    // operation) and then `y`; stream `b` waits on that record, then `w`,
+    // launched before `y`. When the marker finishes, `b` and `a` are both
+    // ready and `w` was enqueued first: one operation at a time runs `w`
+    // before `y`, so no batch may carry `y` along behind the marker.
+    let rt = runtime(1);
+    let a = stream(&rt);
+    let b = stream(&rt);
+    let log = Log::default();
+    let event = rt.create_event(false).unwrap();
+    let release = block(a);
+    a.record_event(&*event, Some(Box::new(|_| {}))).unwrap();
+    b.wait_event(&*event).unwrap();
+    logged(b, &log, "w");
+    logged(a, &log, "y");
+    drop(release);
+    a.synchronize().unwrap();
+    b.synchronize().unwrap();
+    assert_eq!(log.take(), ["w", "y"]);
+}
+
+#[test]
 fn a_thread_blocked_on_the_stream_is_woken_by_an_operation_inside_a_batch() {
     // `synchronize` waits for `a` only; `b`, enqueued after the call and
     // taken in one batch with `a`, runs only once that call has returned.
