@@ -119,9 +119,10 @@ pub(crate) struct Device {
     /// Whether the use-after-free detector is on.
     pub(crate) check_reuse: bool,
     /// Moved (release, under the scheduler lock) when a launch makes a
-    /// stream ready, or a busy engine sees more streams ready than it takes
-    /// ([`Device::mark_work`]): what a watching engine watches instead of
-    /// taking the scheduler lock, and what stops a batch.
+    /// stream ready, when a busy engine sees more streams ready than it
+    /// takes ([`Device::mark_work`]), and when the runtime shuts down: what
+    /// a watching engine watches instead of taking the scheduler lock, and
+    /// what stops a batch.
     pub(crate) work_epoch: AtomicU64,
 }
 

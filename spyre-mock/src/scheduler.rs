@@ -422,9 +422,10 @@ impl Scheduler {
     /// wait added since the stream's last launch holds its place or it
     /// carries a `completion`, in which case it is enqueued as a marker
     /// operation ([`Self::admit`]). A mark on a stream whose every operation
-    /// has run and returned its completion is reached at once (`passed`). Refused as [`Self::admit`] refuses a
-    /// launch (a record counts for `fail_nth_launch`); what is refused is
-    /// handed back for the caller to drop after releasing the lock.
+    /// has run and returned its completion is reached at once (`passed`).
+    /// Refused as [`Self::admit`] refuses a launch (a record counts for
+    /// `fail_nth_launch`); what is refused is handed back for the caller to
+    /// drop after releasing the lock.
     /// `Ok(true)` when the stream became ready (only ever for a marker).
     pub(crate) fn admit_record(
         &mut self,
@@ -599,8 +600,8 @@ impl Scheduler {
     /// gates of streams waiting on it, in [`Self::finish`]); and stops
     /// before an operation held by a device-side wait, before a marker
     /// operation, and after the operation that reaches a record's mark:
-    /// each of those needs the lock as it is passed. Operations the engine does not run go back with
-    /// [`Self::put_back`].
+    /// each of those needs the lock as it is passed. Operations the engine
+    /// does not run go back with [`Self::put_back`].
     pub(crate) fn take_batch(&mut self, job: &Job, limit: usize, batch: &mut VecDeque<Pending>) {
         if !self.ready.is_empty()
             || self.reuse.is_some()

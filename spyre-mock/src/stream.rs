@@ -87,8 +87,9 @@ impl MockStream {
     /// Admits work to the scheduler with `admit`, runs `on_admitted` under
     /// the scheduler lock if it was, and, if the stream became ready, tells
     /// the engines: the work epoch moves under the lock (a watching engine
-    /// sees it), and a blocked one is woken after it when none is watching. What `admit` refused is dropped
-    /// after the lock is released (it may hold user code).
+    /// sees it), and a blocked one is woken after it when none is watching.
+    /// What `admit` refused is dropped after the lock is released (it may
+    /// hold user code).
     fn submit<R>(
         &self,
         admit: impl FnOnce(&mut Scheduler) -> std::result::Result<bool, (FlexError, R)>,
