@@ -168,8 +168,11 @@ impl Device {
             ));
         }
         if !record.is_settled() && !self.watch(self.spin_deadline(), || record.is_settled()) {
+            // A sleeper of the recording stream: only its finishing
+            // operations can settle the record.
             let mut scheduler = self.scheduler.lock();
-            Self::sleep_until(&mut scheduler, record.stream, |_| record.is_settled());
+            let progress = scheduler.stream(record.stream).progress();
+            progress.sleep_until(&mut scheduler, |_| record.is_settled());
         }
         match record.outcome() {
             Some(Err(error)) => Err(error),
@@ -221,8 +224,9 @@ impl Device {
     /// Waits, without the scheduler lock, until `done` returns true, as the
     /// sync policy says: spin, yield, or neither (`Blocking`); until
     /// `deadline` at the latest (`None`: until done). Returns whether it
-    /// is done; if not, the caller blocks ([`Device::sleep_until`] or the
-    /// engines' condition variable). `done` is a few atomic loads.
+    /// is done; if not, the caller blocks (its stream's
+    /// `Progress::sleep_until`, or the engines' condition variable). `done`
+    /// is a few atomic loads.
     pub(crate) fn watch(&self, deadline: Option<Instant>, done: impl Fn() -> bool) -> bool {
         let (yields, checks_per_clock_read) = match self.sync_policy {
             SyncPolicy::Blocking => return done(),
@@ -245,21 +249,6 @@ impl Device {
                 return false;
             }
         }
-    }
-
-    /// Blocks, with `scheduler` locked on entry and on return, until `done`
-    /// holds, as a sleeper of stream `stream`: the stream whose finishing
-    /// operations can make it hold (the stream synchronized, or the one an
-    /// event was recorded on). Only operations finishing on that stream
-    /// wake the caller ([`Scheduler::finish`], or an engine between the
-    /// operations of a batch).
-    pub(crate) fn sleep_until(
-        scheduler: &mut MutexGuard<'_, Scheduler>,
-        stream: usize,
-        done: impl Fn(&Scheduler) -> bool,
-    ) {
-        let progress = scheduler.stream(stream).progress();
-        progress.sleep_until(scheduler, done);
     }
 }
 
