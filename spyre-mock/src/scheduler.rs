@@ -34,10 +34,16 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
+#[cfg(not(spyre_loom))]
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 use std::time::{Duration, Instant};
 
 use flex_rt::{Completion, CompositeAddress, FlexError, Status, StreamPriority};
+// Under loom (`--cfg spyre_loom`) a stream's counts are loom atomics, so
+// that the models explore the orders a lock-free reader can see them in.
+#[cfg(spyre_loom)]
+use loom::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 use parking_lot::Condvar;
 
 use crate::memory::DeviceMemory;
@@ -111,10 +117,9 @@ pub(crate) struct StreamState {
     /// Streams blocked on a record of this stream; looked at again each time
     /// an operation of this stream finishes.
     waiters: Vec<usize>,
-    /// Operations enqueued so far.
-    pub(crate) submitted: u64,
-    /// What the stream shares without the scheduler lock: its count of
-    /// completed operations and the threads blocked on it.
+    /// What the stream shares without the scheduler lock: its counts of
+    /// enqueued and completed operations, whether it has failed, and the
+    /// threads blocked on it.
     progress: Arc<Progress>,
     /// Operations whose end the stream's records have seen: `completed`,
     /// or one more from [`Scheduler::reach`] to [`Scheduler::finish`]
@@ -144,9 +149,23 @@ pub(crate) struct StreamState {
 /// the lock. Under the lock (`finish`) a release store and a plain look
 /// suffice. Event records are never passed inside a batch, so a thread
 /// waiting for one is woken by `finish` alone.
+///
+/// `query` reads the stream without the lock, so the two counts and the
+/// failed flag are published in an order a reader can rely on: an
+/// operation is counted in `submitted` (under the lock, at launch) before
+/// any engine can take it, and the stream's first error sets `failed`
+/// (under the lock) before the count of the operation that failed is
+/// published. A reader that loads `completed` first (acquire) therefore
+/// sees `submitted` at least as large, and `failed` set if any operation
+/// it counts has failed.
 pub(crate) struct Progress {
+    /// Operations enqueued so far; written under the scheduler lock.
+    submitted: AtomicU64,
     /// Operations whose completion has returned.
     completed: AtomicU64,
+    /// Whether the stream has an error (sticky); set under the scheduler
+    /// lock, where the error itself is.
+    failed: AtomicBool,
     /// Threads blocked on `finished` until this stream's operations or
     /// records complete; an operation that finishes on a stream with none
     /// wakes nobody.
@@ -164,16 +183,54 @@ pub(crate) struct Progress {
 impl Progress {
     fn new() -> Self {
         Self {
+            submitted: AtomicU64::new(0),
             completed: AtomicU64::new(0),
+            failed: AtomicBool::new(false),
             sleepers: AtomicU32::new(0),
             finished: Condvar::new(),
             changes: AtomicU64::new(0),
         }
     }
 
+    /// Operations enqueued so far. Without the lock, load it after
+    /// [`Self::completed`] (see the type's docs).
+    pub(crate) fn submitted(&self) -> u64 {
+        self.submitted.load(Ordering::Acquire)
+    }
+
+    /// Counts one more enqueued operation; call with the scheduler lock
+    /// held, before the operation is queued.
+    fn submit_one(&self) {
+        self.submitted.store(
+            self.submitted.load(Ordering::Relaxed) + 1,
+            Ordering::Release,
+        );
+    }
+
     /// Operations whose completion has returned.
     pub(crate) fn completed(&self) -> u64 {
         self.completed.load(Ordering::SeqCst)
+    }
+
+    /// Whether every operation enqueued so far has completed, read without
+    /// the lock: `None` if the stream has failed (its error is under the
+    /// scheduler lock). Loads the completed count, then the failed flag,
+    /// then the enqueued count (see the type's docs), so a stream whose
+    /// counted operations include a failed one never reads as done.
+    pub(crate) fn done(&self) -> Option<bool> {
+        let completed = self.completed();
+        if self.failed.load(Ordering::Acquire) {
+            return None;
+        }
+        Some(completed == self.submitted())
+    }
+
+    /// Operations enqueued and not yet complete, read without the lock
+    /// (completed first, so the enqueued count read after it is never
+    /// smaller).
+    pub(crate) fn pending(&self) -> u64 {
+        let completed = self.completed();
+        self.submitted() - completed
     }
 
     /// Publishes `completed` with the scheduler lock held, where sleepers
@@ -346,7 +403,6 @@ impl Scheduler {
             gates: VecDeque::new(),
             marks: VecDeque::new(),
             waiters: Vec::new(),
-            submitted: 0,
             progress: Arc::new(Progress::new()),
             passed: 0,
             error: None,
@@ -412,7 +468,7 @@ impl Scheduler {
         let state = &mut self.streams[index];
         self.next_seq += 1;
         pending.seq = seq;
-        state.submitted += 1;
+        state.progress.submit_one();
         state.queue.push_back(pending);
         let first_in_line = !state.running && state.queue.len() == 1;
         Ok(first_in_line && self.schedule(index))
@@ -437,7 +493,7 @@ impl Scheduler {
         let held = state
             .gates
             .back()
-            .is_some_and(|gate| gate.before == state.submitted);
+            .is_some_and(|gate| gate.before == state.submitted());
         if held || completion.is_some() {
             let marker = Pending::new(Op::Record(EventRecord(record)), completion);
             return self
@@ -447,14 +503,14 @@ impl Scheduler {
         self.check_launch(index, "record_event")
             .map_err(|err| (err, None))?;
         let state = &mut self.streams[index];
-        if state.passed == state.submitted {
+        if state.passed == state.submitted() {
             // Nothing before it is unfinished. A fresh record: nobody has
             // asked for a notification yet, so there is none to call.
             let none = record.set_outcome(Ok(Instant::now()));
             debug_assert!(none.is_empty());
         } else {
             state.marks.push_back(Mark {
-                after: state.submitted,
+                after: state.submitted(),
                 record,
             });
         }
@@ -514,7 +570,7 @@ impl Scheduler {
             return Ok(());
         }
         let state = &mut self.streams[index];
-        let before = state.submitted;
+        let before = state.submitted();
         // Gates at the same point whose records have completed hold nothing
         // any more: drop them, so a stream that waits again and again
         // without launching keeps a bounded list.
@@ -538,7 +594,7 @@ impl Scheduler {
             if state.running || state.queue.is_empty() {
                 return false;
             }
-            let front = state.submitted - state.queue.len() as u64;
+            let front = state.submitted() - state.queue.len() as u64;
             let Some(gate) = state.gates.front().filter(|gate| gate.before <= front) else {
                 break;
             };
@@ -649,6 +705,7 @@ impl Scheduler {
             state.changed();
             tracing::debug!(stream = index, %error, "stream failed");
             state.error = Some(error);
+            state.progress.failed.store(true, Ordering::Release);
         }
     }
 
@@ -734,6 +791,11 @@ impl StreamState {
         self.progress.completed()
     }
 
+    /// Operations enqueued so far.
+    pub(crate) fn submitted(&self) -> u64 {
+        self.progress.submitted()
+    }
+
     /// What the stream shares without the scheduler lock, for a thread
     /// that watches its completions or blocks on them.
     pub(crate) fn progress(&self) -> Arc<Progress> {
@@ -805,7 +867,7 @@ mod tests {
         assert!(s.finish(a));
         assert_eq!(take(&mut s), a);
         assert!(!s.finish(a));
-        assert_eq!(s.stream(a).submitted, 2);
+        assert_eq!(s.stream(a).submitted(), 2);
         assert_eq!(s.stream(a).completed(), 2);
         assert!(!s.has_ready());
     }
@@ -853,7 +915,7 @@ mod tests {
         assert_eq!(err.status(), Status::LAUNCH_FAILED);
         assert!(s.admit(a, noop()).is_ok());
         assert_eq!(s.stream(a).fail_launch_in, None);
-        assert_eq!(s.stream(a).submitted, 2);
+        assert_eq!(s.stream(a).submitted(), 2);
     }
 
     fn record_on(s: &mut Scheduler, index: usize) -> Arc<Record> {
@@ -881,7 +943,7 @@ mod tests {
         let (mut s, a) = one_stream();
         let record = record_on(&mut s, a);
         assert!(matches!(record.outcome(), Some(Ok(_))));
-        assert_eq!(s.stream(a).submitted, 0, "no operation was enqueued");
+        assert_eq!(s.stream(a).submitted(), 0, "no operation was enqueued");
         assert!(!s.has_ready());
     }
 
@@ -899,7 +961,7 @@ mod tests {
         assert!(after_two.outcome().is_none(), "the second launch is queued");
         assert_eq!(complete_next(&mut s), a);
         assert!(matches!(after_two.outcome(), Some(Ok(_))));
-        assert_eq!(s.stream(a).submitted, 2, "records are not operations");
+        assert_eq!(s.stream(a).submitted(), 2, "records are not operations");
     }
 
     #[test]
@@ -929,7 +991,7 @@ mod tests {
             s.admit_record(waiter, Arc::clone(&held), None),
             Ok(false)
         ));
-        assert_eq!(s.stream(waiter).submitted, 1, "a marker operation");
+        assert_eq!(s.stream(waiter).submitted(), 1, "a marker operation");
         assert!(held.outcome().is_none(), "held by the wait");
         assert_eq!(complete_next(&mut s), producer);
         assert!(matches!(produced.outcome(), Some(Ok(_))));
@@ -948,7 +1010,7 @@ mod tests {
             Ok(true)
         ));
         assert!(record.outcome().is_none(), "reached when the marker runs");
-        assert_eq!(s.stream(a).submitted, 1);
+        assert_eq!(s.stream(a).submitted(), 1);
     }
 
     #[test]
@@ -1132,6 +1194,41 @@ mod loom_models {
                 matches!(second.outcome(), Some(Ok(_))),
                 "the second record was reached"
             );
+        });
+    }
+
+    /// A query without the lock racing the engine that fails a stream's
+    /// only operation sees it pending or failed, never done: the failed
+    /// flag is set before the count of the failing operation is published,
+    /// and the reader loads them the other way round.
+    #[test]
+    fn a_query_racing_a_failing_operation_never_reads_done() {
+        loom::model(|| {
+            let scheduler = Arc::new(Mutex::new(Scheduler::default()));
+            let (stream, progress) = {
+                let mut s = scheduler.lock().unwrap();
+                let stream = s.add_stream(StreamPriority::Normal);
+                s.admit(stream, noop()).ok().unwrap();
+                (stream, s.stream(stream).progress())
+            };
+            let engine = loom::thread::spawn(move || {
+                let job = scheduler.lock().unwrap().next_job().unwrap();
+                drop(job);
+                let mut s = scheduler.lock().unwrap();
+                s.record_error(
+                    stream,
+                    FlexError::new(Status::EXECUTION_FAILED, "launch_compute", "boom"),
+                );
+                s.finish(stream);
+            });
+            assert_ne!(
+                progress.done(),
+                Some(true),
+                "read as done although its only operation failed"
+            );
+            engine.join().unwrap();
+            assert_eq!(progress.done(), None, "failed once the engine is done");
+            assert_eq!(progress.pending(), 0);
         });
     }
 

@@ -141,10 +141,9 @@ impl MockStream {
     /// Operations enqueued and not yet complete (completion returned). An
     /// event record counts only while it is a marker operation (after a
     /// wait, or with a completion); usually it is no operation at all.
+    /// Takes no lock.
     pub fn pending_operations(&self) -> u64 {
-        let scheduler = self.device.scheduler.lock();
-        let state = scheduler.stream(self.index);
-        state.submitted - state.completed()
+        self.progress.pending()
     }
 
     /// Threads blocked on the stream right now (`synchronize`, or waits
@@ -220,12 +219,23 @@ impl Stream for MockStream {
         self.priority
     }
 
+    /// Whether everything enqueued so far has completed (completion
+    /// returned). Never blocks, and takes no lock unless the stream has
+    /// failed: it reads the stream's counts in the order the scheduler
+    /// publishes them, so a stream with a failed operation never reads as
+    /// done.
+    ///
+    /// # Errors
+    /// The stream's first error if it has failed (sticky).
     fn query(&self) -> Result<bool> {
+        if let Some(done) = self.progress.done() {
+            return Ok(done);
+        }
         let scheduler = self.device.scheduler.lock();
         let state = scheduler.stream(self.index);
         match &state.error {
             Some(err) => Err(err.clone()),
-            None => Ok(state.completed() == state.submitted),
+            None => Ok(state.completed() == state.submitted()),
         }
     }
 
@@ -247,7 +257,7 @@ impl Stream for MockStream {
         let device = &self.device;
         let mut scheduler = device.scheduler.lock();
         scheduler.log_synchronize(self.id);
-        let target = scheduler.stream(self.index).submitted;
+        let target = scheduler.stream(self.index).submitted();
         if scheduler.stream(self.index).completed() < target {
             // Watch this stream's completion count without the lock as the
             // sync policy says (spin or yield; `Auto` only for
