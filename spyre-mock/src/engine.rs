@@ -104,6 +104,8 @@ impl Timing {
 pub(crate) struct Device {
     /// Logical device index.
     pub(crate) index: u32,
+    /// How many engine threads the device has.
+    pub(crate) engines: usize,
     /// Unique per runtime in the process; marks its engine threads.
     token: u64,
     pub(crate) memory: DeviceMemory,
@@ -120,8 +122,9 @@ pub(crate) struct Device {
     pub(crate) check_reuse: bool,
     /// Moved (release, under the scheduler lock) when a launch makes a
     /// stream ready, when a busy engine sees more streams ready than it
-    /// takes ([`Device::mark_work`]), and when the runtime shuts down: what
-    /// a watching engine watches instead of taking the scheduler lock, and
+    /// takes while another engine is idle or running a batch
+    /// ([`Device::mark_work`]), and when the runtime shuts down: what a
+    /// watching engine watches instead of taking the scheduler lock, and
     /// what stops a batch.
     pub(crate) work_epoch: AtomicU64,
 }
@@ -131,6 +134,7 @@ impl Device {
     pub(crate) fn new(index: u32, config: &MockConfig) -> Self {
         Self {
             index,
+            engines: config.engines() as usize,
             token: NEXT_TOKEN.fetch_add(1, Ordering::Relaxed),
             memory: DeviceMemory::new(config),
             timing: Timing {
@@ -317,8 +321,13 @@ fn engine_main(device: Arc<Device>) {
                 }
                 // More streams waiting (launched, or made ready again as an
                 // operation finished): `run_job` makes sure an idle engine
-                // looks, whoever was woken for them before.
-                let announce = scheduler.has_ready().then_some(scheduler.watching != 0);
+                // looks, whoever was woken for them before, and an engine
+                // running a batch stops. With every engine busy and none in
+                // a batch there is no one to tell: each takes the next
+                // ready stream when it comes back for work.
+                let announce = (scheduler.has_ready()
+                    && (scheduler.busy < device.engines || scheduler.batching > 0))
+                    .then_some(scheduler.watching != 0);
                 if announce.is_some() {
                     device.mark_work();
                 }
@@ -334,7 +343,9 @@ fn engine_main(device: Arc<Device>) {
                     },
                     rest: &mut batch,
                 };
+                scheduler.batching += usize::from(taken > 0);
                 let ran_all = run_job(&device, &mut scheduler, job, announce, batch);
+                scheduler.batching -= usize::from(taken > 0);
                 if !ran_all {
                     batch_limit = 0;
                     backoff = BATCH_BACKOFF;

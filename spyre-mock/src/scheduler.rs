@@ -329,6 +329,10 @@ pub(crate) struct Scheduler {
     /// busy one); the busy one wakes a blocked engine when it sees more
     /// ready streams.
     pub(crate) busy: usize,
+    /// Engines running a batch now ([`Self::take_batch`]): while one is,
+    /// a busy engine that sees more ready streams moves the work epoch, so
+    /// that the batch stops and the ready order decides again.
+    pub(crate) batching: usize,
     /// Stream ids `synchronize` was called on, in call order; the most
     /// recent [`SYNCHRONIZE_LOG_LIMIT`] calls.
     synchronize_log: VecDeque<u64>,

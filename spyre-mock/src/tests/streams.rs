@@ -618,6 +618,36 @@ fn under_auto_no_idle_engine_watches_while_another_is_busy() {
 }
 
 #[test]
+fn a_busy_engine_tells_no_one_about_ready_streams_while_every_engine_is_busy() {
+    // Two engines, each held by a blocked stream; `c` and `d` get one
+    // operation each. When the first engine is released it takes `c` with
+    // `d` still ready, and then `d`: with the other engine busy (and in no
+    // batch) and none idle, there is no one to wake or stop, so the work
+    // epoch stays where the two launches left it.
+    let rt = runtime_with_policy(2, SyncPolicy::Blocking);
+    let device = rt.device_weak().upgrade().unwrap();
+    let (a, b, c, d) = (stream(&rt), stream(&rt), stream(&rt), stream(&rt));
+    let release_a = block(a);
+    let release_b = block(b);
+    let ran = Arc::new(AtomicUsize::new(0));
+    launch_counted(c, &ran);
+    launch_counted(d, &ran);
+    let epoch = device.work_epoch.load(Ordering::SeqCst);
+    release_a.send(()).unwrap();
+    c.synchronize().unwrap();
+    d.synchronize().unwrap();
+    assert_eq!(ran.load(Ordering::SeqCst), 2);
+    assert_eq!(
+        device.work_epoch.load(Ordering::SeqCst),
+        epoch,
+        "the work epoch moved while every engine was busy"
+    );
+    release_b.send(()).unwrap();
+    a.synchronize().unwrap();
+    b.synchronize().unwrap();
+}
+
+#[test]
 fn a_spinning_wait_ends_at_its_deadline_or_when_it_is_done() {
     use std::time::{Duration, Instant};
 
