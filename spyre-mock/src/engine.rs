@@ -36,6 +36,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crossbeam_utils::CachePadded;
 use flex_rt::{Completion, FlexError, Result, Status, SyncPolicy};
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
@@ -110,7 +111,11 @@ pub(crate) struct Device {
     token: u64,
     pub(crate) memory: DeviceMemory,
     timing: Timing,
-    pub(crate) scheduler: Mutex<Scheduler>,
+    /// On cache lines of its own, as is the work epoch: the lock word is
+    /// taken by every launch, and the epoch is read by an engine between
+    /// the operations of a batch, so sharing a line would make each launch
+    /// miss in the cache.
+    pub(crate) scheduler: CachePadded<Mutex<Scheduler>>,
     /// Engines wait here for work.
     pub(crate) work: Condvar,
     /// How `synchronize` and the engines wait.
@@ -126,7 +131,7 @@ pub(crate) struct Device {
     /// ([`Device::mark_work`]), and when the runtime shuts down: what a
     /// watching engine watches instead of taking the scheduler lock, and
     /// what stops a batch.
-    pub(crate) work_epoch: AtomicU64,
+    pub(crate) work_epoch: CachePadded<AtomicU64>,
 }
 
 impl Device {
@@ -141,12 +146,12 @@ impl Device {
                 op_latency: config.op_latency(),
                 copy_bandwidth: config.copy_bandwidth(),
             },
-            scheduler: Mutex::new(Scheduler::new(config.check_reuse())),
+            scheduler: CachePadded::new(Mutex::new(Scheduler::new(config.check_reuse()))),
             work: Condvar::new(),
             sync_policy: config.sync_policy(),
             device_side_wait: config.device_side_wait(),
             check_reuse: config.check_reuse(),
-            work_epoch: AtomicU64::new(0),
+            work_epoch: CachePadded::new(AtomicU64::new(0)),
         }
     }
 
