@@ -99,20 +99,28 @@ impl RuntimeState {
 }
 
 /// `Err` with [`crate::environment::UNDEFINED_STATUS`] when `switches` name `call`.
+/// Inlined into every call: the common case is one length check.
+#[inline]
 pub(super) fn undefined_status_check(switches: &Switches, call: &str) -> Result<(), Failure> {
     if switches.undefined_status_for(call) {
-        Err(Failure::new(
-            crate::environment::UNDEFINED_STATUS,
-            format!(
-                "{call} returned status {} on purpose ({}={})",
-                crate::environment::UNDEFINED_STATUS,
-                crate::environment::ENV_UNDEFINED_STATUS,
-                switches.undefined_status.join(",")
-            ),
-        ))
+        Err(undefined_status_failure(switches, call))
     } else {
         Ok(())
     }
+}
+
+/// The failure of `call` when the switches name it.
+#[cold]
+fn undefined_status_failure(switches: &Switches, call: &str) -> Failure {
+    Failure::new(
+        crate::environment::UNDEFINED_STATUS,
+        format!(
+            "{call} returned status {} on purpose ({}={})",
+            crate::environment::UNDEFINED_STATUS,
+            crate::environment::ENV_UNDEFINED_STATUS,
+            switches.undefined_status.join(",")
+        ),
+    )
 }
 
 /// What a `flex_runtime_t *` points to.
