@@ -102,7 +102,7 @@ impl Switches {
     /// Whether `call` is set to return [`UNDEFINED_STATUS`].
     #[inline]
     pub(super) fn undefined_status_for(&self, call: &str) -> bool {
-        !self.undefined_status.is_empty() && self.undefined_status.contains(&call)
+        self.undefined_status.contains(&call)
     }
 }
 

@@ -99,7 +99,7 @@ impl RuntimeState {
 }
 
 /// `Err` with [`crate::environment::UNDEFINED_STATUS`] when `switches` name `call`.
-/// Inlined into every call: the common case is one length check.
+/// Inlined into every call; the error path is out of line.
 #[inline]
 pub(super) fn undefined_status_check(switches: &Switches, call: &str) -> Result<(), Failure> {
     if switches.undefined_status_for(call) {

@@ -212,6 +212,13 @@ impl Progress {
         self.completed.load(Ordering::SeqCst)
     }
 
+    /// Marks the stream failed; call with the scheduler lock held, once
+    /// its error is set and before the failing operation's count is
+    /// published.
+    fn mark_failed(&self) {
+        self.failed.store(true, Ordering::Release);
+    }
+
     /// Whether every operation enqueued so far has completed, read without
     /// the lock: `None` if the stream has failed (its error is under the
     /// scheduler lock). Loads the completed count, then the failed flag,
@@ -709,7 +716,7 @@ impl Scheduler {
             state.changed();
             tracing::debug!(stream = index, %error, "stream failed");
             state.error = Some(error);
-            state.progress.failed.store(true, Ordering::Release);
+            state.progress.mark_failed();
         }
     }
 
@@ -1051,6 +1058,18 @@ mod loom_models {
         Pending::new(Op::host_fn(|| Ok(())), None)
     }
 
+    /// A scheduler with one stream and one launch on it.
+    fn one_launch() -> (Arc<Mutex<Scheduler>>, usize) {
+        let scheduler = Arc::new(Mutex::new(Scheduler::default()));
+        let stream = {
+            let mut s = scheduler.lock().unwrap();
+            let stream = s.add_stream(StreamPriority::Normal);
+            s.admit(stream, noop()).ok().unwrap();
+            stream
+        };
+        (scheduler, stream)
+    }
+
     /// One interleaving of record / wait / complete / drop; `fail` makes the
     /// recording stream fail before the record is reached. With `mark` the
     /// record is a mark behind a launch, which the engine finishing that
@@ -1164,17 +1183,14 @@ mod loom_models {
     #[test]
     fn a_record_made_while_reached_records_notify_is_reached() {
         loom::model(|| {
-            let scheduler = Arc::new(Mutex::new(Scheduler::default()));
-            let (producer, first) = {
-                let mut s = scheduler.lock().unwrap();
-                let producer = s.add_stream(StreamPriority::Normal);
-                s.admit(producer, noop()).ok().unwrap();
-                let first = Arc::new(Record::new(producer, 7));
-                s.admit_record(producer, Arc::clone(&first), None)
-                    .ok()
-                    .unwrap();
-                (producer, first)
-            };
+            let (scheduler, producer) = one_launch();
+            let first = Arc::new(Record::new(producer, 7));
+            scheduler
+                .lock()
+                .unwrap()
+                .admit_record(producer, Arc::clone(&first), None)
+                .ok()
+                .unwrap();
             assert!(first.notify(Box::new(|_| {})).is_ok(), "pending");
             let engine = {
                 let scheduler = Arc::clone(&scheduler);
@@ -1208,13 +1224,8 @@ mod loom_models {
     #[test]
     fn a_query_racing_a_failing_operation_never_reads_done() {
         loom::model(|| {
-            let scheduler = Arc::new(Mutex::new(Scheduler::default()));
-            let (stream, progress) = {
-                let mut s = scheduler.lock().unwrap();
-                let stream = s.add_stream(StreamPriority::Normal);
-                s.admit(stream, noop()).ok().unwrap();
-                (stream, s.stream(stream).progress())
-            };
+            let (scheduler, stream) = one_launch();
+            let progress = scheduler.lock().unwrap().stream(stream).progress();
             let engine = loom::thread::spawn(move || {
                 let job = scheduler.lock().unwrap().next_job().unwrap();
                 drop(job);

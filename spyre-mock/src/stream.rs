@@ -35,8 +35,9 @@ pub struct MockStream {
     priority: StreamPriority,
     track_hazards: bool,
     device: Arc<Device>,
-    /// The stream's count of completed operations, which `synchronize`
-    /// watches without the scheduler lock.
+    /// What the stream shares with the scheduler without its lock: the
+    /// counts `query` and `pending_operations` read and `synchronize`
+    /// watches, and where `synchronize` blocks.
     progress: Arc<Progress>,
 }
 
