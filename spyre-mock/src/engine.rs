@@ -42,9 +42,9 @@ use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use crate::config::MockConfig;
 use crate::memory::DeviceMemory;
-use crate::op::{Op, panic_message};
+use crate::op::{Op, Pending, panic_message};
 use crate::record::Record;
-use crate::scheduler::{Job, Pending, Scheduler, Verdict};
+use crate::scheduler::{Job, Scheduler, Verdict};
 
 static LIVE_ENGINE_THREADS: AtomicUsize = AtomicUsize::new(0);
 static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1);

@@ -65,6 +65,13 @@
 //! C-ABI layer with its own [`HostSource`] / [`HostSink`] over raw pointers
 //! and [`HostFn`]s wrapping C host functions.
 //!
+//! A launch on a stream with an operation running or work queued takes only
+//! that stream's lock: nothing the engines decide by changes. A launch that
+//! makes a stream ready, an event record, a wait, and any launch on a stream
+//! that has failed, needs shutdown or has a `fail_nth_launch` fault set (or
+//! of a runtime with the use-after-free detector on) take the runtime's
+//! scheduler lock, which the engines take to pick work.
+//!
 //! # Events
 //!
 //! [`MockRuntime`] implements flex.h 1.1's events ([`MockEvent`]). A record
@@ -144,9 +151,11 @@ pub mod config;
 mod engine;
 mod event;
 mod faults;
+mod inbox;
 mod kernel;
 mod memory;
 mod op;
+mod progress;
 mod record;
 pub mod reference;
 mod reuse;

@@ -12,7 +12,7 @@ use std::fmt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use flex_rt::{
-    CompositeAddress, DataFormat, FlexError, ReadLease, Result, Status, WriteLease,
+    Completion, CompositeAddress, DataFormat, FlexError, ReadLease, Result, Status, WriteLease,
     check_copy_size, check_fill_size,
 };
 
@@ -280,6 +280,26 @@ impl fmt::Debug for Op {
             Self::HostFn(_) => f.write_str("HostFn"),
             Self::HostCallback(_) => f.write_str("HostCallback"),
             Self::Record(record) => record.fmt(f),
+        }
+    }
+}
+
+/// An enqueued operation.
+pub(crate) struct Pending {
+    /// Position in the runtime-wide enqueue order
+    /// ([`crate::inbox::InboxState::number`]).
+    pub(crate) seq: u64,
+    pub(crate) op: Op,
+    pub(crate) completion: Option<Completion>,
+}
+
+impl Pending {
+    /// An operation not yet numbered; it is numbered as it is queued.
+    pub(crate) fn new(op: Op, completion: Option<Completion>) -> Self {
+        Self {
+            seq: 0,
+            op,
+            completion,
         }
     }
 }

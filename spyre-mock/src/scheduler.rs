@@ -1,9 +1,13 @@
 //! Which operation runs next: per-stream FIFO queues and the ready order.
 //!
-//! This is plain data, always used under the runtime's scheduler mutex. A
-//! stream is *ready* when it has queued work and is not running an
-//! operation. Engines take the ready stream with the highest priority, and
-//! among those the one whose front operation was enqueued first. A stream
+//! This is plain data, always used under the runtime's scheduler mutex,
+//! except for launches on an *active* stream (one running an operation or
+//! with work queued): they wait in the stream's inbox without this lock
+//! ([`crate::inbox`]) and are moved to the end of its queue before the
+//! stream could go idle. A stream is *ready* when it has queued work and
+//! is not running an operation. Engines take the ready stream with the
+//! highest priority, and among those the one whose front operation was
+//! enqueued first. A stream
 //! runs at most one operation at a time: from taking it until its
 //! completion has returned, the stream is *running* and not ready.
 //!
@@ -34,41 +38,23 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 #[cfg(not(spyre_loom))]
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use crossbeam_utils::CachePadded;
 use flex_rt::{Completion, CompositeAddress, FlexError, Status, StreamPriority};
-// Under loom (`--cfg spyre_loom`) a stream's counts are loom atomics, so
-// that the models explore the orders a lock-free reader can see them in.
+// Under loom (`--cfg spyre_loom`) the enqueue order is a loom atomic.
 #[cfg(spyre_loom)]
-use loom::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
-use parking_lot::Condvar;
+use loom::sync::atomic::AtomicU64;
 
+use crate::inbox::Inbox;
 use crate::memory::DeviceMemory;
-use crate::op::Op;
+use crate::op::{Op, Pending};
+use crate::progress::Progress;
 use crate::record::{EventRecord, Record};
 use crate::reuse::ReuseCheck;
-
-/// An enqueued operation.
-pub(crate) struct Pending {
-    /// Position in the runtime-wide enqueue order.
-    seq: u64,
-    pub(crate) op: Op,
-    pub(crate) completion: Option<Completion>,
-}
-
-impl Pending {
-    /// An operation not yet numbered; [`Scheduler::admit`] numbers it.
-    pub(crate) fn new(op: Op, completion: Option<Completion>) -> Self {
-        Self {
-            seq: 0,
-            op,
-            completion,
-        }
-    }
-}
 
 /// A device-side wait: operations from the `before`th one enqueued on the
 /// stream (0-based) on start only after `record` has completed.
@@ -121,6 +107,11 @@ pub(crate) struct StreamState {
     /// enqueued and completed operations, whether it has failed, and the
     /// threads blocked on it.
     progress: Arc<Progress>,
+    /// Launches made without the scheduler lock while the stream is
+    /// active, moved to the end of `queue` before the stream could go
+    /// idle; marked active (`InboxState::active`) exactly while the stream
+    /// is running or `queue` is not empty (see [`crate::inbox`]).
+    inbox: Arc<Inbox>,
     /// Operations whose end the stream's records have seen: `completed`,
     /// or one more from [`Scheduler::reach`] to [`Scheduler::finish`]
     /// (while the engine calls the notifications of the records reached),
@@ -131,167 +122,9 @@ pub(crate) struct StreamState {
     pub(crate) error: Option<FlexError>,
     needs_shutdown: bool,
     /// The launch that many launches from now is refused (1 = the next).
-    pub(crate) fail_launch_in: Option<u64>,
+    fail_launch_in: Option<u64>,
     /// Extra time every operation of the stream takes.
     slowdown: Duration,
-}
-
-/// The part of a stream's state used without the scheduler lock.
-///
-/// The engine running the stream's operations is the only writer of
-/// `completed`: in [`Scheduler::finish`], under the lock, or between the
-/// operations of a batch ([`Scheduler::take_batch`]) without it. Sleepers
-/// are counted under the lock. So a thread that blocks on the stream
-/// counts itself a sleeper *before* it looks at `completed` a last time,
-/// and an engine that publishes a count without the lock looks at the
-/// sleepers *after* it (all four `SeqCst`): either a `synchronize` sleeper
-/// sees the new count, or the engine sees the sleeper and wakes it under
-/// the lock. Under the lock (`finish`) a release store and a plain look
-/// suffice. Event records are never passed inside a batch, so a thread
-/// waiting for one is woken by `finish` alone.
-///
-/// `query` reads the stream without the lock, so the two counts and the
-/// failed flag are published in an order a reader can rely on: an
-/// operation is counted in `submitted` (under the lock, at launch) before
-/// any engine can take it, and the stream's first error sets `failed`
-/// (under the lock) before the count of the operation that failed is
-/// published. A reader that loads `completed` first (acquire) therefore
-/// sees `submitted` at least as large, and `failed` set if any operation
-/// it counts has failed.
-pub(crate) struct Progress {
-    /// Operations enqueued so far; written under the scheduler lock.
-    submitted: AtomicU64,
-    /// Operations whose completion has returned.
-    completed: AtomicU64,
-    /// Whether the stream has an error (sticky); set under the scheduler
-    /// lock, where the error itself is.
-    failed: AtomicBool,
-    /// Threads blocked on `finished` until this stream's operations or
-    /// records complete; an operation that finishes on a stream with none
-    /// wakes nobody.
-    sleepers: AtomicU32,
-    /// Where `synchronize` of this stream and waits for its event records
-    /// block (with the scheduler lock).
-    finished: Condvar,
-    /// Bumped, under the lock, whenever the stream's error, shutdown state
-    /// or slowdown changes: an engine running a batch of the stream stops
-    /// there, so that the next operation is judged as
-    /// [`Scheduler::next_job`] would judge it.
-    changes: AtomicU64,
-}
-
-impl Progress {
-    fn new() -> Self {
-        Self {
-            submitted: AtomicU64::new(0),
-            completed: AtomicU64::new(0),
-            failed: AtomicBool::new(false),
-            sleepers: AtomicU32::new(0),
-            finished: Condvar::new(),
-            changes: AtomicU64::new(0),
-        }
-    }
-
-    /// Operations enqueued so far. Without the lock, load it after
-    /// [`Self::completed`] (see the type's docs).
-    pub(crate) fn submitted(&self) -> u64 {
-        self.submitted.load(Ordering::Acquire)
-    }
-
-    /// Counts one more enqueued operation; call with the scheduler lock
-    /// held, before the operation is queued.
-    fn submit_one(&self) {
-        self.submitted.store(
-            self.submitted.load(Ordering::Relaxed) + 1,
-            Ordering::Release,
-        );
-    }
-
-    /// Operations whose completion has returned.
-    pub(crate) fn completed(&self) -> u64 {
-        self.completed.load(Ordering::SeqCst)
-    }
-
-    /// Marks the stream failed; call with the scheduler lock held, once
-    /// its error is set and before the failing operation's count is
-    /// published.
-    fn mark_failed(&self) {
-        self.failed.store(true, Ordering::Release);
-    }
-
-    /// Whether every operation enqueued so far has completed, read without
-    /// the lock: `None` if the stream has failed (its error is under the
-    /// scheduler lock). Loads the completed count, then the failed flag,
-    /// then the enqueued count (see the type's docs), so a stream whose
-    /// counted operations include a failed one never reads as done.
-    pub(crate) fn done(&self) -> Option<bool> {
-        let completed = self.completed();
-        if self.failed.load(Ordering::Acquire) {
-            return None;
-        }
-        Some(completed == self.submitted())
-    }
-
-    /// Operations enqueued and not yet complete, read without the lock
-    /// (completed first, so the enqueued count read after it is never
-    /// smaller).
-    pub(crate) fn pending(&self) -> u64 {
-        let completed = self.completed();
-        self.submitted() - completed
-    }
-
-    /// Publishes `completed` with the scheduler lock held, where sleepers
-    /// come and go; returns whether a thread is blocked on the stream.
-    fn publish_locked(&self, completed: u64) -> bool {
-        self.completed.store(completed, Ordering::Release);
-        self.sleepers.load(Ordering::Relaxed) > 0
-    }
-
-    /// Publishes that one more operation has completed (its completion
-    /// has returned), as an engine does without the lock between the
-    /// operations of a batch, the stream running on. Returns whether a
-    /// thread is blocked on the stream, to be woken with the lock held.
-    pub(crate) fn complete_one(&self) -> bool {
-        self.completed
-            .store(self.completed.load(Ordering::Relaxed) + 1, Ordering::SeqCst);
-        self.sleepers.load(Ordering::SeqCst) > 0
-    }
-
-    /// How often the stream's error, shutdown state or slowdown changed;
-    /// an engine running a batch stops when this moves.
-    pub(crate) fn changes(&self) -> u64 {
-        self.changes.load(Ordering::Relaxed)
-    }
-
-    /// Threads blocked on the stream right now.
-    #[cfg(test)]
-    pub(crate) fn sleepers(&self) -> u32 {
-        self.sleepers.load(Ordering::SeqCst)
-    }
-
-    /// Wakes every thread blocked on the stream; call with the scheduler
-    /// lock held.
-    pub(crate) fn wake(&self) {
-        self.finished.notify_all();
-    }
-
-    /// Blocks, with `scheduler` locked on entry and on return, until `done`
-    /// holds: counted as a sleeper before `done` is looked at for the last
-    /// time (see the type's docs), woken when an operation of the stream
-    /// finishes.
-    pub(crate) fn sleep_until(
-        &self,
-        scheduler: &mut parking_lot::MutexGuard<'_, Scheduler>,
-        done: impl Fn(&Scheduler) -> bool,
-    ) {
-        while !done(scheduler) {
-            self.sleepers.fetch_add(1, Ordering::SeqCst);
-            if !done(scheduler) {
-                self.finished.wait(scheduler);
-            }
-            self.sleepers.fetch_sub(1, Ordering::SeqCst);
-        }
-    }
 }
 
 /// What an engine does with the operation it took.
@@ -323,7 +156,10 @@ pub(crate) const SYNCHRONIZE_LOG_LIMIT: usize = 4096;
 pub(crate) struct Scheduler {
     streams: Vec<StreamState>,
     ready: BinaryHeap<ReadyKey>,
-    next_seq: u64,
+    /// The next number of the runtime-wide enqueue order, taken by every
+    /// launch (under its stream's inbox lock, not this one's); on a cache
+    /// line of its own, as only launching threads write it.
+    order: Arc<CachePadded<AtomicU64>>,
     /// Set when the runtime is dropped: engines exit once nothing is ready.
     pub(crate) shutting_down: bool,
     /// Idle engines watching the device's work epoch now (without this
@@ -363,7 +199,7 @@ impl Scheduler {
         let Self {
             streams,
             reuse,
-            next_seq,
+            order,
             ..
         } = self;
         let Some(check) = reuse else { return };
@@ -377,7 +213,11 @@ impl Scheduler {
                     .zip(&state.queue)
                     .map(move |(position, pending)| (index, position, &pending.op))
             });
-        check.note(address, queued, *next_seq, |s| streams[s].completed());
+        // With the detector on every launch takes this lock
+        // ([`Self::launches_checked`]): the queues hold every operation not
+        // yet taken, and the order is not moving.
+        let next_seq = order.load(Ordering::Relaxed);
+        check.note(address, queued, next_seq, |s| streams[s].completed());
     }
 
     /// Tells the detector that stream `index`'s running operation has run;
@@ -407,6 +247,8 @@ impl Scheduler {
 
     /// Adds a stream and returns its index.
     pub(crate) fn add_stream(&mut self, priority: StreamPriority) -> usize {
+        let inbox = Inbox::new(Arc::clone(&self.order));
+        inbox.lock().checked = self.reuse.is_some();
         self.streams.push(StreamState {
             priority,
             queue: VecDeque::new(),
@@ -415,6 +257,7 @@ impl Scheduler {
             marks: VecDeque::new(),
             waiters: Vec::new(),
             progress: Arc::new(Progress::new()),
+            inbox: Arc::new(inbox),
             passed: 0,
             error: None,
             needs_shutdown: false,
@@ -472,17 +315,50 @@ impl Scheduler {
         mut pending: Pending,
     ) -> Result<bool, (FlexError, Pending)> {
         let call = pending.op.call();
-        let seq = self.next_seq;
         if let Err(err) = self.check_launch(index, call) {
             return Err((err, pending));
         }
+        let checked = self.launches_checked(index);
         let state = &mut self.streams[index];
-        self.next_seq += 1;
-        pending.seq = seq;
-        state.progress.submit_one();
+        {
+            // Launches made without this lock go first: they took the
+            // inbox lock before this one.
+            let mut inbox = state.inbox.lock();
+            inbox.move_into(&mut state.queue);
+            inbox.number(&mut pending, &state.progress);
+            inbox.active = true;
+            inbox.checked = checked;
+        }
         state.queue.push_back(pending);
         let first_in_line = !state.running && state.queue.len() == 1;
         Ok(first_in_line && self.schedule(index))
+    }
+
+    /// Whether launches on stream `index` need the checks of
+    /// [`Self::admit`] under this lock: the stream has failed, needs
+    /// shutdown or has a `fail_nth_launch` fault set, or the
+    /// use-after-free detector is on (it reads every queue). Otherwise a
+    /// launch on a stream the scheduler holds goes to its inbox.
+    fn launches_checked(&self, index: usize) -> bool {
+        let state = &self.streams[index];
+        state.error.is_some()
+            || state.needs_shutdown
+            || state.fail_launch_in.is_some()
+            || self.reuse.is_some()
+    }
+
+    /// Sets stream `index`'s `fail_nth_launch` fault: the `n`th launch from
+    /// now (1 = the next) is refused; `None` clears it.
+    pub(crate) fn set_fail_launch_in(&mut self, index: usize, n: Option<u64>) {
+        self.streams[index].fail_launch_in = n;
+        self.sync_checked(index);
+    }
+
+    /// Tells stream `index`'s inbox whether its launches need the
+    /// scheduler's checks now ([`Self::launches_checked`]).
+    fn sync_checked(&self, index: usize) {
+        let checked = self.launches_checked(index);
+        self.streams[index].inbox.lock().checked = checked;
     }
 
     /// Records `record` on stream `index`: as a mark (no operation) unless a
@@ -501,10 +377,16 @@ impl Scheduler {
         completion: Option<Completion>,
     ) -> Result<bool, (FlexError, Option<Pending>)> {
         let state = &self.streams[index];
-        let held = state
-            .gates
-            .back()
-            .is_some_and(|gate| gate.before == state.submitted());
+        let held = {
+            // The enqueued count does not move while the inbox is locked.
+            let _inbox = state.inbox.lock();
+            state
+                .gates
+                .back()
+                .is_some_and(|gate| gate.before == state.submitted())
+        };
+        // (A launch made since holds the record's place as well, behind
+        // the same wait: a marker is still right.)
         if held || completion.is_some() {
             let marker = Pending::new(Op::Record(EventRecord(record)), completion);
             return self
@@ -513,7 +395,10 @@ impl Scheduler {
         }
         self.check_launch(index, "record_event")
             .map_err(|err| (err, None))?;
+        let checked = self.launches_checked(index);
         let state = &mut self.streams[index];
+        let mut inbox = state.inbox.lock();
+        inbox.checked = checked;
         if state.passed == state.submitted() {
             // Nothing before it is unfinished. A fresh record: nobody has
             // asked for a notification yet, so there is none to call.
@@ -581,6 +466,7 @@ impl Scheduler {
             return Ok(());
         }
         let state = &mut self.streams[index];
+        let _inbox = state.inbox.lock();
         let before = state.submitted();
         // Gates at the same point whose records have completed hold nothing
         // any more: drop them, so a stream that waits again and again
@@ -605,7 +491,8 @@ impl Scheduler {
             if state.running || state.queue.is_empty() {
                 return false;
             }
-            let front = state.submitted() - state.queue.len() as u64;
+            // Not running: every operation before the front has completed.
+            let front = state.completed();
             let Some(gate) = state.gates.front().filter(|gate| gate.before <= front) else {
                 break;
             };
@@ -681,6 +568,9 @@ impl Scheduler {
         if state.error.is_some() || state.needs_shutdown {
             return;
         }
+        if state.queue.len() < limit {
+            state.inbox.lock().move_into(&mut state.queue);
+        }
         // The first queued operation is the stream's (c + 1)th (0-based),
         // c operations having completed and one running.
         let first = state.completed() + 1;
@@ -713,6 +603,10 @@ impl Scheduler {
     pub(crate) fn record_error(&mut self, index: usize, error: FlexError) {
         let state = &mut self.streams[index];
         if state.error.is_none() {
+            // Launches checked first: a thread that sees the stream failed
+            // (here under this lock, or through the failed flag without
+            // it) then has its launches refused, not queued.
+            state.inbox.lock().checked = true;
             state.changed();
             tracing::debug!(stream = index, %error, "stream failed");
             state.error = Some(error);
@@ -766,6 +660,13 @@ impl Scheduler {
         if state.progress.publish_locked(state.passed) {
             state.progress.wake();
         }
+        if state.queue.is_empty() {
+            // The stream goes idle unless launches wait in its inbox; from
+            // then on a launch takes this lock to make it ready.
+            let mut inbox = state.inbox.lock();
+            inbox.move_into(&mut state.queue);
+            inbox.active = !state.queue.is_empty();
+        }
         for waiter in std::mem::take(&mut state.waiters) {
             self.schedule(waiter);
         }
@@ -788,13 +689,14 @@ impl StreamState {
     /// Puts the stream in the needs-shutdown state (fault injection).
     pub(crate) fn set_needs_shutdown(&mut self) {
         self.needs_shutdown = true;
+        self.inbox.lock().checked = true;
         self.changed();
     }
 
     /// Notes a change of the error, shutdown state or slowdown for an
     /// engine running a batch of the stream ([`Progress::changes`]).
     fn changed(&self) {
-        self.progress.changes.fetch_add(1, Ordering::Relaxed);
+        self.progress.note_change();
     }
 
     /// Operations whose completion has returned.
@@ -811,6 +713,11 @@ impl StreamState {
     /// that watches its completions or blocks on them.
     pub(crate) fn progress(&self) -> Arc<Progress> {
         Arc::clone(&self.progress)
+    }
+
+    /// The stream's inbox, shared with its [`crate::MockStream`].
+    pub(crate) fn inbox(&self) -> Arc<Inbox> {
+        Arc::clone(&self.inbox)
     }
 
     /// The error an operation (`call`) of this stream completes with
@@ -920,7 +827,7 @@ mod tests {
     #[test]
     fn nth_launch_fault_counts_down() {
         let (mut s, a) = one_stream();
-        s.stream_mut(a).fail_launch_in = Some(2);
+        s.set_fail_launch_in(a, Some(2));
         assert!(s.admit(a, noop()).is_ok());
         let (err, _) = s.admit(a, noop()).unwrap_err();
         assert_eq!(err.status(), Status::LAUNCH_FAILED);
@@ -1027,7 +934,7 @@ mod tests {
     #[test]
     fn a_record_counts_for_the_nth_launch_fault() {
         let (mut s, a) = one_stream();
-        s.stream_mut(a).fail_launch_in = Some(2);
+        s.set_fail_launch_in(a, Some(2));
         record_on(&mut s, a);
         let refused = s.admit_record(a, Arc::new(Record::new(a, 7)), None);
         let Err((error, None)) = refused else {
@@ -1052,6 +959,7 @@ mod loom_models {
     use loom::sync::Mutex;
 
     use super::*;
+    use crate::inbox::Inbox;
     use crate::record::EventRecord;
 
     fn noop() -> Pending {
@@ -1149,6 +1057,89 @@ mod loom_models {
                 }
             ),
         }
+    }
+
+    /// Launches a no-op on `stream` as `MockStream::enqueue` does: to the
+    /// inbox if it takes it, else through the scheduler. Returns whether
+    /// the launch was accepted.
+    fn launch(
+        scheduler: &Mutex<Scheduler>,
+        inbox: &Inbox,
+        progress: &Progress,
+        stream: usize,
+    ) -> bool {
+        match inbox.try_push(noop(), progress) {
+            Ok(()) => true,
+            Err(pending) => scheduler.lock().unwrap().admit(stream, pending).is_ok(),
+        }
+    }
+
+    /// The inbox and progress of `stream`, as its `MockStream` holds them.
+    fn handles(scheduler: &Mutex<Scheduler>, stream: usize) -> (Arc<Inbox>, Arc<Progress>) {
+        let s = scheduler.lock().unwrap();
+        (s.stream(stream).inbox(), s.stream(stream).progress())
+    }
+
+    /// Runs `f` with the scheduler on a new loom thread.
+    fn spawn_on(
+        scheduler: &Arc<Mutex<Scheduler>>,
+        f: impl FnOnce(&Mutex<Scheduler>) + Send + 'static,
+    ) -> loom::thread::JoinHandle<()> {
+        let scheduler = Arc::clone(scheduler);
+        loom::thread::spawn(move || f(&scheduler))
+    }
+
+    /// A launch made while an engine finishes the stream's only queued
+    /// operation either goes to the inbox, which the engine moves to the
+    /// queue as the stream runs empty, or, once the engine has let the
+    /// stream go, through the scheduler, which makes it ready: either way
+    /// it is taken exactly once, numbered after the first, and never left
+    /// in the inbox of an idle stream.
+    #[test]
+    fn a_launch_racing_the_end_of_its_streams_work_is_taken_once() {
+        loom::model(|| {
+            let (scheduler, stream) = one_launch();
+            let (inbox, progress) = handles(&scheduler, stream);
+            let engine = spawn_on(&scheduler, move |scheduler| {
+                let job = scheduler.lock().unwrap().next_job().unwrap();
+                drop(job);
+                let mut s = scheduler.lock().unwrap();
+                s.reach(stream).notify();
+                s.finish(stream);
+            });
+            assert!(launch(&scheduler, &inbox, &progress, stream));
+            engine.join().unwrap();
+            let mut s = scheduler.lock().unwrap();
+            let job = s.next_job().expect("the second launch is ready");
+            assert_eq!((job.stream, job.pending.seq), (stream, 1));
+            assert!(s.next_job().is_none(), "taken once");
+            assert_eq!(progress.submitted(), 2);
+        });
+    }
+
+    /// A thread that sees a stream failed (its failed flag, read without
+    /// the lock) has its next launch refused, whether the launch races the
+    /// engine recording the error or not: never queued with `Ok`, in the
+    /// inbox or through the scheduler.
+    #[test]
+    fn a_launch_after_the_stream_is_seen_failed_is_refused() {
+        loom::model(|| {
+            let (scheduler, stream) = one_launch();
+            let (inbox, progress) = handles(&scheduler, stream);
+            let engine = spawn_on(&scheduler, move |scheduler| {
+                scheduler.lock().unwrap().record_error(
+                    stream,
+                    FlexError::new(Status::EXECUTION_FAILED, "launch_compute", "boom"),
+                );
+            });
+            let seen_failed = progress.done().is_none();
+            let accepted = launch(&scheduler, &inbox, &progress, stream);
+            engine.join().unwrap();
+            assert!(
+                !(seen_failed && accepted),
+                "a launch after the stream was seen failed was accepted"
+            );
+        });
     }
 
     /// A notification asked for while the engine settles the record is

@@ -11,9 +11,11 @@ use parking_lot::MutexGuard;
 
 use crate::engine::Device;
 use crate::event::MockEvent;
-use crate::op::Op;
+use crate::inbox::Inbox;
+use crate::op::{Op, Pending};
+use crate::progress::Progress;
 use crate::record::Record;
-use crate::scheduler::{Pending, Progress, Scheduler};
+use crate::scheduler::Scheduler;
 
 /// A stream of a [`crate::MockRuntime`]; implements [`flex_rt::Stream`].
 ///
@@ -26,9 +28,10 @@ use crate::scheduler::{Pending, Progress, Scheduler};
 /// with no overlap. `track_hazards` is recorded ([`MockStream::tracks_hazards`])
 /// but orders nothing across streams.
 ///
-/// Thread-safety: `Send + Sync`. Launches from several threads are
-/// serialized by the runtime's scheduler lock; their order is the order in
-/// which they take it.
+/// Thread-safety: `Send + Sync`. Launches on one stream from several
+/// threads are serialized by the stream's own lock (taken inside the
+/// runtime's scheduler lock when a launch needs that); their order is the
+/// order in which they take it.
 pub struct MockStream {
     id: u64,
     index: usize,
@@ -39,6 +42,9 @@ pub struct MockStream {
     /// counts `query` and `pending_operations` read and `synchronize`
     /// watches, and where `synchronize` blocks.
     progress: Arc<Progress>,
+    /// Where a launch goes without the scheduler lock while the scheduler
+    /// holds the stream (see [`crate::inbox`]).
+    inbox: Arc<Inbox>,
 }
 
 impl MockStream {
@@ -58,6 +64,7 @@ impl MockStream {
             track_hazards,
             device,
             progress: scheduler.stream(index).progress(),
+            inbox: scheduler.stream(index).inbox(),
         }
     }
 
@@ -69,7 +76,10 @@ impl MockStream {
     /// ([`Status::STREAM_FAILED`]); a due [`MockStream::fail_nth_launch`]
     /// fault ([`Status::LAUNCH_FAILED`]). On `Err` nothing is enqueued and
     /// `op` and the completion are dropped on the calling thread, after the
-    /// scheduler lock is released. On `Ok` the completion is called exactly
+    /// scheduler lock is released. A launch on a stream that has work
+    /// queued or running, and none of those states or faults, takes only
+    /// the stream's own lock (see the [crate docs](crate)). On `Ok` the
+    /// completion is called exactly
     /// once on an engine thread, never inside this call; the operation's host
     /// memory (`op`'s source or sink) is dropped before it.
     ///
@@ -82,6 +92,11 @@ impl MockStream {
             completion,
         } = options;
         let pending = Pending::new(op, completion);
+        // Behind work the scheduler holds: nothing for the engines to
+        // decide, so no scheduler lock.
+        let Err(pending) = self.inbox.try_push(pending, &self.progress) else {
+            return Ok(());
+        };
         self.submit(|scheduler| scheduler.admit(self.index, pending), || {})
     }
 
@@ -163,8 +178,7 @@ impl MockStream {
         self.device
             .scheduler
             .lock()
-            .stream_mut(self.index)
-            .fail_launch_in = (n > 0).then_some(n);
+            .set_fail_launch_in(self.index, (n > 0).then_some(n));
     }
 
     /// Fault injection: puts the stream into the needs-shutdown state, which

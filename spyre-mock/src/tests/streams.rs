@@ -168,6 +168,31 @@ fn equal_priority_work_starts_oldest_first() {
     assert_eq!(log.take(), vec!["s2", "s0", "s1"]);
 }
 
+/// A launch on a stream whose operation is running takes no scheduler
+/// lock (it waits in the stream's inbox), yet keeps its place in the ready
+/// order: here it was launched before the other stream's, so it starts
+/// first once the running operation ends.
+#[test]
+fn work_launched_behind_a_running_operation_keeps_its_place_in_the_ready_order() {
+    let rt = runtime(1);
+    let (busy, idle) = (stream(&rt), stream(&rt));
+    let release = block(busy);
+    let log = Log::default();
+    for (name, s) in [("busy", busy), ("idle", idle)] {
+        let l = log.clone();
+        s.launch_host_callback(Box::new(move || l.push(name)), LaunchOptions::new())
+            .unwrap();
+    }
+    assert_eq!(
+        (busy.pending_operations(), idle.pending_operations()),
+        (2, 1)
+    );
+    release.send(()).unwrap();
+    busy.synchronize().unwrap();
+    idle.synchronize().unwrap();
+    assert_eq!(log.take(), vec!["busy", "idle"]);
+}
+
 #[test]
 fn query_reports_completion_of_earlier_work() {
     let rt = runtime(2);
