@@ -236,22 +236,38 @@ impl Device {
     /// is done; if not, the caller blocks (its stream's
     /// `Progress::sleep_until`, or the engines' condition variable). `done`
     /// is a few atomic loads.
+    ///
+    /// A spin backs off: it looks after every pause for its first
+    /// [`WATCH_EAGER_LOOKS`] looks, then pauses twice as long after each
+    /// look, up to [`WATCH_MAX_PAUSES`]. What a spin watches is a line that
+    /// another core writes (a completion count, the work epoch), and every
+    /// look takes the line from the writer, whose next write must take it
+    /// back: a watcher looking every pause for long would make each write
+    /// of an engine running a batch wait for the line. A short wait (an
+    /// empty operation's round trip) is still seen at once.
     pub(crate) fn watch(&self, deadline: Option<Instant>, done: impl Fn() -> bool) -> bool {
-        let (yields, checks_per_clock_read) = match self.sync_policy {
+        let yields = match self.sync_policy {
             SyncPolicy::Blocking => return done(),
-            // A yield takes long: read the clock after each.
-            SyncPolicy::Yield => (true, 1),
-            SyncPolicy::Spin | SyncPolicy::Auto => (false, 64),
+            SyncPolicy::Yield => true,
+            SyncPolicy::Spin | SyncPolicy::Auto => false,
         };
+        let mut looks: u32 = 0;
         loop {
-            for _ in 0..checks_per_clock_read {
-                if done() {
-                    return true;
-                }
-                if yields {
-                    std::thread::yield_now();
-                } else {
+            if done() {
+                return true;
+            }
+            if yields {
+                std::thread::yield_now();
+            } else {
+                let backoff = looks.saturating_sub(WATCH_EAGER_LOOKS);
+                let pauses = WATCH_MAX_PAUSES.min(1 << backoff.min(WATCH_MAX_PAUSES.ilog2()));
+                for _ in 0..pauses {
                     std::hint::spin_loop();
+                }
+                looks = looks.saturating_add(1);
+                // Looks close together read the clock every 64th time.
+                if pauses < WATCH_MAX_PAUSES && !looks.is_multiple_of(64) {
+                    continue;
                 }
             }
             if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
@@ -260,6 +276,17 @@ impl Device {
         }
     }
 }
+
+/// Looks a spinning [`Device::watch`] makes one pause apart before it backs
+/// off: about 0.8 µs on the machine of BENCHMARKS.md (a pause takes about
+/// 26 ns there), longer than an empty operation's round trip.
+const WATCH_EAGER_LOOKS: u32 = 32;
+
+/// The most spin-loop pauses between two looks of a spinning
+/// [`Device::watch`] once it backs off: about 0.4 µs on the machine of
+/// BENCHMARKS.md, which is what a long spin can add to seeing its
+/// condition.
+const WATCH_MAX_PAUSES: u32 = 16;
 
 /// Starts `count` engine threads on `device`.
 ///
