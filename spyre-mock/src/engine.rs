@@ -112,9 +112,10 @@ pub(crate) struct Device {
     pub(crate) memory: DeviceMemory,
     timing: Timing,
     /// On cache lines of its own, as is the work epoch: the lock word is
-    /// taken by every launch, and the epoch is read by an engine between
-    /// the operations of a batch, so sharing a line would make each launch
-    /// miss in the cache.
+    /// taken by the engines for every job and by every launch on an idle
+    /// stream, and the epoch is read by an engine between the operations
+    /// of a batch, so sharing a line would make those launches miss in the
+    /// cache.
     pub(crate) scheduler: CachePadded<Mutex<Scheduler>>,
     /// Engines wait here for work.
     pub(crate) work: Condvar,
@@ -260,13 +261,14 @@ impl Device {
                 std::thread::yield_now();
             } else {
                 let backoff = looks.saturating_sub(WATCH_EAGER_LOOKS);
-                let pauses = WATCH_MAX_PAUSES.min(1 << backoff.min(WATCH_MAX_PAUSES.ilog2()));
+                let pauses = 1 << backoff.min(WATCH_MAX_PAUSES.ilog2());
                 for _ in 0..pauses {
                     std::hint::spin_loop();
                 }
                 looks = looks.saturating_add(1);
-                // Looks close together read the clock every 64th time.
-                if pauses < WATCH_MAX_PAUSES && !looks.is_multiple_of(64) {
+                // The clock is read only once the looks are far apart
+                // (after about 1.2 µs of spinning).
+                if pauses < WATCH_MAX_PAUSES {
                     continue;
                 }
             }
@@ -287,6 +289,10 @@ const WATCH_EAGER_LOOKS: u32 = 32;
 /// BENCHMARKS.md, which is what a long spin can add to seeing its
 /// condition.
 const WATCH_MAX_PAUSES: u32 = 16;
+const _: () = assert!(
+    WATCH_MAX_PAUSES.is_power_of_two(),
+    "the backoff doubles up to it"
+);
 
 /// Starts `count` engine threads on `device`.
 ///
@@ -477,7 +483,7 @@ impl Ran {
 /// whether it ran every operation of the batch.
 ///
 /// Between the operations of a batch the engine publishes each completion
-/// without the lock ([`crate::scheduler::Progress`]) and takes the lock
+/// without the lock ([`crate::progress::Progress`]) and takes the lock
 /// only to wake a thread blocked on the stream; the last operation it runs
 /// finishes as a single job does (error, records reached, the stream made
 /// ready again), and what it did not run goes back to the stream.

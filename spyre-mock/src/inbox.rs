@@ -17,9 +17,9 @@
 //! scheduler's checks (it has failed, needs shutdown, has a
 //! `fail_nth_launch` fault set, or the use-after-free detector is on),
 //! goes through [`crate::scheduler::Scheduler::admit`] under the scheduler
-//! lock. The scheduler keeps both flags here in step under the inbox lock,
-//! so a launch reads them as of its place in the stream's order; a stream
-//! is marked checked before its failure can be seen. The lock order is the
+//! lock. The scheduler sets both flags here under the inbox lock, so a
+//! launch reads them as of its place in the stream's order; a stream is
+//! marked checked before its failure can be seen. The lock order is the
 //! scheduler's lock, then an inbox's.
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -51,7 +51,10 @@ pub(crate) struct InboxState {
     /// the queue before it lets the stream go idle.
     pub(crate) active: bool,
     /// Whether launches need the scheduler's checks (a failed stream, one
-    /// that needs shutdown, a `fail_nth_launch` fault set).
+    /// that needs shutdown, a `fail_nth_launch` fault set, the
+    /// use-after-free detector on). Never clear while they do; it may stay
+    /// set until the next launch under the scheduler lock once they no
+    /// longer do (a `fail_nth_launch` fault that refused its launch).
     pub(crate) checked: bool,
     /// The runtime's enqueue order, shared by every stream of it.
     order: Arc<CachePadded<AtomicU64>>,

@@ -66,8 +66,8 @@
 //! and [`HostFn`]s wrapping C host functions.
 //!
 //! A launch on a stream with an operation running or work queued takes only
-//! that stream's lock: nothing the engines decide by changes. A launch that
-//! makes a stream ready, an event record, a wait, and any launch on a stream
+//! that stream's lock: nothing the engines decide by changes. A launch on
+//! an idle stream, an event record, a wait, and any launch on a stream
 //! that has failed, needs shutdown or has a `fail_nth_launch` fault set (or
 //! of a runtime with the use-after-free detector on) take the runtime's
 //! scheduler lock, which the engines take to pick work.

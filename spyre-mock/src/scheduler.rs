@@ -790,6 +790,58 @@ mod tests {
         assert!(!s.has_ready());
     }
 
+    /// The enqueue order of the operations `s` takes next on stream
+    /// `index`, ending each.
+    fn take_all(s: &mut Scheduler, index: usize) -> Vec<u64> {
+        std::iter::from_fn(|| {
+            let job = s.next_job()?;
+            assert_eq!(job.stream, index);
+            end(s, index);
+            Some(job.pending.seq)
+        })
+        .collect()
+    }
+
+    #[test]
+    fn a_launch_under_the_lock_goes_behind_the_launches_in_the_inbox() {
+        let (mut s, a) = one_stream();
+        s.admit(a, noop()).ok().unwrap();
+        let running = s.next_job().unwrap();
+        let (inbox, progress) = (s.stream(a).inbox(), s.stream(a).progress());
+        assert!(
+            inbox.try_push(noop(), &progress).is_ok(),
+            "an active stream takes launches in its inbox"
+        );
+        assert_eq!(s.admit(a, noop()).ok(), Some(false));
+        drop(running);
+        end(&mut s, a);
+        assert_eq!(take_all(&mut s, a), [1, 2]);
+        assert!(
+            inbox.try_push(noop(), &progress).is_err(),
+            "an idle stream's launches take the scheduler lock"
+        );
+    }
+
+    #[test]
+    fn a_batch_takes_the_inbox_and_what_it_puts_back_stays_in_front() {
+        let (mut s, a) = one_stream();
+        s.admit(a, noop()).ok().unwrap();
+        let running = s.next_job().unwrap();
+        let (inbox, progress) = (s.stream(a).inbox(), s.stream(a).progress());
+        for _ in 0..2 {
+            inbox.try_push(noop(), &progress).ok().unwrap();
+        }
+        let mut batch = VecDeque::new();
+        s.take_batch(&running, 4, &mut batch);
+        let taken: Vec<u64> = batch.iter().map(|pending| pending.seq).collect();
+        assert_eq!(taken, [1, 2]);
+        inbox.try_push(noop(), &progress).ok().unwrap();
+        s.put_back(a, &mut batch);
+        drop(running);
+        end(&mut s, a);
+        assert_eq!(take_all(&mut s, a), [1, 2, 3]);
+    }
+
     #[test]
     fn failed_streams_skip_and_refuse() {
         let (mut s, a) = one_stream();

@@ -236,9 +236,9 @@ impl Stream for MockStream {
 
     /// Whether everything enqueued so far has completed (completion
     /// returned). Never blocks, and takes no lock unless the stream has
-    /// failed: it reads the stream's counts in the order the scheduler
-    /// publishes them, so a stream with a failed operation never reads as
-    /// done.
+    /// failed: it reads the stream's counts in the reverse of the order
+    /// they are published in (see `Progress`), so a stream with a failed
+    /// operation never reads as done.
     ///
     /// # Errors
     /// The stream's first error if it has failed (sticky).
