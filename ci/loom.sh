@@ -7,8 +7,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 RUSTFLAGS="--cfg spyre_loom" CARGO_TARGET_DIR=target/loom \
     cargo test -p spyre-stream --no-default-features --release --locked --test loom "$@"
 # The awaitable's waker hand-off (spyre-stream/src/signal.rs) and the software
-# device's event state machine (spyre-mock/src/scheduler.rs): unit-test
-# models, selected by name.
+# device's event state machine, lock-free query and stream inboxes
+# (spyre-mock/src/scheduler.rs): unit-test models, selected by name.
 RUSTFLAGS="--cfg spyre_loom" CARGO_TARGET_DIR=target/loom \
     cargo test -p spyre-stream --no-default-features --release --locked --lib loom_models "$@"
 RUSTFLAGS="--cfg spyre_loom" CARGO_TARGET_DIR=target/loom \

@@ -202,7 +202,8 @@ impl Device {
     /// when none was watching (`watched`, read under the scheduler lock,
     /// where watchers come and go: one watching then takes the lock and
     /// looks before it blocks). Called without the lock: a wake-up call
-    /// made under it would hold up every launch.
+    /// made under it would hold up the engines and every launch that takes
+    /// the lock.
     pub(crate) fn wake_idle(&self, watched: bool) {
         if !watched {
             self.work.notify_one();
@@ -260,14 +261,14 @@ impl Device {
             if yields {
                 std::thread::yield_now();
             } else {
+                looks = looks.saturating_add(1);
                 let backoff = looks.saturating_sub(WATCH_EAGER_LOOKS);
                 let pauses = 1 << backoff.min(WATCH_MAX_PAUSES.ilog2());
                 for _ in 0..pauses {
                     std::hint::spin_loop();
                 }
-                looks = looks.saturating_add(1);
                 // The clock is read only once the looks are far apart
-                // (after about 1.2 µs of spinning).
+                // (about 1.6 µs into the spin here).
                 if pauses < WATCH_MAX_PAUSES {
                     continue;
                 }

@@ -998,11 +998,12 @@ mod tests {
     }
 }
 
-/// Loom models of the event state machine: an engine completes (or fails)
+/// Loom models of the event state machine (an engine completes or fails
 /// a record — settling it outside the scheduler lock, then finishing under
 /// it, as `engine.rs` does — while another thread adds a wait for it and
-/// launches behind the wait, and a third drops the event. Run by
-/// `ci/loom.sh` (`--cfg spyre_loom`).
+/// launches behind the wait, and a third drops the event), of a query
+/// without the lock, and of launches through a stream's inbox racing the
+/// engine. Run by `ci/loom.sh` (`--cfg spyre_loom`).
 #[cfg(all(test, spyre_loom))]
 mod loom_models {
     use std::sync::Arc;
