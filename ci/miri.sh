@@ -25,8 +25,11 @@
 #                                 so their engine threads are still parked
 #                                 when the test binary's main returns;
 #   -Zmiri-permissive-provenance  parking_lot_core (a dependency) casts
-#                                 integers to pointers; this silences Miri's
-#                                 warning about it.
+#                                 integers to pointers, and the mock
+#                                 library carries a C function pointer and
+#                                 user data through the device as integers
+#                                 (exposed provenance); this silences
+#                                 Miri's warning about such casts.
 # The hardware backend (dlopen) is out of Miri's reach and is not run here.
 #
 # Needs a nightly toolchain with the `miri` and `rust-src` components; they

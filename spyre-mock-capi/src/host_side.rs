@@ -8,7 +8,7 @@ use std::ffi::c_void;
 use flex_sys::bindings::{FLEX_SUCCESS, flex_completion_t, flex_status_t};
 
 use crate::boundary::status_name;
-use spyre_mock::{HostSink, HostSource};
+use spyre_mock::{HostSink, HostSource, RawCompletion, RawContext, RawHostFn};
 
 /// Host memory an H2D copy reads: `len` bytes at `ptr`, as passed to
 /// `flex_launch_h2d`.
@@ -117,6 +117,35 @@ impl Drop for CallbackScope {
     }
 }
 
+/// The device context of a C function, its user data and the key of its
+/// runtime: the two pointers as addresses, their provenance exposed so that
+/// [`unpack`] may turn them back into pointers.
+fn pack(func: *const (), user_data: *mut c_void, runtime: usize) -> RawContext {
+    [
+        func.expose_provenance(),
+        user_data.expose_provenance(),
+        runtime,
+    ]
+}
+
+/// What [`pack`] packed: the function's address, the user data and the
+/// runtime key.
+fn unpack([func, user_data, runtime]: RawContext) -> (*const (), *mut c_void, usize) {
+    (
+        std::ptr::with_exposed_provenance(func),
+        std::ptr::with_exposed_provenance_mut(user_data),
+        runtime,
+    )
+}
+
+/// The status a completion is called with.
+pub(crate) fn status_of(result: &flex_rt::Result<()>) -> flex_status_t {
+    match result {
+        Ok(()) => FLEX_SUCCESS,
+        Err(err) => err.status().0,
+    }
+}
+
 /// The caller's completion of one launch. Not `Clone`: [`CCompletion::call`]
 /// consumes it, so it is called at most once; dropping it uncalled (a
 /// refused launch) leaves `user_data` with the caller.
@@ -143,14 +172,42 @@ impl CCompletion {
         })
     }
 
+    /// The same completion as the device's [`RawCompletion`], which calls
+    /// it with the status of the operation's result: no allocation.
+    pub(super) fn into_raw(self) -> RawCompletion {
+        let context = pack(self.func as *const (), self.user_data, self.runtime);
+        RawCompletion::new(Self::call_raw, context)
+    }
+
+    /// The function of [`CCompletion::into_raw`]'s completion; reachable
+    /// only through the values `into_raw` builds, so `context` is what it
+    /// packed (the device passes it back unchanged, once).
+    fn call_raw(context: RawContext, result: flex_rt::Result<()>) {
+        let (func, user_data, runtime) = unpack(context);
+        // SAFETY: `func` is the address `into_raw` took of a completion
+        // function of this very type; a pointer to a function transmutes
+        // back to the function pointer.
+        let func = unsafe {
+            std::mem::transmute::<*const (), unsafe extern "C" fn(*mut c_void, flex_status_t)>(func)
+        };
+        let completion = Self {
+            func,
+            user_data,
+            runtime,
+        };
+        completion.call(status_of(&result));
+    }
+
     /// Calls `fn(user_data, status)`, marking this thread as inside a
     /// callback of the runtime meanwhile.
     pub(super) fn call(self, status: flex_status_t) {
         let _scope = CallbackScope::enter(self.runtime);
         // SAFETY: `func` and `user_data` are what the caller passed to a
         // launch that returned FLEX_SUCCESS; flex.h has the runtime call them
-        // exactly once, which this is (`self` is consumed, and the device
-        // calls an operation's completion once). A C function cannot unwind
+        // exactly once, which this is: `self` is consumed, and the value
+        // comes either from the launch itself or, through `call_raw`, from
+        // the words of a `RawCompletion`, which is not `Clone` and which the
+        // device consumes by calling it once. A C function cannot unwind
         // into Rust (an `extern "C"` callee that tries aborts instead).
         unsafe { (self.func)(self.user_data, status) }
     }
@@ -181,6 +238,34 @@ impl CHostFn {
         }
     }
 
+    /// The same host function as the device's [`RawHostFn`]: no
+    /// allocation.
+    pub(super) fn into_raw(self) -> RawHostFn {
+        let context = pack(self.func as *const (), self.user_data, self.runtime);
+        RawHostFn::new(Self::call_raw, context)
+    }
+
+    /// The function of [`CHostFn::into_raw`]'s host function; reachable
+    /// only through the values `into_raw` builds, so `context` is what it
+    /// packed (the device passes it back unchanged, at most once).
+    fn call_raw(context: RawContext) -> Result<(), String> {
+        let (func, user_data, runtime) = unpack(context);
+        // SAFETY: `func` is the address `into_raw` took of a host function
+        // of this very type; a pointer to a function transmutes back to the
+        // function pointer.
+        let func = unsafe {
+            std::mem::transmute::<*const (), unsafe extern "C" fn(*mut c_void) -> flex_status_t>(
+                func,
+            )
+        };
+        let host = Self {
+            func,
+            user_data,
+            runtime,
+        };
+        host.call()
+    }
+
     /// Calls `host_fn(host_user_data)`: `Ok` for `FLEX_SUCCESS`, otherwise
     /// the status named, which fails the operation with
     /// `FLEX_ERROR_HOST_CALLBACK_FAILED`.
@@ -188,7 +273,9 @@ impl CHostFn {
         let _scope = CallbackScope::enter(self.runtime);
         // SAFETY: the function and data the caller passed to a launch that
         // returned FLEX_SUCCESS; the device runs a host operation at most
-        // once (`self` is consumed), before its completion, while
+        // once (`self` is consumed, and `call_raw` rebuilds it from the words
+        // of a `RawHostFn`, which is not `Clone` and which the device
+        // consumes by calling it), before its completion, while
         // `host_user_data` is still valid (flex.h: until the completion).
         let status = unsafe { (self.func)(self.user_data) };
         if status == FLEX_SUCCESS {

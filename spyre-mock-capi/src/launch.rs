@@ -14,7 +14,7 @@ use spyre_mock::Op;
 use crate::args::{host_len, read_address};
 use crate::boundary::{CallResult, Failure, boundary};
 use crate::handles::{self, RuntimeState};
-use crate::host_side::{CCompletion, CHostFn, RawSink, RawSource};
+use crate::host_side::{CCompletion, CHostFn, RawSink, RawSource, status_of};
 
 /// `flex_launch_h2d`: copies `dst`'s total size from `host_src` to `dst`.
 ///
@@ -129,7 +129,7 @@ pub unsafe extern "C" fn flex_launch_host_callback(
         launch(CALL, stream, pipeline_barrier, completion, |state| {
             let func = host_fn.ok_or_else(|| Failure::invalid_argument("host_fn is NULL"))?;
             let host = CHostFn::new(func, host_user_data, state.key());
-            Ok(Op::host_fn(move || host.call()))
+            Ok(Op::raw_host_fn(host.into_raw()))
         })
     })
 }
@@ -161,17 +161,11 @@ pub unsafe extern "C" fn flex_launch_fill(
     })
 }
 
-/// The status a completion is called with.
-fn status_of(result: &flex_rt::Result<()>) -> flex_status_t {
-    match result {
-        Ok(()) => FLEX_SUCCESS,
-        Err(err) => err.status().0,
-    }
-}
-
-/// The device completion that calls the caller's C completion: directly on
-/// the engine thread, or through the delivery thread when completions are
-/// late. `None` when the caller gave none.
+/// The device completion that calls the caller's C completion, boxed:
+/// directly on the engine thread, or through the delivery thread when
+/// completions are late. `None` when the caller gave none. For event
+/// records and notifications, and launches with late completions; other
+/// launches pass theirs unboxed (see [`launch`]).
 pub(crate) fn completion_for(
     state: &Arc<RuntimeState>,
     stream: u64,
@@ -189,7 +183,11 @@ pub(crate) fn completion_for(
 
 /// The common part of every launch: validates the stream, applies the
 /// undefined-status switch, builds the operation (argument checks) and
-/// enqueues it.
+/// enqueues it. Unless completions are late, the C completion goes to the
+/// device as a [`spyre_mock::RawCompletion`] (as a host function goes as a
+/// [`spyre_mock::RawHostFn`]): a host-function launch allocates nothing on
+/// the launching thread for an engine to free (a copy still boxes its host
+/// memory, and every device address its chunks).
 pub(crate) fn launch(
     call: &'static str,
     stream: *mut flex_stream_t,
@@ -202,10 +200,17 @@ pub(crate) fn launch(
     stream.state.check_switch(call)?;
     let op = build(stream.state)?;
     let device = stream.mock()?;
-    let options = LaunchOptions {
-        pipeline_barrier: pipeline_barrier != 0,
-        completion: completion_for(stream.state, stream.id, completion),
-    };
-    device.enqueue(op, options)?;
+    if stream.state.late.is_some() {
+        let options = LaunchOptions {
+            pipeline_barrier: pipeline_barrier != 0,
+            completion: completion_for(stream.state, stream.id, completion),
+        };
+        device.enqueue(op, options)?;
+    } else {
+        // The device has no pipeline to order (the barrier has no effect
+        // on it), and the completion goes without an allocation.
+        let completion = CCompletion::new(completion, stream.state.key());
+        device.enqueue_raw(op, completion.map(CCompletion::into_raw))?;
+    }
     Ok(FLEX_SUCCESS)
 }

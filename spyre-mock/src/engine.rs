@@ -37,12 +37,13 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
-use flex_rt::{Completion, FlexError, Result, Status, SyncPolicy};
+use flex_rt::{FlexError, Result, Status, SyncPolicy};
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use crate::config::MockConfig;
 use crate::memory::DeviceMemory;
 use crate::op::{Op, Pending, panic_message};
+use crate::raw_call::OpCompletion;
 use crate::record::Record;
 use crate::scheduler::{Job, Scheduler, Verdict};
 
@@ -463,7 +464,7 @@ struct Batch<'a> {
 struct Ran {
     call: &'static str,
     result: Result<()>,
-    completion: Option<Completion>,
+    completion: Option<OpCompletion>,
     early: Option<std::thread::Result<()>>,
 }
 
@@ -548,7 +549,7 @@ fn run_job(
         (Err(err), Some(completion)) => {
             scheduler.record_error(stream, err.clone());
             Some(MutexGuard::unlocked(scheduler, || {
-                catch_unwind(AssertUnwindSafe(|| completion(Err(err))))
+                catch_unwind(AssertUnwindSafe(|| completion.call(Err(err))))
             }))
         }
         (Err(err), None) => {
@@ -626,7 +627,9 @@ fn run_op(device: &Device, stream: usize, pending: Pending, verdict: Verdict) ->
         device.scheduler.lock().reuse_ran(stream);
     }
     let early = match (&result, completion.take()) {
-        (Ok(()), Some(completion)) => Some(catch_unwind(AssertUnwindSafe(|| completion(Ok(()))))),
+        (Ok(()), Some(completion)) => {
+            Some(catch_unwind(AssertUnwindSafe(|| completion.call(Ok(())))))
+        }
         (_, taken) => {
             completion = taken;
             None

@@ -60,10 +60,15 @@
 //! - Dropping a runtime lets pending work finish, then joins its engines;
 //!   [`live_engine_threads`] counts the engine threads alive in the process.
 //!
-//! The one entry point for launches is [`MockStream::enqueue`] with an
-//! [`Op`]: the [`Stream`](flex_rt::Stream) methods use it, and so can a
-//! C-ABI layer with its own [`HostSource`] / [`HostSink`] over raw pointers
-//! and [`HostFn`]s wrapping C host functions.
+//! Launches enter through [`MockStream::enqueue`] with an [`Op`] (the
+//! [`Stream`](flex_rt::Stream) methods use it) or
+//! [`MockStream::enqueue_raw`], its form for a C-ABI layer: such a layer
+//! has its own [`HostSource`] / [`HostSink`] over raw pointers, and passes
+//! a C host function and completion as a plain function and three context
+//! words ([`RawHostFn`] with [`Op::raw_host_fn`], and [`RawCompletion`]),
+//! which a launch carries without a heap allocation: a block allocated by
+//! the launching thread and freed by an engine costs, under glibc, a
+//! meeting of the two at the allocator's lock on every launch.
 //!
 //! A launch on a stream with an operation running or work queued takes only
 //! that stream's lock: nothing the engines decide by changes. A launch on
@@ -156,6 +161,7 @@ mod kernel;
 mod memory;
 mod op;
 mod progress;
+mod raw_call;
 mod record;
 pub mod reference;
 mod reuse;
@@ -172,6 +178,7 @@ pub use engine::live_engine_threads;
 pub use event::MockEvent;
 pub use faults::{RuntimeFaults, SystemFaults};
 pub use op::{HostFn, HostSink, HostSource, Op, encode_fill_value, panic_message};
+pub use raw_call::{RawCompletion, RawContext, RawHostFn};
 pub use record::EventRecord;
 pub use runtime::MockRuntime;
 pub use stream::MockStream;

@@ -1,23 +1,25 @@
 //! Operations a stream runs, and the small traits through which they reach
 //! host memory.
 //!
-//! [`Op`] with [`crate::MockStream::enqueue`] is the one entry point for
-//! every launch: the [`flex_rt::Stream`] methods of [`crate::MockStream`]
-//! build an `Op` from leases on [`flex_rt::HostBuffer`]s and a boxed closure,
-//! and a C-ABI layer builds one from raw host pointers (its own
-//! [`HostSource`] / [`HostSink`] types) and C host functions (a [`HostFn`]
-//! that maps the C status to `Err`). Both get the same validation,
-//! scheduling, completion and error rules.
+//! [`Op`] with [`crate::MockStream::enqueue`] (or
+//! [`crate::MockStream::enqueue_raw`]) is the one entry point for every
+//! launch: the [`flex_rt::Stream`] methods of [`crate::MockStream`] build an
+//! `Op` from leases on [`flex_rt::HostBuffer`]s and a boxed closure, and a
+//! C-ABI layer builds one from raw host pointers (its own [`HostSource`] /
+//! [`HostSink`] types) and C host functions (a [`RawHostFn`] that maps the
+//! C status to `Err`, with a [`crate::RawCompletion`], neither boxed). All
+//! get the same validation, scheduling, completion and error rules.
 use std::fmt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use flex_rt::{
-    Completion, CompositeAddress, DataFormat, FlexError, ReadLease, Result, Status, WriteLease,
+    CompositeAddress, DataFormat, FlexError, ReadLease, Result, Status, WriteLease,
     check_copy_size, check_fill_size,
 };
 
 use crate::kernel;
 use crate::memory::DeviceMemory;
+use crate::raw_call::{OpCompletion, RawHostFn};
 use crate::record::EventRecord;
 
 /// Host memory an H2D copy reads from. The operation owns the source until
@@ -111,6 +113,10 @@ pub enum Op {
     },
     /// Runs a host function on an engine thread in stream order.
     HostFn(HostFn),
+    /// Runs a host function given as a function and context words
+    /// ([`RawHostFn`]) on an engine thread in stream order, with the rules
+    /// of [`Op::HostFn`], and without a heap allocation.
+    RawHostFn(RawHostFn),
     /// Runs the host callback of [`flex_rt::Stream::launch_host_callback`]
     /// on an engine thread in stream order, as it was given (no second
     /// box): it returns nothing, and a panic inside fails the operation
@@ -154,6 +160,11 @@ impl Op {
         Self::HostFn(Box::new(f))
     }
 
+    /// A host function given as a function and context words.
+    pub fn raw_host_fn(f: RawHostFn) -> Self {
+        Self::RawHostFn(f)
+    }
+
     /// The name of the [`flex_rt::Stream`] method this operation belongs to
     /// (`launch_h2d`, `launch_d2h`, `launch_compute`, `launch_fill`,
     /// `launch_host_callback`, `record_event`); errors of the operation carry
@@ -164,7 +175,7 @@ impl Op {
             Self::D2h { .. } => "launch_d2h",
             Self::Compute { .. } => "launch_compute",
             Self::Fill { .. } => "launch_fill",
-            Self::HostFn(_) | Self::HostCallback(_) => "launch_host_callback",
+            Self::HostFn(_) | Self::RawHostFn(_) | Self::HostCallback(_) => "launch_host_callback",
             Self::Record(_) => "record_event",
         }
     }
@@ -176,9 +187,11 @@ impl Op {
             Self::H2d { src, dst } => check_copy_size(call, src.bytes().len(), dst),
             Self::D2h { src, dst } => check_copy_size(call, dst.bytes_mut().len(), src),
             Self::Fill { dst, format, .. } => check_fill_size(call, dst, *format),
-            Self::Compute { .. } | Self::HostFn(_) | Self::HostCallback(_) | Self::Record(_) => {
-                Ok(())
-            }
+            Self::Compute { .. }
+            | Self::HostFn(_)
+            | Self::RawHostFn(_)
+            | Self::HostCallback(_)
+            | Self::Record(_) => Ok(()),
         }
     }
 
@@ -235,18 +248,31 @@ impl Op {
                 record.settle(Ok(std::time::Instant::now()));
                 Ok(())
             }
-            Self::HostFn(f) => match catch_unwind(AssertUnwindSafe(f)) {
-                Ok(Ok(())) => Ok(()),
-                Ok(Err(message)) => Err(FlexError::new(
-                    Status::HOST_CALLBACK_FAILED,
-                    call,
-                    format!("host callback returned an error: {message}"),
-                )),
-                Err(payload) => Err(host_callback_panicked(call, payload.as_ref())),
-            },
+            Self::HostFn(f) => host_fn_result(call, catch_unwind(AssertUnwindSafe(f))),
+            Self::RawHostFn(f) => {
+                host_fn_result(call, catch_unwind(AssertUnwindSafe(move || f.call())))
+            }
             Self::HostCallback(f) => catch_unwind(AssertUnwindSafe(f))
                 .map_err(|payload| host_callback_panicked(call, payload.as_ref())),
         }
+    }
+}
+
+/// The result of a host function's operation, from what the function
+/// returned or the panic it raised (both fail the operation with
+/// [`Status::HOST_CALLBACK_FAILED`]).
+fn host_fn_result(
+    call: &'static str,
+    outcome: std::thread::Result<std::result::Result<(), String>>,
+) -> Result<()> {
+    match outcome {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(message)) => Err(FlexError::new(
+            Status::HOST_CALLBACK_FAILED,
+            call,
+            format!("host callback returned an error: {message}"),
+        )),
+        Err(payload) => Err(host_callback_panicked(call, payload.as_ref())),
     }
 }
 
@@ -278,6 +304,7 @@ impl fmt::Debug for Op {
                 .field("format", format)
                 .finish(),
             Self::HostFn(_) => f.write_str("HostFn"),
+            Self::RawHostFn(raw) => raw.fmt(f),
             Self::HostCallback(_) => f.write_str("HostCallback"),
             Self::Record(record) => record.fmt(f),
         }
@@ -290,12 +317,12 @@ pub(crate) struct Pending {
     /// ([`crate::inbox::InboxState::number`]).
     pub(crate) seq: u64,
     pub(crate) op: Op,
-    pub(crate) completion: Option<Completion>,
+    pub(crate) completion: Option<OpCompletion>,
 }
 
 impl Pending {
     /// An operation not yet numbered; it is numbered as it is queued.
-    pub(crate) fn new(op: Op, completion: Option<Completion>) -> Self {
+    pub(crate) fn new(op: Op, completion: Option<OpCompletion>) -> Self {
         Self {
             seq: 0,
             op,

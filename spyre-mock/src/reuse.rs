@@ -93,7 +93,7 @@ fn extents(op: &Op, memory: Option<&DeviceMemory>) -> Vec<Extent> {
             }
             touched
         }
-        Op::HostFn(_) | Op::HostCallback(_) | Op::Record(_) => Vec::new(),
+        Op::HostFn(_) | Op::RawHostFn(_) | Op::HostCallback(_) | Op::Record(_) => Vec::new(),
     }
 }
 

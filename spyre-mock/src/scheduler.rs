@@ -53,6 +53,7 @@ use crate::inbox::Inbox;
 use crate::memory::DeviceMemory;
 use crate::op::{Op, Pending};
 use crate::progress::Progress;
+use crate::raw_call::OpCompletion;
 use crate::record::{EventRecord, Record};
 use crate::reuse::ReuseCheck;
 
@@ -134,6 +135,11 @@ pub(crate) enum Verdict {
     /// Do not run it: complete it with this error.
     Skip(FlexError),
 }
+
+/// A launch the scheduler refused: the error, and what was refused, for
+/// the caller to drop once the lock is released (it may hold user code).
+/// Boxed, as refusals are rare and the launch's result stays small.
+pub(crate) type Refused<T> = Box<(FlexError, T)>;
 
 /// An operation taken by an engine.
 pub(crate) struct Job {
@@ -313,10 +319,10 @@ impl Scheduler {
         &mut self,
         index: usize,
         mut pending: Pending,
-    ) -> Result<bool, (FlexError, Pending)> {
+    ) -> Result<bool, Refused<Pending>> {
         let call = pending.op.call();
         if let Err(err) = self.check_launch(index, call) {
-            return Err((err, pending));
+            return Err(Box::new((err, pending)));
         }
         let checked = self.launches_checked(index);
         let state = &mut self.streams[index];
@@ -375,7 +381,7 @@ impl Scheduler {
         index: usize,
         record: Arc<Record>,
         completion: Option<Completion>,
-    ) -> Result<bool, (FlexError, Option<Pending>)> {
+    ) -> Result<bool, Refused<Option<Pending>>> {
         let state = &self.streams[index];
         let held = {
             // The enqueued count does not move while the inbox is locked.
@@ -388,13 +394,17 @@ impl Scheduler {
         // (A launch made since holds the record's place as well, behind
         // the same wait: a marker is still right.)
         if held || completion.is_some() {
-            let marker = Pending::new(Op::Record(EventRecord(record)), completion);
-            return self
-                .admit(index, marker)
-                .map_err(|(err, marker)| (err, Some(marker)));
+            let marker = Pending::new(
+                Op::Record(EventRecord(record)),
+                completion.map(OpCompletion::Boxed),
+            );
+            return self.admit(index, marker).map_err(|refused| {
+                let (err, marker) = *refused;
+                Box::new((err, Some(marker)))
+            });
         }
         self.check_launch(index, "record_event")
-            .map_err(|err| (err, None))?;
+            .map_err(|err| Box::new((err, None)))?;
         let checked = self.launches_checked(index);
         let state = &mut self.streams[index];
         let mut inbox = state.inbox.lock();
@@ -856,7 +866,7 @@ mod tests {
         assert!(
             matches!(&job.verdict, Verdict::Skip(e) if e.status() == Status::STREAM_FAILED && e.message().contains("boom"))
         );
-        let (err, _) = s.admit(a, noop()).unwrap_err();
+        let (err, _) = *s.admit(a, noop()).unwrap_err();
         assert_eq!(err.status(), Status::STREAM_FAILED);
         assert!(s.any_stream_error());
     }
@@ -881,7 +891,7 @@ mod tests {
         let (mut s, a) = one_stream();
         s.set_fail_launch_in(a, Some(2));
         assert!(s.admit(a, noop()).is_ok());
-        let (err, _) = s.admit(a, noop()).unwrap_err();
+        let (err, _) = *s.admit(a, noop()).unwrap_err();
         assert_eq!(err.status(), Status::LAUNCH_FAILED);
         assert!(s.admit(a, noop()).is_ok());
         assert_eq!(s.stream(a).fail_launch_in, None);
@@ -989,8 +999,11 @@ mod tests {
         s.set_fail_launch_in(a, Some(2));
         record_on(&mut s, a);
         let refused = s.admit_record(a, Arc::new(Record::new(a, 7)), None);
-        let Err((error, None)) = refused else {
+        let Err(refused) = refused else {
             panic!("the second launch, a record, is refused");
+        };
+        let (error, None) = *refused else {
+            panic!("a refused record without a completion hands back no marker");
         };
         assert_eq!(error.status(), Status::LAUNCH_FAILED);
         assert_eq!(error.call(), "record_event");

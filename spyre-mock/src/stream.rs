@@ -14,8 +14,9 @@ use crate::event::MockEvent;
 use crate::inbox::Inbox;
 use crate::op::{Op, Pending};
 use crate::progress::Progress;
+use crate::raw_call::{OpCompletion, RawCompletion};
 use crate::record::Record;
-use crate::scheduler::Scheduler;
+use crate::scheduler::{Refused, Scheduler};
 
 /// A stream of a [`crate::MockRuntime`]; implements [`flex_rt::Stream`].
 ///
@@ -69,7 +70,9 @@ impl MockStream {
     }
 
     /// Enqueues `op` at the end of the stream: the entry point of every
-    /// launch, also for a C-ABI layer that builds [`Op`]s from raw pointers.
+    /// launch with a boxed completion (or none), also for a C-ABI layer that
+    /// builds [`Op`]s from raw pointers (see [`MockStream::enqueue_raw`] for
+    /// an unboxed completion).
     ///
     /// Checks, in order: the operation's sizes ([`Status::INVALID_ARGUMENT`]);
     /// whether the stream needs shutdown ([`Status::SHUTDOWN`]) or has failed
@@ -86,12 +89,32 @@ impl MockStream {
     ///
     /// # Errors
     /// As listed above.
-    pub fn enqueue(&self, mut op: Op, options: LaunchOptions) -> Result<()> {
-        op.validate()?;
+    pub fn enqueue(&self, op: Op, options: LaunchOptions) -> Result<()> {
         let LaunchOptions {
             pipeline_barrier: _,
             completion,
         } = options;
+        self.enqueue_pending(op, completion.map(OpCompletion::Boxed))
+    }
+
+    /// [`MockStream::enqueue`] with a [`RawCompletion`] instead of a boxed
+    /// one: the same checks, order and completion rules, and no heap
+    /// allocation for the completion (with [`Op::raw_host_fn`], none for
+    /// the operation either; a device address or host memory in `op` is
+    /// allocated as ever). For a C-ABI layer, whose completions are a
+    /// function pointer and user data.
+    ///
+    /// # Errors
+    /// As [`MockStream::enqueue`]'s; a refused launch drops `completion`
+    /// uncalled.
+    pub fn enqueue_raw(&self, op: Op, completion: Option<RawCompletion>) -> Result<()> {
+        self.enqueue_pending(op, completion.map(OpCompletion::Raw))
+    }
+
+    /// The launch itself, for [`MockStream::enqueue`] and
+    /// [`MockStream::enqueue_raw`].
+    fn enqueue_pending(&self, mut op: Op, completion: Option<OpCompletion>) -> Result<()> {
+        op.validate()?;
         let pending = Pending::new(op, completion);
         // Behind work the scheduler holds: nothing for the engines to
         // decide, so no scheduler lock.
@@ -109,7 +132,7 @@ impl MockStream {
     /// hold user code).
     fn submit<R>(
         &self,
-        admit: impl FnOnce(&mut Scheduler) -> std::result::Result<bool, (FlexError, R)>,
+        admit: impl FnOnce(&mut Scheduler) -> std::result::Result<bool, Refused<R>>,
         on_admitted: impl FnOnce(),
     ) -> Result<()> {
         let (admitted, watched) = {
@@ -133,7 +156,8 @@ impl MockStream {
                 }
                 Ok(())
             }
-            Err((err, rejected)) => {
+            Err(refused) => {
+                let (err, rejected) = *refused;
                 drop(rejected);
                 Err(err)
             }

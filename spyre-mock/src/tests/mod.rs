@@ -4,6 +4,7 @@ mod events;
 mod faults;
 mod kernels;
 mod memory;
+mod raw_calls;
 mod streams;
 mod system;
 
