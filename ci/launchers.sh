@@ -21,25 +21,7 @@ repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo_root"
 source ci/lib.sh
 
-if ! command -v mpirun >/dev/null 2>&1; then
-    as_root=()
-    if [[ "$(id -u)" -ne 0 ]]; then
-        command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null ||
-            cannot_run "the launcher runs" "mpirun is missing, and installing openmpi-bin needs root (or sudo without a password)"
-        as_root=(sudo -n env DEBIAN_FRONTEND=noninteractive)
-    fi
-    command -v apt-get >/dev/null 2>&1 ||
-        cannot_run "the launcher runs" "mpirun is missing and there is no apt-get to install openmpi-bin"
-    echo "==> installing Open MPI (openmpi-bin)" >&2
-    log="$(mktemp)"
-    if ! { "${as_root[@]}" apt-get update -qq &&
-        DEBIAN_FRONTEND=noninteractive "${as_root[@]}" apt-get install -y -qq openmpi-bin; } >"$log" 2>&1; then
-        cat "$log" >&2
-        rm -f "$log"
-        cannot_run "the launcher runs" "installing openmpi-bin failed (its output is above)"
-    fi
-    rm -f "$log"
-fi
+ensure_debian_package mpirun openmpi-bin "the launcher runs"
 
 cargo build --release --locked -p spyre-mock-capi
 cargo build --release --locked -p spyre-cli --features hardware

@@ -57,3 +57,29 @@ ensure_nightly_components() {
     fi
     rm -f "$log"
 }
+
+# ensure_debian_package COMMAND PACKAGE CHECK: installs Debian's PACKAGE
+# with apt-get when COMMAND is missing (as root, or through sudo without a
+# password); when it cannot, CHECK cannot run (see cannot_run).
+ensure_debian_package() {
+    local command="$1" package="$2" check="$3"
+    command -v "$command" >/dev/null 2>&1 && return 0
+    local as_root=()
+    if [[ "$(id -u)" -ne 0 ]]; then
+        command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null ||
+            cannot_run "$check" "$command is missing, and installing $package needs root (or sudo without a password)"
+        as_root=(sudo -n env DEBIAN_FRONTEND=noninteractive)
+    fi
+    command -v apt-get >/dev/null 2>&1 ||
+        cannot_run "$check" "$command is missing and there is no apt-get to install $package"
+    echo "==> installing $package" >&2
+    local log
+    log="$(mktemp)"
+    if ! { "${as_root[@]}" apt-get update -qq &&
+        DEBIAN_FRONTEND=noninteractive "${as_root[@]}" apt-get install -y -qq "$package"; } >"$log" 2>&1; then
+        cat "$log" >&2
+        rm -f "$log"
+        cannot_run "$check" "installing $package failed (its output is above)"
+    fi
+    rm -f "$log"
+}

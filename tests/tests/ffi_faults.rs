@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use flex_rt::{Backend, DataFormat, HostBuffer, LaunchOptions, Status, StreamMode, StreamPriority};
 use spyre_tests::conformance::Completions;
-use spyre_tests::ffi::{backend, live_threads, settle_threads};
+use spyre_tests::ffi::{backend, launch_slow_callback, live_threads, settle_threads};
 use spyre_tests::isolated;
 
 /// Counts its drops; captured by a host callback to see when it goes.
@@ -270,6 +270,38 @@ fn late_completions_arrive_once_and_never_after_the_runtime() {
             std::thread::sleep(2 * DELAY);
             assert_eq!((late.calls(), late.drops()), (3, 3));
             assert_eq!(completions.calls(), 4);
+        },
+    );
+}
+
+#[test]
+fn a_runtime_whose_destroy_fails_keeps_what_its_late_callbacks_use() {
+    // The library's synchronize and destroy return at once and do nothing,
+    // so the runtime's threads outlive its drop: the host callback still
+    // runs afterwards, and its completion gives its payload block back to
+    // the stream's cache, which must still be there.
+    isolated!(mock_cdylib; &[(
+            "SPYRE_MOCK_UNDEFINED_STATUS",
+            "flex_stream_synchronize,flex_runtime_destroy",
+        )],
+        || {
+            let runtime = backend().create_runtime(0).expect("create_runtime");
+            // The default stream: a created one would be drained by its
+            // own `flex_stream_destroy`, which the switch leaves alone.
+            let stream = runtime.default_stream();
+            let completions = Completions::new();
+            let ran = Arc::new(AtomicUsize::new(0));
+            for _ in 0..3 {
+                launch_slow_callback(stream, &ran, &completions);
+            }
+            drop(runtime);
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while completions.calls() < 3 && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            assert_eq!(ran.load(Ordering::SeqCst), 3);
+            assert_eq!(completions.results(), vec![Ok(()); 3]);
+            assert_eq!((completions.calls(), completions.drops()), (3, 3));
         },
     );
 }

@@ -4,10 +4,12 @@
 //! # Ownership of one launch
 //!
 //! Everything an operation needs after its launch call returns lives in one
-//! heap allocation, a [`Payload`]: the caller's completion, the lease on a
-//! host buffer, and for host callbacks a [`HostSlot`] with the closure.
-//! [`Submission`] owns that allocation as a raw pointer from the moment the
-//! launch is prepared:
+//! heap block, a [`Payload`]: the caller's completion, the lease on a host
+//! buffer, and for host callbacks a [`HostSlot`] with the closure. A launch
+//! on a stream takes the block from the stream's cache of finished ones
+//! (see [`super::payload_cache`]); other payloads get a new one.
+//! [`Submission`] owns the block as a raw pointer from the moment the launch
+//! is prepared:
 //!
 //! - the launch passes [`Submission::completion`] (always
 //!   [`completion_trampoline`], even when the caller gave no completion, so
@@ -15,15 +17,15 @@
 //!   [`Submission::host_fn`] / [`Submission::host_user_data`];
 //! - if the launch returns `FLEX_SUCCESS`, [`Submission::hand_over`] gives
 //!   ownership to the library, which (`flex.h`) calls the completion exactly
-//!   once; [`completion_trampoline`] takes the allocation back with
-//!   `Box::from_raw` and frees it;
+//!   once; [`completion_trampoline`] moves the payload out and gives the
+//!   block back (to its stream's cache, or to the allocator);
 //! - if the launch returns anything else, `flex.h` says nothing was enqueued
 //!   and the completion is never called: the `Submission` is dropped, and
-//!   its `Drop` takes the allocation back and frees it, without calling the
-//!   caller's completion.
+//!   its `Drop` moves the payload out, gives the block back and drops the
+//!   payload, without calling the caller's completion.
 //!
-//! So the allocation is freed exactly once, by the completion or by the
-//! rejected launch's caller.
+//! So each payload is taken out of its block exactly once, by the
+//! completion or by the rejected launch's caller.
 //!
 //! # Why the host function and the completion do not alias
 //!
@@ -34,8 +36,8 @@
 //! orders the two: the host function is part of the operation and the
 //! completion is called only "when the operation has finished", after the
 //! host function has returned (or when it will never be called). So the
-//! shared borrow has ended before `Box::from_raw` runs, and no `&mut` ever
-//! exists alongside a `&`.
+//! shared borrow has ended before the completion moves the payload out of
+//! its block, and no `&mut` ever exists alongside a `&`.
 //!
 //! # Panics
 //!
@@ -48,6 +50,7 @@ use std::cell::Cell;
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::ptr::NonNull;
+use std::sync::Arc;
 
 use flex_sys::bindings as sys;
 use parking_lot::Mutex;
@@ -56,6 +59,8 @@ use crate::buffer::{ReadLease, WriteLease};
 use crate::error::FlexError;
 use crate::launch::{Completion, HostCallback};
 use crate::status::Status;
+
+use super::payload_cache::{Block, FreeBlocks, PayloadCache};
 
 /// The call name of errors handed to a completion.
 const COMPLETION_CALL: &str = "completion";
@@ -186,27 +191,43 @@ fn completion_result(
     Err(FlexError::new(Status(status), COMPLETION_CALL, message))
 }
 
-/// Owns a [`Payload`] as a raw pointer until the launch decides who frees it.
-/// Dropping it frees the payload (the launch was rejected);
-/// [`Submission::hand_over`] gives it to the library.
+/// Owns a [`Payload`], in its block, as a raw pointer until the launch
+/// decides who takes it out. Dropping it drops the payload and gives the
+/// block back (the launch was rejected); [`Submission::hand_over`] gives it
+/// to the library.
 pub(super) struct Submission {
-    raw: NonNull<Payload>,
+    block: NonNull<Block<Payload>>,
 }
 
 impl Submission {
-    /// Moves `payload` to the heap, at a stable address.
+    /// Moves `payload` to the heap, at a stable address, in a block freed
+    /// when its completion is done.
     pub(super) fn new(payload: Payload) -> Self {
         Self {
-            raw: NonNull::from(Box::leak(Box::new(payload))),
+            block: Block::fill(payload, None),
+        }
+    }
+
+    /// Moves `payload` into a block of `cache` (taken from `free`, else
+    /// new), which goes back to `cache` when its completion is done. `cache`
+    /// must outlive every completion of the launch (see
+    /// [`super::payload_cache`]).
+    pub(super) fn cached(
+        payload: Payload,
+        cache: &Arc<PayloadCache<Payload>>,
+        free: &mut FreeBlocks<Payload>,
+    ) -> Self {
+        Self {
+            block: Block::fill(payload, Some((cache, free))),
         }
     }
 
     /// The completion to pass to the launch: [`completion_trampoline`] with
-    /// the payload as `user_data`.
+    /// the payload's block as `user_data`.
     pub(super) fn completion(&self) -> sys::flex_completion_t {
         sys::flex_completion_t {
             fn_: Some(completion_trampoline),
-            user_data: self.raw.as_ptr().cast(),
+            user_data: self.block.as_ptr().cast(),
         }
     }
 
@@ -218,10 +239,10 @@ impl Submission {
     /// The `host_user_data` to pass to `flex_launch_host_callback`: the
     /// address of the payload's [`HostSlot`].
     pub(super) fn host_user_data(&self) -> *mut c_void {
-        // SAFETY: `raw` came from `Box::leak`, is owned by `self` and is not
-        // freed before `self` is dropped or handed over; `&raw mut` computes
-        // the field's address without creating a reference.
-        let slot = unsafe { &raw mut (*self.raw.as_ptr()).host };
+        // SAFETY: the block is filled, owned by `self` and not given back
+        // before `self` is dropped or handed over; `&raw mut` computes the
+        // field's address without creating a reference.
+        let slot = unsafe { &raw mut (*Block::payload(self.block)).host };
         slot.cast()
     }
 
@@ -237,13 +258,14 @@ impl Drop for Submission {
     /// drop it, releasing the lease and dropping the completion and host
     /// callback without calling them.
     fn drop(&mut self) {
-        // SAFETY: `raw` came from `Box::leak` in `Submission::new`. It was
-        // not handed over (`hand_over` forgets `self`, so this `Drop` does not
-        // run then), and a launch that did not return `FLEX_SUCCESS` never
-        // calls the completion or host function (`flex.h`), so nothing else
-        // uses or frees the allocation: this is its only owner, and it runs
-        // once.
-        let payload = unsafe { Box::from_raw(self.raw.as_ptr()) };
+        // SAFETY: the block was filled by `Submission::new` or `cached`. It
+        // was not handed over (`hand_over` forgets `self`, so this `Drop`
+        // does not run then), and a launch that did not return
+        // `FLEX_SUCCESS` never calls the completion or host function
+        // (`flex.h`), so nothing else uses the block: this is its only
+        // owner, and it runs once. A cached block's stream, and so its
+        // cache, is alive: the launch was made on it just now.
+        let payload = unsafe { Block::take(self.block) };
         drop(payload);
     }
 }
@@ -287,36 +309,41 @@ impl Drop for CallbackScope {
 
 /// The `flex_completion_fn` of every launch.
 ///
-/// Takes the [`Payload`] back, releases its lease and runs the caller's
-/// completion with `Ok(())` for `FLEX_SUCCESS` or the error for any other
-/// status. A panic in user code is caught and logged with `tracing::error!`;
-/// the payload is freed either way.
+/// Moves the [`Payload`] out of its block, gives the block back (to its
+/// stream's cache, or to the allocator), releases the lease and runs the
+/// caller's completion with `Ok(())` for `FLEX_SUCCESS` or the error for
+/// any other status. A panic in user code is caught and logged with
+/// `tracing::error!`; the payload is dropped either way.
 ///
 /// # Safety
 ///
 /// `user_data` is null (logged and ignored) or the `user_data` of
 /// [`Submission::completion`] of a submission that was handed over, and this
-/// is the one call `flex.h` promises for it: the payload is not used after.
+/// is the one call `flex.h` promises for it: the block is not used after.
+/// The block's stream cache, if it has one, is alive (see
+/// [`super::payload_cache`]).
 pub(super) unsafe extern "C" fn completion_trampoline(
     user_data: *mut c_void,
     status: sys::flex_status_t,
 ) {
-    if user_data.is_null() {
+    let Some(block) = NonNull::new(user_data.cast::<Block<Payload>>()) else {
         tracing::error!(
             status,
             "flex called a completion with a null user_data; ignored (the library broke flex.h)"
         );
         return;
-    }
-    // SAFETY: by this function's contract `user_data` is the pointer that
-    // `Box::leak` produced in `Submission::new` and handed over to the
-    // library, which calls the completion exactly once; so this is the only
-    // owner now. The host function, if any, has returned (or will never run):
-    // `flex.h` calls the completion after the operation has finished.
-    let payload = unsafe { Box::from_raw(user_data.cast::<Payload>()) };
+    };
+    // SAFETY: by this function's contract `user_data` is the block of a
+    // submission handed over to the library, which calls the completion
+    // exactly once; so this is the only owner now. The host function, if
+    // any, has returned (or will never run): `flex.h` calls the completion
+    // after the operation has finished. A cached block's cache is alive: its
+    // stream is dropped only after its completions have returned (see
+    // `super::payload_cache`).
+    let payload = unsafe { Block::take(block) };
     let meta = payload.meta;
     let _scope = CallbackScope::enter(meta.runtime);
-    if let Err(panic) = catch_unwind(AssertUnwindSafe(move || (*payload).complete(status))) {
+    if let Err(panic) = catch_unwind(AssertUnwindSafe(move || payload.complete(status))) {
         tracing::error!(
             call = meta.call,
             stream = ?meta.stream_id,
@@ -607,6 +634,47 @@ mod tests {
         launch_then_complete(submission, sys::FLEX_SUCCESS);
         assert_eq!(drops.load(Ordering::SeqCst), 1);
         assert!(buffer.lease_for_write("t").is_ok());
+    }
+
+    #[test]
+    fn a_stream_s_payload_block_is_reused_after_its_completion_and_after_a_rejection() {
+        let results = Arc::default();
+        let drops = Arc::new(AtomicUsize::new(0));
+        let cache = Arc::new(PayloadCache::new());
+        let mut free = FreeBlocks::new();
+        let cached = |free: &mut FreeBlocks<Payload>| {
+            Submission::cached(
+                Payload::new(
+                    meta("flex_launch_compute"),
+                    Some(recording_completion(&results, &drops)),
+                    Lease::None,
+                    None,
+                ),
+                &cache,
+                free,
+            )
+        };
+        let first = cached(&mut free);
+        let block = first.completion().user_data;
+        launch_then_complete(first, sys::FLEX_SUCCESS);
+        assert_eq!(results.lock().len(), 1);
+        assert_eq!(drops.load(Ordering::SeqCst), 1, "the payload was dropped");
+        // The completion gave the block back; the next launch takes it, and
+        // a rejected launch gives it back too.
+        let second = cached(&mut free);
+        assert_eq!(second.completion().user_data, block);
+        drop(second);
+        assert_eq!(drops.load(Ordering::SeqCst), 2);
+        assert_eq!(
+            results.lock().len(),
+            1,
+            "a rejected launch's completion is not called"
+        );
+        let third = cached(&mut free);
+        assert_eq!(third.completion().user_data, block);
+        launch_then_complete(third, sys::FLEX_ERROR_STREAM_FAILED);
+        assert_eq!(results.lock().len(), 2);
+        assert_eq!(drops.load(Ordering::SeqCst), 3);
     }
 
     #[test]

@@ -33,17 +33,21 @@
 //! A launch moves everything the operation needs after the call returns —
 //! the caller's [`Completion`](crate::Completion), the lease on a
 //! [`HostBuffer`](crate::HostBuffer), the [`HostCallback`](crate::HostCallback)
-//! — into one heap allocation, passes its address as the completion's
+//! — into one heap block, passes its address as the completion's
 //! `user_data` with an `extern "C"` trampoline as the completion function
 //! (always, even when the caller asked for no completion, so that the lease
 //! is released), and gives up ownership only if the launch returns
 //! `FLEX_SUCCESS`. `flex.h` promises that the completion is then called
-//! exactly once; the trampoline takes the allocation back, releases the
-//! lease, and runs the caller's completion under `catch_unwind`. A launch
-//! that returns anything else enqueued nothing and never calls its
-//! completion (`flex.h`), so flex-rt takes the allocation back itself and
-//! drops it, without calling the completion. Either way it is freed exactly
-//! once. No Rust panic ever unwinds into the library.
+//! exactly once; the trampoline moves the payload out, releases the lease,
+//! and runs the caller's completion under `catch_unwind`. A launch that
+//! returns anything else enqueued nothing and never calls its completion
+//! (`flex.h`), so flex-rt moves the payload out itself and drops it,
+//! without calling the completion. Either way the payload is taken out
+//! exactly once. The block of a launch on a stream goes back to that
+//! stream, whose next launches reuse it: the launching thread does not
+//! allocate what a runtime thread frees, which under glibc makes both meet
+//! at the allocator's lock on every launch (an event notification's block,
+//! on no stream, is freed). No Rust panic ever unwinds into the library.
 //!
 //! # Callbacks and the runtime's own thread
 //!
@@ -60,6 +64,7 @@ mod call;
 mod callback;
 mod event;
 mod handle;
+mod payload_cache;
 mod runtime;
 mod stream;
 

@@ -267,8 +267,9 @@ impl HardwareRuntime {
         if callback::in_callback_of(self.handle.key()) {
             // Destroying would wait for the callback this thread is running.
             // Leak the runtime, and the library with it: pending callbacks
-            // still run its code.
-            std::mem::forget(Arc::clone(&self.lib));
+            // still run its code, and give their payload blocks back to their
+            // streams' caches.
+            self.leak_for_pending_callbacks();
             return vec![TeardownError {
                 step: TeardownStep::DestroyRuntime,
                 error: FlexError::new(
@@ -301,6 +302,10 @@ impl HardwareRuntime {
         // Events die with the runtime: no event call may start from here on.
         *self.alive.write() = false;
         if let Err(error) = destroy_runtime(&self.lib, self.handle) {
+            // Nothing says the runtime stopped: its threads may still call
+            // completions, which run the library's code and give payload
+            // blocks back to their streams' caches. Keep both.
+            self.leak_for_pending_callbacks();
             errors.push(TeardownError {
                 step: TeardownStep::DestroyRuntime,
                 error,
@@ -312,6 +317,17 @@ impl HardwareRuntime {
             "closed a flex runtime"
         );
         errors
+    }
+
+    /// Keeps what callbacks of a runtime that was not destroyed still use
+    /// alive for good: the library (its code) and every stream's payload
+    /// cache (see `payload_cache`).
+    fn leak_for_pending_callbacks(&self) {
+        std::mem::forget(Arc::clone(&self.lib));
+        self.default.leak_payload_cache();
+        for (_, stream) in self.streams.iter() {
+            stream.leak_payload_cache();
+        }
     }
 
     /// `flex_stream_destroy` for a stream this context created.

@@ -12,6 +12,7 @@ use super::call::{self, check};
 use super::callback::{self, Lease, OpMeta, Payload, Submission};
 use super::event::HardwareEvent;
 use super::handle::{RuntimeHandle, StreamHandle};
+use super::payload_cache::{FreeBlocks, PayloadCache};
 use crate::address::CompositeAddress;
 use crate::buffer::HostBuffer;
 use crate::error::{FlexError, Result};
@@ -71,8 +72,12 @@ pub struct HardwareStream {
     priority: StreamPriority,
     /// Whether this is the runtime's default stream.
     is_default: bool,
-    /// Held across every launch call: serializes submissions to this stream.
-    submit: Mutex<()>,
+    /// Held across every launch call: serializes submissions to this
+    /// stream, and holds the payload blocks its launches take first.
+    submit: Mutex<FreeBlocks<Payload>>,
+    /// The payload blocks its completions give back (see
+    /// [`super::payload_cache`]).
+    payloads: Arc<PayloadCache<Payload>>,
 }
 
 impl HardwareStream {
@@ -114,7 +119,8 @@ impl HardwareStream {
             id,
             priority,
             is_default,
-            submit: Mutex::new(()),
+            submit: Mutex::new(FreeBlocks::new()),
+            payloads: Arc::new(PayloadCache::new()),
         })
     }
 
@@ -127,6 +133,13 @@ impl HardwareStream {
     /// The handle, for the owning context's teardown.
     pub(super) fn handle(&self) -> StreamHandle {
         self.handle
+    }
+
+    /// Keeps the stream's payload cache alive for good: for a runtime
+    /// leaked with completions still to come (see
+    /// [`super::payload_cache`]).
+    pub(super) fn leak_payload_cache(&self) {
+        PayloadCache::leak(&self.payloads);
     }
 
     /// `flex_stream_synchronize` without the callback-thread check; for the
@@ -147,7 +160,7 @@ impl HardwareStream {
         options: LaunchOptions,
         lease: Lease,
         host_callback: Option<HostCallback>,
-    ) -> (Submission, i32) {
+    ) -> (Payload, i32) {
         let meta = OpMeta {
             call,
             stream_id: Some(self.id),
@@ -155,7 +168,7 @@ impl HardwareStream {
         };
         let barrier = i32::from(options.pipeline_barrier);
         let payload = Payload::new(meta, options.completion, lease, host_callback);
-        (Submission::new(payload), barrier)
+        (payload, barrier)
     }
 
     /// Makes one launch call under the submission lock, then settles who
@@ -165,11 +178,16 @@ impl HardwareStream {
     fn submit(
         &self,
         call: &'static str,
-        submission: Submission,
+        payload: Payload,
         launch: impl FnOnce(&Submission) -> sys::flex_status_t,
     ) -> Result<()> {
+        // Declared before the lock, so that it is dropped after it even if
+        // the launch unwinds: its drop runs user code, which may launch on
+        // this stream.
+        let submission;
         let status = {
-            let _serialized = self.submit.lock();
+            let mut free = self.submit.lock();
+            submission = Submission::cached(payload, &self.payloads, &mut free);
             launch(&submission)
         };
         if status == sys::FLEX_SUCCESS {
@@ -262,8 +280,8 @@ impl Stream for HardwareStream {
         let host_src: *const c_void = lease.as_ptr().cast();
         let dst = RawAddress::new(dst);
         let dst_raw = dst.raw();
-        let (submission, barrier) = self.payload(CALL, options, Lease::Read(lease), None);
-        self.submit(CALL, submission, |submission| {
+        let (payload, barrier) = self.payload(CALL, options, Lease::Read(lease), None);
+        self.submit(CALL, payload, |submission| {
             // SAFETY: the stream is alive while `&self` is, and the submission
             // lock is held. `host_src` points to `src.len()` bytes, which
             // equals the total size of `dst` (checked above); the read lease
@@ -296,8 +314,8 @@ impl Stream for HardwareStream {
         let host_dst: *mut c_void = lease.as_mut_ptr().cast();
         let src = RawAddress::new(src);
         let src_raw = src.raw();
-        let (submission, barrier) = self.payload(CALL, options, Lease::Write(lease), None);
-        self.submit(CALL, submission, |submission| {
+        let (payload, barrier) = self.payload(CALL, options, Lease::Write(lease), None);
+        self.submit(CALL, payload, |submission| {
             // SAFETY: the stream is alive while `&self` is, and the submission
             // lock is held. `host_dst` points to `dst.len()` writable bytes,
             // the total size of `src` (checked above). The exclusive write
@@ -321,8 +339,8 @@ impl Stream for HardwareStream {
         const CALL: &str = "flex_launch_compute";
         let program = RawAddress::new(program);
         let program_raw = program.raw();
-        let (submission, barrier) = self.payload(CALL, options, Lease::None, None);
-        self.submit(CALL, submission, |submission| {
+        let (payload, barrier) = self.payload(CALL, options, Lease::None, None);
+        self.submit(CALL, payload, |submission| {
             // SAFETY: the stream is alive while `&self` is, and the submission
             // lock is held. `program_raw` points into `program`'s chunk array,
             // alive for the call (flex.h reads it only during the call).
@@ -339,8 +357,8 @@ impl Stream for HardwareStream {
 
     fn launch_host_callback(&self, callback: HostCallback, options: LaunchOptions) -> Result<()> {
         const CALL: &str = "flex_launch_host_callback";
-        let (submission, barrier) = self.payload(CALL, options, Lease::None, Some(callback));
-        self.submit(CALL, submission, |submission| {
+        let (payload, barrier) = self.payload(CALL, options, Lease::None, Some(callback));
+        self.submit(CALL, payload, |submission| {
             // SAFETY: the stream is alive while `&self` is, and the submission
             // lock is held. `host_user_data` points into the payload, which
             // stays allocated until the completion is called (the lifetime
@@ -370,8 +388,8 @@ impl Stream for HardwareStream {
         check_fill_size("launch_fill", dst, format)?;
         let dst = RawAddress::new(dst);
         let dst_raw = dst.raw();
-        let (submission, barrier) = self.payload(CALL, options, Lease::None, None);
-        self.submit(CALL, submission, |submission| {
+        let (payload, barrier) = self.payload(CALL, options, Lease::None, None);
+        self.submit(CALL, payload, |submission| {
             // SAFETY: the stream is alive while `&self` is, and the submission
             // lock is held. `dst_raw` points into `dst`'s chunk array, alive
             // for the call.
@@ -395,9 +413,9 @@ impl Stream for HardwareStream {
             pipeline_barrier: false,
             completion,
         };
-        let (submission, _) = self.payload(CALL, options, Lease::None, None);
+        let (payload, _) = self.payload(CALL, options, Lease::None, None);
         event.use_for_stream(self.runtime, CALL, |raw_event| {
-            self.submit(CALL, submission, |submission| {
+            self.submit(CALL, payload, |submission| {
                 // SAFETY: the stream is alive while `&self` is, and the
                 // submission lock is held; the event is alive and of the
                 // same live runtime (`use_for_stream` checked both, holding

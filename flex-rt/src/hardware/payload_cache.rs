@@ -1,0 +1,339 @@
+//! The memory of launch payloads, reused per stream.
+//!
+//! A launch's payload (the callback module's `Payload`; any `T` here) lives
+//! in a [`Block`] on the heap from the launch
+//! until its completion. If the launching thread allocated every block and
+//! a runtime thread freed it, then with glibc, once the runtime thread's
+//! cache for that size is full (seven blocks), every free would go back to
+//! the launching thread's arena under the arena's lock, which the launching
+//! thread's next allocation takes too: the two threads would meet at that
+//! lock on every launch (BENCHMARKS.md, the flex library's launch). So a
+//! stream's completions hand their blocks back to the stream's
+//! [`PayloadCache`], and its next launches take them from there:
+//!
+//! - a completion (on any runtime thread) pushes its block onto the
+//!   cache's `returned` stack with one compare-and-swap;
+//! - a launch (under the stream's submission lock, so one at a time) takes
+//!   a block from its private [`FreeBlocks`] list; only when that is empty
+//!   does it take the whole `returned` stack at once, with one swap, or,
+//!   if that is empty too, allocate.
+//!
+//! Only the swap ever removes blocks from `returned`, one thread at a time,
+//! and it removes all of them: a push races only with other pushes and
+//! with the swap, so the stack has no ABA problem.
+//!
+//! A stream keeps as many blocks as it ever had launches in flight at once
+//! (one [`Block`] each, about 150 bytes), until it is dropped. Its cache
+//! must outlive every completion of its launches, which holds because a
+//! stream is dropped only after `flex_stream_destroy` or
+//! `flex_runtime_destroy` succeeded, and both wait for every completion to
+//! return (`flex.h`); a runtime that is leaked instead (dropped inside its
+//! own callback), or whose `flex_runtime_destroy` failed, leaks its
+//! streams' caches with it ([`PayloadCache::leak`]). Blocks hold a raw
+//! pointer to their cache, not a count: the `Arc` around a cache is there
+//! so that it can be leaked from a shared borrow of its stream.
+
+use std::mem::MaybeUninit;
+use std::ptr::{self, NonNull};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+/// The memory of one launch's payload.
+pub(super) struct Block<T> {
+    /// The next block of the free list the block is on; meaningful only
+    /// while it is free.
+    next: *mut Block<T>,
+    /// Where the block goes once its payload has been taken: the cache of
+    /// its stream, or null to free it.
+    home: *const PayloadCache<T>,
+    /// The payload, from [`Block::fill`] until [`Block::take`].
+    payload: MaybeUninit<T>,
+}
+
+impl<T> Block<T> {
+    /// Moves `payload` into a block: one from `cache` if it has one, else a
+    /// new one, which goes back to `cache` when its payload is taken; with
+    /// no cache, a new one that is freed then.
+    pub(super) fn fill(
+        payload: T,
+        cache: Option<(&Arc<PayloadCache<T>>, &mut FreeBlocks<T>)>,
+    ) -> NonNull<Self> {
+        let Some((cache, free)) = cache else {
+            return NonNull::from(Box::leak(Box::new(Block {
+                next: ptr::null_mut(),
+                home: ptr::null(),
+                payload: MaybeUninit::new(payload),
+            })));
+        };
+        match free.pop(cache) {
+            Some(block) => {
+                // SAFETY: a block on a free list is owned by that list (its
+                // payload was taken), and `pop` moved it out to this caller;
+                // writing the payload makes it full again.
+                unsafe { (*block.as_ptr()).payload.write(payload) };
+                block
+            }
+            None => NonNull::from(Box::leak(Box::new(Block {
+                next: ptr::null_mut(),
+                home: Arc::as_ptr(cache),
+                payload: MaybeUninit::new(payload),
+            }))),
+        }
+    }
+
+    /// The address of the payload inside `block`, without making a
+    /// reference.
+    pub(super) fn payload(block: NonNull<Self>) -> *mut T {
+        // SAFETY: `block` points to a live `Block` (every caller holds a
+        // filled block); `&raw mut` only computes the field's address.
+        unsafe { (&raw mut (*block.as_ptr()).payload).cast() }
+    }
+
+    /// Moves the payload out of `block` and gives the block back: to its
+    /// stream's cache, or to the allocator.
+    ///
+    /// # Safety
+    /// `block` came from [`Block::fill`], this is the one `take` for that
+    /// fill, and nothing else uses the block or its payload from here on;
+    /// the block's cache, if it has one, is alive.
+    pub(super) unsafe fn take(block: NonNull<Self>) -> T {
+        let raw = block.as_ptr();
+        // SAFETY: by the contract, `raw` is a filled block this call owns:
+        // the payload is initialized, and it is read exactly once.
+        let (payload, home) = unsafe { ((*raw).payload.assume_init_read(), (*raw).home) };
+        if home.is_null() {
+            // SAFETY: a block without a home was made by `Box::new` in
+            // `fill` and is owned by this call; its payload was moved out,
+            // and `MaybeUninit` does not drop it again.
+            drop(unsafe { Box::from_raw(raw) });
+        } else {
+            // SAFETY: the contract keeps the cache alive.
+            unsafe { &*home }.push(block);
+        }
+        payload
+    }
+}
+
+/// The blocks a stream's completions have handed back; see the module
+/// documentation. Shared by the stream and, as a raw pointer, by every
+/// block it made.
+pub(super) struct PayloadCache<T> {
+    /// A stack of free blocks linked by [`Block::next`]; pushed by
+    /// completions, emptied whole by [`FreeBlocks::pop`].
+    returned: AtomicPtr<Block<T>>,
+}
+
+impl<T> PayloadCache<T> {
+    pub(super) fn new() -> Self {
+        Self {
+            returned: AtomicPtr::new(ptr::null_mut()),
+        }
+    }
+
+    /// Pushes a block whose payload has been taken.
+    fn push(&self, block: NonNull<Block<T>>) {
+        let raw = block.as_ptr();
+        let mut head = self.returned.load(Ordering::Relaxed);
+        loop {
+            // SAFETY: the caller gave up the block; until the push below
+            // succeeds nobody else can reach it.
+            unsafe { (*raw).next = head };
+            // Release: the link, and the caller's read of the payload
+            // before it, happen before the launch that takes the block.
+            match self.returned.compare_exchange_weak(
+                head,
+                raw,
+                Ordering::Release,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return,
+                Err(now) => head = now,
+            }
+        }
+    }
+
+    /// Keeps this cache alive for good: for a runtime that is leaked with
+    /// completions still to come, which would push into it.
+    pub(super) fn leak(cache: &Arc<Self>) {
+        std::mem::forget(Arc::clone(cache));
+    }
+}
+
+impl<T> Drop for PayloadCache<T> {
+    fn drop(&mut self) {
+        // SAFETY: with `&mut self` no completion can push any more, so the
+        // blocks on the stack are owned by it.
+        unsafe { free_list(*self.returned.get_mut()) };
+    }
+}
+
+/// The free blocks a stream's launches take first, under its submission
+/// lock.
+pub(super) struct FreeBlocks<T> {
+    /// A list linked by [`Block::next`].
+    head: *mut Block<T>,
+}
+
+// SAFETY: the list owns its blocks outright (none is reachable from
+// anywhere else), and a block holds no payload while free; moving the list
+// to another thread moves that ownership.
+unsafe impl<T> Send for FreeBlocks<T> {}
+
+impl<T> FreeBlocks<T> {
+    pub(super) fn new() -> Self {
+        Self {
+            head: ptr::null_mut(),
+        }
+    }
+
+    /// A free block: the list's first, or, when the list is empty, the
+    /// first of everything `cache` has been handed back, the rest of which
+    /// become the list.
+    fn pop(&mut self, cache: &PayloadCache<T>) -> Option<NonNull<Block<T>>> {
+        if self.head.is_null() {
+            // Acquire: pairs with the pushes' Release.
+            self.head = cache.returned.swap(ptr::null_mut(), Ordering::Acquire);
+        }
+        let block = NonNull::new(self.head)?;
+        // SAFETY: the list owns `block`; its link was written before it was
+        // pushed (and the swap acquired it).
+        self.head = unsafe { (*block.as_ptr()).next };
+        Some(block)
+    }
+}
+
+impl<T> Drop for FreeBlocks<T> {
+    fn drop(&mut self) {
+        // SAFETY: the list owns its blocks.
+        unsafe { free_list(self.head) };
+    }
+}
+
+/// Frees every block of a free list.
+///
+/// # Safety
+/// The caller owns the list: every block on it is free (its payload was
+/// taken) and reachable from nowhere else.
+unsafe fn free_list<T>(mut head: *mut Block<T>) {
+    while !head.is_null() {
+        // SAFETY: every block was made by `Box::new` in `Block::fill`, and
+        // the caller owns it; the payload was moved out, and `MaybeUninit`
+        // does not drop it.
+        let block = unsafe { Box::from_raw(head) };
+        head = block.next;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// A payload that counts its drops.
+    struct Payload(Arc<AtomicUsize>);
+
+    impl Drop for Payload {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn payload(drops: &Arc<AtomicUsize>) -> Payload {
+        Payload(Arc::clone(drops))
+    }
+
+    /// A filled block, moved to another thread to be taken there.
+    struct Filled(NonNull<Block<Payload>>);
+
+    // SAFETY: a filled block is owned by whoever holds it, and its payload
+    // is `Send`; the test hands it to exactly one thread.
+    unsafe impl Send for Filled {}
+
+    #[test]
+    fn a_block_given_back_is_the_next_one_filled() {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let cache = Arc::new(PayloadCache::new());
+        let mut free = FreeBlocks::new();
+        let a = Block::fill(payload(&drops), Some((&cache, &mut free)));
+        let b = Block::fill(payload(&drops), Some((&cache, &mut free)));
+        assert_ne!(a, b);
+        // SAFETY: `a` was filled above and is taken once.
+        drop(unsafe { Block::take(a) });
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
+        let c = Block::fill(payload(&drops), Some((&cache, &mut free)));
+        assert_eq!(c, a, "the block given back is reused");
+        // SAFETY: each was filled above and is taken once.
+        unsafe {
+            drop(Block::take(b));
+            drop(Block::take(c));
+        }
+        let refilled: HashSet<_> = (0..2)
+            .map(|_| Block::fill(payload(&drops), Some((&cache, &mut free))))
+            .collect();
+        assert_eq!(refilled, HashSet::from([a, b]));
+        let fresh = Block::fill(payload(&drops), Some((&cache, &mut free)));
+        assert!(
+            !refilled.contains(&fresh),
+            "a third block in flight is a new one"
+        );
+        for block in refilled.into_iter().chain([fresh]) {
+            // SAFETY: each was filled above and is taken once.
+            drop(unsafe { Block::take(block) });
+        }
+        assert_eq!(
+            drops.load(Ordering::SeqCst),
+            6,
+            "every payload dropped once"
+        );
+    }
+
+    #[test]
+    fn blocks_given_back_by_several_threads_are_each_reused_once() {
+        const BLOCKS: usize = 16;
+        let drops = Arc::new(AtomicUsize::new(0));
+        let cache = Arc::new(PayloadCache::new());
+        let mut free = FreeBlocks::new();
+        let blocks: Vec<NonNull<Block<Payload>>> = (0..BLOCKS)
+            .map(|_| Block::fill(payload(&drops), Some((&cache, &mut free))))
+            .collect();
+        std::thread::scope(|scope| {
+            for chunk in blocks.chunks(BLOCKS / 4) {
+                let chunk: Vec<Filled> = chunk.iter().map(|&block| Filled(block)).collect();
+                scope.spawn(move || {
+                    for Filled(block) in chunk {
+                        // SAFETY: each block was filled above and is taken
+                        // once, by the one thread it was moved to.
+                        drop(unsafe { Block::take(block) });
+                    }
+                });
+            }
+        });
+        assert_eq!(drops.load(Ordering::SeqCst), BLOCKS);
+        let refilled: HashSet<_> = (0..BLOCKS)
+            .map(|_| Block::fill(payload(&drops), Some((&cache, &mut free))))
+            .collect();
+        assert_eq!(refilled, blocks.iter().copied().collect::<HashSet<_>>());
+        for block in refilled {
+            // SAFETY: each was filled above and is taken once.
+            drop(unsafe { Block::take(block) });
+        }
+        assert_eq!(drops.load(Ordering::SeqCst), 2 * BLOCKS);
+    }
+
+    #[test]
+    fn a_block_without_a_cache_is_freed_when_taken() {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let block = Block::fill(payload(&drops), None);
+        // SAFETY: filled above, taken once.
+        let payload = unsafe { Block::take(block) };
+        assert_eq!(
+            drops.load(Ordering::SeqCst),
+            0,
+            "the payload is moved out, not dropped"
+        );
+        drop(payload);
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
+    }
+}
