@@ -76,10 +76,13 @@ ensure_debian_package() {
     local log
     log="$(mktemp)"
     if ! { "${as_root[@]}" apt-get update -qq &&
-        DEBIAN_FRONTEND=noninteractive "${as_root[@]}" apt-get install -y -qq "$package"; } >"$log" 2>&1; then
+        DEBIAN_FRONTEND=noninteractive "${as_root[@]}" apt-get install -y -qq \
+            -o DPkg::Lock::Timeout=300 "$package"; } >"$log" 2>&1; then
         cat "$log" >&2
         rm -f "$log"
         cannot_run "$check" "installing $package failed (its output is above)"
     fi
     rm -f "$log"
+    command -v "$command" >/dev/null 2>&1 ||
+        cannot_run "$check" "$package was installed but $command is still missing"
 }

@@ -20,21 +20,14 @@ source ci/lib.sh
 ensure_debian_package valgrind valgrind "the valgrind run"
 
 # The library is built first, so that no test process builds it (which
-# valgrind would follow into cargo).
-cargo build --release --locked -p spyre-mock-capi
-target_dir="${CARGO_TARGET_DIR:-target}"
-[[ "$target_dir" = /* ]] || target_dir="$repo_root/$target_dir"
-lib="$target_dir/release/libspyre_mock_capi.so"
-
+# valgrind would follow into cargo); the paths come from cargo's JSON
+# messages.
+lib="$(cargo build --release --locked -p spyre-mock-capi --message-format=json |
+    grep -o '"[^"]*/libspyre_mock_capi\.so"' | head -n 1 | tr -d '"')"
+[[ -f "$lib" ]] || { echo "error: cargo reported no libspyre_mock_capi.so" >&2; exit 1; }
 tests="$(cargo test --locked -p spyre-tests --test ffi_faults --no-run --message-format=json |
-    python3 -c '
-import json, sys
-for line in sys.stdin:
-    message = json.loads(line)
-    if message.get("reason") == "compiler-artifact" and message["target"]["name"] == "ffi_faults" and message.get("executable"):
-        print(message["executable"])
-')"
-[[ -n "$tests" ]] || { echo "error: cargo reported no ffi_faults test binary" >&2; exit 1; }
+    grep -o '"executable":"[^"]*/ffi_faults-[^"]*"' | head -n 1 | sed 's/^"executable":"//; s/"$//')"
+[[ -x "$tests" ]] || { echo "error: cargo reported no ffi_faults test binary" >&2; exit 1; }
 
 # A memcheck error exits the test process with 97, which fails its test.
 SPYRE_TESTS_MOCK_CDYLIB="$lib" valgrind --quiet --trace-children=yes --error-exitcode=97 \

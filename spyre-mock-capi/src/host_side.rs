@@ -119,7 +119,10 @@ impl Drop for CallbackScope {
 
 /// The device context of a C function, its user data and the key of its
 /// runtime: the two pointers as addresses, their provenance exposed so that
-/// [`unpack`] may turn them back into pointers.
+/// [`unpack`] may turn them back into pointers. As integers the words are
+/// `Send`; sending them to an engine thread is right for the reason given
+/// on `CCompletion`'s and `CHostFn`'s `Send` (flex.h runs both on a runtime
+/// thread).
 fn pack(func: *const (), user_data: *mut c_void, runtime: usize) -> RawContext {
     [
         func.expose_provenance(),

@@ -18,9 +18,11 @@
 //! Every call follows `flex.h` on the device of this crate: a runtime is a
 //! [`MockRuntime`](spyre_mock::MockRuntime), a stream one of its
 //! [`MockStream`](spyre_mock::MockStream)s, and every launch goes through
-//! [`MockStream::enqueue`](spyre_mock::MockStream::enqueue) with an
-//! [`Op`](spyre_mock::Op) built from the raw pointers, so the C path has the same
-//! validation, scheduling, completion and error rules as the Rust one.
+//! [`MockStream::enqueue_raw`](spyre_mock::MockStream::enqueue_raw) (or,
+//! with late completions, [`MockStream::enqueue`](spyre_mock::MockStream::enqueue))
+//! with an [`Op`](spyre_mock::Op) built from the raw pointers, so the C path
+//! has the same validation, scheduling, completion and error rules as the
+//! Rust one.
 //!
 //! - **Handles.** A `flex_runtime_t *` is the address of a boxed handle; a
 //!   `flex_stream_t *` is the address of a stream owned by its runtime; a

@@ -66,9 +66,10 @@
 //! has its own [`HostSource`] / [`HostSink`] over raw pointers, and passes
 //! a C host function and completion as a plain function and three context
 //! words ([`RawHostFn`] with [`Op::raw_host_fn`], and [`RawCompletion`]),
-//! which a launch carries without a heap allocation: a block allocated by
-//! the launching thread and freed by an engine costs, under glibc, a
-//! meeting of the two at the allocator's lock on every launch.
+//! which a launch carries without a heap allocation: blocks allocated by
+//! the launching thread and freed by an engine make the two meet, under
+//! glibc, at the allocator's lock on every launch once the engine's thread
+//! cache for their size is full.
 //!
 //! A launch on a stream with an operation running or work queued takes only
 //! that stream's lock: nothing the engines decide by changes. A launch on

@@ -6,8 +6,9 @@
 //! launch: the [`flex_rt::Stream`] methods of [`crate::MockStream`] build an
 //! `Op` from leases on [`flex_rt::HostBuffer`]s and a boxed closure, and a
 //! C-ABI layer builds one from raw host pointers (its own [`HostSource`] /
-//! [`HostSink`] types) and C host functions (a [`RawHostFn`] that maps the
-//! C status to `Err`, with a [`crate::RawCompletion`], neither boxed). All
+//! [`HostSink`] types) and C host functions (a [`RawHostFn`] whose function
+//! maps the C status to `Err`, with a [`crate::RawCompletion`], neither
+//! boxed). All
 //! get the same validation, scheduling, completion and error rules.
 use std::fmt;
 use std::panic::{AssertUnwindSafe, catch_unwind};

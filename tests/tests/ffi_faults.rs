@@ -7,15 +7,16 @@
 //! that does not return `FLEX_SUCCESS` never calls its completion, so
 //! flex-rt frees what it handed over exactly once; completions that arrive
 //! late, from another thread, still arrive exactly once, and none arrives
-//! after the runtime is gone.
+//! after the runtime is destroyed (and where the library fails to destroy
+//! it, what they use stays alive).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use flex_rt::{Backend, DataFormat, HostBuffer, LaunchOptions, Status, StreamMode, StreamPriority};
-use spyre_tests::conformance::Completions;
-use spyre_tests::ffi::{backend, launch_slow_callback, live_threads, settle_threads};
+use spyre_tests::conformance::{Completions, Gate};
+use spyre_tests::ffi::{backend, live_threads, settle_threads};
 use spyre_tests::isolated;
 
 /// Counts its drops; captured by a host callback to see when it goes.
@@ -277,9 +278,10 @@ fn late_completions_arrive_once_and_never_after_the_runtime() {
 #[test]
 fn a_runtime_whose_destroy_fails_keeps_what_its_late_callbacks_use() {
     // The library's synchronize and destroy return at once and do nothing,
-    // so the runtime's threads outlive its drop: the host callback still
-    // runs afterwards, and its completion gives its payload block back to
-    // the stream's cache, which must still be there.
+    // so the runtime's threads outlive its drop: the host callbacks, held
+    // at a gate until after the drop, run afterwards, and their completions
+    // give their payload blocks back to the stream's cache, which must
+    // still be there (`ci/valgrind.sh` runs this under memcheck).
     isolated!(mock_cdylib; &[(
             "SPYRE_MOCK_UNDEFINED_STATUS",
             "flex_stream_synchronize,flex_runtime_destroy",
@@ -290,11 +292,23 @@ fn a_runtime_whose_destroy_fails_keeps_what_its_late_callbacks_use() {
             // own `flex_stream_destroy`, which the switch leaves alone.
             let stream = runtime.default_stream();
             let completions = Completions::new();
+            let gate = Gate::new();
             let ran = Arc::new(AtomicUsize::new(0));
             for _ in 0..3 {
-                launch_slow_callback(stream, &ran, &completions);
+                let (gate, ran) = (Arc::clone(&gate), Arc::clone(&ran));
+                stream
+                    .launch_host_callback(
+                        Box::new(move || {
+                            gate.wait();
+                            ran.fetch_add(1, Ordering::SeqCst);
+                        }),
+                        completions.options(),
+                    )
+                    .expect("launch_host_callback");
             }
             drop(runtime);
+            assert_eq!(completions.calls(), 0, "every completion is still to come");
+            gate.open();
             let deadline = Instant::now() + Duration::from_secs(20);
             while completions.calls() < 3 && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(10));

@@ -209,10 +209,14 @@ impl Submission {
     }
 
     /// Moves `payload` into a block of `cache` (taken from `free`, else
-    /// new), which goes back to `cache` when its completion is done. `cache`
-    /// must outlive every completion of the launch (see
-    /// [`super::payload_cache`]).
-    pub(super) fn cached(
+    /// new), which goes back to `cache` when its completion is done, or
+    /// when the submission is dropped.
+    ///
+    /// # Safety
+    /// `cache` outlives the submission and every completion of its launch
+    /// (see [`super::payload_cache`]), and `free` holds only blocks of
+    /// `cache`.
+    pub(super) unsafe fn cached(
         payload: Payload,
         cache: &Arc<PayloadCache<Payload>>,
         free: &mut FreeBlocks<Payload>,
@@ -643,16 +647,20 @@ mod tests {
         let cache = Arc::new(PayloadCache::new());
         let mut free = FreeBlocks::new();
         let cached = |free: &mut FreeBlocks<Payload>| {
-            Submission::cached(
-                Payload::new(
-                    meta("flex_launch_compute"),
-                    Some(recording_completion(&results, &drops)),
-                    Lease::None,
-                    None,
-                ),
-                &cache,
-                free,
-            )
+            // SAFETY: `cache` and `free` live to the end of the test, and
+            // `free` is used with `cache` only.
+            unsafe {
+                Submission::cached(
+                    Payload::new(
+                        meta("flex_launch_compute"),
+                        Some(recording_completion(&results, &drops)),
+                        Lease::None,
+                        None,
+                    ),
+                    &cache,
+                    free,
+                )
+            }
         };
         let first = cached(&mut free);
         let block = first.completion().user_data;
@@ -675,6 +683,7 @@ mod tests {
         launch_then_complete(third, sys::FLEX_ERROR_STREAM_FAILED);
         assert_eq!(results.lock().len(), 2);
         assert_eq!(drops.load(Ordering::SeqCst), 3);
+        assert_eq!(cache.blocks_made(), 1, "three launches, one block");
     }
 
     #[test]

@@ -44,10 +44,12 @@
 //! (`flex.h`), so flex-rt moves the payload out itself and drops it,
 //! without calling the completion. Either way the payload is taken out
 //! exactly once. The block of a launch on a stream goes back to that
-//! stream, whose next launches reuse it: the launching thread does not
-//! allocate what a runtime thread frees, which under glibc makes both meet
-//! at the allocator's lock on every launch (an event notification's block,
-//! on no stream, is freed). No Rust panic ever unwinds into the library.
+//! stream, whose next launches reuse it, so flex-rt itself allocates
+//! nothing on the launching thread for a runtime thread to free, which
+//! under glibc makes both meet at the allocator's lock on every launch
+//! (an event notification's block, on no stream, is freed; a caller's
+//! completion or host callback that captures anything is the caller's
+//! own box). No Rust panic ever unwinds into the library.
 //!
 //! # Callbacks and the runtime's own thread
 //!

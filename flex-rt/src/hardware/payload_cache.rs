@@ -36,6 +36,8 @@
 use std::mem::MaybeUninit;
 use std::ptr::{self, NonNull};
 use std::sync::Arc;
+#[cfg(test)]
+use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::{AtomicPtr, Ordering};
 
 /// The memory of one launch's payload.
@@ -73,11 +75,15 @@ impl<T> Block<T> {
                 unsafe { (*block.as_ptr()).payload.write(payload) };
                 block
             }
-            None => NonNull::from(Box::leak(Box::new(Block {
-                next: ptr::null_mut(),
-                home: Arc::as_ptr(cache),
-                payload: MaybeUninit::new(payload),
-            }))),
+            None => {
+                #[cfg(test)]
+                cache.made.fetch_add(1, Ordering::SeqCst);
+                NonNull::from(Box::leak(Box::new(Block {
+                    next: ptr::null_mut(),
+                    home: Arc::as_ptr(cache),
+                    payload: MaybeUninit::new(payload),
+                })))
+            }
         }
     }
 
@@ -121,13 +127,24 @@ pub(super) struct PayloadCache<T> {
     /// A stack of free blocks linked by [`Block::next`]; pushed by
     /// completions, emptied whole by [`FreeBlocks::pop`].
     returned: AtomicPtr<Block<T>>,
+    /// Blocks allocated for this cache, for tests to see reuse.
+    #[cfg(test)]
+    made: AtomicUsize,
 }
 
 impl<T> PayloadCache<T> {
     pub(super) fn new() -> Self {
         Self {
             returned: AtomicPtr::new(ptr::null_mut()),
+            #[cfg(test)]
+            made: AtomicUsize::new(0),
         }
+    }
+
+    /// How many blocks were allocated for this cache so far.
+    #[cfg(test)]
+    pub(super) fn blocks_made(&self) -> usize {
+        self.made.load(Ordering::SeqCst)
     }
 
     /// Pushes a block whose payload has been taken.
@@ -251,6 +268,19 @@ mod tests {
     // is `Send`; the test hands it to exactly one thread.
     unsafe impl Send for Filled {}
 
+    /// The blocks on the cache's stack, top first.
+    fn returned(cache: &PayloadCache<Payload>) -> Vec<NonNull<Block<Payload>>> {
+        let mut blocks = Vec::new();
+        let mut at = cache.returned.load(Ordering::SeqCst);
+        while let Some(block) = NonNull::new(at) {
+            blocks.push(block);
+            // SAFETY: blocks on the stack are free and owned by the cache,
+            // which this test does not change meanwhile.
+            at = unsafe { (*at).next };
+        }
+        blocks
+    }
+
     #[test]
     fn a_block_given_back_is_the_next_one_filled() {
         let drops = Arc::new(AtomicUsize::new(0));
@@ -259,23 +289,34 @@ mod tests {
         let a = Block::fill(payload(&drops), Some((&cache, &mut free)));
         let b = Block::fill(payload(&drops), Some((&cache, &mut free)));
         assert_ne!(a, b);
+        assert_eq!(cache.blocks_made(), 2);
         // SAFETY: `a` was filled above and is taken once.
         drop(unsafe { Block::take(a) });
-        assert_eq!(drops.load(Ordering::SeqCst), 1);
+        assert_eq!(drops.load(Ordering::SeqCst), 1, "the payload moved out");
+        assert_eq!(returned(&cache), [a], "the block went back to its cache");
         let c = Block::fill(payload(&drops), Some((&cache, &mut free)));
         assert_eq!(c, a, "the block given back is reused");
+        assert_eq!(cache.blocks_made(), 2, "no block was allocated");
+        assert!(returned(&cache).is_empty() && free.head.is_null());
         // SAFETY: each was filled above and is taken once.
         unsafe {
             drop(Block::take(b));
             drop(Block::take(c));
         }
+        assert_eq!(
+            returned(&cache),
+            [c, b],
+            "a stack: the last given back on top"
+        );
         let refilled: HashSet<_> = (0..2)
             .map(|_| Block::fill(payload(&drops), Some((&cache, &mut free))))
             .collect();
         assert_eq!(refilled, HashSet::from([a, b]));
+        assert_eq!(cache.blocks_made(), 2);
         let fresh = Block::fill(payload(&drops), Some((&cache, &mut free)));
-        assert!(
-            !refilled.contains(&fresh),
+        assert_eq!(
+            cache.blocks_made(),
+            3,
             "a third block in flight is a new one"
         );
         for block in refilled.into_iter().chain([fresh]) {
@@ -311,15 +352,53 @@ mod tests {
             }
         });
         assert_eq!(drops.load(Ordering::SeqCst), BLOCKS);
+        let on_stack: HashSet<_> = returned(&cache).into_iter().collect();
+        let all: HashSet<_> = blocks.iter().copied().collect();
+        assert_eq!(on_stack, all, "every block is on the stack once");
         let refilled: HashSet<_> = (0..BLOCKS)
             .map(|_| Block::fill(payload(&drops), Some((&cache, &mut free))))
             .collect();
-        assert_eq!(refilled, blocks.iter().copied().collect::<HashSet<_>>());
+        assert_eq!(refilled, all);
+        assert_eq!(cache.blocks_made(), BLOCKS);
         for block in refilled {
             // SAFETY: each was filled above and is taken once.
             drop(unsafe { Block::take(block) });
         }
         assert_eq!(drops.load(Ordering::SeqCst), 2 * BLOCKS);
+    }
+
+    #[test]
+    fn launches_refill_while_a_completion_thread_gives_blocks_back() {
+        // A launching thread fills blocks and hands them, through a channel
+        // of 4, to a completion thread that takes them, while it keeps
+        // filling: pushes race the launching thread's swaps. At most 6
+        // blocks are in flight at once (4 in the channel, 1 being taken, 1
+        // just filled), so reuse keeps the cache at 6 blocks at most.
+        const LAUNCHES: usize = if cfg!(miri) { 200 } else { 20_000 };
+        let drops = Arc::new(AtomicUsize::new(0));
+        let cache = Arc::new(PayloadCache::new());
+        let mut free = FreeBlocks::new();
+        let (sender, receiver) = std::sync::mpsc::sync_channel::<Filled>(4);
+        std::thread::scope(|scope| {
+            scope.spawn(move || {
+                for Filled(block) in receiver {
+                    // SAFETY: each block was filled by the launching thread
+                    // and moved here to be taken once.
+                    drop(unsafe { Block::take(block) });
+                }
+            });
+            for _ in 0..LAUNCHES {
+                let block = Block::fill(payload(&drops), Some((&cache, &mut free)));
+                sender.send(Filled(block)).unwrap();
+            }
+            drop(sender);
+        });
+        assert_eq!(drops.load(Ordering::SeqCst), LAUNCHES);
+        let made = cache.blocks_made();
+        assert!(
+            (1..=6).contains(&made),
+            "{made} blocks for at most 6 in flight"
+        );
     }
 
     #[test]

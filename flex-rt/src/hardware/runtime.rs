@@ -58,7 +58,10 @@ use crate::types::{MemoryInfo, StreamMode, StreamPriority};
 /// host callbacks (it would wait for itself). If the last owner drops the
 /// context there, the runtime is leaked instead — its streams keep running
 /// and the library stays loaded for the rest of the process — and the
-/// failure is logged (or returned by `close`).
+/// failure is logged (or returned by `close`). The same holds when
+/// `flex_runtime_destroy` fails: nothing then says the runtime's threads
+/// stopped, so the library and the streams' payload caches, which their
+/// completions still use, are kept for the rest of the process.
 ///
 /// # Thread-safety
 ///
@@ -521,7 +524,8 @@ impl Drop for HardwareRuntime {
         }
         if std::thread::panicking() {
             // Never unload the library while unwinding: keep it loaded for
-            // the rest of the process (the runtime itself is destroyed).
+            // the rest of the process (whether or not the teardown managed
+            // to destroy the runtime).
             std::mem::forget(Arc::clone(&self.lib));
         }
     }

@@ -187,7 +187,12 @@ impl HardwareStream {
         let submission;
         let status = {
             let mut free = self.submit.lock();
-            submission = Submission::cached(payload, &self.payloads, &mut free);
+            // SAFETY: the cache outlives every completion of this stream's
+            // launches (see `super::payload_cache`: the stream is dropped
+            // only after its runtime confirmed them, or the cache is leaked)
+            // and the submission (dropped in this call); `free` is this
+            // stream's own list, which holds blocks of this cache only.
+            submission = unsafe { Submission::cached(payload, &self.payloads, &mut free) };
             launch(&submission)
         };
         if status == sys::FLEX_SUCCESS {
