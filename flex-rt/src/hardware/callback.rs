@@ -387,6 +387,10 @@ pub(super) unsafe extern "C" fn host_fn_trampoline(user_data: *mut c_void) -> sy
     // module documentation).
     let slot = unsafe { &*user_data.cast::<HostSlot>() };
     let _scope = CallbackScope::enter(slot.runtime);
+    // A second call before the completion finds the slot empty. (A call
+    // after the completion, which flex.h rules out as well, may find the
+    // block reused by a later launch on the stream: no check can catch that
+    // here.)
     let taken = slot.state.lock().callback.take();
     let Some(callback) = taken else {
         tracing::error!(
