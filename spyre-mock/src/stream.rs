@@ -82,10 +82,10 @@ impl MockStream {
     /// scheduler lock is released. A launch on a stream that has work
     /// queued or running, and none of those states or faults, takes only
     /// the stream's own lock, unless the runtime's use-after-free detector
-    /// is on (see the [crate docs](crate)). On `Ok` the
-    /// completion is called exactly
-    /// once on an engine thread, never inside this call; the operation's host
-    /// memory (`op`'s source or sink) is dropped before it.
+    /// is on (see the [crate docs](crate)). On `Ok` the completion is
+    /// called exactly once on an engine thread, never inside this call; the
+    /// operation's host memory (`op`'s source or sink) is dropped before
+    /// it.
     ///
     /// # Errors
     /// As listed above.

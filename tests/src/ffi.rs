@@ -1,14 +1,10 @@
 //! What the FFI-path tests (`ffi_*.rs`) share: the software device's flex
-//! library as a backend, the number of threads of this process, and a slow
-//! host callback.
+//! library as a backend, and the number of threads of this process.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::conformance::Completions;
 use crate::mock_cdylib::mock_cdylib;
-use flex_rt::{HardwareBackend, Stream};
+use flex_rt::HardwareBackend;
 
 /// The mock shared library, loaded through flex-sys.
 pub fn backend() -> HardwareBackend {
@@ -37,26 +33,4 @@ pub fn settle_threads(expected: usize) -> usize {
         }
         std::thread::sleep(Duration::from_millis(2));
     }
-}
-
-/// Launches on `stream` a host callback that sleeps 50 ms and then adds one
-/// to `ran`, with a completion of `completions`.
-///
-/// # Panics
-/// If the launch fails.
-pub fn launch_slow_callback(
-    stream: &dyn Stream,
-    ran: &Arc<AtomicUsize>,
-    completions: &Arc<Completions>,
-) {
-    let ran = Arc::clone(ran);
-    stream
-        .launch_host_callback(
-            Box::new(move || {
-                std::thread::sleep(Duration::from_millis(50));
-                ran.fetch_add(1, Ordering::SeqCst);
-            }),
-            completions.options(),
-        )
-        .expect("launch_host_callback");
 }

@@ -5,13 +5,14 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
 
 use flex_rt::{
     DataFormat, HardwareRuntime, HostBuffer, LaunchOptions, Runtime, Status, Stream, StreamMode,
     StreamPriority, TeardownStep,
 };
 use spyre_tests::conformance::Completions;
-use spyre_tests::ffi::{backend, launch_slow_callback, live_threads, settle_threads};
+use spyre_tests::ffi::{backend, live_threads, settle_threads};
 use spyre_tests::isolated;
 
 fn context() -> HardwareRuntime {
@@ -32,7 +33,16 @@ fn dropping_the_context_waits_for_pending_work() {
                 .create_stream(StreamPriority::Normal, StreamMode::StrictOrdering, false)
                 .expect("create_stream"),
         ] {
-            launch_slow_callback(stream, &ran, &completions);
+            let r = Arc::clone(&ran);
+            stream
+                .launch_host_callback(
+                    Box::new(move || {
+                        std::thread::sleep(Duration::from_millis(50));
+                        r.fetch_add(1, Ordering::SeqCst);
+                    }),
+                    completions.options(),
+                )
+                .expect("launch_host_callback");
         }
         let stream = context.default_stream();
         stream
