@@ -14,9 +14,11 @@
 //!
 //! Marking an operation complete publishes the stream's completion count,
 //! which a spinning `synchronize` of that stream watches without the
-//! scheduler lock, and wakes only the threads blocked on that stream
-//! (`synchronize`, or a wait for one of its event records): completions on
-//! other streams wake nobody.
+//! scheduler lock, and wakes the threads blocked on that stream
+//! (`synchronize`, or a wait for one of its event records) only once it
+//! reaches the count one of them looks again at
+//! ([`crate::progress::Progress`]): completions on other streams, and those
+//! before the last one a `synchronize` waits for, wake nobody.
 //!
 //! When no other stream is ready, an engine takes the operations queued
 //! behind its job on the same stream as well (up to [`BATCH_LIMIT`] in
@@ -183,7 +185,11 @@ impl Device {
             // operations can settle the record.
             let mut scheduler = self.scheduler.lock();
             let progress = scheduler.stream(record.stream).progress();
-            progress.sleep_until(&mut scheduler, |_| record.is_settled());
+            progress.sleep_until(
+                &mut scheduler,
+                || progress.completed() + 1,
+                |_| record.is_settled(),
+            );
         }
         match record.outcome() {
             Some(Err(error)) => Err(error),

@@ -3,28 +3,35 @@
 //! blocked on it.
 use std::sync::atomic::Ordering;
 #[cfg(not(spyre_loom))]
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64};
 
 use crossbeam_utils::CachePadded;
 // Under loom (`--cfg spyre_loom`) a stream's counts are loom atomics, so
 // that the models explore the orders a lock-free reader can see them in.
 #[cfg(spyre_loom)]
-use loom::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
+use loom::sync::atomic::{AtomicBool, AtomicU64};
 use parking_lot::{Condvar, MutexGuard};
 
 /// The part of a stream's state used without the scheduler lock.
 ///
 /// The engine running the stream's operations is the only writer of
 /// `completed`: in [`crate::scheduler::Scheduler::finish`], under the lock, or between the
-/// operations of a batch ([`crate::scheduler::Scheduler::take_batch`]) without it. Sleepers
-/// are counted under the lock. So a thread that blocks on the stream
-/// counts itself a sleeper *before* it looks at `completed` a last time,
-/// and an engine that publishes a count without the lock looks at the
-/// sleepers *after* it (all four `SeqCst`): either a `synchronize` sleeper
-/// sees the new count, or the engine sees the sleeper and wakes it under
-/// the lock. Under the lock (`finish`) a release store and a plain look
-/// suffice. Event records are never passed inside a batch, so a thread
-/// waiting for one is woken by `finish` alone.
+/// operations of a batch ([`crate::scheduler::Scheduler::take_batch`]) without it. A thread
+/// that blocks on the stream says, under the lock, at which completed
+/// count it wants to look again (`wake_at`, the least of those of every
+/// blocked thread): `synchronize` at the count it waits for, a wait for an
+/// event record at the next one. A completion wakes the blocked threads
+/// only once `completed` reaches `wake_at`, so a thread that synchronizes
+/// a stream with many operations still queued is woken once, not by each
+/// of them. The waking clears `wake_at` under the lock, and a woken
+/// thread that is not done sets it again. So a thread lowers `wake_at`
+/// *before* it looks at `completed` a last time, and an engine that
+/// publishes a count without the lock looks at `wake_at` *after* it (all
+/// four `SeqCst`): either the thread sees the new count, or the engine
+/// sees that the count reaches `wake_at` and wakes it under the lock.
+/// Under the lock (`finish`) a release store and a plain look suffice.
+/// Event records are never passed inside a batch, so a thread waiting for
+/// one is woken by `finish` alone.
 ///
 /// `query` reads the stream without the lock, so the two counts and the
 /// failed flag are published in an order a reader can rely on: an
@@ -46,10 +53,10 @@ pub(crate) struct Progress {
     /// Whether the stream has an error (sticky); set under the scheduler
     /// lock, where the error itself is.
     failed: AtomicBool,
-    /// Threads blocked on `finished` until this stream's operations or
-    /// records complete; an operation that finishes on a stream with none
-    /// wakes nobody.
-    sleepers: AtomicU32,
+    /// The least completed count at which a thread blocked on `finished`
+    /// wants to look again; [`NO_SLEEPER`] when none is blocked. An
+    /// operation whose completion leaves the count below it wakes nobody.
+    wake_at: AtomicU64,
     /// Where `synchronize` of this stream and waits for its event records
     /// block (with the scheduler lock).
     finished: Condvar,
@@ -58,6 +65,9 @@ pub(crate) struct Progress {
     /// there, so that the next operation is judged as
     /// [`crate::scheduler::Scheduler::next_job`] would judge it.
     changes: AtomicU64,
+    /// How often blocked threads were woken ([`Self::wake`]), for tests.
+    #[cfg(test)]
+    wakes: std::sync::atomic::AtomicU64,
 }
 
 impl Progress {
@@ -66,9 +76,11 @@ impl Progress {
             submitted: CachePadded::new(AtomicU64::new(0)),
             completed: AtomicU64::new(0),
             failed: AtomicBool::new(false),
-            sleepers: AtomicU32::new(0),
+            wake_at: AtomicU64::new(NO_SLEEPER),
             finished: Condvar::new(),
             changes: AtomicU64::new(0),
+            #[cfg(test)]
+            wakes: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -121,21 +133,23 @@ impl Progress {
         self.submitted() - completed
     }
 
-    /// Publishes `completed` with the scheduler lock held, where sleepers
-    /// come and go; returns whether a thread is blocked on the stream.
+    /// Publishes `completed` with the scheduler lock held, where blocked
+    /// threads come and go; returns whether one wants to look now, to be
+    /// woken with [`Self::wake`].
     pub(crate) fn publish_locked(&self, completed: u64) -> bool {
         self.completed.store(completed, Ordering::Release);
-        self.sleepers.load(Ordering::Relaxed) > 0
+        completed >= self.wake_at.load(Ordering::Relaxed)
     }
 
     /// Publishes that one more operation has completed (its completion
     /// has returned), as an engine does without the lock between the
     /// operations of a batch, the stream running on. Returns whether a
-    /// thread is blocked on the stream, to be woken with the lock held.
+    /// blocked thread wants to look now, to be woken with the lock held
+    /// ([`Self::wake`]).
     pub(crate) fn complete_one(&self) -> bool {
-        self.completed
-            .store(self.completed.load(Ordering::Relaxed) + 1, Ordering::SeqCst);
-        self.sleepers.load(Ordering::SeqCst) > 0
+        let completed = self.completed.load(Ordering::Relaxed) + 1;
+        self.completed.store(completed, Ordering::SeqCst);
+        completed >= self.wake_at.load(Ordering::SeqCst)
     }
 
     /// Notes a change of the stream's error, shutdown state or slowdown
@@ -150,33 +164,46 @@ impl Progress {
         self.changes.load(Ordering::Relaxed)
     }
 
-    /// Threads blocked on the stream right now.
+    /// Whether a thread is blocked on the stream right now.
     #[cfg(test)]
-    pub(crate) fn sleepers(&self) -> u32 {
-        self.sleepers.load(Ordering::SeqCst)
+    pub(crate) fn has_sleepers(&self) -> bool {
+        self.wake_at.load(Ordering::SeqCst) != NO_SLEEPER
     }
 
-    /// Wakes every thread blocked on the stream; call with the scheduler
-    /// lock held.
+    /// How often blocked threads were woken.
+    #[cfg(test)]
+    pub(crate) fn wakes(&self) -> u64 {
+        self.wakes.load(Ordering::SeqCst)
+    }
+
+    /// Wakes every thread blocked on the stream, each to look again and
+    /// block again if it is not done; call with the scheduler lock held.
     pub(crate) fn wake(&self) {
+        #[cfg(test)]
+        self.wakes.fetch_add(1, Ordering::SeqCst);
+        self.wake_at.store(NO_SLEEPER, Ordering::SeqCst);
         self.finished.notify_all();
     }
 
     /// Blocks, with `scheduler` locked on entry and on return, until `done`
-    /// holds: counted as a sleeper before `done` is looked at for the last
-    /// time (see the type's docs), woken when an operation of the stream
-    /// finishes.
+    /// holds. Before `done` is looked at for the last time (see the type's
+    /// docs) the thread asks to be woken once the stream has completed
+    /// `look_again_at()` operations: the count `done` needs, or, where no
+    /// single count does (an event record), the next one.
     pub(crate) fn sleep_until<S>(
         &self,
         scheduler: &mut MutexGuard<'_, S>,
+        look_again_at: impl Fn() -> u64,
         done: impl Fn(&S) -> bool,
     ) {
         while !done(scheduler) {
-            self.sleepers.fetch_add(1, Ordering::SeqCst);
+            self.wake_at.fetch_min(look_again_at(), Ordering::SeqCst);
             if !done(scheduler) {
                 self.finished.wait(scheduler);
             }
-            self.sleepers.fetch_sub(1, Ordering::SeqCst);
         }
     }
 }
+
+/// [`Progress::wake_at`] while no thread is blocked on the stream.
+const NO_SLEEPER: u64 = u64::MAX;

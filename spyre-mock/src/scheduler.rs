@@ -655,8 +655,8 @@ impl Scheduler {
 
     /// Marks the running operation of stream `index` complete (its
     /// completion has returned), wakes the threads blocked on the stream
-    /// (its sleepers), and makes the stream ready again if it has more
-    /// work. Returns whether it did.
+    /// if one looks again at the new count, and makes the stream ready
+    /// again if it has more work. Returns whether it did.
     ///
     /// Streams blocked on a record of this stream are looked at again (the
     /// finished operation may be that record, or have reached its mark in

@@ -187,11 +187,17 @@ impl MockStream {
         self.progress.pending()
     }
 
-    /// Threads blocked on the stream right now (`synchronize`, or waits
-    /// for its event records).
+    /// Whether a thread is blocked on the stream right now
+    /// (`synchronize`, or a wait for one of its event records).
     #[cfg(test)]
-    pub(crate) fn sleepers(&self) -> u32 {
-        self.progress.sleepers()
+    pub(crate) fn has_sleepers(&self) -> bool {
+        self.progress.has_sleepers()
+    }
+
+    /// How often threads blocked on the stream were woken.
+    #[cfg(test)]
+    pub(crate) fn wakes(&self) -> u64 {
+        self.progress.wakes()
     }
 
     /// Fault injection: the `n`th launch from now (1 = the next one) that
@@ -306,7 +312,8 @@ impl Stream for MockStream {
             let deadline = device.spin_deadline();
             let done = || self.progress.completed() >= target;
             if !MutexGuard::unlocked(&mut scheduler, || device.watch(deadline, done)) {
-                self.progress.sleep_until(&mut scheduler, |_| done());
+                self.progress
+                    .sleep_until(&mut scheduler, || target, |_| done());
             }
         }
         match &scheduler.stream(self.index).error {

@@ -2,7 +2,8 @@
 //! without the scheduler lock, and stops wherever running them one at a
 //! time could differ: another stream made ready, a change of the stream's
 //! state, a record's mark. And a thread blocked on the stream is woken by
-//! each operation of a batch, not at its end.
+//! the operation of a batch that completes what it waits for, not at the
+//! batch's end (nor by each operation before it).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
@@ -91,13 +92,55 @@ fn a_stream_waiting_on_a_marker_runs_before_the_work_queued_behind_the_marker() 
 }
 
 #[test]
+fn a_blocked_synchronize_is_woken_once_not_by_each_operation_before_its_last() {
+    // A thread synchronizes a stream with 42 operations unfinished: a held
+    // one, 20 behind it, a second held one, and 20 more. It blocks at once
+    // (`Blocking`), and only the 42nd completion ends its wait: that one
+    // wakes it, the 41 before it wake nobody. Were sleepers woken by any
+    // completion, the first held operation's would wake it.
+    let rt = runtime_with_policy(1, SyncPolicy::Blocking);
+    let s = stream(&rt);
+    let ran = Arc::new(AtomicUsize::new(0));
+    let launch_twenty = || {
+        for _ in 0..20 {
+            let ran = Arc::clone(&ran);
+            s.launch_host_callback(
+                Box::new(move || {
+                    ran.fetch_add(1, Ordering::SeqCst);
+                }),
+                LaunchOptions::new(),
+            )
+            .unwrap();
+        }
+    };
+    let release = block(s);
+    launch_twenty();
+    let (running, answer) = handshake(s, &Log::default(), "middle");
+    launch_twenty();
+    std::thread::scope(|scope| {
+        let waiter = scope.spawn(|| s.synchronize());
+        while !s.has_sleepers() {
+            std::thread::yield_now();
+        }
+        drop(release);
+        running.recv_timeout(DEADLOCK).unwrap();
+        assert_eq!(ran.load(Ordering::SeqCst), 20);
+        assert_eq!(s.wakes(), 0, "woken before its last operation completed");
+        answer.send(()).unwrap();
+        waiter.join().unwrap().unwrap();
+    });
+    assert_eq!(ran.load(Ordering::SeqCst), 40);
+    assert_eq!(s.wakes(), 1);
+}
+
+#[test]
 fn a_thread_blocked_on_the_stream_is_woken_by_an_operation_inside_a_batch() {
     // `synchronize` waits for `a` only; `b`, enqueued after the call and
     // taken in one batch with `a`, runs only once that call has returned.
     // Woken at the end of the batch instead, the two would wait for each
     // other (until `b` gave up at the deadlock bound and failed the stream).
-    // `a` holds the engine until the waiter, woken when the blocked
-    // operation before it finished, has had time to block again.
+    // `a` holds the engine for a while once it runs, so that a waiter woken
+    // early (by the blocked operation before it) would have blocked again.
     let rt = runtime_with_policy(1, SyncPolicy::Blocking);
     let s = stream(&rt);
     let log = Log::default();
@@ -110,7 +153,7 @@ fn a_thread_blocked_on_the_stream_is_woken_by_an_operation_inside_a_batch() {
             returned.store(true, Ordering::SeqCst);
             result
         });
-        while s.sleepers() == 0 {
+        while !s.has_sleepers() {
             std::thread::yield_now();
         }
         let seen = Arc::clone(&returned);
