@@ -163,6 +163,7 @@ mod memory;
 mod op;
 mod progress;
 mod raw_call;
+mod ready;
 mod record;
 pub mod reference;
 mod reuse;

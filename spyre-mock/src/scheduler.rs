@@ -35,8 +35,7 @@
 //! other: a record made while the engine calls an earlier record's
 //! notifications is complete at once (everything before it has finished),
 //! and may be seen complete before those calls return.
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 #[cfg(not(spyre_loom))]
 use std::sync::atomic::AtomicU64;
@@ -54,6 +53,7 @@ use crate::memory::DeviceMemory;
 use crate::op::{Op, Pending};
 use crate::progress::Progress;
 use crate::raw_call::OpCompletion;
+use crate::ready::ReadySet;
 use crate::record::{EventRecord, Record};
 use crate::reuse::ReuseCheck;
 
@@ -148,11 +148,6 @@ pub(crate) struct Job {
     pub(crate) verdict: Verdict,
 }
 
-/// The ready order: the greatest key is taken first, so the highest
-/// priority, then the oldest front operation (the stream index only breaks
-/// no ties, as sequence numbers are unique).
-type ReadyKey = (StreamPriority, Reverse<u64>, usize);
-
 /// Entries [`Scheduler::log_synchronize`] keeps: the most recent calls only,
 /// so a process that synchronizes in a loop does not grow without bound.
 pub(crate) const SYNCHRONIZE_LOG_LIMIT: usize = 4096;
@@ -161,7 +156,7 @@ pub(crate) const SYNCHRONIZE_LOG_LIMIT: usize = 4096;
 #[derive(Default)]
 pub(crate) struct Scheduler {
     streams: Vec<StreamState>,
-    ready: BinaryHeap<ReadyKey>,
+    ready: ReadySet,
     /// The next number of the runtime-wide enqueue order, taken by every
     /// launch (under its stream's inbox lock, not this one's); on a cache
     /// line of its own, as only launching threads write it.
@@ -523,7 +518,7 @@ impl Scheduler {
         }
         let state = &self.streams[index];
         if let Some(front) = state.queue.front() {
-            self.ready.push((state.priority, Reverse(front.seq), index));
+            self.ready.push(state.priority, front.seq, index);
         }
         true
     }
@@ -531,7 +526,7 @@ impl Scheduler {
     /// Takes the next operation to run, if any stream is ready, and marks
     /// its stream running.
     pub(crate) fn next_job(&mut self) -> Option<Job> {
-        let (_, _, index) = self.ready.pop()?;
+        let index = self.ready.pop()?;
         let state = &mut self.streams[index];
         let pending = state.queue.pop_front()?;
         state.running = true;
