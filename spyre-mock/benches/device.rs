@@ -34,6 +34,15 @@
 //!   synchronized; reported as operations per second. Baseline
 //!   `executor/2_workers`: the same number of no-ops through the executor,
 //!   then one wait.
+//! - `drain` (interleaved, set-up untimed): the cost of running an
+//!   operation without a launching thread beside it. [`DRAIN_OPS`] no-ops
+//!   are queued round robin over 1, 8 and 64 streams
+//!   (`mock/streams/<n>`) while every engine is held by a host callback on
+//!   a stream of its own, untimed; the timed part releases the engines and
+//!   synchronizes every stream. Baseline `executor/2_workers`: the same
+//!   number of no-ops queued while both workers are held, then released
+//!   and waited for. The held callbacks spin (yielding) on a flag, so the
+//!   release wakes no thread; reported as operations per second.
 //! - `copy_<size>` for 4 KiB, 1 MiB and 64 MiB (1 MiB and 64 MiB
 //!   interleaved): `mock/h2d` and `mock/d2h` are one launch of the copy
 //!   followed by `synchronize` (so the time includes the round trip);
@@ -46,18 +55,21 @@ use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::hint::black_box;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use flex_rt::{HostBuffer, LaunchOptions, Runtime, Stream, StreamMode, StreamPriority};
 use parking_lot::{Condvar, Mutex};
 use spyre_mock::{MockRuntime, MockStream, MockSystem};
-use spyre_testkit::{bench_interleaved, bench_interleaved_batched};
+use spyre_testkit::{bench_interleaved, bench_interleaved_batched, bench_interleaved_prepared};
 
 /// Launches timed back to back before the queue is drained, in `enqueue`.
 const BATCH: u64 = 256;
 /// Operations per iteration of `ops_throughput`.
 const OPS: usize = 1024;
+/// Operations queued behind the held engines or workers in `drain`.
+const DRAIN_OPS: usize = 16 * 1024;
 
 type Job = Box<dyn FnOnce() + Send + 'static>;
 
@@ -241,6 +253,114 @@ fn bench_ops_throughput(c: &mut Criterion) {
     group.finish();
 }
 
+/// Holds the threads that run work: each held job counts itself started,
+/// then spins (yielding) until released.
+#[derive(Default)]
+struct Hold {
+    started: AtomicUsize,
+    released: AtomicBool,
+}
+
+impl Hold {
+    /// A job that holds the thread running it until [`Hold::release`].
+    fn job(self: &Arc<Self>) -> Job {
+        let hold = Arc::clone(self);
+        Box::new(move || {
+            hold.started.fetch_add(1, Ordering::SeqCst);
+            while !hold.released.load(Ordering::SeqCst) {
+                std::thread::yield_now();
+            }
+        })
+    }
+
+    /// Waits until `threads` held jobs have started.
+    fn wait_started(&self, threads: usize) {
+        while self.started.load(Ordering::SeqCst) < threads {
+            std::thread::yield_now();
+        }
+    }
+
+    fn release(&self) {
+        self.released.store(true, Ordering::SeqCst);
+    }
+}
+
+fn bench_drain(c: &mut Criterion) {
+    let runtime = runtime();
+    let streams: Vec<&MockStream> = (0..64).map(|_| new_stream(&runtime)).collect();
+    let holders: Vec<&MockStream> = (0..runtime.engines())
+        .map(|_| new_stream(&runtime))
+        .collect();
+    let executor = Executor::new(2);
+    // The hold of the member being set up and run; each set-up makes a
+    // fresh one.
+    let hold = RefCell::new(Arc::new(Hold::default()));
+
+    let hold_workers = || {
+        let fresh = Arc::new(Hold::default());
+        for _ in 0..2 {
+            executor.submit(fresh.job());
+        }
+        fresh.wait_started(2);
+        for _ in 0..DRAIN_OPS {
+            executor.submit(Box::new(|| {}));
+        }
+        *hold.borrow_mut() = fresh;
+    };
+    let run_workers = || {
+        hold.borrow().release();
+        executor.wait();
+    };
+    let hold_engines = |streams: &[&MockStream]| {
+        let fresh = Arc::new(Hold::default());
+        for holder in &holders {
+            holder
+                .launch_host_callback(fresh.job(), LaunchOptions::new())
+                .expect("launch");
+        }
+        fresh.wait_started(holders.len());
+        for i in 0..DRAIN_OPS {
+            noop(streams[i % streams.len()]);
+        }
+        *hold.borrow_mut() = fresh;
+    };
+    let run_engines = |streams: &[&MockStream]| {
+        hold.borrow().release();
+        for stream in streams.iter().chain(&holders) {
+            stream.synchronize().expect("synchronize");
+        }
+    };
+    let (hold_1, run_1) = (
+        || hold_engines(&streams[..1]),
+        || run_engines(&streams[..1]),
+    );
+    let (hold_8, run_8) = (
+        || hold_engines(&streams[..8]),
+        || run_engines(&streams[..8]),
+    );
+    let (hold_64, run_64) = (|| hold_engines(&streams), || run_engines(&streams));
+
+    let mut group = c.benchmark_group("drain");
+    group.throughput(Throughput::Elements(DRAIN_OPS as u64));
+    group.sample_size(20);
+    bench_interleaved_prepared(
+        &mut group,
+        &[
+            "executor/2_workers",
+            "mock/streams/1",
+            "mock/streams/8",
+            "mock/streams/64",
+        ],
+        &[
+            (&hold_workers, &run_workers),
+            (&hold_1, &run_1),
+            (&hold_8, &run_8),
+            (&hold_64, &run_64),
+        ],
+    );
+    group.finish();
+}
+
 fn bench_copies(c: &mut Criterion) {
     let runtime = runtime();
     let stream = new_stream(&runtime);
@@ -310,6 +430,7 @@ criterion_group!(
     bench_enqueue,
     bench_round_trip,
     bench_ops_throughput,
+    bench_drain,
     bench_copies
 );
 criterion_main!(benches);

@@ -7,7 +7,8 @@
 //!   timing several contenders round by round, so that a benchmark and its
 //!   baseline see the same machine even when its speed drifts; [`batched`]:
 //!   timing launches without the wait that drains them;
-//!   [`interleaved_batched`]: both at once.
+//!   [`interleaved_batched`]: both at once; [`interleaved_prepared`]:
+//!   round by round, with an untimed set-up before each timed run.
 //! - [`f32_le_bytes`], [`f32s_from_le`]: `f32`s as the device stores them.
 //!
 //! No dependency on the workspace's own crates, so every crate can use it.
@@ -17,9 +18,11 @@ mod rng;
 mod timing;
 
 pub use rng::{SplitMix64, mix64};
-pub use timing::{BatchedMember, batched, interleaved, interleaved_batched};
+pub use timing::{
+    BatchedMember, PreparedMember, batched, interleaved, interleaved_batched, interleaved_prepared,
+};
 #[cfg(feature = "criterion")]
-pub use timing::{bench_interleaved, bench_interleaved_batched};
+pub use timing::{bench_interleaved, bench_interleaved_batched, bench_interleaved_prepared};
 
 /// `values` as the device stores `f32`: 4 little-endian bytes each.
 pub fn f32_le_bytes(values: &[f32]) -> Vec<u8> {

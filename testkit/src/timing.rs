@@ -92,6 +92,34 @@ pub fn interleaved_batched(
     total
 }
 
+/// A member of [`interleaved_prepared`]: what sets up its run, untimed,
+/// and the run, timed.
+pub type PreparedMember<'a> = (&'a dyn Fn(), &'a dyn Fn());
+
+/// [`interleaved`] for runs that need an untimed set-up first (work queued
+/// behind held engines, to time how fast it drains): every round calls
+/// each member's set-up and then its run, timing only member `me`'s run;
+/// each round starts one member later than the one before. Members are
+/// `(prepare, run)` pairs. A `me` that is not an index of `members` times
+/// nothing: zero.
+pub fn interleaved_prepared(iters: u64, me: usize, members: &[PreparedMember<'_>]) -> Duration {
+    let mut total = Duration::ZERO;
+    let count = members.len().max(1);
+    for round in 0..iters {
+        let first = (round % count as u64) as usize;
+        for index in (first..members.len()).chain(0..first) {
+            let (prepare, run) = members[index];
+            prepare();
+            let start = Instant::now();
+            run();
+            if index == me {
+                total += start.elapsed();
+            }
+        }
+    }
+    total
+}
+
 /// Benchmarks every `(name, op)` of `members` in `group`, each timed with
 /// [`interleaved`] against all the others.
 #[cfg(feature = "criterion")]
@@ -124,6 +152,22 @@ pub fn bench_interleaved_batched<M: criterion::measurement::Measurement<Value = 
     }
 }
 
+/// Benchmarks member `i` of `members` as `names[i]` in `group`, each timed
+/// with [`interleaved_prepared`] against all the others. `names` and
+/// `members` have the same length.
+#[cfg(feature = "criterion")]
+pub fn bench_interleaved_prepared<M: criterion::measurement::Measurement<Value = Duration>>(
+    group: &mut criterion::BenchmarkGroup<'_, M>,
+    names: &[&str],
+    members: &[PreparedMember<'_>],
+) {
+    for (me, name) in names.iter().enumerate() {
+        group.bench_function(*name, |b| {
+            b.iter_custom(|iters| interleaved_prepared(iters, me, members))
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::cell::Cell;
@@ -145,6 +189,41 @@ mod tests {
         interleaved_batched(10, 4, 1, &members);
         // 4 + 4 + 2 launches of each member, a drain after each batch.
         assert_eq!(counts.each_ref().map(Cell::get), [10, 10, 3, 3]);
+    }
+
+    #[test]
+    fn prepared_members_set_up_untimed_before_every_run() {
+        let order = std::cell::RefCell::new(Vec::new());
+        let slow_prepare = || {
+            order.borrow_mut().push("prepare a");
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        let run_a = || order.borrow_mut().push("run a");
+        let prepare_b = || order.borrow_mut().push("prepare b");
+        let slow_run = || {
+            order.borrow_mut().push("run b");
+            std::thread::sleep(Duration::from_millis(2));
+        };
+        let members: [PreparedMember<'_>; 2] = [(&slow_prepare, &run_a), (&prepare_b, &slow_run)];
+        let timed_a = interleaved_prepared(2, 0, &members);
+        // Round 0 starts at a, round 1 at b; a's 5 ms set-up is not timed.
+        assert_eq!(
+            *order.borrow(),
+            [
+                "prepare a",
+                "run a",
+                "prepare b",
+                "run b", //
+                "prepare b",
+                "run b",
+                "prepare a",
+                "run a",
+            ]
+        );
+        assert!(timed_a < Duration::from_millis(5), "{timed_a:?}");
+        let timed_b = interleaved_prepared(3, 1, &members);
+        assert!(timed_b >= Duration::from_millis(6), "{timed_b:?}");
+        assert_eq!(interleaved_prepared(2, 7, &members), Duration::ZERO);
     }
 
     #[test]
