@@ -1,5 +1,5 @@
 //! Benchmarks of the software device: launches, round trips, throughput
-//! across streams, and copies.
+//! across streams, the engines' own cost per operation, and copies.
 //!
 //! Every group puts the mock next to a baseline, so the report can give a
 //! ratio. The baseline for launches is `Executor` below: the smallest
@@ -10,7 +10,7 @@
 //! errors or device memory.
 //!
 //! Groups whose operations take microseconds or more (`round_trip`,
-//! `ops_throughput`, `copy_1MiB`, `copy_64MiB`) are *interleaved*: every
+//! `ops_throughput`, `drain`, `copy_1MiB`, `copy_64MiB`) are *interleaved*: every
 //! round runs each member of the group once, in order, and each benchmark
 //! times only its own member (see `interleaved`). On a shared machine the
 //! thread wake-up latency and the memory bandwidth drift by several times
@@ -78,6 +78,11 @@ struct ExecState {
     queue: VecDeque<Job>,
     submitted: u64,
     completed: u64,
+    /// The completed count the waiting threads wait for, the least of
+    /// them; `None` while none waits. A worker wakes them only once the
+    /// count reaches it, as the mock wakes a blocked `synchronize` only
+    /// at the count it waits for.
+    wake_at: Option<u64>,
     stop: bool,
 }
 
@@ -110,7 +115,10 @@ impl Executor {
                             }
                             parking_lot::MutexGuard::unlocked(&mut state, job);
                             state.completed += 1;
-                            shared.done.notify_all();
+                            if state.wake_at.is_some_and(|at| state.completed >= at) {
+                                state.wake_at = None;
+                                shared.done.notify_all();
+                            }
                         } else if state.stop {
                             break;
                         } else {
@@ -142,6 +150,7 @@ impl Executor {
         let mut state = self.shared.state.lock();
         let target = state.submitted;
         while state.completed < target {
+            state.wake_at = Some(state.wake_at.map_or(target, |at| at.min(target)));
             self.shared.done.wait(&mut state);
         }
     }
@@ -285,6 +294,34 @@ impl Hold {
     }
 }
 
+/// The hold of the member being set up and run. Released when dropped, so
+/// that a panic while engines or workers are held unwinds instead of
+/// waiting for them forever (declare it after what runs the held jobs).
+struct CurrentHold(RefCell<Arc<Hold>>);
+
+impl CurrentHold {
+    fn new() -> Self {
+        Self(RefCell::new(Arc::new(Hold::default())))
+    }
+
+    /// A fresh hold, made the current one.
+    fn fresh(&self) -> Arc<Hold> {
+        let fresh = Arc::new(Hold::default());
+        *self.0.borrow_mut() = Arc::clone(&fresh);
+        fresh
+    }
+
+    fn release(&self) {
+        self.0.borrow().release();
+    }
+}
+
+impl Drop for CurrentHold {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
 fn bench_drain(c: &mut Criterion) {
     let runtime = runtime();
     let streams: Vec<&MockStream> = (0..64).map(|_| new_stream(&runtime)).collect();
@@ -292,12 +329,10 @@ fn bench_drain(c: &mut Criterion) {
         .map(|_| new_stream(&runtime))
         .collect();
     let executor = Executor::new(2);
-    // The hold of the member being set up and run; each set-up makes a
-    // fresh one.
-    let hold = RefCell::new(Arc::new(Hold::default()));
+    let hold = CurrentHold::new();
 
     let hold_workers = || {
-        let fresh = Arc::new(Hold::default());
+        let fresh = hold.fresh();
         for _ in 0..2 {
             executor.submit(fresh.job());
         }
@@ -305,14 +340,13 @@ fn bench_drain(c: &mut Criterion) {
         for _ in 0..DRAIN_OPS {
             executor.submit(Box::new(|| {}));
         }
-        *hold.borrow_mut() = fresh;
     };
     let run_workers = || {
-        hold.borrow().release();
+        hold.release();
         executor.wait();
     };
     let hold_engines = |streams: &[&MockStream]| {
-        let fresh = Arc::new(Hold::default());
+        let fresh = hold.fresh();
         for holder in &holders {
             holder
                 .launch_host_callback(fresh.job(), LaunchOptions::new())
@@ -322,10 +356,9 @@ fn bench_drain(c: &mut Criterion) {
         for i in 0..DRAIN_OPS {
             noop(streams[i % streams.len()]);
         }
-        *hold.borrow_mut() = fresh;
     };
     let run_engines = |streams: &[&MockStream]| {
-        hold.borrow().release();
+        hold.release();
         for stream in streams.iter().chain(&holders) {
             stream.synchronize().expect("synchronize");
         }

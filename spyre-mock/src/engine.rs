@@ -17,8 +17,9 @@
 //! scheduler lock, and wakes the threads blocked on that stream
 //! (`synchronize`, or a wait for one of its event records) only once it
 //! reaches the count one of them looks again at
-//! ([`crate::progress::Progress`]): completions on other streams, and those
-//! before the last one a `synchronize` waits for, wake nobody.
+//! ([`crate::progress::Progress`]): completions on other streams wake
+//! nobody, and those before the last one a lone `synchronize` waits for
+//! wake nobody either.
 //!
 //! When no other stream is ready, an engine takes the operations queued
 //! behind its job on the same stream as well (up to [`BATCH_LIMIT`] in

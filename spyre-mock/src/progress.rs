@@ -3,13 +3,13 @@
 //! blocked on it.
 use std::sync::atomic::Ordering;
 #[cfg(not(spyre_loom))]
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 
 use crossbeam_utils::CachePadded;
 // Under loom (`--cfg spyre_loom`) a stream's counts are loom atomics, so
 // that the models explore the orders a lock-free reader can see them in.
 #[cfg(spyre_loom)]
-use loom::sync::atomic::{AtomicBool, AtomicU64};
+use loom::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 use parking_lot::{Condvar, MutexGuard};
 
 /// The part of a stream's state used without the scheduler lock.
@@ -23,15 +23,19 @@ use parking_lot::{Condvar, MutexGuard};
 /// event record at the next one. A completion wakes the blocked threads
 /// only once `completed` reaches `wake_at`, so a thread that synchronizes
 /// a stream with many operations still queued is woken once, not by each
-/// of them. The waking clears `wake_at` under the lock, and a woken
-/// thread that is not done sets it again. So a thread lowers `wake_at`
+/// of them (unless another thread blocked on the stream asks to look
+/// sooner: they share one condition variable, and all look again). The
+/// waking clears `wake_at` under the lock, a woken thread that is not
+/// done sets it again, and the last blocked thread to leave clears it. So
+/// a thread lowers `wake_at`
 /// *before* it looks at `completed` a last time, and an engine that
 /// publishes a count without the lock looks at `wake_at` *after* it (all
 /// four `SeqCst`): either the thread sees the new count, or the engine
 /// sees that the count reaches `wake_at` and wakes it under the lock.
 /// Under the lock (`finish`) a release store and a plain look suffice.
-/// Event records are never passed inside a batch, so a thread waiting for
-/// one is woken by `finish` alone.
+/// Event records are never passed inside a batch, so `finish` is what
+/// wakes a thread waiting for one once it is reached (an operation of a
+/// batch before it may wake the thread earlier; it blocks again).
 ///
 /// `query` reads the stream without the lock, so the two counts and the
 /// failed flag are published in an order a reader can rely on: an
@@ -54,9 +58,15 @@ pub(crate) struct Progress {
     /// lock, where the error itself is.
     failed: AtomicBool,
     /// The least completed count at which a thread blocked on `finished`
-    /// wants to look again; [`NO_SLEEPER`] when none is blocked. An
-    /// operation whose completion leaves the count below it wakes nobody.
+    /// wants to look again; [`NO_SLEEPER`] when none is blocked (it may
+    /// stay lower than every blocked thread's count until a waking clears
+    /// it, if one that asked sooner has left). An operation whose
+    /// completion leaves the count below it wakes nobody.
     wake_at: AtomicU64,
+    /// Threads blocked on `finished` now; changed under the scheduler lock
+    /// only. The last to leave clears `wake_at`: one whose last look found
+    /// it done left without waiting, its count still set.
+    sleepers: AtomicU32,
     /// Where `synchronize` of this stream and waits for its event records
     /// block (with the scheduler lock).
     finished: Condvar,
@@ -77,6 +87,7 @@ impl Progress {
             completed: AtomicU64::new(0),
             failed: AtomicBool::new(false),
             wake_at: AtomicU64::new(NO_SLEEPER),
+            sleepers: AtomicU32::new(0),
             finished: Condvar::new(),
             changes: AtomicU64::new(0),
             #[cfg(test)]
@@ -167,7 +178,7 @@ impl Progress {
     /// Whether a thread is blocked on the stream right now.
     #[cfg(test)]
     pub(crate) fn has_sleepers(&self) -> bool {
-        self.wake_at.load(Ordering::SeqCst) != NO_SLEEPER
+        self.sleepers.load(Ordering::SeqCst) > 0
     }
 
     /// How often blocked threads were woken.
@@ -196,14 +207,49 @@ impl Progress {
         look_again_at: impl Fn() -> u64,
         done: impl Fn(&S) -> bool,
     ) {
+        if done(scheduler) {
+            return;
+        }
+        self.sleepers.fetch_add(1, Ordering::Relaxed);
         while !done(scheduler) {
             self.wake_at.fetch_min(look_again_at(), Ordering::SeqCst);
             if !done(scheduler) {
                 self.finished.wait(scheduler);
             }
         }
+        if self.sleepers.fetch_sub(1, Ordering::Relaxed) == 1 {
+            self.wake_at.store(NO_SLEEPER, Ordering::SeqCst);
+        }
     }
 }
 
 /// [`Progress::wake_at`] while no thread is blocked on the stream.
 const NO_SLEEPER: u64 = u64::MAX;
+
+#[cfg(all(test, not(spyre_loom)))]
+mod tests {
+    use std::cell::Cell;
+
+    use parking_lot::Mutex;
+
+    use super::*;
+
+    #[test]
+    fn a_thread_done_at_its_last_look_leaves_no_count_to_wake_at() {
+        // Not done at its first two looks; it asks to look again at 5, and
+        // its last look before blocking finds it done (the count it needs
+        // came in between), so it leaves without blocking. A later
+        // completion then has no one to wake.
+        let progress = Progress::new();
+        let lock = Mutex::new(());
+        let looks = Cell::new(0);
+        let done = |_: &()| {
+            looks.set(looks.get() + 1);
+            looks.get() > 2
+        };
+        // (Had it blocked, nothing would wake it and the test would hang.)
+        progress.sleep_until(&mut lock.lock(), || 5, done);
+        assert!(!progress.has_sleepers());
+        assert!(!progress.publish_locked(6), "nobody is blocked");
+    }
+}

@@ -17,7 +17,8 @@ use std::collections::BinaryHeap;
 use flex_rt::StreamPriority;
 
 /// The greatest place in the enqueue order a key can hold: the top bit is
-/// the priority's. A runtime would need 2^63 launches to pass it.
+/// the priority's. A runtime would need 2^63 launches to pass it; past
+/// it, streams of one priority would tie and go by their index.
 const MAX_SEQ: u64 = u64::MAX >> 1;
 
 /// One ready stream: its key, then its index (which never decides, as no
