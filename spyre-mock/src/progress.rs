@@ -27,11 +27,11 @@ use parking_lot::{Condvar, MutexGuard};
 /// sooner: they share one condition variable, and all look again). The
 /// waking clears `wake_at` under the lock, a woken thread that is not
 /// done sets it again, and the last blocked thread to leave clears it. So
-/// a thread lowers `wake_at`
-/// *before* it looks at `completed` a last time, and an engine that
-/// publishes a count without the lock looks at `wake_at` *after* it (all
-/// four `SeqCst`): either the thread sees the new count, or the engine
-/// sees that the count reaches `wake_at` and wakes it under the lock.
+/// a thread lowers `wake_at` *before* it looks at `completed` a last time,
+/// and an engine that publishes a count without the lock looks at
+/// `wake_at` *after* it (all four `SeqCst`): either the thread sees the
+/// new count, or the engine sees that the count reaches `wake_at` and
+/// wakes it under the lock.
 /// Under the lock (`finish`) a release store and a plain look suffice.
 /// Event records are never passed inside a batch, so `finish` is what
 /// wakes a thread waiting for one once it is reached (an operation of a

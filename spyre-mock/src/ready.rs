@@ -23,7 +23,7 @@ const MAX_SEQ: u64 = u64::MAX >> 1;
 
 /// One ready stream: its key, then its index (which never decides, as no
 /// two ready streams have the same front operation).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
 struct Entry {
     key: u64,
     stream: usize,

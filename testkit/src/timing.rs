@@ -2,6 +2,14 @@
 
 use std::time::{Duration, Instant};
 
+/// The order members run in round `round` of a group of `members`: from
+/// member `round % members` on, wrapping, so no member always runs right
+/// after the same other one.
+fn round_order(round: u64, members: usize) -> impl Iterator<Item = usize> {
+    let first = (round % members.max(1) as u64) as usize;
+    (first..members).chain(0..first)
+}
+
 /// Times `iters` runs of `ops[me]`. Each round runs every op of `ops` once
 /// and times only `ops[me]`, so that all members of a group are measured
 /// over the same stretch of time (this machine class drifts 2–3× within
@@ -12,10 +20,8 @@ use std::time::{Duration, Instant};
 /// `ops` times nothing: zero.
 pub fn interleaved(iters: u64, me: usize, ops: &[&dyn Fn()]) -> Duration {
     let mut total = Duration::ZERO;
-    let count = ops.len().max(1);
     for round in 0..iters {
-        let first = (round % count as u64) as usize;
-        for index in (first..ops.len()).chain(0..first) {
+        for index in round_order(round, ops.len()) {
             let op = ops[index];
             if index == me {
                 let start = Instant::now();
@@ -69,14 +75,11 @@ pub fn interleaved_batched(
     members: &[BatchedMember<'_>],
 ) -> Duration {
     let mut total = Duration::ZERO;
-    let count = members.len().max(1);
     let mut left = iters;
     let mut round = 0;
     while left > 0 {
         let n = left.min(batch.max(1));
-        let first = round % count;
-        round += 1;
-        for index in (first..members.len()).chain(0..first) {
+        for index in round_order(round, members.len()) {
             let (launch, drain) = members[index];
             let start = Instant::now();
             for _ in 0..n {
@@ -87,6 +90,7 @@ pub fn interleaved_batched(
             }
             drain();
         }
+        round += 1;
         left -= n;
     }
     total
@@ -104,10 +108,8 @@ pub type PreparedMember<'a> = (&'a dyn Fn(), &'a dyn Fn());
 /// nothing: zero.
 pub fn interleaved_prepared(iters: u64, me: usize, members: &[PreparedMember<'_>]) -> Duration {
     let mut total = Duration::ZERO;
-    let count = members.len().max(1);
     for round in 0..iters {
-        let first = (round % count as u64) as usize;
-        for index in (first..members.len()).chain(0..first) {
+        for index in round_order(round, members.len()) {
             let (prepare, run) = members[index];
             prepare();
             let start = Instant::now();
