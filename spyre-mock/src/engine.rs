@@ -183,12 +183,16 @@ impl Device {
         }
         if !record.is_settled() && !self.watch(self.spin_deadline(), || record.is_settled()) {
             // A sleeper of the recording stream: only its finishing
-            // operations can settle the record.
+            // operations can settle the record, the one that completes its
+            // position (`Record::position`). It asks for the next count
+            // instead if the record is not placed or its position has
+            // passed: a thread woken and not done must ask for a count
+            // still to come.
             let mut scheduler = self.scheduler.lock();
             let progress = scheduler.stream(record.stream).progress();
             progress.sleep_until(
                 &mut scheduler,
-                || progress.completed() + 1,
+                || record.position().max(progress.completed() + 1),
                 |_| record.is_settled(),
             );
         }

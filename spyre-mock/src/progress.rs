@@ -20,7 +20,8 @@ use parking_lot::{Condvar, MutexGuard};
 /// that blocks on the stream says, under the lock, at which completed
 /// count it wants to look again (`wake_at`, the least of those of every
 /// blocked thread): `synchronize` at the count it waits for, a wait for an
-/// event record at the next one. A completion wakes the blocked threads
+/// event record at the record's position (the count at which the device
+/// reaches it, [`crate::record::Record::position`]). A completion wakes the blocked threads
 /// only once `completed` reaches `wake_at`, so a thread that synchronizes
 /// a stream with many operations still queued is woken once, not by each
 /// of them (unless another thread blocked on the stream asks to look
@@ -34,8 +35,8 @@ use parking_lot::{Condvar, MutexGuard};
 /// wakes it under the lock.
 /// Under the lock (`finish`) a release store and a plain look suffice.
 /// Event records are never passed inside a batch, so `finish` is what
-/// wakes a thread waiting for one once it is reached (an operation of a
-/// batch before it may wake the thread earlier; it blocks again).
+/// wakes a thread waiting for one once it is reached (its outcome is set
+/// before the count is published).
 ///
 /// `query` reads the stream without the lock, so the two counts and the
 /// failed flag are published in an order a reader can rely on: an
@@ -199,8 +200,8 @@ impl Progress {
     /// Blocks, with `scheduler` locked on entry and on return, until `done`
     /// holds. Before `done` is looked at for the last time (see the type's
     /// docs) the thread asks to be woken once the stream has completed
-    /// `look_again_at()` operations: the count `done` needs, or, where no
-    /// single count does (an event record), the next one.
+    /// `look_again_at()` operations: the count `done` needs (for an event
+    /// record, its position), or the next one if none is known.
     pub(crate) fn sleep_until<S>(
         &self,
         scheduler: &mut MutexGuard<'_, S>,

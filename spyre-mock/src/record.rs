@@ -6,6 +6,7 @@
 //! gate on it in the scheduler.
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use flex_rt::{Completion, FlexError, Result, Status};
@@ -22,6 +23,12 @@ pub(crate) struct Record {
     pub(crate) stream: usize,
     /// Its id, for messages.
     pub(crate) stream_id: u64,
+    /// The recording stream's completed count at which the device reaches
+    /// the record: the operations enqueued before it (a mark) or up to and
+    /// including it (a marker operation); 0 until the scheduler places it,
+    /// and for a record reached at once. Written and read under the
+    /// scheduler lock, so relaxed.
+    position: AtomicU64,
     outcome: OutcomeCell,
 }
 
@@ -112,8 +119,24 @@ impl Record {
         Self {
             stream,
             stream_id,
+            position: AtomicU64::new(0),
             outcome: OutcomeCell::new(),
         }
+    }
+
+    /// Places the record at its stream's completed count `position` (see
+    /// [`Record::position`]); call with the scheduler lock held, as the
+    /// record is queued.
+    pub(crate) fn place_at(&self, position: u64) {
+        self.position.store(position, Ordering::Relaxed);
+    }
+
+    /// The recording stream's completed count at which the device reaches
+    /// the record, once it settles (its outcome is set before that count
+    /// is published); 0 if it is not placed. Read with the scheduler lock
+    /// held.
+    pub(crate) fn position(&self) -> u64 {
+        self.position.load(Ordering::Relaxed)
     }
 
     /// Sets the outcome once (later calls change nothing) and calls the

@@ -327,6 +327,10 @@ impl Scheduler {
             let mut inbox = state.inbox.lock();
             inbox.move_into(&mut state.queue);
             inbox.number(&mut pending, &state.progress);
+            if let Op::Record(EventRecord(record)) = &pending.op {
+                // Reached as it finishes: at the count it was numbered at.
+                record.place_at(state.progress.submitted());
+            }
             inbox.active = true;
             inbox.checked = checked;
         }
@@ -410,10 +414,9 @@ impl Scheduler {
             let none = record.set_outcome(Ok(Instant::now()));
             debug_assert!(none.is_empty());
         } else {
-            state.marks.push_back(Mark {
-                after: state.submitted(),
-                record,
-            });
+            let after = state.submitted();
+            record.place_at(after);
+            state.marks.push_back(Mark { after, record });
         }
         Ok(false)
     }

@@ -91,15 +91,20 @@ fn a_stream_waiting_on_a_marker_runs_before_the_work_queued_behind_the_marker() 
     assert_eq!(log.take(), ["w", "y"]);
 }
 
-#[test]
-fn a_blocked_synchronize_is_woken_once_not_by_each_operation_before_its_last() {
-    // A thread synchronizes a stream with 42 operations unfinished: a held
-    // one, 20 behind it, a second held one, and 20 more. It blocks at once
-    // (`Blocking`), and only the 42nd completion ends its wait: that one
-    // wakes it, the 41 before it wake nobody. Were sleepers woken by any
-    // completion, the first held operation's would wake it.
-    let rt = runtime_with_policy(1, SyncPolicy::Blocking);
-    let s = stream(&rt);
+/// 42 operations queued on a stream: a held one, 20 behind it, a second
+/// held one, and 20 more ([`queue_42`]).
+struct Queued42 {
+    /// Releases the first held operation.
+    release: mpsc::Sender<()>,
+    /// Tells that the second held one runs, the 21 before it complete.
+    running: mpsc::Receiver<()>,
+    /// Releases the second held one.
+    answer: mpsc::Sender<()>,
+    /// How many of the 40 others have run.
+    ran: Arc<AtomicUsize>,
+}
+
+fn queue_42(s: &MockStream) -> Queued42 {
     let ran = Arc::new(AtomicUsize::new(0));
     let launch_twenty = || {
         for _ in 0..20 {
@@ -117,20 +122,81 @@ fn a_blocked_synchronize_is_woken_once_not_by_each_operation_before_its_last() {
     launch_twenty();
     let (running, answer) = handshake(s, &Log::default(), "middle");
     launch_twenty();
+    Queued42 {
+        release,
+        running,
+        answer,
+        ran,
+    }
+}
+
+/// Has a thread block in `wait` on `s` (of a one-engine `Blocking`
+/// runtime), which no completion before the 42nd of the [`queue_42`]
+/// operations ends: it blocks at once, the completion that ends its wait
+/// wakes it, and none before that one does. Were sleepers woken by any
+/// completion (or by the next one), the first held operation's would
+/// wake it.
+fn check_woken_once_by_the_completion_it_waits_for(
+    s: &MockStream,
+    queued: Queued42,
+    wait: impl FnOnce() -> flex_rt::Result<()> + Send,
+) {
     std::thread::scope(|scope| {
-        let waiter = scope.spawn(|| s.synchronize());
+        let waiter = scope.spawn(wait);
         while !s.has_sleepers() {
             std::thread::yield_now();
         }
-        drop(release);
-        running.recv_timeout(DEADLOCK).unwrap();
-        assert_eq!(ran.load(Ordering::SeqCst), 20);
-        assert_eq!(s.wakes(), 0, "woken before its last operation completed");
-        answer.send(()).unwrap();
+        drop(queued.release);
+        queued.running.recv_timeout(DEADLOCK).unwrap();
+        assert_eq!(queued.ran.load(Ordering::SeqCst), 20);
+        assert_eq!(s.wakes(), 0, "woken before the completion it waits for");
+        queued.answer.send(()).unwrap();
         waiter.join().unwrap().unwrap();
     });
-    assert_eq!(ran.load(Ordering::SeqCst), 40);
+    assert_eq!(queued.ran.load(Ordering::SeqCst), 40);
     assert_eq!(s.wakes(), 1);
+}
+
+#[test]
+fn a_blocked_synchronize_is_woken_once_not_by_each_operation_before_its_last() {
+    let rt = runtime_with_policy(1, SyncPolicy::Blocking);
+    let s = stream(&rt);
+    let queued = queue_42(s);
+    check_woken_once_by_the_completion_it_waits_for(s, queued, || s.synchronize());
+}
+
+#[test]
+fn a_blocked_event_synchronize_is_woken_once_by_the_operation_that_reaches_the_record() {
+    // The record is a mark after the 42 operations (no completion, no
+    // wait): the 42nd completion reaches it.
+    let rt = runtime_with_policy(1, SyncPolicy::Blocking);
+    let s = stream(&rt);
+    let queued = queue_42(s);
+    let event = rt.create_event(false).unwrap();
+    s.record_event(&*event, None).unwrap();
+    check_woken_once_by_the_completion_it_waits_for(s, queued, || event.synchronize());
+}
+
+#[test]
+fn a_blocked_event_synchronize_is_woken_once_by_its_marker_operation() {
+    // A record with a completion is a marker operation, the 43rd: its own
+    // completion wakes the thread, the 42 before it wake nobody.
+    let rt = runtime_with_policy(1, SyncPolicy::Blocking);
+    let s = stream(&rt);
+    let queued = queue_42(s);
+    let event = rt.create_event(false).unwrap();
+    let notified = Arc::new(AtomicBool::new(false));
+    let seen = Arc::clone(&notified);
+    s.record_event(
+        &*event,
+        Some(Box::new(move |result| {
+            assert!(result.is_ok());
+            seen.store(true, Ordering::SeqCst);
+        })),
+    )
+    .unwrap();
+    check_woken_once_by_the_completion_it_waits_for(s, queued, || event.synchronize());
+    assert!(notified.load(Ordering::SeqCst));
 }
 
 #[test]
