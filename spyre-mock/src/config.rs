@@ -212,9 +212,10 @@ impl MockConfig {
     /// ([`flex_rt::Runtime::note_reuse`]), and every copy, fill and compute
     /// of the new owner that touches that memory while an operation of the
     /// previous owner on it has not completed fails with
-    /// [`flex_rt::Status::EXECUTION_FAILED`], naming both operations. The
-    /// operands of a compute enqueued before the reuse are read from its
-    /// program when the reuse is noted. Costs a scan of the queued work per
+    /// [`flex_rt::Status::EXECUTION_FAILED`], naming both operations. A
+    /// compute still queued when the reuse is noted counts only with its
+    /// program's memory; its operands are read from the program as it
+    /// starts. Costs a scan of the queued work per
     /// reuse and a check per operation, so it is off unless asked for.
     pub fn check_reuse(&self) -> bool {
         self.check_reuse

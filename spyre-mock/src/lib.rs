@@ -127,9 +127,8 @@
 //!
 //! # Environment
 //!
-//! [`MockSystem::from_env`] reads (decimal numbers but the sync policy and
-//! the device-side-wait boolean;
-//! unset or empty keeps the default):
+//! [`MockSystem::from_env`] reads (decimal numbers but the sync policy, the
+//! two booleans and the device list; unset or empty keeps the default):
 //!
 //! | variable                    | meaning                                   | default   |
 //! |-----------------------------|-------------------------------------------|-----------|
@@ -141,6 +140,7 @@
 //! | `SPYRE_MOCK_COPY_BANDWIDTH` | H2D/D2H bandwidth, bytes per second, at least 1000000 (1 MB/s) | unlimited |
 //! | `SPYRE_MOCK_DEVICE_SIDE_WAIT` | whether streams wait on events on the device side (a boolean); `0` models today's card, where a wait blocks the host | on |
 //! | `SPYRE_MOCK_CHECK_REUSE`       | the use-after-free detector (a boolean): every copy, fill and compute that touches memory an allocator handed out again while an operation of the previous owner on it has not completed fails, naming both ([`MockConfig::check_reuse`]) | off |
+//! | `SPYRE_DEVICES`             | the devices the process may see, in its order, like `CUDA_VISIBLE_DEVICES`: `2,3` makes logical device 0 device 2; distinct indices below the device count | every device |
 //! | `SPYRE_MOCK_SYNC_POLICY`    | how `synchronize` waits: `auto` (spin 20 µs per call, then block), `spin` or `yield` (until done), `blocking` ([`flex_rt::SyncPolicy`]); idle engines spin 20 µs before they park: under `auto` one idle engine at a time, and only while no engine is busy (the others park at once, leaving the cores to the threads that launch and to the engines that work; a busy engine that sees more ready streams wakes one), under `spin` and `yield` every one, under `blocking` none | `auto` |
 //!
 //! # The shared library

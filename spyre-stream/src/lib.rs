@@ -66,7 +66,9 @@
 //!   explicitly starts the runtime on that device.
 //! - **One reading of the current device.** A thread's current device is the
 //!   one it set with [`set_device`]; otherwise, once the runtime has started,
-//!   the runtime's device; before that, `LOCAL_RANK` read afresh (the same
+//!   the runtime's device; before that, the launcher's local rank
+//!   (`LOCAL_RANK` or its MPI and Slurm counterparts, see [`mod@env`]) read
+//!   afresh (the same
 //!   reading the start uses). Once started, [`set_device`] accepts only the
 //!   runtime's device. The one way left for a thread's device to differ is a
 //!   thread that called `set_device(d)` and then named another device in the
@@ -226,8 +228,10 @@
 //!
 //! # Environment
 //!
-//! `LOCAL_RANK`, `TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS`,
-//! `SPYRE_HAZARD_TRACKER`, `SPYRE_BACKEND` (see [`mod@env`]); the software device
+//! The launchers' local-rank variables (`LOCAL_RANK`, then
+//! `OMPI_COMM_WORLD_LOCAL_RANK`, `MPI_LOCALRANKID`, `SLURM_LOCALID`),
+//! `TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS`, `SPYRE_HAZARD_TRACKER`,
+//! `SPYRE_BACKEND` (see [`mod@env`]); the software device
 //! reads `SPYRE_MOCK_*`, the hardware backend `FLEX_RUNTIME_LIB`.
 //!
 //! # Backends
