@@ -204,8 +204,10 @@ impl SpyreEvent {
     /// also for an event never recorded. Never blocks.
     ///
     /// # Errors
-    /// The recording stream's error if the record failed ([`Error::Flex`]).
+    /// The recording stream's error if the record failed ([`Error::Flex`]);
+    /// [`Error::ForkedProcess`] in a child forked after the start.
     pub fn query(&self) -> Result<bool> {
+        runtime::check_not_forked()?;
         Ok(self.event.query()?)
     }
 
@@ -217,8 +219,10 @@ impl SpyreEvent {
     /// The recording stream's error if the record failed; `UNSUPPORTED` from
     /// a completion or host callback ([`Error::Flex`]; the software device in
     /// process refuses only when the event has not completed, a flex
-    /// library always).
+    /// library always); [`Error::ForkedProcess`] in a child forked after the
+    /// start (the parent's device would never complete the record there).
     pub fn synchronize(&self) -> Result<()> {
+        runtime::check_not_forked()?;
         Ok(self.event.synchronize()?)
     }
 
@@ -228,10 +232,15 @@ impl SpyreEvent {
     /// runtime calls when the record completes (asked for now, with
     /// `flex_event_notify`; nothing is added to any stream): no thread
     /// blocks and nothing polls. Works on any executor; dropping it early is
-    /// fine. A runtime error while asking resolves the future with it.
+    /// fine. A runtime error while asking resolves the future with it; in a
+    /// child forked after the start the future resolves with
+    /// [`Error::ForkedProcess`] (nothing is asked of the parent's runtime).
     pub fn synchronize_async(&self) -> SynchronizeFuture {
         SynchronizeFuture {
-            signal: Some(self.completion_signal()),
+            // In a forked child nothing is asked; the first poll says why.
+            signal: runtime::check_not_forked()
+                .is_ok()
+                .then(|| self.completion_signal()),
             slot: None,
             _event: None,
         }
@@ -268,8 +277,11 @@ impl SpyreEvent {
     /// [`Error::EventWithoutTiming`], [`Error::EventNotRecorded`] or
     /// [`Error::EventNotComplete`] naming the event (start or end) whose
     /// precondition failed; [`Error::EventsOutOfOrder`] when `end` completed
-    /// before this event; a record's error ([`Error::Flex`]).
+    /// before this event; a record's error ([`Error::Flex`]);
+    /// [`Error::ForkedProcess`] in a child forked after the start, before
+    /// any of those.
     pub fn elapsed_time(&self, end: &SpyreEvent) -> Result<Duration> {
+        runtime::check_not_forked()?;
         let both = [(EventRole::Start, self), (EventRole::End, end)];
         // Each precondition for both events before the next one, so the
         // error names the first that fails in the order a caller fixes them.
@@ -311,7 +323,10 @@ impl fmt::Debug for SpyreEvent {
 /// The future of [`SpyreEvent::synchronize_async`] and
 /// [`SpyreStream::synchronize_async`]: resolves with `Ok(())` when the
 /// awaited work has completed, or with the error it failed with
-/// ([`Error::Flex`]). `Send`; dropping it before completion is safe.
+/// ([`Error::Flex`]); polled in a child forked after the start (made there
+/// or before the fork), with [`Error::ForkedProcess`], as the parent's
+/// device will never complete it there. `Send`; dropping it before
+/// completion is safe.
 #[must_use = "a future does nothing unless awaited"]
 pub struct SynchronizeFuture {
     /// `None`: nothing to wait for.
@@ -327,6 +342,9 @@ impl Future for SynchronizeFuture {
     type Output = Result<()>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if let Err(forked) = runtime::check_not_forked() {
+            return Poll::Ready(Err(forked));
+        }
         let this = self.get_mut();
         match &this.signal {
             None => Poll::Ready(Ok(())),

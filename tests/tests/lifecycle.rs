@@ -2,11 +2,12 @@
 //! per process, the current stream, environment variables. Each test runs in
 //! a fresh process (the runtime starts once per process).
 
+use futures_executor::block_on;
 use spyre_stream::{
-    Device, DeviceSource, DeviceState, Error, LaunchOptions, StreamId, current_stream,
-    default_stream, device_state, free_runtime, host_compute_stream, host_compute_stream_by_id,
-    runtime_info, set_current_stream, set_device, start_runtime, stream_from_pool,
-    synchronize_device,
+    Device, DeviceBuffer, DeviceSource, DeviceState, Error, LaunchOptions, SpyreEvent, StreamId,
+    allocate, capabilities, current_stream, default_stream, device_state, empty_cache, free,
+    free_runtime, host_compute_stream, host_compute_stream_by_id, memory_stats, runtime_info,
+    set_current_stream, set_device, start_runtime, stream_from_pool, synchronize_device,
 };
 use std::time::Duration;
 
@@ -510,6 +511,84 @@ fn a_forked_child_gets_a_clear_error_from_every_entry_point_never_a_hang() {
             .unwrap();
         stream.synchronize().unwrap();
         synchronize_device(Device::CURRENT).unwrap();
+    },);
+}
+
+#[test]
+fn a_forked_child_gets_a_clear_error_from_events_and_memory_never_a_hang() {
+    // The parent's event is recorded behind work that the parent holds
+    // until the child has ended, so any call of the child that reached the
+    // parent's device would wait for ever (before the fix the event's
+    // `synchronize` and futures did, and `query` answered with the
+    // parent's state).
+    isolated!(&[MOCK], || {
+        let held = stream_from_pool(Device::CURRENT, 0).unwrap();
+        let other = stream_from_pool(Device::CURRENT, 0).unwrap();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        held.launch_host_callback(
+            move || {
+                let _ = released.recv();
+            },
+            LaunchOptions::new(),
+        )
+        .unwrap();
+        let [start, end] = [(); 2].map(|()| SpyreEvent::with_timing().unwrap());
+        start.record(held).unwrap();
+        end.record(held).unwrap();
+        let before_fork = end.synchronize_async();
+        let buffer = DeviceBuffer::<f32>::zeros(other, 4).unwrap();
+        let address = allocate(Device::CURRENT, 4096).unwrap();
+        let parent = std::process::id();
+
+        let outcome = fork_and_wait(Duration::from_secs(30), || {
+            let child = std::process::id();
+            let forked = |result: spyre_stream::Result<()>, what: &str| match result {
+                Err(Error::ForkedProcess {
+                    started_in,
+                    current,
+                }) => {
+                    assert_eq!((started_in, current), (parent, child), "{what}");
+                }
+                other => panic!("{what} in the forked child: {other:?}"),
+            };
+            forked(end.query().map(drop), "SpyreEvent::query");
+            forked(end.synchronize(), "SpyreEvent::synchronize");
+            forked(
+                start.elapsed_time(&end).map(drop),
+                "SpyreEvent::elapsed_time",
+            );
+            forked(
+                block_on(end.synchronize_async()),
+                "SpyreEvent::synchronize_async",
+            );
+            forked(block_on(before_fork), "a future made before the fork");
+            forked(end.record(other), "SpyreEvent::record");
+            forked(end.wait(other), "SpyreEvent::wait");
+            forked(SpyreEvent::new().map(drop), "SpyreEvent::new");
+            forked(other.wait_stream(held), "SpyreStream::wait_stream");
+            forked(
+                held.synchronize_async().map(drop),
+                "SpyreStream::synchronize_async",
+            );
+            forked(capabilities(Device::CURRENT).map(drop), "capabilities");
+            forked(memory_stats(Device::CURRENT).map(drop), "memory_stats");
+            forked(empty_cache(Device::CURRENT).map(drop), "empty_cache");
+            forked(allocate(Device::CURRENT, 4096).map(drop), "allocate");
+            forked(free(Device::CURRENT, &address), "free");
+            forked(
+                DeviceBuffer::<f32>::zeros(other, 4).map(drop),
+                "DeviceBuffer::zeros",
+            );
+            forked(buffer.to_vec(other).map(drop), "DeviceBuffer::to_vec");
+        });
+        assert_eq!(outcome, ForkOutcome::Exited(0));
+
+        // The parent is untouched: its event completes once released.
+        release.send(()).unwrap();
+        end.synchronize().unwrap();
+        assert!(start.elapsed_time(&end).is_ok());
+        free(Device::CURRENT, &address).unwrap();
+        assert_eq!(buffer.to_vec(other).unwrap(), [0.0; 4]);
     },);
 }
 
