@@ -483,6 +483,12 @@ pub(crate) fn pool_of(stream: SpyreStream) -> Result<&'static StreamPool<'static
 /// The process-wide pool, for code that needs the pool or its runtime
 /// directly (the `StreamPool` methods, raw handles).
 ///
+/// The reference is the parent's in a child of `fork()`: the pool and its
+/// handles are below the process-wide API and do not check for a fork, so
+/// a child must not use a pool or a handle obtained before forking (its
+/// calls would reach the parent's device, whose threads the child does
+/// not have). Call this again in the child: it returns the error.
+///
 /// # Errors
 /// [`Error::NotStarted`] before [`start_runtime`]; [`Error::ForkedProcess`]
 /// in a child forked after the start.
