@@ -158,11 +158,13 @@ pub(crate) struct RunArgs {
     /// event format (open it in Perfetto or chrome://tracing): one track
     /// per stream, each operation from its start to its finish on the
     /// device, waits on events as arrows from the records they waited for.
+    /// FILE is created before the run (a path that cannot be created exits
+    /// 2 at once) and written when it ends, after a failure too.
     #[arg(long, value_name = "FILE")]
     pub(crate) trace: Option<std::path::PathBuf>,
     /// Draw the same trace as a timeline into FILE (SVG: a name ending in
     /// .svg): one row per stream, each operation a bar coloured by kind,
-    /// with a legend and a time axis.
+    /// with a legend and a time axis. Created before the run, as --trace.
     #[arg(long, value_name = "FILE.svg")]
     pub(crate) timeline: Option<std::path::PathBuf>,
 }

@@ -1129,6 +1129,22 @@ fn a_timeline_must_be_svg() {
 }
 
 #[test]
+fn output_files_that_cannot_be_created_are_refused_before_the_run() {
+    // Refused up front (exit 2), not after the whole run as a failed one
+    // (exit 1, the report lost).
+    refused(
+        &["run", "--trace", "/nonexistent/dir/trace.json"],
+        &[],
+        &["--trace /nonexistent/dir/trace.json: cannot create the file: "],
+    );
+    refused(
+        &["run", "--timeline", "/nonexistent/dir/timeline.svg"],
+        &[],
+        &["--timeline /nonexistent/dir/timeline.svg: cannot create the file: "],
+    );
+}
+
+#[test]
 fn the_json_report_carries_the_counters_of_every_stream() {
     let report = json(&["run", "--json", "--iterations", "10"], &[]);
     let counters = &report["counters"];

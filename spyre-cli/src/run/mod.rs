@@ -32,6 +32,7 @@ mod capacity;
 mod estimate;
 mod lane;
 mod outcome;
+mod output_file;
 mod plan;
 mod report;
 mod timeline;
@@ -47,6 +48,7 @@ use spyre_stream::program::DESCRIPTOR_SIZE;
 
 use self::capacity::check_capacity;
 pub(crate) use self::outcome::{MemoryUse, RunOutcome, TraceFile};
+use self::output_file::OutputFile;
 pub(crate) use self::plan::Plan;
 pub(crate) use self::report::RunReport;
 use self::worker::{Shared, ThreadStats};
@@ -62,9 +64,14 @@ use crate::output;
 /// start error; [`CliError::Iteration`] for the first iteration that failed.
 pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
     let plan = Plan::new(args.kernel, args.size)?;
-    if let Some(path) = &args.timeline {
-        timeline::check_path(path)?;
-    }
+    // Created before any work, so that a path that cannot be written is
+    // refused up front.
+    let trace_file = args
+        .trace
+        .as_deref()
+        .map(|path| OutputFile::create("--trace", path))
+        .transpose()?;
+    let timeline_file = args.timeline.as_deref().map(timeline::create).transpose()?;
     let total = (args.threads as u64)
         .checked_mul(args.iterations)
         .ok_or_else(|| {
@@ -164,15 +171,15 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
     });
     let allocations_at_warm_up = shared.allocations_at_warm_up();
     // Written after a failure too: that is when a picture helps most.
-    let trace = match (&args.trace, &recorded) {
-        (Some(path), Some(recorded)) => Some(TraceFile {
-            path: path.display().to_string(),
-            summary: trace_file::write_chrome_trace(path, recorded)?,
+    let trace = match (trace_file, &recorded) {
+        (Some(file), Some(recorded)) => Some(TraceFile {
+            path: file.path().display().to_string(),
+            summary: trace_file::write_chrome_trace(file, recorded)?,
         }),
         _ => None,
     };
-    if let (Some(path), Some(recorded)) = (&args.timeline, &recorded) {
-        timeline::write_timeline(path, recorded)?;
+    if let (Some(file), Some(recorded)) = (timeline_file, &recorded) {
+        timeline::write_timeline(file, recorded)?;
     }
 
     let mut failures = shared.into_failures();

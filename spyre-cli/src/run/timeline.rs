@@ -9,6 +9,7 @@ use std::path::Path;
 use plotters::prelude::*;
 use spyre_stream::{OperationKind, Trace};
 
+use super::output_file::OutputFile;
 use crate::error::CliError;
 
 /// The kinds drawn as bars, with their colours, in legend order.
@@ -22,28 +23,15 @@ const KINDS: [(OperationKind, RGBColor); 5] = [
 /// Event records and waits: ticks, not bars.
 const MARKER: RGBColor = RGBColor(90, 90, 90);
 
-/// Writes the timeline of `trace` to `path`, which must end in `.svg`.
-///
-/// # Errors
-/// [`CliError::Usage`] for another extension; [`CliError::Failed`] naming
-/// the path when the picture cannot be drawn or written.
-pub(crate) fn write_timeline(path: &Path, trace: &Trace) -> Result<(), CliError> {
-    check_path(path)?;
-    draw(path, trace).map_err(|e| {
-        CliError::Failed(format!(
-            "cannot draw the timeline into {}: {e}",
-            path.display()
-        ))
-    })
-}
-
-/// Refuses a path that does not end in `.svg` (the one format drawn).
+/// Creates the timeline's file at `path`, before the run, refusing a path
+/// that does not end in `.svg` (the one format drawn) or that cannot be
+/// created.
 ///
 /// # Errors
 /// [`CliError::Usage`] naming the path.
-pub(crate) fn check_path(path: &Path) -> Result<(), CliError> {
+pub(crate) fn create(path: &Path) -> Result<OutputFile, CliError> {
     match path.extension().and_then(|e| e.to_str()) {
-        Some(ext) if ext.eq_ignore_ascii_case("svg") => Ok(()),
+        Some(ext) if ext.eq_ignore_ascii_case("svg") => OutputFile::create("--timeline", path),
         _ => Err(CliError::Usage(format!(
             "--timeline {}: the timeline is drawn as SVG; give a file name ending in .svg",
             path.display()
@@ -51,7 +39,23 @@ pub(crate) fn check_path(path: &Path) -> Result<(), CliError> {
     }
 }
 
-fn draw(path: &Path, trace: &Trace) -> Result<(), Box<dyn std::error::Error>> {
+/// Writes the timeline of `trace` to `file`.
+///
+/// # Errors
+/// [`CliError::Failed`] naming the path when the picture cannot be drawn
+/// or written.
+pub(crate) fn write_timeline(file: OutputFile, trace: &Trace) -> Result<(), CliError> {
+    let svg = draw(trace).map_err(|e| {
+        CliError::Failed(format!(
+            "cannot draw the timeline into {}: {e}",
+            file.path().display()
+        ))
+    })?;
+    file.write("timeline", svg.as_bytes())
+}
+
+/// The timeline of `trace` as an SVG document.
+fn draw(trace: &Trace) -> Result<String, Box<dyn std::error::Error>> {
     // Rows: the streams, by id; times in milliseconds.
     let mut rows: BTreeMap<i64, i32> = BTreeMap::new();
     let mut end_ms = 0f64;
@@ -67,7 +71,8 @@ fn draw(path: &Path, trace: &Trace) -> Result<(), Box<dyn std::error::Error>> {
     let labels: Vec<i64> = rows.keys().copied().collect();
     let count = rows.len().max(1) as i32;
     let height = 90 + 26 * count as u32;
-    let root = SVGBackend::new(path, (1200, height)).into_drawing_area();
+    let mut svg = String::new();
+    let root = SVGBackend::with_string(&mut svg, (1200, height)).into_drawing_area();
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
         .caption("spyre run: operations by stream", ("sans-serif", 18))
@@ -139,5 +144,7 @@ fn draw(path: &Path, trace: &Trace) -> Result<(), Box<dyn std::error::Error>> {
         .border_style(BLACK)
         .draw()?;
     root.present()?;
-    Ok(())
+    drop(chart);
+    drop(root);
+    Ok(svg)
 }

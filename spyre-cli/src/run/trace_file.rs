@@ -5,11 +5,11 @@
 //! record it waited for (flow events bound to the slices by `bind_id`).
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use serde_json::{Value, json};
 use spyre_stream::{OperationKind, Trace, TraceEntry};
 
+use super::output_file::OutputFile;
 use crate::error::CliError;
 
 /// What a written trace holds.
@@ -111,14 +111,15 @@ pub(crate) fn chrome_trace(trace: &Trace) -> (Value, TraceSummary) {
     )
 }
 
-/// Writes `trace` to `path` in the Chrome trace event format.
+/// Writes `trace` to `file` in the Chrome trace event format.
 ///
 /// # Errors
 /// [`CliError::Failed`] naming the path when it cannot be written.
-pub(crate) fn write_chrome_trace(path: &Path, trace: &Trace) -> Result<TraceSummary, CliError> {
+pub(crate) fn write_chrome_trace(
+    file: OutputFile,
+    trace: &Trace,
+) -> Result<TraceSummary, CliError> {
     let (value, summary) = chrome_trace(trace);
-    std::fs::write(path, value.to_string()).map_err(|e| {
-        CliError::Failed(format!("cannot write the trace to {}: {e}", path.display()))
-    })?;
+    file.write("trace", value.to_string().as_bytes())?;
     Ok(summary)
 }
