@@ -4,7 +4,10 @@
 # a shared library that exports flex.h (libspyre_mock_capi.so, crate
 # spyre-mock-capi). Fails unless the
 # run used the hardware backend and verified every iteration; prints one
-# summary line.
+# summary line. Then, with the library reporting ABI 1.0 (no events), checks
+# that the default (pipelined) run is refused before any work (exit 2,
+# naming the modes that need no events) and that `--mode per-iteration`
+# runs.
 #
 # Arguments of `spyre run` can be changed with SPYRE_CI_THREADS,
 # SPYRE_CI_ITERATIONS, SPYRE_CI_SIZE and SPYRE_CI_KERNEL. Needs jq or python3
@@ -68,3 +71,21 @@ if [[ -z "$total" || "$total" == "0" || "$verified" != "$total" ]]; then
 fi
 printf 'hardware path OK: %s/%s iterations verified through the hardware backend on %s (%s launches, %s bytes moved, %.3f GB/s, %.3f s)\n' \
     "$verified" "$total" "$lib" "$operations" "$bytes" "$gbps" "$seconds"
+
+echo "run-hardware-path: a library of ABI 1.0 (no events): the pipelined run is refused up front, per-iteration runs" >&2
+set +e
+refusal="$(
+    SPYRE_BACKEND=hardware FLEX_RUNTIME_LIB="$lib" SPYRE_MOCK_ABI_VERSION=1.0 \
+        cargo run --release --locked --quiet -p spyre-cli --features hardware -- \
+        run --iterations 2 --size 64KiB 2>&1 >/dev/null
+)"
+code=$?
+set -e
+if [[ $code -ne 2 || "$refusal" != *"orders streams with events, and this runtime has none: use \`--mode per-iteration\`"* ]]; then
+    echo "run-hardware-path: expected exit 2 naming the modes without events, got exit $code: $refusal" >&2
+    exit 1
+fi
+SPYRE_BACKEND=hardware FLEX_RUNTIME_LIB="$lib" SPYRE_MOCK_ABI_VERSION=1.0 \
+    cargo run --release --locked --quiet -p spyre-cli --features hardware -- \
+    run --mode per-iteration --iterations 2 --size 64KiB >/dev/null
+echo "ABI 1.0 OK: the pipelined run refused before any work (exit 2), the per-iteration run verified"

@@ -4,7 +4,7 @@
 //! |---:|---|
 //! | 0 | success |
 //! | 1 | the work failed: a device or runtime error, a result that differs from the host reference |
-//! | 2 | the invocation is wrong: a bad argument (clap's own errors use 2 too), a value the device cannot take, a malformed environment variable |
+//! | 2 | the invocation is wrong: a bad argument (clap's own errors use 2 too), a value the device cannot take, a malformed environment variable, a flex library without a call the command needs |
 
 use std::fmt;
 use std::process::ExitCode;
@@ -81,8 +81,9 @@ impl ErrorReport {
 
 /// Whether a stream-layer error means the environment is set up wrong (a
 /// malformed variable, a backend this build lacks, a flex library that
-/// cannot be loaded, a device that does not exist, a bad `SPYRE_MOCK_*`
-/// value) rather than that the device failed.
+/// cannot be loaded or lacks a call the command needs, a device that does
+/// not exist, a bad `SPYRE_MOCK_*` value) rather than that the device
+/// failed.
 fn is_configuration_error(error: &spyre_stream::Error) -> bool {
     use spyre_stream::Error;
     matches!(
@@ -94,6 +95,7 @@ fn is_configuration_error(error: &spyre_stream::Error) -> bool {
             | Error::DeviceOutOfRange { .. }
             | Error::InvalidHostComputeStreams { .. }
             | Error::InvalidDeviceIndex { .. }
+            | Error::Unsupported(_)
     )
 }
 

@@ -115,9 +115,17 @@ fn stream_error(context: &'static str) -> impl Fn(spyre_stream::Error) -> CliErr
 ///
 /// # Errors
 /// The stream layer's error; [`CliError::Usage`] for a transfer size the
-/// device cannot hold.
+/// device cannot hold, or, with the pipeline measurement, for a runtime
+/// without events.
 pub(crate) fn bench(args: &BenchArgs) -> Result<BenchReport, CliError> {
     spyre_stream::start_runtime().map_err(stream_error("starting the Spyre runtime"))?;
+    if args.pipeline {
+        // Its child runs need events: refused now, not after the rest.
+        crate::run::require_events(
+            "the pipeline measurement",
+            "skip it with `spyre bench --pipeline false`",
+        )?;
+    }
     let kind = spyre_stream::selected_backend().map_err(stream_error("choosing the backend"))?;
     let backend = spyre_stream::runtime_info()
         .map(|info| info.backend)

@@ -52,16 +52,35 @@ use self::output_file::OutputFile;
 pub(crate) use self::plan::Plan;
 pub(crate) use self::report::RunReport;
 use self::worker::{Shared, ThreadStats};
-use crate::cli::{KernelArg, RunArgs};
+use crate::cli::{KernelArg, ModeArg, RunArgs};
 use crate::error::CliError;
 use crate::host_memory;
 use crate::output;
 
+/// Refuses, before any work, a runtime without events (a flex library of
+/// ABI 1.0) for `what`, which orders streams with them: a usage error
+/// that says what to do `instead`. Starts the runtime if needed.
+///
+/// # Errors
+/// [`CliError::Usage`] for a runtime without events; the stream layer's
+/// error if the runtime cannot start or answer.
+pub(crate) fn require_events(what: &str, instead: &str) -> Result<(), CliError> {
+    match spyre_stream::capabilities(Device::CURRENT) {
+        Ok(_) => Ok(()),
+        Err(spyre_stream::Error::Unsupported(source)) => Err(CliError::Usage(format!(
+            "{what} orders streams with events, and this runtime has none: {instead} ({source})"
+        ))),
+        Err(e) => Err(CliError::stream("asking the runtime what it can do", e)),
+    }
+}
+
 /// Runs the workload.
 ///
 /// # Errors
-/// [`CliError::Usage`] for sizes the device cannot hold; the stream layer's
-/// start error; [`CliError::Iteration`] for the first iteration that failed.
+/// [`CliError::Usage`] for sizes the device cannot hold, an output file
+/// that cannot be created, and the pipelined mode on a runtime without
+/// events; the stream layer's start error; [`CliError::Iteration`] for the
+/// first iteration that failed.
 pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
     let plan = Plan::new(args.kernel, args.size)?;
     // Created before any work, so that a path that cannot be written is
@@ -83,6 +102,12 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
     spyre_stream::start_runtime().map_err(|e| CliError::stream("starting the Spyre runtime", e))?;
     let info = spyre_stream::runtime_info()
         .ok_or_else(|| CliError::Failed("the Spyre runtime did not start".into()))?;
+    if args.mode == ModeArg::Pipelined {
+        require_events(
+            "`spyre run --mode pipelined` (the default)",
+            "use `--mode per-iteration` or `--mode serialized`",
+        )?;
+    }
     let layout = spyre_stream::memory_layout(Device::CURRENT)
         .map_err(|e| CliError::stream("reading the device's memory layout", e))?;
     if let Some(layout) = layout {
