@@ -89,10 +89,16 @@ impl SpyreStream {
     }
 
     /// The stream's error state (`SpyreStreamGetError`): `Shutdown` when the
-    /// runtime says the stream needs a shutdown, else `Success`.
+    /// runtime says the stream needs a shutdown, else `Success` — also for
+    /// a stream that has failed without needing a shutdown, as in
+    /// torch-spyre, where this state is about shutdown only (an operation's
+    /// failure is what [`SpyreStream::query`] and
+    /// [`SpyreStream::synchronize`] return).
     ///
     /// # Errors
-    /// As [`SpyreStream::query`].
+    /// As [`SpyreStream::query`] for the handle ([`crate::Error::NoHandle`],
+    /// [`crate::Error::WrongDevice`], [`crate::Error::ForkedProcess`]); the
+    /// runtime's error when it cannot tell. Not the stream's failure.
     pub fn error(self) -> Result<StreamErrorState> {
         Ok(StreamErrorState::of(self.handle()?)?)
     }
