@@ -261,6 +261,42 @@ fn a_full_device_empties_the_cache_and_retries_once() {
 }
 
 #[test]
+fn a_raw_free_of_a_buffers_segment_is_refused_and_frees_nothing() {
+    // A buffer above LARGE_SEGMENT_LIMIT has a segment of its own, so its
+    // address is a live device allocation: the runtime alone would free
+    // it, and the next allocate would hand the buffer's memory out again.
+    isolated!(&[MOCK], || {
+        let stream = pool_stream();
+        let mut buffer = DeviceBuffer::<u8>::zeros(stream, 20 << 20).unwrap();
+        buffer.fill(stream, 7).unwrap();
+        let before = stats();
+        let err = spyre_stream::free(Device::CURRENT, buffer.address()).unwrap_err();
+        assert!(
+            matches!(&err, Error::Flex(e) if e.status() == spyre_stream::Status::INVALID_ARGUMENT),
+            "{err:?}"
+        );
+        let message = err.to_string();
+        assert!(
+            message.contains(&format!(
+                "{} is memory of the caching allocator",
+                buffer.address()
+            )) && message.contains("drop the DeviceBuffer instead"),
+            "{message}"
+        );
+        assert_eq!(stats(), before);
+        // Still the buffer's: a raw allocation of the same size gets other
+        // memory, and writing it leaves the buffer as it was.
+        let raw = spyre_stream::allocate(Device::CURRENT, 20 << 20).unwrap();
+        assert_ne!(&raw, buffer.address());
+        stream
+            .launch_fill(&raw, 9.0, DataFormat::Uint8, LaunchOptions::new())
+            .unwrap();
+        assert!(buffer.to_vec(stream).unwrap().iter().all(|&b| b == 7));
+        spyre_stream::free(Device::CURRENT, &raw).unwrap();
+    },);
+}
+
+#[test]
 fn bad_lengths_are_named_errors() {
     isolated!(&[MOCK], || {
         let stream = pool_stream();

@@ -568,6 +568,17 @@ impl CachingAllocator {
         returned
     }
 
+    /// Whether `address` is the whole of a segment the allocator holds
+    /// (in use by buffers or cached): a raw free of it would pull memory
+    /// from under them.
+    pub(crate) fn owns(&self, address: &CompositeAddress) -> bool {
+        self.state
+            .lock()
+            .segments
+            .iter()
+            .any(|(_, segment)| segment.address == *address)
+    }
+
     /// The statistics now (deferred frees whose streams have moved on are
     /// collected first).
     pub(crate) fn stats(&self) -> MemoryStats {

@@ -37,11 +37,23 @@ pub fn allocate(device: Device, bytes: u64) -> Result<CompositeAddress> {
 /// Frees memory returned by [`allocate`], given the same address.
 ///
 /// # Errors
-/// As [`crate::stream_from_pool`] for the device; the runtime's
-/// `INVALID_ARGUMENT` when `address` is not a live allocation (nothing is
-/// freed then).
+/// As [`crate::stream_from_pool`] for the device; `INVALID_ARGUMENT`
+/// ([`crate::Error::Flex`]) when `address` is not a live allocation (the
+/// runtime's) or is a segment of the caching allocator, such as the
+/// address of a [`crate::DeviceBuffer`] that fills one (drop the buffer
+/// instead). Nothing is freed then.
 pub fn free(device: Device, address: &CompositeAddress) -> Result<()> {
-    Ok(runtime::pool_for(device)?.runtime().free(address)?)
+    let pool = runtime::pool_for(device)?;
+    if runtime::started_allocator_for(device)?.owns(address) {
+        return Err(FlexError::invalid_argument(
+            "free",
+            format!(
+                "{address} is memory of the caching allocator (it holds DeviceBuffers), not of allocate; drop the DeviceBuffer instead, and call empty_cache to return cached memory to the device"
+            ),
+        )
+        .into());
+    }
+    Ok(pool.runtime().free(address)?)
 }
 
 /// The layout of `device`'s memory (size and region size), or `None` when
