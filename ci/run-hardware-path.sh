@@ -6,8 +6,9 @@
 # run used the hardware backend and verified every iteration; prints one
 # summary line. Then, with the library reporting ABI 1.0 (no events), checks
 # that the default (pipelined) run is refused before any work (exit 2,
-# naming the modes that need no events) and that `--mode per-iteration`
-# runs.
+# naming the modes that need no events), that `--mode per-iteration` runs,
+# and that `spyre bench` is refused before it measures anything (naming
+# `--pipeline false`).
 #
 # Arguments of `spyre run` can be changed with SPYRE_CI_THREADS,
 # SPYRE_CI_ITERATIONS, SPYRE_CI_SIZE and SPYRE_CI_KERNEL. Needs jq or python3
@@ -88,4 +89,16 @@ fi
 SPYRE_BACKEND=hardware FLEX_RUNTIME_LIB="$lib" SPYRE_MOCK_ABI_VERSION=1.0 \
     cargo run --release --locked --quiet -p spyre-cli --features hardware -- \
     run --mode per-iteration --iterations 2 --size 64KiB >/dev/null
-echo "ABI 1.0 OK: the pipelined run refused before any work (exit 2), the per-iteration run verified"
+set +e
+refusal="$(
+    SPYRE_BACKEND=hardware FLEX_RUNTIME_LIB="$lib" SPYRE_MOCK_ABI_VERSION=1.0 \
+        cargo run --release --locked --quiet -p spyre-cli --features hardware -- \
+        bench --budget-ms 20 2>&1 >/dev/null
+)"
+code=$?
+set -e
+if [[ $code -ne 2 || "$refusal" != *"the pipeline measurement orders streams with events, and this runtime has none: skip it with \`spyre bench --pipeline false\`"* ]]; then
+    echo "run-hardware-path: expected spyre bench to exit 2 before measuring, naming --pipeline false; got exit $code: $refusal" >&2
+    exit 1
+fi
+echo "ABI 1.0 OK: the pipelined run and the bench refused before any work (exit 2), the per-iteration run verified"

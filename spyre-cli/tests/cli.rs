@@ -1142,6 +1142,40 @@ fn output_files_that_cannot_be_created_are_refused_before_the_run() {
         &[],
         &["--timeline /nonexistent/dir/timeline.svg: cannot create the file: "],
     );
+    refused(
+        &["run", "--trace", "run.svg", "--timeline", "./run.svg"],
+        &[],
+        &["--trace and --timeline both name ./run.svg; give each its own file"],
+    );
+}
+
+#[test]
+fn a_refused_run_leaves_no_output_file_and_a_device_file_takes_the_trace() {
+    // Refused by the device-size check, after the arguments were parsed:
+    // neither file is created.
+    let dir = std::env::temp_dir();
+    let trace = dir.join(format!("spyre-refused-{}.json", std::process::id()));
+    let timeline = dir.join(format!("spyre-refused-{}.svg", std::process::id()));
+    refused(
+        &[
+            "run",
+            "--size",
+            "2GiB",
+            "--trace",
+            trace.to_str().unwrap(),
+            "--timeline",
+            timeline.to_str().unwrap(),
+        ],
+        &[],
+        &["--size 2147483648"],
+    );
+    assert!(!trace.exists() && !timeline.exists());
+    // `/dev/null` (which cannot be synced) takes a whole run's trace.
+    let report = json(
+        &["run", "--json", "--iterations", "4", "--trace", "/dev/null"],
+        &[],
+    );
+    assert_eq!(report["trace"]["path"], "/dev/null");
 }
 
 #[test]

@@ -121,7 +121,7 @@ pub(crate) fn bench(args: &BenchArgs) -> Result<BenchReport, CliError> {
     spyre_stream::start_runtime().map_err(stream_error("starting the Spyre runtime"))?;
     if args.pipeline {
         // Its child runs need events: refused now, not after the rest.
-        crate::run::require_events(
+        crate::run::require_timed_events(
             "the pipeline measurement",
             "skip it with `spyre bench --pipeline false`",
         )?;

@@ -57,16 +57,30 @@ use crate::error::CliError;
 use crate::host_memory;
 use crate::output;
 
-/// Refuses, before any work, a runtime without events (a flex library of
-/// ABI 1.0) for `what`, which orders streams with them: a usage error
-/// that says what to do `instead`. Starts the runtime if needed.
+/// Refuses, before any work, a runtime without timed events for `what`,
+/// which orders streams with events and times its stages with them: a
+/// usage error that says what to do `instead`. Starts the runtime if
+/// needed.
 ///
 /// # Errors
-/// [`CliError::Usage`] for a runtime without events; the stream layer's
-/// error if the runtime cannot start or answer.
-pub(crate) fn require_events(what: &str, instead: &str) -> Result<(), CliError> {
-    match spyre_stream::capabilities(Device::CURRENT) {
-        Ok(_) => Ok(()),
+/// [`CliError::Usage`] for a runtime without events (a flex library of ABI
+/// 1.0) or without event timing; the stream layer's error if the runtime
+/// cannot start or answer.
+pub(crate) fn require_timed_events(what: &str, instead: &str) -> Result<(), CliError> {
+    timed_events_verdict(spyre_stream::capabilities(Device::CURRENT), what, instead)
+}
+
+/// [`require_timed_events`]' verdict on the runtime's answer.
+fn timed_events_verdict(
+    capabilities: spyre_stream::Result<spyre_stream::Capabilities>,
+    what: &str,
+    instead: &str,
+) -> Result<(), CliError> {
+    match capabilities {
+        Ok(capabilities) if capabilities.event_timing => Ok(()),
+        Ok(_) => Err(CliError::Usage(format!(
+            "{what} times its stages with events, and this runtime cannot time them: {instead}"
+        ))),
         Err(spyre_stream::Error::Unsupported(source)) => Err(CliError::Usage(format!(
             "{what} orders streams with events, and this runtime has none: {instead} ({source})"
         ))),
@@ -83,14 +97,12 @@ pub(crate) fn require_events(what: &str, instead: &str) -> Result<(), CliError> 
 /// first iteration that failed.
 pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
     let plan = Plan::new(args.kernel, args.size)?;
-    // Created before any work, so that a path that cannot be written is
-    // refused up front.
-    let trace_file = args
-        .trace
-        .as_deref()
-        .map(|path| OutputFile::create("--trace", path))
-        .transpose()?;
-    let timeline_file = args.timeline.as_deref().map(timeline::create).transpose()?;
+    if let Some(path) = &args.timeline {
+        timeline::check_path(path)?;
+    }
+    if let (Some(trace), Some(timeline)) = (&args.trace, &args.timeline) {
+        output_file::check_distinct(trace, timeline)?;
+    }
     let total = (args.threads as u64)
         .checked_mul(args.iterations)
         .ok_or_else(|| {
@@ -103,7 +115,7 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
     let info = spyre_stream::runtime_info()
         .ok_or_else(|| CliError::Failed("the Spyre runtime did not start".into()))?;
     if args.mode == ModeArg::Pipelined {
-        require_events(
+        require_timed_events(
             "`spyre run --mode pipelined` (the default)",
             "use `--mode per-iteration` or `--mode serialized`",
         )?;
@@ -137,6 +149,27 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
         // Advice only: a closed stderr must not fail (or panic) the run.
         let _ = writeln!(std::io::stderr(), "{warning}");
     }
+    // Every check has passed: the output files are created now, before
+    // any work, so that a path that cannot be written is refused up front.
+    let trace_file = args
+        .trace
+        .as_deref()
+        .map(|path| OutputFile::create("--trace", path))
+        .transpose()?;
+    let timeline_file = match args
+        .timeline
+        .as_deref()
+        .map(|path| OutputFile::create("--timeline", path))
+        .transpose()
+    {
+        Ok(file) => file,
+        Err(refused) => {
+            if let Some(file) = trace_file {
+                file.discard();
+            }
+            return Err(refused);
+        }
+    };
     tracing::info!(
         backend = info.backend,
         kernel = plan.kernel.name(),
@@ -261,4 +294,46 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
             allocated_bytes_at_end: memory.allocated_bytes,
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use spyre_stream::{Capabilities, FlexError, Status};
+
+    use super::*;
+
+    #[test]
+    fn the_pipelined_mode_needs_events_that_can_be_timed() {
+        let verdict = |capabilities| timed_events_verdict(capabilities, "the mode", "use another");
+        assert!(
+            verdict(Ok(Capabilities {
+                device_side_wait: false,
+                event_timing: true,
+            }))
+            .is_ok()
+        );
+        let untimed = verdict(Ok(Capabilities {
+            device_side_wait: true,
+            event_timing: false,
+        }))
+        .unwrap_err();
+        assert_eq!(untimed.exit_code(), 2);
+        assert_eq!(
+            untimed.to_string(),
+            "the mode times its stages with events, and this runtime cannot time them: use another"
+        );
+        let none = verdict(Err(spyre_stream::Error::Unsupported(FlexError::new(
+            Status::UNSUPPORTED,
+            "flex_runtime_get_capability",
+            "ABI 1.0",
+        ))))
+        .unwrap_err();
+        assert_eq!(none.exit_code(), 2);
+        assert!(
+            none.to_string().starts_with(
+                "the mode orders streams with events, and this runtime has none: use another ("
+            ),
+            "{none}"
+        );
+    }
 }

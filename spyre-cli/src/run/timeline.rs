@@ -23,15 +23,13 @@ const KINDS: [(OperationKind, RGBColor); 5] = [
 /// Event records and waits: ticks, not bars.
 const MARKER: RGBColor = RGBColor(90, 90, 90);
 
-/// Creates the timeline's file at `path`, before the run, refusing a path
-/// that does not end in `.svg` (the one format drawn) or that cannot be
-/// created.
+/// Refuses a path that does not end in `.svg` (the one format drawn).
 ///
 /// # Errors
 /// [`CliError::Usage`] naming the path.
-pub(crate) fn create(path: &Path) -> Result<OutputFile, CliError> {
+pub(crate) fn check_path(path: &Path) -> Result<(), CliError> {
     match path.extension().and_then(|e| e.to_str()) {
-        Some(ext) if ext.eq_ignore_ascii_case("svg") => OutputFile::create("--timeline", path),
+        Some(ext) if ext.eq_ignore_ascii_case("svg") => Ok(()),
         _ => Err(CliError::Usage(format!(
             "--timeline {}: the timeline is drawn as SVG; give a file name ending in .svg",
             path.display()
