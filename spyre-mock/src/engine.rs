@@ -137,6 +137,9 @@ pub(crate) struct Device {
     /// watching engine watches instead of taking the scheduler lock, and
     /// what stops a batch.
     pub(crate) work_epoch: CachePadded<AtomicU64>,
+    /// Events of the runtime made and not dropped yet
+    /// ([`crate::MockRuntime::live_events`]).
+    pub(crate) live_events: AtomicUsize,
 }
 
 impl Device {
@@ -157,6 +160,7 @@ impl Device {
             device_side_wait: config.device_side_wait(),
             check_reuse: config.check_reuse(),
             work_epoch: CachePadded::new(AtomicU64::new(0)),
+            live_events: AtomicUsize::new(0),
         }
     }
 

@@ -6,6 +6,7 @@
 use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use flex_rt::{Completion, Event, FlexError, Result, Status};
@@ -30,6 +31,7 @@ pub struct MockEvent {
 
 impl MockEvent {
     pub(crate) fn new(device: Arc<Device>, timing: bool) -> Self {
+        device.live_events.fetch_add(1, Ordering::Relaxed);
         Self {
             device,
             timing,
@@ -64,6 +66,12 @@ impl MockEvent {
     /// The latest record as of this call.
     fn latest(&self) -> Option<Arc<Record>> {
         self.latest.lock().clone()
+    }
+}
+
+impl Drop for MockEvent {
+    fn drop(&mut self) {
+        self.device.live_events.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

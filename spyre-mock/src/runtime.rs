@@ -1,6 +1,7 @@
 //! One runtime of the software device: its memory, streams and engines.
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
 
 use flex_rt::{
@@ -125,6 +126,14 @@ impl MockRuntime {
     /// Number of streams, the default stream included.
     pub fn stream_count(&self) -> usize {
         self.streams.count()
+    }
+
+    /// Number of events of this runtime made and not yet dropped
+    /// (destroyed): for leak checks, and to see that a caller left an event
+    /// alone. Records and waits already made do not count; an event's
+    /// latest record may outlive it.
+    pub fn live_events(&self) -> usize {
+        self.device.live_events.load(Ordering::Relaxed)
     }
 
     /// Ids of the streams `synchronize` was called on, in call order (for

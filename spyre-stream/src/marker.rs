@@ -59,6 +59,7 @@ impl MarkerEvents {
         Ok(RuntimeEvent {
             event: Some(event),
             home: Some(self),
+            generation: self.generation,
         })
     }
 
@@ -71,12 +72,16 @@ impl MarkerEvents {
 
 /// An event of the process's runtime: one a [`crate::SpyreEvent`] owns,
 /// destroyed when dropped, or a marker in use, which goes back to the idle
-/// markers when dropped. Dropping never blocks (records may be pending).
+/// markers when dropped. Dropping never blocks (records may be pending),
+/// and in a child forked after the event was made touches nothing of the
+/// parent's runtime (the event is forgotten).
 pub(crate) struct RuntimeEvent {
     /// `Some` until dropped.
     event: Option<Box<dyn Event>>,
     /// Where a marker goes back to; `None` for an owned event.
     home: Option<&'static MarkerEvents>,
+    /// The process the event was made in.
+    generation: ForkGeneration,
 }
 
 impl RuntimeEvent {
@@ -85,6 +90,7 @@ impl RuntimeEvent {
         Self {
             event: Some(event),
             home: None,
+            generation: ForkGeneration::current(),
         }
     }
 }
@@ -101,15 +107,22 @@ impl Deref for RuntimeEvent {
 
 impl Drop for RuntimeEvent {
     fn drop(&mut self) {
-        let (Some(event), Some(home)) = (self.event.take(), self.home) else {
+        let Some(event) = self.event.take() else {
             return;
         };
-        if !home.generation.is_current() {
-            // A forked child: the event is the parent's runtime's; touch
-            // neither it nor the lock.
+        if !self.generation.is_current() {
+            // A forked child: the event is the parent's runtime's (a
+            // flex library's destroy could wait for a lock a parent's
+            // thread held at the fork); touch neither it nor the idle
+            // markers' lock.
             std::mem::forget(event);
             return;
         }
+        let Some(home) = self.home else {
+            // Owned: destroyed.
+            drop(event);
+            return;
+        };
         let mut idle = home.idle.lock();
         if idle.len() < IDLE_LIMIT {
             idle.push(event);

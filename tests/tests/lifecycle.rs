@@ -11,8 +11,10 @@ use spyre_stream::{
 };
 use std::time::Duration;
 
+use spyre_mock::MockSystem;
 use spyre_tests::isolated;
 use spyre_tests::process::{ForkOutcome, fork_and_wait, set_env_var};
+use spyre_tests::reliability::SpyBackend;
 
 const MOCK: (&str, &str) = ("SPYRE_BACKEND", "mock");
 
@@ -589,6 +591,34 @@ fn a_forked_child_gets_a_clear_error_from_events_and_memory_never_a_hang() {
         assert!(start.elapsed_time(&end).is_ok());
         free(Device::CURRENT, &address).unwrap();
         assert_eq!(buffer.to_vec(other).unwrap(), [0.0; 4]);
+    },);
+}
+
+#[test]
+fn a_forked_child_drops_the_parents_events_without_destroying_them() {
+    // Destroying them would call into the parent's runtime (through a flex
+    // library, `flex_event_destroy`, which may wait for a lock a parent's
+    // thread held at the fork). Both kinds: an event the caller owns and
+    // a marker lent to a stream's future.
+    isolated!(&[], || {
+        let backend = SpyBackend::new(MockSystem::default());
+        spyre_stream::set_backend(Box::new(backend.clone())).unwrap();
+        let stream = stream_from_pool(Device::CURRENT, 0).unwrap();
+        let owned = SpyreEvent::new().unwrap();
+        owned.record(stream).unwrap();
+        let lent = stream.synchronize_async().unwrap();
+        let runtime = backend.runtime().unwrap();
+        let live = runtime.live_events();
+        assert_eq!(live, 2);
+
+        let outcome = fork_and_wait(Duration::from_secs(30), || {
+            drop(owned);
+            drop(lent);
+            assert_eq!(runtime.live_events(), live, "an event was destroyed");
+        });
+        assert_eq!(outcome, ForkOutcome::Exited(0));
+        // The parent is untouched: its stream still completes work.
+        block_on(stream.synchronize_async().unwrap()).unwrap();
     },);
 }
 

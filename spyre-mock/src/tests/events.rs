@@ -131,3 +131,22 @@ fn a_refused_record_leaves_the_event_as_it_was() {
     let err = s.wait_event(&*event).unwrap_err();
     assert_eq!(err.status(), Status::SHUTDOWN);
 }
+
+#[test]
+fn live_events_counts_events_until_they_are_dropped() {
+    let rt = runtime(1);
+    let s = stream(&rt);
+    assert_eq!(rt.live_events(), 0);
+    let first = rt.create_event(false).unwrap();
+    let second = rt.create_event(true).unwrap();
+    assert_eq!(rt.live_events(), 2);
+    let release = block(s);
+    s.record_event(&*first, None).unwrap();
+    // Dropped with its record pending: no longer counted.
+    drop(first);
+    assert_eq!(rt.live_events(), 1);
+    drop(release);
+    s.synchronize().unwrap();
+    drop(second);
+    assert_eq!(rt.live_events(), 0);
+}
