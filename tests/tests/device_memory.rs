@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use half::f16;
+use spyre_mock::MockSystem;
 use spyre_stream::{
     DataFormat, Device, DeviceBuffer, Error, HostBuffer, LaunchOptions, MIN_BLOCK, MemoryStats,
     OutOfMemory, SMALL_SEGMENT, SpyreStream, empty_cache, memory_allocated, memory_reserved,
@@ -13,6 +14,7 @@ use spyre_stream::{
 };
 use spyre_tests::conformance::Gate;
 use spyre_tests::isolated;
+use spyre_tests::reliability::SpyBackend;
 
 const MOCK: (&str, &str) = ("SPYRE_BACKEND", "mock");
 const MIB: u64 = 1 << 20;
@@ -293,6 +295,54 @@ fn a_raw_free_of_a_buffers_segment_is_refused_and_frees_nothing() {
             .unwrap();
         assert!(buffer.to_vec(stream).unwrap().iter().all(|&b| b == 7));
         spyre_stream::free(Device::CURRENT, &raw).unwrap();
+    },);
+}
+
+#[test]
+fn a_raw_free_of_a_segment_on_its_way_back_to_the_device_is_refused() {
+    // `empty_cache` takes a stream's wholly free segments out of its table,
+    // then waits for the stream (held here) before it frees them. A raw
+    // free of such a segment in between would free it, the device could
+    // hand it to the next `allocate`, and `empty_cache` would then free
+    // that caller's memory.
+    isolated!(&[], || {
+        let backend = SpyBackend::new(MockSystem::default());
+        spyre_stream::set_backend(Box::new(backend.clone())).unwrap();
+        let stream = pool_stream();
+        // A segment of its own, cached once the buffer is dropped.
+        let address = DeviceBuffer::<u8>::zeros(stream, 20 << 20)
+            .unwrap()
+            .address()
+            .clone();
+        let gate = hold(stream);
+        let runtime = backend.runtime().unwrap();
+        let id = spyre_stream::global_pool()
+            .unwrap()
+            .resolve(stream)
+            .unwrap()
+            .id();
+        std::thread::scope(|scope| {
+            let emptying = scope.spawn(|| empty_cache(Device::CURRENT).unwrap());
+            // `empty_cache` waits for the held stream: the segment is out
+            // of the table and not yet freed.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+            while !runtime.synchronize_log().contains(&id) {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "empty_cache never waited"
+                );
+                std::thread::yield_now();
+            }
+            let err = spyre_stream::free(Device::CURRENT, &address).unwrap_err();
+            assert!(
+                err.to_string()
+                    .contains(&format!("{address} is memory of the caching allocator")),
+                "{err}"
+            );
+            gate.open();
+            assert_eq!(emptying.join().unwrap(), 20 << 20);
+        });
+        assert_eq!(stats().reserved_bytes, 0);
     },);
 }
 

@@ -226,6 +226,10 @@ struct State {
     recent: VecDeque<Block>,
     deferred: Vec<Deferred>,
     stats: MemoryStats,
+    /// Segments between the device and `segments`: allocated and not yet
+    /// added, or taken out to go back to the device and not yet freed (or
+    /// put back). Still the allocator's for [`CachingAllocator::owns`].
+    in_transit: Vec<CompositeAddress>,
 }
 
 /// The caching allocator of the process's device.
@@ -403,6 +407,7 @@ impl CachingAllocator {
             Err(error) => return Err(error.into()),
         };
         let mut state = self.state.lock();
+        state.arrived(&segment);
         let whole = state.add_segment(segment, key);
         state.take(whole, rounded, bytes)
     }
@@ -427,6 +432,7 @@ impl CachingAllocator {
         }?;
         let mut state = self.state.lock();
         state.stats.device_allocations += 1;
+        state.in_transit.push(segment.clone());
         let fits_a_region = self
             .region
             .is_some_and(|region| segment.total_size() <= region);
@@ -434,7 +440,9 @@ impl CachingAllocator {
             drop(state);
             let chunks = segment.chunks().len();
             let freed = self.runtime.free(&segment);
-            self.state.lock().stats.device_frees += u64::from(freed.is_ok());
+            let mut state = self.state.lock();
+            state.stats.device_frees += u64::from(freed.is_ok());
+            state.arrived(&segment);
             return Err(FlexError::new(
                 Status::OUT_OF_MEMORY,
                 "allocate",
@@ -551,16 +559,18 @@ impl CachingAllocator {
             }
             for (_, segment) in segments {
                 let size = segment.address.total_size();
-                match self.runtime.free(&segment.address) {
+                let freed = self.runtime.free(&segment.address);
+                let mut state = self.state.lock();
+                state.arrived(&segment.address);
+                state.stats.reserved_bytes -= size;
+                match freed {
                     Ok(()) => {
                         returned += size;
-                        let mut state = self.state.lock();
                         state.stats.device_frees += 1;
-                        state.stats.reserved_bytes -= size;
                     }
                     Err(error) => {
+                        drop(state);
                         tracing::warn!(%error, "the device refused to free a cached segment; it is forgotten");
-                        self.state.lock().stats.reserved_bytes -= size;
                     }
                 }
             }
@@ -568,15 +578,17 @@ impl CachingAllocator {
         returned
     }
 
-    /// Whether `address` is the whole of a segment the allocator holds
-    /// (in use by buffers or cached): a raw free of it would pull memory
-    /// from under them.
+    /// Whether `address` is the whole of a segment the allocator holds (in
+    /// use by buffers, cached, or on its way from or back to the device): a
+    /// raw free of it would pull memory from under its buffers, or have the
+    /// allocator free memory handed out again.
     pub(crate) fn owns(&self, address: &CompositeAddress) -> bool {
-        self.state
-            .lock()
-            .segments
-            .iter()
-            .any(|(_, segment)| segment.address == *address)
+        let state = self.state.lock();
+        state.in_transit.contains(address)
+            || state
+                .segments
+                .iter()
+                .any(|(_, segment)| segment.address == *address)
     }
 
     /// The statistics now (deferred frees whose streams have moved on are
@@ -748,6 +760,14 @@ impl State {
 
     /// Adds a segment from the device for `stream`, all of it one free
     /// block, and returns that block.
+    /// Takes `address` out of [`State::in_transit`]: the segment is in
+    /// `segments` again, or the device has it back.
+    fn arrived(&mut self, address: &CompositeAddress) {
+        if let Some(at) = self.in_transit.iter().position(|a| a == address) {
+            self.in_transit.swap_remove(at);
+        }
+    }
+
     fn add_segment(&mut self, address: CompositeAddress, stream: i64) -> FreeKey {
         let size = address.total_size();
         let id = self.segments.push(Segment {
@@ -810,7 +830,8 @@ impl State {
         });
     }
 
-    /// Removes every segment that is one free block, for the device.
+    /// Removes every segment that is one free block, for the device; each
+    /// is in transit until it is freed or put back.
     fn take_free_segments(&mut self) -> Vec<(u64, Segment)> {
         self.merge_recent(None);
         let whole: Vec<u64> = self
@@ -823,6 +844,7 @@ impl State {
             .into_iter()
             .filter_map(|id| {
                 let segment = self.segments.remove(id)?;
+                self.in_transit.push(segment.address.clone());
                 self.free.remove(&FreeKey {
                     stream: segment.stream,
                     size: segment.address.total_size(),
@@ -836,6 +858,7 @@ impl State {
 
     /// Puts back a segment [`State::take_free_segments`] removed.
     fn restore_segment(&mut self, id: u64, segment: Segment) {
+        self.arrived(&segment.address);
         self.free.insert(FreeKey {
             stream: segment.stream,
             size: segment.address.total_size(),
