@@ -62,7 +62,9 @@ pub(crate) struct InfoReport {
     pub(crate) device_count: Option<u32>,
     /// The logical device this process binds.
     pub(crate) device: Option<u8>,
-    /// Why that device: `requested`, `set_device`, `LOCAL_RANK` or `default`.
+    /// Why that device: `requested`, `set_device`, the launcher variable
+    /// that named it (`LOCAL_RANK`, `OMPI_COMM_WORLD_LOCAL_RANK`,
+    /// `MPI_LOCALRANKID` or `SLURM_LOCALID`) or `default`.
     pub(crate) device_source: Option<&'static str>,
     /// A longer description of the source.
     pub(crate) device_source_detail: Option<&'static str>,

@@ -229,11 +229,13 @@ fn resolve(device: Device, running: Option<&Running>) -> Result<(u8, DeviceSourc
 
 /// The calling thread's current device (torch-spyre's `tls_idx`): the one
 /// set on this thread by [`set_device`]; else, once the runtime has started,
-/// the runtime's device; before that, `LOCAL_RANK` (read now, strictly) or 0.
+/// the runtime's device; before that, the launcher's local rank (`LOCAL_RANK`
+/// or its MPI and Slurm counterparts, [`crate::env::LOCAL_RANK_VARIABLES`],
+/// read now, strictly) or 0.
 ///
 /// # Errors
-/// [`Error::InvalidEnv`] for a malformed `LOCAL_RANK` before the runtime
-/// has started (the same error [`start_runtime`] would give);
+/// [`Error::InvalidEnv`] for a malformed local-rank variable before the
+/// runtime has started (the same error [`start_runtime`] would give);
 /// [`Error::ForkedProcess`] in a child forked after the start.
 pub fn current_device() -> Result<u8> {
     check_not_forked()?;

@@ -29,7 +29,7 @@ impl OutputFile {
         let created = !path.exists();
         let file = File::create(path).map_err(|e| {
             CliError::Usage(format!(
-                "{flag} {}: cannot create the file: {e}; give the path of a file that you may write, in a directory that exists",
+                "{flag} {}: cannot create the file: {e}; give the path of a file (not a directory) that you may write, in a directory that exists",
                 path.display()
             ))
         })?;

@@ -35,8 +35,10 @@ pub(crate) struct RunReport {
     pub(crate) backend_details: BTreeMap<&'static str, String>,
     /// The logical device the process ran on.
     pub(crate) device: u8,
-    /// What chose the device: `LOCAL_RANK`, `set_device`, `requested` or
-    /// `default` (see `spyre_stream::DeviceSource::name`).
+    /// What chose the device: the launcher variable that named it
+    /// (`LOCAL_RANK`, `OMPI_COMM_WORLD_LOCAL_RANK`, `MPI_LOCALRANKID` or
+    /// `SLURM_LOCALID`), `set_device`, `requested` or `default` (see
+    /// `spyre_stream::DeviceSource::name`).
     pub(crate) device_source: &'static str,
     /// The kernel (`axpy` or `matmul`).
     pub(crate) kernel: &'static str,

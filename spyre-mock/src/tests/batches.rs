@@ -104,6 +104,7 @@ struct Queued42 {
     ran: Arc<AtomicUsize>,
 }
 
+/// Queues the [`Queued42`] operations on `s`, the first held.
 fn queue_42(s: &MockStream) -> Queued42 {
     let ran = Arc::new(AtomicUsize::new(0));
     let launch_twenty = || {
