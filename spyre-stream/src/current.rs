@@ -5,7 +5,8 @@ use std::marker::PhantomData;
 
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::id::StreamId;
+use crate::id::{HOST_COMPUTE_START, StreamId};
+use crate::pool::check_host_compute_id;
 use crate::runtime;
 use crate::stream::SpyreStream;
 
@@ -64,13 +65,21 @@ pub fn current_stream(device: Device) -> Result<SpyreStream> {
 ///
 /// # Errors
 /// [`Error::NoHandle`] for an id outside the pool's id space (0–64 and the
-/// host-compute ids), before anything starts; [`Error::WrongDevice`] for a
-/// stream of a device other than the process's; the runtime's start error.
+/// host-compute ids, 65..65+N with N from
+/// `TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS`), before anything starts;
+/// [`Error::InvalidEnv`] for a malformed such variable, when the id is a
+/// host-compute one and the runtime has not started; [`Error::WrongDevice`]
+/// for a stream of a device other than the process's; the runtime's start
+/// error.
 pub fn set_current_stream(stream: SpyreStream) -> Result<SpyreStream> {
-    if stream.id().slot().is_none() {
-        // No pool ever maps this id: refuse before anything starts.
+    let id = stream.id();
+    let outside = id.slot().is_none()
+        || (id.get() >= HOST_COMPUTE_START
+            && check_host_compute_id(id.get(), runtime::host_compute_streams()?).is_err());
+    if outside {
+        // No pool maps this id: refuse before anything starts.
         return Err(Error::NoHandle {
-            id: stream.id(),
+            id,
             device: stream.device_index(),
         });
     }

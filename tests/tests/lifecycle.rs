@@ -778,6 +778,18 @@ fn requests_refused_for_their_arguments_bind_nothing() {
                 device: 1
             })
         ));
+        // A host-compute id beyond the 4 configured (65..69), though below
+        // the largest count (8): no pool will map it either.
+        for id in [69, 72] {
+            assert!(matches!(
+                set_current_stream(spyre_stream::SpyreStream::from_parts(1, StreamId(id))),
+                Err(Error::NoHandle { id: StreamId(i), device: 1 }) if i == id
+            ));
+            assert!(matches!(
+                spyre_stream::StreamGuard::new(spyre_stream::SpyreStream::from_parts(1, StreamId(id))),
+                Err(Error::NoHandle { id: StreamId(i), device: 1 }) if i == id
+            ));
+        }
         assert!(runtime_info().is_none(), "nothing started");
         // The first request that can be served binds its device.
         assert_eq!(
@@ -786,6 +798,18 @@ fn requests_refused_for_their_arguments_bind_nothing() {
                 .device_index(),
             1
         );
+        // Once started, the pool's own count decides: 68 is its last id.
+        let last = spyre_stream::SpyreStream::from_parts(1, StreamId(68));
+        set_current_stream(last).unwrap();
+        assert_eq!(current_stream(device).unwrap(), last);
+        assert!(matches!(
+            set_current_stream(spyre_stream::SpyreStream::from_parts(1, StreamId(69))),
+            Err(Error::NoHandle {
+                id: StreamId(69),
+                device: 1
+            })
+        ));
+        assert_eq!(current_stream(device).unwrap(), last, "unchanged");
     });
 }
 
