@@ -72,9 +72,10 @@ pub struct Counters {
     /// Operations that failed (or were skipped because their stream had
     /// failed).
     pub failed: u64,
-    /// Bytes copied host to device.
+    /// Bytes copied host to device, by copies that completed (a copy that
+    /// failed, or was skipped because its stream had failed, moved none).
     pub bytes_h2d: u64,
-    /// Bytes copied device to host.
+    /// Bytes copied device to host, by copies that completed.
     pub bytes_d2h: u64,
     /// Operations launched and not finished (`launched − completed −
     /// failed`).
@@ -164,11 +165,6 @@ pub(crate) fn counted(
             .max_in_flight
             .fetch_max(launched.saturating_sub(finished), Ordering::Relaxed);
     }
-    match direction {
-        Direction::H2d => slot.bytes_h2d.fetch_add(bytes, Ordering::Relaxed),
-        Direction::D2h => slot.bytes_d2h.fetch_add(bytes, Ordering::Relaxed),
-        Direction::None => 0,
-    };
     let LaunchOptions {
         pipeline_barrier,
         completion,
@@ -180,6 +176,14 @@ pub(crate) fn counted(
                 Err(_) => counts.failed.fetch_add(1, Ordering::Relaxed),
             };
         }
+        if outcome.is_ok() {
+            // Only a copy that completed moved its bytes.
+            match direction {
+                Direction::H2d => slot.bytes_h2d.fetch_add(bytes, Ordering::Relaxed),
+                Direction::D2h => slot.bytes_d2h.fetch_add(bytes, Ordering::Relaxed),
+                Direction::None => 0,
+            };
+        }
         if let Some(completion) = completion {
             completion(outcome);
         }
@@ -189,24 +193,20 @@ pub(crate) fn counted(
             pipeline_barrier,
             completion: Some(counting),
         },
-        Counted(Some((slot, direction, bytes))),
+        Counted(Some(slot)),
     )
 }
 
 /// A counted launch, for its refusal to be taken back.
-pub(crate) struct Counted(Option<(&'static Slot, Direction, u64)>);
+pub(crate) struct Counted(Option<&'static Slot>);
 
 impl Counted {
-    /// The runtime refused the launch: it is not counted.
+    /// The runtime refused the launch: it is not counted (its completion,
+    /// which would count its outcome and bytes, is dropped uncalled).
     pub(crate) fn refused(self) {
-        if let Some((slot, direction, bytes)) = self.0 {
+        if let Some(slot) = self.0 {
             slot.launched.fetch_sub(1, Ordering::Relaxed);
             DEVICE.launched.fetch_sub(1, Ordering::Relaxed);
-            match direction {
-                Direction::H2d => slot.bytes_h2d.fetch_sub(bytes, Ordering::Relaxed),
-                Direction::D2h => slot.bytes_d2h.fetch_sub(bytes, Ordering::Relaxed),
-                Direction::None => 0,
-            };
         }
     }
 }

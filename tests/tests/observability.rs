@@ -6,6 +6,7 @@ use spyre_stream::{
     Device, HostBuffer, LaunchOptions, OperationKind, SpyreEvent, SpyreStream, counters,
     enable_counters, start_trace, stop_trace, stream_from_pool,
 };
+use spyre_tests::conformance::Gate;
 use spyre_tests::isolated;
 
 const MOCK: (&str, &str) = ("SPYRE_BACKEND", "mock");
@@ -63,6 +64,44 @@ fn a_failed_operation_and_those_skipped_after_it_count_as_failed() {
             (expected, expected, 0)
         );
         assert_eq!(device.in_flight, 0);
+    });
+}
+
+#[test]
+fn copies_skipped_after_a_failure_move_no_bytes() {
+    // Both copies are launched while the callback before them is held, so
+    // the runtime takes them; the callback then fails and they are skipped.
+    isolated!(&[MOCK], || {
+        enable_counters();
+        let stream = pool_stream();
+        let gate = Gate::new();
+        let held = std::sync::Arc::clone(&gate);
+        stream
+            .launch_host_callback(
+                move || {
+                    held.wait();
+                    panic!("on purpose");
+                },
+                LaunchOptions::new(),
+            )
+            .unwrap();
+        let device = spyre_stream::allocate(Device::CURRENT, 4096).unwrap();
+        let (source, target) = (HostBuffer::zeroed(4096), HostBuffer::zeroed(4096));
+        stream
+            .launch_h2d(&source, &device, LaunchOptions::new())
+            .unwrap();
+        stream
+            .launch_d2h(&device, &target, LaunchOptions::new())
+            .unwrap();
+        gate.open();
+        assert!(stream.synchronize().is_err());
+        let counted = counters().device;
+        assert_eq!(
+            (counted.launched, counted.failed, counted.completed),
+            (3, 3, 0)
+        );
+        assert_eq!((counted.bytes_h2d, counted.bytes_d2h), (0, 0));
+        spyre_stream::free(Device::CURRENT, &device).unwrap();
     });
 }
 
