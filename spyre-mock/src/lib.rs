@@ -40,6 +40,9 @@
 //!   one per engine. When more streams have work than there are engines,
 //!   queued work of [`High`](flex_rt::StreamPriority::High) streams starts
 //!   first, then the stream whose next operation was enqueued earliest.
+//!   The priority is strict: while high-priority streams keep every engine
+//!   busy, normal streams wait, and so does a `synchronize` of them (or of
+//!   the device).
 //! - Completions and host callbacks run on engine threads, never inside the
 //!   launch call, with no lock held, in FIFO order per stream. A host
 //!   callback holds its stream and its engine until it returns. A panic in
