@@ -65,32 +65,39 @@ pub fn current_stream(device: Device) -> Result<SpyreStream> {
 ///
 /// # Errors
 /// [`Error::NoHandle`] for an id outside the pool's id space (0–64 and the
-/// host-compute ids, 65..65+N with N from
-/// `TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS`), before anything starts;
-/// [`Error::InvalidEnv`] for a malformed such variable, when the id is a
-/// host-compute one and the runtime has not started; [`Error::WrongDevice`]
-/// for a stream of a device other than the process's; the runtime's start
+/// host-compute ids), and [`Error::NotHostComputeStream`] naming the range
+/// for a host-compute id beyond the configured count (65..65+N, N from
+/// `TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS`, or [`Error::InvalidEnv`] if that
+/// is malformed), both before anything starts; [`Error::WrongDevice`] for
+/// a stream of a device other than the process's; the runtime's start
 /// error.
 pub fn set_current_stream(stream: SpyreStream) -> Result<SpyreStream> {
     let id = stream.id();
-    let outside = id.slot().is_none()
-        || (id.get() >= HOST_COMPUTE_START
-            && check_host_compute_id(id.get(), runtime::host_compute_streams()?).is_err());
-    if outside {
-        // No pool maps this id: refuse before anything starts.
+    if id.slot().is_none() {
+        // No pool ever maps this id: refuse before anything starts.
         return Err(Error::NoHandle {
             id,
             device: stream.device_index(),
         });
     }
+    let host_compute = id.get() >= HOST_COMPUTE_START;
+    if host_compute {
+        // Nor one beyond the configured host-compute streams.
+        check_host_compute_id(id.get(), runtime::host_compute_streams()?)?;
+    }
     let device = Device::from_index(stream.device_index())?;
-    runtime::pool_for(device).map_err(|e| match e {
+    let pool = runtime::pool_for(device).map_err(|e| match e {
         Error::OtherDevice { requested, bound } => Error::WrongDevice {
             stream_device: requested,
             pool_device: bound,
         },
         other => other,
     })?;
+    if host_compute {
+        // The started pool's count decides (the variable may have changed
+        // since it was read above).
+        check_host_compute_id(id.get(), pool.config().host_compute_streams())?;
+    }
     let previous = current_stream(device)?;
     store(stream);
     Ok(previous)

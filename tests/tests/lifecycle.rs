@@ -783,11 +783,11 @@ fn requests_refused_for_their_arguments_bind_nothing() {
         for id in [69, 72] {
             assert!(matches!(
                 set_current_stream(spyre_stream::SpyreStream::from_parts(1, StreamId(id))),
-                Err(Error::NoHandle { id: StreamId(i), device: 1 }) if i == id
+                Err(Error::NotHostComputeStream { id: i, start: 65, end: 69 }) if i == id
             ));
             assert!(matches!(
                 spyre_stream::StreamGuard::new(spyre_stream::SpyreStream::from_parts(1, StreamId(id))),
-                Err(Error::NoHandle { id: StreamId(i), device: 1 }) if i == id
+                Err(Error::NotHostComputeStream { id: i, start: 65, end: 69 }) if i == id
             ));
         }
         assert!(runtime_info().is_none(), "nothing started");
@@ -802,13 +802,12 @@ fn requests_refused_for_their_arguments_bind_nothing() {
         let last = spyre_stream::SpyreStream::from_parts(1, StreamId(68));
         set_current_stream(last).unwrap();
         assert_eq!(current_stream(device).unwrap(), last);
-        assert!(matches!(
-            set_current_stream(spyre_stream::SpyreStream::from_parts(1, StreamId(69))),
-            Err(Error::NoHandle {
-                id: StreamId(69),
-                device: 1
-            })
-        ));
+        let err =
+            set_current_stream(spyre_stream::SpyreStream::from_parts(1, StreamId(69))).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "stream id 69 is not a host compute stream id (valid range [65, 69))"
+        );
         assert_eq!(current_stream(device).unwrap(), last, "unchanged");
     });
 }
