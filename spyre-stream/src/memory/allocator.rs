@@ -235,8 +235,9 @@ struct State {
 /// The caching allocator of the process's device.
 ///
 /// Thread-safety: every method may be called from any thread; the state
-/// is behind one mutex, never held across a call into the runtime that can
-/// wait.
+/// is behind one mutex, never held across a call into the runtime. A
+/// second, `transit`, is held across the runtime calls that allocate and
+/// free segments (and a raw free), never across a wait for a stream.
 pub(crate) struct CachingAllocator {
     runtime: &'static dyn Runtime,
     /// Where the fences' events come from.
@@ -250,6 +251,13 @@ pub(crate) struct CachingAllocator {
     /// allocation retrying after a full device waits for a return already
     /// under way instead of failing beside it.
     emptying: Mutex<()>,
+    /// Held across every device call that moves a segment between the
+    /// device and the allocator (an allocation and its entry in
+    /// `State::in_transit`, a free and its leaving it) and across a raw
+    /// free with its look at the segments ([`CachingAllocator::free_raw`]):
+    /// so the look never sees an address the device has already handed
+    /// back or out without the allocator knowing. Taken before `state`.
+    transit: Mutex<()>,
 }
 
 /// Whether [`CachingAllocator::allocate_segment`] takes a segment that
@@ -358,6 +366,7 @@ impl CachingAllocator {
             region: layout.map(|layout| layout.region_bytes),
             state: Mutex::new(State::default()),
             emptying: Mutex::new(()),
+            transit: Mutex::new(()),
         }
     }
 
@@ -424,6 +433,7 @@ impl CachingAllocator {
         pieces: Pieces,
     ) -> std::result::Result<CompositeAddress, FlexError> {
         let size = segment_size(rounded, self.segment_cap);
+        let _transit = self.transit.lock();
         let segment = match self.runtime.allocate(size) {
             Err(error) if error.status() == Status::OUT_OF_MEMORY && size > rounded => {
                 self.runtime.allocate(rounded)
@@ -559,6 +569,7 @@ impl CachingAllocator {
             }
             for (_, segment) in segments {
                 let size = segment.address.total_size();
+                let _transit = self.transit.lock();
                 let freed = self.runtime.free(&segment.address);
                 let mut state = self.state.lock();
                 state.arrived(&segment.address);
@@ -578,17 +589,35 @@ impl CachingAllocator {
         returned
     }
 
-    /// Whether `address` is the whole of a segment the allocator holds (in
-    /// use by buffers, cached, or on its way from or back to the device): a
-    /// raw free of it would pull memory from under its buffers, or have the
-    /// allocator free memory handed out again.
-    pub(crate) fn owns(&self, address: &CompositeAddress) -> bool {
-        let state = self.state.lock();
-        state.in_transit.contains(address)
-            || state
-                .segments
-                .iter()
-                .any(|(_, segment)| segment.address == *address)
+    /// Frees `address`, memory allocated from the runtime directly, unless
+    /// it is the whole of a segment the allocator holds (in use by
+    /// buffers, cached, or on its way from or back to the device): freeing
+    /// that would pull memory from under its buffers, or have the allocator
+    /// free memory handed out again later.
+    ///
+    /// # Errors
+    /// `INVALID_ARGUMENT` naming the address for a segment of the
+    /// allocator (nothing is freed); the runtime's error.
+    pub(crate) fn free_raw(&self, address: &CompositeAddress) -> Result<()> {
+        let _transit = self.transit.lock();
+        let owned = {
+            let state = self.state.lock();
+            state.in_transit.contains(address)
+                || state
+                    .segments
+                    .iter()
+                    .any(|(_, segment)| segment.address == *address)
+        };
+        if owned {
+            return Err(FlexError::invalid_argument(
+                "free",
+                format!(
+                    "{address} is memory of the caching allocator (it holds DeviceBuffers), not of allocate; drop the DeviceBuffer instead, and call empty_cache to return cached memory to the device"
+                ),
+            )
+            .into());
+        }
+        Ok(self.runtime.free(address)?)
     }
 
     /// The statistics now (deferred frees whose streams have moved on are
@@ -758,16 +787,16 @@ impl State {
         })
     }
 
-    /// Adds a segment from the device for `stream`, all of it one free
-    /// block, and returns that block.
     /// Takes `address` out of [`State::in_transit`]: the segment is in
-    /// `segments` again, or the device has it back.
+    /// `segments` (or back in it), or the device has it back.
     fn arrived(&mut self, address: &CompositeAddress) {
         if let Some(at) = self.in_transit.iter().position(|a| a == address) {
             self.in_transit.swap_remove(at);
         }
     }
 
+    /// Adds a segment from the device for `stream`, all of it one free
+    /// block, and returns that block.
     fn add_segment(&mut self, address: CompositeAddress, stream: i64) -> FreeKey {
         let size = address.total_size();
         let id = self.segments.push(Segment {

@@ -43,17 +43,8 @@ pub fn allocate(device: Device, bytes: u64) -> Result<CompositeAddress> {
 /// address of a [`crate::DeviceBuffer`] that fills one (drop the buffer
 /// instead). Nothing is freed then.
 pub fn free(device: Device, address: &CompositeAddress) -> Result<()> {
-    let pool = runtime::pool_for(device)?;
-    if runtime::started_allocator_for(device)?.owns(address) {
-        return Err(FlexError::invalid_argument(
-            "free",
-            format!(
-                "{address} is memory of the caching allocator (it holds DeviceBuffers), not of allocate; drop the DeviceBuffer instead, and call empty_cache to return cached memory to the device"
-            ),
-        )
-        .into());
-    }
-    Ok(pool.runtime().free(address)?)
+    runtime::pool_for(device)?;
+    runtime::started_allocator_for(device)?.free_raw(address)
 }
 
 /// The layout of `device`'s memory (size and region size), or `None` when
