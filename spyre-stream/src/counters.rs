@@ -1,11 +1,13 @@
 //! Operation counters a server can export: per stream and for the device,
-//! launched, completed and failed operations, bytes each way, and the
-//! current and highest number of operations in flight.
+//! launched, completed and failed operations, bytes each way (of copies
+//! that completed), and the current and highest number of operations in
+//! flight.
 //!
 //! Off until [`enable_counters`] (while off, and the trace too, a launch
 //! pays one relaxed load for both).
 //! On, a launch adds to its stream's counters and carries a completion that
-//! counts its outcome; a [`counters`] snapshot reads relaxed atomics and
+//! counts its outcome and, for a copy that completed, its bytes; a
+//! [`counters`] snapshot reads relaxed atomics and
 //! takes no lock. Operations launched while the counters were off are not
 //! counted, not even when they complete later.
 
@@ -142,7 +144,8 @@ pub fn counters() -> CountersSnapshot {
 }
 
 /// Counts a launch on `stream` about to be made, and returns the options
-/// with a completion that counts its outcome (then calls the caller's).
+/// with a completion that counts its outcome and, if it succeeded, the
+/// `bytes` it moved in `direction` (then calls the caller's).
 /// Call only when the counters are on; `refused` undoes the count of a launch the
 /// runtime refused.
 pub(crate) fn counted(

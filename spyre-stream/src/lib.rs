@@ -164,9 +164,9 @@
 //! it costs one relaxed atomic load per launch.
 //!
 //! [`enable_counters`] and [`counters`] count, per stream and for the
-//! device, operations launched, completed and failed, bytes each way and
-//! operations in flight; off (the default), one relaxed atomic load per
-//! launch.
+//! device, operations launched, completed and failed, bytes each way (of
+//! copies that completed) and operations in flight; off (the default), one
+//! relaxed atomic load per launch.
 //!
 //! # Where this differs from torch-spyre, on purpose
 //!

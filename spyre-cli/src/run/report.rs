@@ -116,9 +116,9 @@ pub(crate) struct CountsReport {
     pub(crate) completed: u64,
     /// Operations that failed.
     pub(crate) failed: u64,
-    /// Bytes copied host to device.
+    /// Bytes copied host to device, by copies that completed.
     pub(crate) bytes_h2d: u64,
-    /// Bytes copied device to host.
+    /// Bytes copied device to host, by copies that completed.
     pub(crate) bytes_d2h: u64,
     /// Operations in flight at the end.
     pub(crate) in_flight: u64,
