@@ -605,3 +605,86 @@ fn segments_stay_within_a_region_so_buffers_can_be_operands() {
         assert_eq!(stats().reserved_bytes, 4 * MIB, "4 segments of one region");
     });
 }
+
+/// Waits (polling `query`, at most 20 s) until `stream` has no work left:
+/// for tests whose library answers `synchronize` with an undefined status.
+fn wait_idle(stream: SpyreStream) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !stream.query().unwrap() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the stream never went idle"
+        );
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn a_failed_fence_query_keeps_a_block_from_its_next_owner() {
+    // The other stream's read of the dropped buffer waits behind a held
+    // callback; the drop's fence is a record on that stream, and the flex
+    // library answers every event query with a status flex.h does not
+    // define. That says nothing of where the stream is, so the block must
+    // wait. (Before the fix it was handed out again at once, and the read
+    // saw the new owner's 2.0s.)
+    isolated!(mock_cdylib; &[("SPYRE_MOCK_UNDEFINED_STATUS", "flex_event_query")], || {
+        spyre_stream::set_backend(Box::new(spyre_tests::ffi::backend())).unwrap();
+        let (own, other) = (pool_stream(), pool_stream());
+        let gate = hold(other);
+        let old = DeviceBuffer::from_host(own, &[1.0f32; 1024]).unwrap();
+        let first = old.address().clone();
+        old.record_stream(other).unwrap();
+        other.wait_stream(own).unwrap();
+        let read = HostBuffer::zeroed(4096);
+        other
+            .launch_d2h(old.address(), &read, LaunchOptions::new())
+            .unwrap();
+        drop(old);
+        let new = DeviceBuffer::from_host(own, &[2.0f32; 1024]).unwrap();
+        assert_ne!(new.address(), &first, "handed out while the other stream may read it");
+        gate.open();
+        other.synchronize().unwrap();
+        let floats: Vec<f32> = read
+            .to_vec()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        assert_eq!(floats, [1.0; 1024]);
+        assert_eq!(new.to_vec(own).unwrap(), [2.0; 1024]);
+    });
+}
+
+#[test]
+fn a_failed_synchronize_keeps_empty_cache_from_returning_memory_in_use() {
+    // A buffer with a segment of its own, dropped on its stream while a
+    // read of it waits there behind a held callback: cached at once (its
+    // stream's later work is ordered after the drop). `empty_cache` waits
+    // for the stream before returning the segment, and the library answers
+    // every `synchronize` with a status flex.h does not define: the
+    // segment stays. (Before the fix it went back to the device, a raw
+    // allocation got it, and its fill reached the pending read.)
+    isolated!(mock_cdylib; &[("SPYRE_MOCK_UNDEFINED_STATUS", "flex_stream_synchronize")], || {
+        spyre_stream::set_backend(Box::new(spyre_tests::ffi::backend())).unwrap();
+        let (stream, other) = (pool_stream(), pool_stream());
+        let gate = hold(stream);
+        let buffer = DeviceBuffer::<u8>::zeros(stream, 20 << 20).unwrap();
+        let first = buffer.address().clone();
+        let read = HostBuffer::zeroed(20 << 20);
+        stream
+            .launch_d2h(buffer.address(), &read, LaunchOptions::new())
+            .unwrap();
+        drop(buffer);
+        assert_eq!(empty_cache(Device::CURRENT).unwrap(), 0, "its stream may still use it");
+        assert_eq!(memory_reserved(Device::CURRENT).unwrap(), 20 << 20);
+        let raw = spyre_stream::allocate(Device::CURRENT, 20 << 20).unwrap();
+        assert_ne!(raw, first);
+        other
+            .launch_fill(&raw, 7.0, DataFormat::Uint8, LaunchOptions::new())
+            .unwrap();
+        gate.open();
+        wait_idle(stream);
+        wait_idle(other);
+        assert!(read.to_vec().iter().all(|&b| b == 0));
+        spyre_stream::free(Device::CURRENT, &raw).unwrap();
+    });
+}

@@ -140,12 +140,17 @@ impl Fence {
     /// Whether the stream has passed the point of the drop. An event whose
     /// record failed has: a record's outcome is set when its stream reaches
     /// it, after everything enqueued before it, and the stream's later work
-    /// never runs. A stream without an event must be idle; one that has
+    /// never runs. A query that itself failed (an invalid handle, a status
+    /// flex.h does not define) says nothing of where the stream is, so the
+    /// block waits. A stream without an event must be idle; one that has
     /// failed never passes (its error does not say that nothing runs any
     /// more), so its block is not reused.
     fn passed(&self) -> bool {
         match self {
-            Fence::Event(event) => event.query().unwrap_or(true),
+            Fence::Event(event) => match event.query() {
+                Ok(complete) => complete,
+                Err(error) => is_stream_failure(&error),
+            },
             Fence::Idle(stream) => matches!(stream.query(), Ok(true)),
         }
     }
@@ -639,14 +644,34 @@ impl CachingAllocator {
 /// Whether `stream` has no work left that could touch its memory, waiting
 /// for it: `synchronize` returns once everything enqueued has completed,
 /// with the stream's error if it failed. `false` when the wait was refused
-/// (from a host callback of the same runtime, `UNSUPPORTED`) or the stream
-/// cannot be reached.
+/// (from a host callback of the same runtime, `UNSUPPORTED`), failed as a
+/// call (see [`is_stream_failure`]), or the stream cannot be reached.
 fn stream_has_finished(stream: SpyreStream) -> bool {
     match stream.synchronize() {
         Ok(()) => true,
-        Err(Error::Flex(error)) => error.status() != Status::UNSUPPORTED,
+        Err(Error::Flex(error)) => is_stream_failure(&error),
         Err(_) => false,
     }
+}
+
+/// Whether `error`, from a query or synchronize of a stream (or of an
+/// event's record), is the stream's own failure, which it reports once
+/// everything before has run or been skipped: an operation's failure
+/// (`EXECUTION_FAILED`, `HOST_CALLBACK_FAILED`, `OUT_OF_MEMORY`), a wait on
+/// a failed event (`STREAM_FAILED`), a stream that needs shutdown
+/// (`SHUTDOWN`). Anything else is the call failing (an invalid handle, an
+/// unsupported call, an internal error, a status flex.h does not define)
+/// and says nothing of where the stream is: memory it may still use is not
+/// handed out again on its word.
+fn is_stream_failure(error: &FlexError) -> bool {
+    [
+        Status::EXECUTION_FAILED,
+        Status::HOST_CALLBACK_FAILED,
+        Status::OUT_OF_MEMORY,
+        Status::STREAM_FAILED,
+        Status::SHUTDOWN,
+    ]
+    .contains(&error.status())
 }
 
 impl State {
