@@ -21,7 +21,12 @@
 //! completed. A stream whose front operation is behind a closed gate is
 //! *blocked*: not ready, and listed as a waiter of the recording stream,
 //! which looks at its waiters again each time one of its operations
-//! finishes. No thread waits for a gate.
+//! finishes. No thread waits for a gate. A gate whose record failed fails
+//! the stream once nothing before the gate is unfinished, whether or not
+//! work is queued behind it: an idle stream waiting on a pending record is
+//! a waiter too. (Its failure lands as the recording stream's operation
+//! finishes, under the lock: a thread that saw the record fail without the
+//! lock may look at the waiting stream a moment before.)
 //!
 //! An event record is usually not an operation at all but a *mark*: the
 //! position in its stream it was recorded at, reached when the operation
@@ -474,7 +479,7 @@ impl Scheduler {
             return Ok(());
         }
         let state = &mut self.streams[index];
-        let _inbox = state.inbox.lock();
+        let inbox = state.inbox.lock();
         let before = state.submitted();
         // Gates at the same point whose records have completed hold nothing
         // any more: drop them, so a stream that waits again and again
@@ -485,21 +490,33 @@ impl Scheduler {
             state.gates.pop_back();
         }
         state.gates.push_back(Gate { before, record });
+        let idle = !state.running && state.queue.is_empty();
+        drop(inbox);
+        if idle {
+            // Nothing unfinished is before the gate: a failed record fails
+            // the stream now, a pending one makes it a waiter (it cannot
+            // be made ready: nothing is queued).
+            self.schedule(index);
+        }
         Ok(())
     }
 
     /// Makes stream `index` ready if it is idle, has work, and no closed gate
-    /// holds its front operation: passes every open gate in front of it (a
-    /// gate whose record failed fails the stream, naming the recording
-    /// stream), and registers the stream as a waiter of the recording stream
-    /// of a closed one. Returns whether the stream became ready.
+    /// holds its front operation: passes every open gate that nothing
+    /// unfinished is before (a gate whose record failed fails the stream,
+    /// naming the recording stream, whether or not work is queued behind
+    /// it), and registers the stream, once, as a waiter of the recording
+    /// stream of a closed one (so that a record that fails later fails an
+    /// idle stream too). Returns whether the stream became ready.
     fn schedule(&mut self, index: usize) -> bool {
         loop {
             let state = &mut self.streams[index];
-            if state.running || state.queue.is_empty() {
+            if state.running {
                 return false;
             }
-            // Not running: every operation before the front has completed.
+            // Not running: every operation before the front has completed
+            // (with nothing queued, every operation enqueued: the inbox is
+            // moved into the queue before a stream goes idle).
             let front = state.completed();
             let Some(gate) = state.gates.front().filter(|gate| gate.before <= front) else {
                 break;
@@ -507,7 +524,10 @@ impl Scheduler {
             let record = Arc::clone(&gate.record);
             match record.outcome() {
                 None => {
-                    self.streams[record.stream].waiters.push(index);
+                    let waiters = &mut self.streams[record.stream].waiters;
+                    if !waiters.contains(&index) {
+                        waiters.push(index);
+                    }
                     return false;
                 }
                 Some(outcome) => {
@@ -520,9 +540,10 @@ impl Scheduler {
             }
         }
         let state = &self.streams[index];
-        if let Some(front) = state.queue.front() {
-            self.ready.push(state.priority, front.seq, index);
-        }
+        let Some(front) = state.queue.front() else {
+            return false;
+        };
+        self.ready.push(state.priority, front.seq, index);
         true
     }
 
@@ -1095,15 +1116,26 @@ mod loom_models {
             loom::thread::spawn(move || {
                 let mut s = scheduler.lock().unwrap();
                 s.add_gate(waiter, record).unwrap();
-                s.admit(waiter, noop()).ok().unwrap();
+                // A record failed by now fails the idle waiter at once, and
+                // its launch is refused.
+                s.admit(waiter, noop())
+                    .map(drop)
+                    .map_err(|refused| refused.0)
             })
         };
         let dropper = loom::thread::spawn(move || drop(event_reference));
         engine.join().unwrap();
-        waiting.join().unwrap();
+        let admitted = waiting.join().unwrap();
         dropper.join().unwrap();
-        // No lost wake-up: the waiter's launch is ready, exactly once.
         let mut s = scheduler.lock().unwrap();
+        if let Err(refused) = admitted {
+            assert!(fail, "refused without a failure: {refused}");
+            assert_eq!(refused.status(), Status::STREAM_FAILED);
+            assert!(refused.message().contains("stream 7"), "{refused}");
+            assert!(s.next_job().is_none(), "nothing is ready");
+            return;
+        }
+        // No lost wake-up: the waiter's launch is ready, exactly once.
         let job = s.next_job().expect("the waiting stream became ready");
         assert_eq!(job.stream, waiter);
         assert!(s.next_job().is_none(), "nothing else is ready");

@@ -6,9 +6,10 @@ use std::ffi::c_void;
 use std::ptr;
 
 use flex_sys::bindings::{
-    FLEX_CAPABILITY_DEVICE_SIDE_WAIT, FLEX_CAPABILITY_EVENT_TIMING, FLEX_ERROR_INVALID_ARGUMENT,
-    FLEX_ERROR_INVALID_HANDLE, FLEX_ERROR_STREAM_FAILED, FLEX_EVENT_TIMING, FLEX_NOT_READY,
-    FLEX_SUCCESS, flex_event_t, flex_status_t,
+    FLEX_CAPABILITY_DEVICE_SIDE_WAIT, FLEX_CAPABILITY_EVENT_TIMING,
+    FLEX_ERROR_HOST_CALLBACK_FAILED, FLEX_ERROR_INVALID_ARGUMENT, FLEX_ERROR_INVALID_HANDLE,
+    FLEX_ERROR_STREAM_FAILED, FLEX_EVENT_TIMING, FLEX_NOT_READY, FLEX_SUCCESS, flex_event_t,
+    flex_status_t,
 };
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -177,9 +178,17 @@ fn a_failed_record_fails_its_waiter_and_events_die_with_their_runtime() {
     assert_eq!(wait(waiter, event), FLEX_SUCCESS);
     held.store(true, Ordering::Release);
     assert_eq!(synchronize(event), FLEX_ERROR_STREAM_FAILED);
+    // Once the failing stream has finished (its synchronize returns after
+    // the streams waiting on it were looked at), the waiter has failed
+    // with nothing launched on it, and refuses a launch.
+    assert_eq!(sync(failing), FLEX_ERROR_HOST_CALLBACK_FAILED);
+    assert_eq!(sync(waiter), FLEX_ERROR_STREAM_FAILED);
     let mut zero = 0u64;
     let zero_ptr: *mut c_void = (&raw mut zero).cast();
-    assert_eq!(host(waiter, sleepy, zero_ptr, NO_COMPLETION), FLEX_SUCCESS);
+    assert_eq!(
+        host(waiter, sleepy, zero_ptr, NO_COMPLETION),
+        FLEX_ERROR_STREAM_FAILED
+    );
     assert_eq!(sync(waiter), FLEX_ERROR_STREAM_FAILED);
     assert!(
         boundary::last_error().contains(&format!("event recorded on stream {}", {

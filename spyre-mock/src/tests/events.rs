@@ -6,6 +6,7 @@ use std::time::Duration;
 use flex_rt::{HostBuffer, LaunchOptions, Runtime, Status, Stream, StreamMode, StreamPriority};
 
 use super::{Log, block, runtime, stream};
+use crate::op::Op;
 use crate::system::MockSystem;
 
 /// A runtime whose every operation takes `latency` and whose copies move
@@ -149,4 +150,90 @@ fn live_events_counts_events_until_they_are_dropped() {
     s.synchronize().unwrap();
     drop(second);
     assert_eq!(rt.live_events(), 0);
+}
+
+/// A runtime with two engines (one may be held) that waits on events on
+/// the device side or, without `device_side_wait`, on the host.
+fn runtime_waiting(device_side_wait: bool) -> crate::MockRuntime {
+    MockSystem::builder()
+        .engines(2)
+        .device_side_wait(device_side_wait)
+        .build()
+        .unwrap()
+        .create_mock_runtime(0)
+        .unwrap()
+}
+
+/// Asserts that `s` has failed because it waited on an event of the
+/// stream with id `failed`: its query and synchronize say so, and a launch
+/// is refused.
+fn assert_failed_by_wait(s: &crate::MockStream, failed: u64) {
+    let query = s.query().unwrap_err();
+    assert_eq!(query.status(), Status::STREAM_FAILED, "{query}");
+    assert!(
+        query
+            .to_string()
+            .contains(&format!("waited on an event recorded on stream {failed}")),
+        "{query}"
+    );
+    assert_eq!(s.synchronize().unwrap_err(), query);
+    let refused = s
+        .launch_host_callback(Box::new(|| {}), LaunchOptions::new())
+        .unwrap_err();
+    assert_eq!(refused.status(), Status::STREAM_FAILED);
+}
+
+#[test]
+fn waiting_on_a_failed_event_fails_an_idle_stream_at_once() {
+    // flex.h: if the event has failed, the stream fails. With nothing
+    // launched after the wait (before the fix the stream failed only at
+    // its next launch, which was accepted).
+    for device_side_wait in [true, false] {
+        let rt = runtime_waiting(device_side_wait);
+        let (producer, waiter) = (stream(&rt), stream(&rt));
+        producer
+            .enqueue(
+                Op::host_fn(|| Err("on purpose".into())),
+                LaunchOptions::new(),
+            )
+            .unwrap();
+        let event = rt.create_event(false).unwrap();
+        producer.record_event(&*event, None).unwrap();
+        assert!(event.synchronize().is_err());
+        waiter.wait_event(&*event).unwrap();
+        assert_failed_by_wait(waiter, producer.id());
+    }
+}
+
+#[test]
+fn a_waited_event_that_fails_later_fails_the_waiting_stream_after_its_earlier_work() {
+    // The waiting stream has work of its own before the wait, and nothing
+    // after it; the event fails only once the producer is released. The
+    // earlier work still runs, and the stream fails without a launch.
+    let rt = runtime_waiting(true);
+    let (producer, waiter) = (stream(&rt), stream(&rt));
+    let release = block(producer);
+    producer
+        .enqueue(
+            Op::host_fn(|| Err("on purpose".into())),
+            LaunchOptions::new(),
+        )
+        .unwrap();
+    let event = rt.create_event(false).unwrap();
+    producer.record_event(&*event, None).unwrap();
+    let log = Log::default();
+    let logged = log.clone();
+    waiter
+        .launch_host_callback(
+            Box::new(move || logged.push("before")),
+            LaunchOptions::new(),
+        )
+        .unwrap();
+    waiter.wait_event(&*event).unwrap();
+    waiter.synchronize().unwrap();
+    assert_eq!(log.take(), ["before"]);
+    assert_eq!(waiter.query(), Ok(true), "the event has not failed yet");
+    drop(release);
+    assert!(producer.synchronize().is_err());
+    assert_failed_by_wait(waiter, producer.id());
 }
