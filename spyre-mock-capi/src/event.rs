@@ -103,13 +103,11 @@ pub unsafe extern "C" fn flex_event_destroy(
 
 /// The live event and stream of a record or wait, which must be of one
 /// runtime; the stream is borrowed from `snapshot`.
-fn event_and_stream<'a>(
-    snapshot: &'a handles::Snapshot,
+fn event_of_stream(
+    stream: &handles::StreamRef<'_>,
     event: *mut flex_event_t,
-    stream: *mut flex_stream_t,
     call: &str,
-) -> Result<(Arc<EventEntry>, handles::StreamRef<'a>), Failure> {
-    let stream = snapshot.stream(stream)?;
+) -> Result<Arc<EventEntry>, Failure> {
     stream.state.check_switch(call)?;
     let event = handles::event(event)?;
     if !Arc::ptr_eq(&event.state, stream.state) {
@@ -117,7 +115,7 @@ fn event_and_stream<'a>(
             "the event and the stream belong to different runtimes",
         ));
     }
-    Ok((event, stream))
+    Ok(event)
 }
 
 /// `flex_event_record`: marks the end of the stream's FIFO; the completion
@@ -134,7 +132,8 @@ pub unsafe extern "C" fn flex_event_record(
     const CALL: &str = "flex_event_record";
     boundary(CALL, || {
         let snapshot = handles::snapshot();
-        let (event, stream) = event_and_stream(&snapshot, event, stream, CALL)?;
+        let stream = snapshot.stream(stream)?;
+        let event = event_of_stream(&stream, event, CALL)?;
         let completion = completion_for(stream.state, stream.id, completion);
         stream.mock()?.record_event(&*event.event, completion)?;
         Ok(FLEX_SUCCESS)
@@ -154,8 +153,11 @@ pub unsafe extern "C" fn flex_stream_wait_event(
 ) -> flex_status_t {
     const CALL: &str = "flex_stream_wait_event";
     boundary(CALL, || {
-        let snapshot = handles::snapshot();
-        let (event, stream) = event_and_stream(&snapshot, event, stream, CALL)?;
+        // Held by the call, not through the snapshot: without device-side
+        // waits it blocks.
+        let held = handles::held_stream(stream)?;
+        let stream = held.get();
+        let event = event_of_stream(&stream, event, CALL)?;
         if !flex_rt::Runtime::capabilities(&stream.state.runtime)?.device_side_wait {
             // The wait blocks the host: not from a callback of the runtime
             // (an engine, or the late-completion thread).

@@ -16,7 +16,12 @@
 //! looks the handle up in it; a create or destroy publishes a changed copy.
 //! The snapshot a call holds keeps the runtime's state alive until the call
 //! returns, even if another thread breaks flex.h and destroys the runtime
-//! meanwhile. Events, created and destroyed far more often, are in a
+//! meanwhile. A snapshot holds every runtime, and `flex_runtime_destroy`
+//! waits until nothing else holds its runtime's state: so a call that
+//! blocks (`flex_stream_synchronize`, `flex_stream_destroy`, a host-side
+//! `flex_stream_wait_event`) takes one reference to its own runtime and
+//! lets the snapshot go ([`held_stream`]), and a destroy of another
+//! runtime does not wait for it. Events, created and destroyed far more often, are in a
 //! table behind a mutex and handed out as `Arc`s.
 //!
 //! A destroyed stream (`flex_stream_destroy`) leaves the table and is
@@ -136,6 +141,39 @@ pub(super) struct StreamRef<'a> {
     pub(super) id: u64,
 }
 
+/// A live stream handle whose runtime the call holds itself, not through
+/// a [`Snapshot`]: for calls that block. A snapshot held while blocked
+/// would keep every runtime of the library alive, and
+/// `flex_runtime_destroy` of any of them waits until no call holds its
+/// state.
+pub(super) struct HeldStream {
+    state: Arc<RuntimeState>,
+    id: u64,
+}
+
+impl HeldStream {
+    /// The stream, borrowed from this hold.
+    pub(super) fn get(&self) -> StreamRef<'_> {
+        StreamRef {
+            state: &self.state,
+            id: self.id,
+        }
+    }
+}
+
+/// A live stream handle, held by the call ([`HeldStream`]).
+///
+/// # Errors
+/// As [`Snapshot::stream`].
+pub(super) fn held_stream(handle: *mut flex_stream_t) -> Result<HeldStream, Failure> {
+    let snapshot = snapshot();
+    let stream = snapshot.stream(handle)?;
+    Ok(HeldStream {
+        state: Arc::clone(stream.state),
+        id: stream.id,
+    })
+}
+
 impl StreamRef<'_> {
     /// The device stream.
     ///
@@ -180,7 +218,8 @@ static HANDLE_WRITES: Mutex<()> = Mutex::new(());
 /// Event handle address (of the `EventEntry` inside the `Arc`) → event.
 static EVENTS: Mutex<BTreeMap<usize, Arc<EventEntry>>> = Mutex::new(BTreeMap::new());
 
-/// The live runtimes and streams as a call sees them: held for the call.
+/// The live runtimes and streams as a call sees them: held for the call
+/// (a call that blocks holds its stream instead, [`HeldStream`]).
 pub(super) struct Snapshot(arc_swap::Guard<Arc<Handles>>);
 
 /// The current snapshot of the live runtimes and streams.

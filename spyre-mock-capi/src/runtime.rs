@@ -168,8 +168,9 @@ pub unsafe extern "C" fn flex_stream_destroy(
     const CALL: &str = "flex_stream_destroy";
     boundary(CALL, || {
         let state = handles::runtime(runtime)?;
-        let snapshot = handles::snapshot();
-        let target = snapshot.stream(stream)?;
+        // Held by the call, not through the snapshot: draining blocks.
+        let held = handles::held_stream(stream)?;
+        let target = held.get();
         if !Arc::ptr_eq(&state, target.state) {
             return Err(Failure::invalid_handle(format!(
                 "stream {stream:p} belongs to another runtime than {runtime:p}"

@@ -96,8 +96,9 @@ pub unsafe extern "C" fn flex_stream_query(stream: *mut flex_stream_t) -> flex_s
 pub unsafe extern "C" fn flex_stream_synchronize(stream: *mut flex_stream_t) -> flex_status_t {
     const CALL: &str = "flex_stream_synchronize";
     boundary(CALL, || {
-        let snapshot = handles::snapshot();
-        let stream = snapshot.stream(stream)?;
+        // Held by the call, not through the snapshot: it blocks.
+        let held = handles::held_stream(stream)?;
+        let stream = held.get();
         refuse_in_callback(stream.state, CALL)?;
         stream.state.check_switch(CALL)?;
         let device = stream.mock()?;

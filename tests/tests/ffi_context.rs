@@ -217,3 +217,37 @@ fn no_library_thread_outlives_its_runtime() {
         },
     );
 }
+
+#[test]
+fn destroying_a_runtime_does_not_wait_for_a_call_blocked_on_another() {
+    // A thread is blocked in `flex_stream_synchronize` on one runtime's
+    // stream (held by a callback); dropping another, idle runtime
+    // (`flex_runtime_destroy`) returns meanwhile. Before the fix the
+    // blocked call's view of the handle table kept every runtime alive and
+    // the destroy waited for it: here for ever, as the callback is released
+    // only after the drop.
+    isolated!(mock_cdylib; &[], || {
+        let busy = context();
+        let idle = context();
+        let gate = spyre_tests::conformance::Gate::new();
+        let held = Arc::clone(&gate);
+        busy.default_stream()
+            .launch_host_callback(Box::new(move || held.wait()), LaunchOptions::new())
+            .expect("launch_host_callback");
+        std::thread::scope(|scope| {
+            let blocked = scope.spawn(|| busy.default_stream().synchronize());
+            // Let the synchronize block first: a drop before it would
+            // show nothing (the test would pass either way).
+            std::thread::sleep(Duration::from_millis(50));
+            let (dropped, done) = std::sync::mpsc::channel();
+            scope.spawn(move || {
+                drop(idle);
+                dropped.send(()).unwrap();
+            });
+            let returned = done.recv_timeout(Duration::from_secs(10));
+            gate.open();
+            assert!(returned.is_ok(), "the idle runtime's destroy waited for the other runtime's call");
+            blocked.join().unwrap().expect("synchronize");
+        });
+    });
+}
