@@ -101,8 +101,8 @@ pub unsafe extern "C" fn flex_event_destroy(
     })
 }
 
-/// The live event and stream of a record or wait, which must be of one
-/// runtime; the stream is borrowed from `snapshot`.
+/// The live event of a record or wait on `stream` (checked: the stream's
+/// switches first), which must be of the stream's runtime.
 fn event_of_stream(
     stream: &handles::StreamRef<'_>,
     event: *mut flex_event_t,

@@ -21,8 +21,8 @@
 //! blocks (`flex_stream_synchronize`, `flex_stream_destroy`, a host-side
 //! `flex_stream_wait_event`) takes one reference to its own runtime and
 //! lets the snapshot go ([`held_stream`]), and a destroy of another
-//! runtime does not wait for it. Events, created and destroyed far more often, are in a
-//! table behind a mutex and handed out as `Arc`s.
+//! runtime does not wait for it. Events, created and destroyed far more
+//! often, are in a table behind a mutex and handed out as `Arc`s.
 //!
 //! A destroyed stream (`flex_stream_destroy`) leaves the table and is
 //! recorded as retired in its runtime; its memory lives until the runtime

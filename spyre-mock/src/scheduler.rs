@@ -102,6 +102,11 @@ pub(crate) struct StreamState {
     priority: StreamPriority,
     queue: VecDeque<Pending>,
     running: bool,
+    /// Listed in the ready set, from [`Scheduler::schedule`] until
+    /// [`Scheduler::next_job`] takes it: a stream is listed at most once,
+    /// however many paths look at it meanwhile (its own launch and the
+    /// recording stream it waited on, say).
+    in_ready: bool,
     /// Waits not yet passed, in enqueue order (so by `before`).
     gates: VecDeque<Gate>,
     /// Records not yet reached, in record order (so by `after`).
@@ -259,6 +264,7 @@ impl Scheduler {
             priority,
             queue: VecDeque::new(),
             running: false,
+            in_ready: false,
             gates: VecDeque::new(),
             marks: VecDeque::new(),
             waiters: Vec::new(),
@@ -511,7 +517,7 @@ impl Scheduler {
     fn schedule(&mut self, index: usize) -> bool {
         loop {
             let state = &mut self.streams[index];
-            if state.running {
+            if state.running || state.in_ready {
                 return false;
             }
             // Not running: every operation before the front has completed
@@ -539,11 +545,12 @@ impl Scheduler {
                 }
             }
         }
-        let state = &self.streams[index];
+        let state = &mut self.streams[index];
         let Some(front) = state.queue.front() else {
             return false;
         };
         self.ready.push(state.priority, front.seq, index);
+        state.in_ready = true;
         true
     }
 
@@ -552,6 +559,8 @@ impl Scheduler {
     pub(crate) fn next_job(&mut self) -> Option<Job> {
         let index = self.ready.pop()?;
         let state = &mut self.streams[index];
+        debug_assert!(state.in_ready && !state.running, "listed once, while idle");
+        state.in_ready = false;
         let pending = state.queue.pop_front()?;
         state.running = true;
         let verdict = match state.not_run(pending.op.call()) {
@@ -978,6 +987,35 @@ mod tests {
     }
 
     #[test]
+    fn a_stream_made_ready_by_its_launch_is_not_listed_again_by_the_record_it_waited_on() {
+        // An idle waiter of a marker record is registered with the
+        // recording stream; the record settles (as an engine settles a
+        // marker, without the lock) and a launch on the waiter, first in
+        // line, makes it ready before the recording stream's `finish`
+        // looks at its waiters. Listed twice, the waiter's second
+        // operation would be handed out while its first runs.
+        let mut s = Scheduler::default();
+        let producer = s.add_stream(StreamPriority::Normal);
+        let waiter = s.add_stream(StreamPriority::Normal);
+        let record = Arc::new(Record::new(producer, 7));
+        let marker = Op::Record(EventRecord(Arc::clone(&record)));
+        s.admit(producer, Pending::new(marker, None)).ok().unwrap();
+        s.add_gate(waiter, Arc::clone(&record)).unwrap();
+        let job = s.next_job().unwrap();
+        assert_eq!(job.stream, producer);
+        record.settle(Ok(Instant::now()));
+        assert!(matches!(s.admit(waiter, noop()), Ok(true)), "first in line");
+        s.admit(waiter, noop()).ok().unwrap();
+        end(&mut s, producer);
+        assert_eq!(s.next_job().map(|job| job.stream), Some(waiter));
+        assert!(
+            s.next_job().is_none(),
+            "the waiter runs one operation at a time"
+        );
+        assert!(!s.has_ready());
+    }
+
+    #[test]
     fn a_record_after_a_wait_is_a_marker_the_wait_holds() {
         let mut s = Scheduler::default();
         let producer = s.add_stream(StreamPriority::Normal);
@@ -1114,13 +1152,19 @@ mod loom_models {
         let waiting = {
             let scheduler = Arc::clone(&scheduler);
             loom::thread::spawn(move || {
-                let mut s = scheduler.lock().unwrap();
-                s.add_gate(waiter, record).unwrap();
+                scheduler.lock().unwrap().add_gate(waiter, record).unwrap();
+                // Apart from the wait, so the engine may finish in between.
                 // A record failed by now fails the idle waiter at once, and
-                // its launch is refused.
-                s.admit(waiter, noop())
-                    .map(drop)
-                    .map_err(|refused| refused.0)
+                // its launches are refused. Two launches: listed twice in
+                // the ready set, the waiter would hand out the second while
+                // the first runs.
+                let mut s = scheduler.lock().unwrap();
+                let first = s.admit(waiter, noop());
+                // (The first, passing a failed gate, may fail the stream
+                // and have the second refused.)
+                let second = s.admit(waiter, noop());
+                assert!(first.is_ok() || second.is_err());
+                first.map(drop).map_err(|refused| refused.0)
             })
         };
         let dropper = loom::thread::spawn(move || drop(event_reference));
@@ -1139,6 +1183,7 @@ mod loom_models {
         let job = s.next_job().expect("the waiting stream became ready");
         assert_eq!(job.stream, waiter);
         assert!(s.next_job().is_none(), "nothing else is ready");
+        assert!(!s.has_ready());
         match (&job.verdict, fail) {
             (Verdict::Run { .. }, false) => {}
             (Verdict::Skip(error), true) => {

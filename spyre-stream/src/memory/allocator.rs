@@ -662,7 +662,9 @@ fn stream_has_finished(stream: SpyreStream) -> bool {
 /// (`SHUTDOWN`). Anything else is the call failing (an invalid handle, an
 /// unsupported call, an internal error, a status flex.h does not define)
 /// and says nothing of where the stream is: memory it may still use is not
-/// handed out again on its word.
+/// handed out again on its word. (So a stream whose operation failed with
+/// `INTERNAL`, the software device's own fault, keeps its cached memory:
+/// the two cannot be told apart.)
 fn is_stream_failure(error: &FlexError) -> bool {
     [
         Status::EXECUTION_FAILED,
