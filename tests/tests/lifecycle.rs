@@ -436,6 +436,22 @@ fn with_both_backends_compiled_the_default_is_hardware() {
     },);
 }
 
+/// In a forked child of `parent`: a check that a call's result is
+/// `ForkedProcess` naming the parent's and this child's pid (`what` names
+/// the call in the panic).
+fn forked_from(parent: u32) -> impl Fn(spyre_stream::Result<()>, &str) {
+    let child = std::process::id();
+    move |result, what| match result {
+        Err(Error::ForkedProcess {
+            started_in,
+            current,
+        }) => {
+            assert_eq!((started_in, current), (parent, child), "{what}");
+        }
+        other => panic!("{what} in the forked child: {other:?}"),
+    }
+}
+
 #[test]
 fn a_forked_child_gets_a_clear_error_from_every_entry_point_never_a_hang() {
     isolated!(&[MOCK], || {
@@ -447,16 +463,7 @@ fn a_forked_child_gets_a_clear_error_from_every_entry_point_never_a_hang() {
         let parent = std::process::id();
 
         let outcome = fork_and_wait(Duration::from_secs(30), move || {
-            let child = std::process::id();
-            let forked = |result: spyre_stream::Result<()>, what: &str| match result {
-                Err(Error::ForkedProcess {
-                    started_in,
-                    current,
-                }) => {
-                    assert_eq!((started_in, current), (parent, child), "{what}");
-                }
-                other => panic!("{what} in the forked child: {other:?}"),
-            };
+            let forked = forked_from(parent);
             // The stream the parent used: before the fix this hung
             // (the software device's engine threads are not in the child).
             forked(stream.synchronize(), "SpyreStream::synchronize");
@@ -497,6 +504,7 @@ fn a_forked_child_gets_a_clear_error_from_every_entry_point_never_a_hang() {
             assert_eq!(device_state(), DeviceState::NotInitialized);
             assert!(runtime_info().is_none());
             let message = synchronize_device(Device::CURRENT).unwrap_err().to_string();
+            let child = std::process::id();
             for needle in [
                 format!("started in process {parent} and this is process {child}, a fork() of it"),
                 "Start the runtime only after forking".to_owned(),
@@ -543,16 +551,7 @@ fn a_forked_child_gets_a_clear_error_from_events_and_memory_never_a_hang() {
         let parent = std::process::id();
 
         let outcome = fork_and_wait(Duration::from_secs(30), || {
-            let child = std::process::id();
-            let forked = |result: spyre_stream::Result<()>, what: &str| match result {
-                Err(Error::ForkedProcess {
-                    started_in,
-                    current,
-                }) => {
-                    assert_eq!((started_in, current), (parent, child), "{what}");
-                }
-                other => panic!("{what} in the forked child: {other:?}"),
-            };
+            let forked = forked_from(parent);
             forked(end.query().map(drop), "SpyreEvent::query");
             forked(end.synchronize(), "SpyreEvent::synchronize");
             forked(

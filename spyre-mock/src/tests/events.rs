@@ -164,6 +164,23 @@ fn runtime_waiting(device_side_wait: bool) -> crate::MockRuntime {
         .unwrap()
 }
 
+/// Enqueues a host function that fails on `producer`, and records a new
+/// event of `rt` behind it.
+fn fail_and_record(
+    rt: &crate::MockRuntime,
+    producer: &crate::MockStream,
+) -> Box<dyn flex_rt::Event> {
+    producer
+        .enqueue(
+            Op::host_fn(|| Err("on purpose".into())),
+            LaunchOptions::new(),
+        )
+        .unwrap();
+    let event = rt.create_event(false).unwrap();
+    producer.record_event(&*event, None).unwrap();
+    event
+}
+
 /// Asserts that `s` has failed because it waited on an event of the
 /// stream with id `failed`: its query and synchronize say so, and a launch
 /// is refused.
@@ -191,14 +208,7 @@ fn waiting_on_a_failed_event_fails_an_idle_stream_at_once() {
     for device_side_wait in [true, false] {
         let rt = runtime_waiting(device_side_wait);
         let (producer, waiter) = (stream(&rt), stream(&rt));
-        producer
-            .enqueue(
-                Op::host_fn(|| Err("on purpose".into())),
-                LaunchOptions::new(),
-            )
-            .unwrap();
-        let event = rt.create_event(false).unwrap();
-        producer.record_event(&*event, None).unwrap();
+        let event = fail_and_record(&rt, producer);
         assert!(event.synchronize().is_err());
         waiter.wait_event(&*event).unwrap();
         assert_failed_by_wait(waiter, producer.id());
@@ -213,14 +223,7 @@ fn a_waited_event_that_fails_later_fails_the_waiting_stream_after_its_earlier_wo
     let rt = runtime_waiting(true);
     let (producer, waiter) = (stream(&rt), stream(&rt));
     let release = block(producer);
-    producer
-        .enqueue(
-            Op::host_fn(|| Err("on purpose".into())),
-            LaunchOptions::new(),
-        )
-        .unwrap();
-    let event = rt.create_event(false).unwrap();
-    producer.record_event(&*event, None).unwrap();
+    let event = fail_and_record(&rt, producer);
     let log = Log::default();
     let logged = log.clone();
     waiter
