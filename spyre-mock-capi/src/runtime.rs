@@ -152,8 +152,12 @@ pub unsafe extern "C" fn flex_runtime_create_stream(
     })
 }
 
-/// `flex_stream_destroy`: waits for the stream's work and completions, then
-/// retires the handle. Refuses the default stream and another runtime's
+/// `flex_stream_destroy`: closes the stream ([`spyre_mock::MockStream::close`]:
+/// a launch, record or wait on it from then on is refused with
+/// `FLEX_ERROR_INVALID_HANDLE`), waits for its work and completions, then
+/// retires the handle. A launch on another thread that races the destroy
+/// is thus either waited for or refused, never left to run after the
+/// destroy has returned. Refuses the default stream and another runtime's
 /// stream (`FLEX_ERROR_INVALID_HANDLE`).
 ///
 /// # Safety
@@ -183,7 +187,9 @@ pub unsafe extern "C" fn flex_stream_destroy(
         }
         refuse_in_callback(&state, CALL)?;
         state.check_switch(CALL)?;
-        state.drain_stream(target.mock()?);
+        let mock = target.mock()?;
+        mock.close();
+        state.drain_stream(mock);
         if !handles::retire_stream(stream) {
             return Err(Failure::invalid_handle(format!(
                 "stream {stream:p} was destroyed by another thread during this call"

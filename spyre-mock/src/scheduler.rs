@@ -132,6 +132,9 @@ pub(crate) struct StreamState {
     /// The first error (sticky).
     pub(crate) error: Option<FlexError>,
     needs_shutdown: bool,
+    /// Closed ([`crate::MockStream::close`]): refuses every launch, record
+    /// and wait; what was enqueued before runs as ever.
+    closed: bool,
     /// The launch that many launches from now is refused (1 = the next).
     fail_launch_in: Option<u64>,
     /// Extra time every operation of the stream takes.
@@ -273,6 +276,7 @@ impl Scheduler {
             passed: 0,
             error: None,
             needs_shutdown: false,
+            closed: false,
             fail_launch_in: None,
             slowdown: Duration::ZERO,
         });
@@ -351,13 +355,14 @@ impl Scheduler {
     }
 
     /// Whether launches on stream `index` need the checks of
-    /// [`Self::admit`] under this lock: the stream has failed, needs
-    /// shutdown or has a `fail_nth_launch` fault set, or the
+    /// [`Self::admit`] under this lock: the stream is closed, has failed,
+    /// needs shutdown or has a `fail_nth_launch` fault set, or the
     /// use-after-free detector is on (it reads every queue). Otherwise a
     /// launch on a stream the scheduler holds goes to its inbox.
     fn launches_checked(&self, index: usize) -> bool {
         let state = &self.streams[index];
-        state.error.is_some()
+        state.closed
+            || state.error.is_some()
             || state.needs_shutdown
             || state.fail_launch_in.is_some()
             || self.reuse.is_some()
@@ -451,10 +456,18 @@ impl Scheduler {
         Ok(())
     }
 
-    /// Whether stream `index` accepts work: `Err` with [`Status::SHUTDOWN`]
+    /// Whether stream `index` accepts work: `Err` with
+    /// [`Status::INVALID_HANDLE`] if it is closed, with [`Status::SHUTDOWN`]
     /// if it needs shutdown, with [`Status::STREAM_FAILED`] if it has failed.
     pub(crate) fn check_accepts(&self, index: usize, call: &'static str) -> Result<(), FlexError> {
         let state = &self.streams[index];
+        if state.closed {
+            return Err(FlexError::new(
+                Status::INVALID_HANDLE,
+                call,
+                "the stream was destroyed and accepts no more work",
+            ));
+        }
         if state.needs_shutdown {
             return Err(FlexError::new(
                 Status::SHUTDOWN,
@@ -722,6 +735,13 @@ impl StreamState {
     pub(crate) fn set_slowdown(&mut self, per_op: Duration) {
         self.slowdown = per_op;
         self.changed();
+    }
+
+    /// Closes the stream ([`crate::MockStream::close`]): from now on its
+    /// launches go through [`Scheduler::admit`]'s checks, which refuse them.
+    pub(crate) fn close(&mut self) {
+        self.closed = true;
+        self.inbox.lock().checked = true;
     }
 
     /// Puts the stream in the needs-shutdown state (fault injection).

@@ -75,7 +75,8 @@ impl MockStream {
     /// an unboxed completion).
     ///
     /// Checks, in order: the operation's sizes ([`Status::INVALID_ARGUMENT`]);
-    /// whether the stream needs shutdown ([`Status::SHUTDOWN`]) or has failed
+    /// whether the stream is closed ([`MockStream::close`],
+    /// [`Status::INVALID_HANDLE`]), needs shutdown ([`Status::SHUTDOWN`]) or has failed
     /// ([`Status::STREAM_FAILED`]); a due [`MockStream::fail_nth_launch`]
     /// fault ([`Status::LAUNCH_FAILED`]). On `Err` nothing is enqueued and
     /// `op` and the completion are dropped on the calling thread, after the
@@ -198,6 +199,23 @@ impl MockStream {
     #[cfg(test)]
     pub(crate) fn wakes(&self) -> u64 {
         self.progress.wakes()
+    }
+
+    /// Closes the stream: every launch, event record and device-side wait
+    /// on it from now on is refused with [`Status::INVALID_HANDLE`], while
+    /// what was enqueued before runs and completes as ever (a launch that
+    /// races this call is either refused or enqueued before it, never
+    /// after). `query` and `synchronize` keep working. Closing twice is
+    /// the same as once; nothing reopens a stream, and it stays in its
+    /// runtime (the device's streams are append-only: its id is never
+    /// reused).
+    ///
+    /// For a flex library's `flex_stream_destroy`, which must wait for the
+    /// work a racing launch enqueued or refuse that launch: it closes the
+    /// stream, then synchronizes it. Takes the runtime's scheduler lock
+    /// once; never blocks on the stream's work.
+    pub fn close(&self) {
+        self.device.scheduler.lock().stream_mut(self.index).close();
     }
 
     /// Fault injection: the `n`th launch from now (1 = the next one) that

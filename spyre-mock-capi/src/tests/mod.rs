@@ -1324,6 +1324,142 @@ fn queries_racing_a_stream_destroy_see_a_live_or_an_invalid_handle() {
     });
 }
 
+/// A host function that spins (yielding) until the `AtomicBool` at
+/// `user_data` is set, then returns success.
+unsafe extern "C" fn held_until_set(user_data: *mut c_void) -> flex_status_t {
+    // SAFETY: the tests pass an `AtomicBool` that outlives the operation.
+    let gate = unsafe { &*user_data.cast::<std::sync::atomic::AtomicBool>() };
+    while !gate.load(Ordering::Acquire) {
+        std::thread::yield_now();
+    }
+    FLEX_SUCCESS
+}
+
+/// A host function that counts itself in the `AtomicUsize` at `user_data`.
+unsafe extern "C" fn counts_its_run(user_data: *mut c_void) -> flex_status_t {
+    // SAFETY: the tests pass an `AtomicUsize` that outlives the runtime.
+    unsafe { &*user_data.cast::<AtomicUsize>() }.fetch_add(1, Ordering::SeqCst);
+    FLEX_SUCCESS
+}
+
+/// flex.h: `flex_stream_destroy` returns "after its pending work has
+/// finished and its completion callbacks have returned". A launch made
+/// while the destroy waits for the stream's work is refused with
+/// `FLEX_ERROR_INVALID_HANDLE` (the stream is closed first); every launch
+/// that was accepted has run by the time the destroy returns. Before the
+/// fix the stream took launches until its handle was retired, after the
+/// wait: here every launch was accepted while the held operation kept the
+/// destroy waiting, and in a race a launch could run after the destroy
+/// returned.
+#[test]
+fn launches_while_a_stream_is_destroyed_are_refused_or_waited_for() {
+    let rt = Rt::new();
+    let stream = rt.create_stream(0);
+    let gate = std::sync::atomic::AtomicBool::new(false);
+    let ran = AtomicUsize::new(0);
+    let gate_data = ptr::from_ref(&gate).cast_mut().cast();
+    let ran_data = ptr::from_ref(&ran).cast_mut().cast();
+    assert_eq!(
+        host(stream, held_until_set, gate_data, NO_COMPLETION),
+        FLEX_SUCCESS
+    );
+    let handles = (rt.0 as usize, stream as usize);
+    std::thread::scope(|scope| {
+        let destroy = scope.spawn(move || {
+            let (rt, stream) = (
+                handles.0 as *mut flex_runtime_t,
+                handles.1 as *mut flex_stream_t,
+            );
+            // SAFETY: live handles.
+            unsafe { flex_stream_destroy(rt, stream) }
+        });
+        // Launch until one is refused: the destroy has closed the stream.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut accepted = 0usize;
+        let refused = loop {
+            match host(stream, counts_its_run, ran_data, NO_COMPLETION) {
+                FLEX_SUCCESS => accepted += 1,
+                status => break Some(status),
+            }
+            if Instant::now() > deadline {
+                break None;
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        };
+        let message = last_error();
+        let ran_while_held = ran.load(Ordering::SeqCst);
+        // Released before anything is asserted: a failed assertion must not
+        // leave the destroy waiting for ever.
+        gate.store(true, Ordering::Release);
+        let destroyed = destroy.join().unwrap();
+        assert_eq!(
+            refused,
+            Some(sys::FLEX_ERROR_INVALID_HANDLE),
+            "a launch while the destroy waits must be refused ({accepted} were accepted)"
+        );
+        assert!(message.contains("destroyed"), "{message}");
+        assert_eq!(ran_while_held, 0, "the held operation is first");
+        assert_eq!(destroyed, FLEX_SUCCESS);
+        assert_eq!(
+            ran.load(Ordering::SeqCst),
+            accepted,
+            "every accepted launch has run when the destroy returns"
+        );
+    });
+    assert_eq!(
+        host(stream, counts_its_run, ran_data, NO_COMPLETION),
+        sys::FLEX_ERROR_INVALID_HANDLE
+    );
+}
+
+/// Threads launching on a stream while another destroys it: once the
+/// destroy has returned, no host function of the stream runs any more, and
+/// every launch that returned `FLEX_SUCCESS` has run.
+#[test]
+fn no_launch_racing_a_stream_destroy_runs_after_it() {
+    let repeats = if cfg!(miri) { 2 } else { 200 };
+    for _ in 0..repeats {
+        let rt = Rt::new();
+        let stream = rt.create_stream(0) as usize;
+        let ran = Arc::new(AtomicUsize::new(0));
+        let launchers: Vec<_> = (0..2)
+            .map(|_| {
+                let ran = Arc::clone(&ran);
+                std::thread::spawn(move || {
+                    let data = Arc::as_ptr(&ran).cast_mut().cast();
+                    let mut accepted = 0usize;
+                    while host(
+                        stream as *mut flex_stream_t,
+                        counts_its_run,
+                        data,
+                        NO_COMPLETION,
+                    ) == FLEX_SUCCESS
+                    {
+                        accepted += 1;
+                    }
+                    accepted
+                })
+            })
+            .collect();
+        std::thread::yield_now();
+        // SAFETY: live handles.
+        let status = unsafe { flex_stream_destroy(rt.0, stream as *mut flex_stream_t) };
+        assert_eq!(status, FLEX_SUCCESS);
+        let ran_at_return = ran.load(Ordering::SeqCst);
+        let accepted: usize = launchers.into_iter().map(|l| l.join().unwrap()).sum();
+        assert_eq!(
+            ran_at_return, accepted,
+            "accepted launches ran before the destroy returned"
+        );
+        drop(rt);
+        assert_eq!(
+            ran.load(Ordering::SeqCst),
+            accepted,
+            "nothing ran after the destroy"
+        );
+    }
+}
+
 /// A runtime destroyed while other threads still call on its stream (which
 /// flex.h forbids) does not take the state from under them: the calls in
 /// flight finish on the snapshot they hold. (After the destroy the freed

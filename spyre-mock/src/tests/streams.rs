@@ -706,3 +706,43 @@ fn a_spinning_wait_ends_at_its_deadline_or_when_it_is_done() {
     assert!(!device.watch(None, || false), "blocking never spins");
     assert!(device.watch(None, || true), "but looks once");
 }
+
+/// `MockStream::close`: the work queued before it (here behind a held
+/// operation, so the launches went to the inbox) still runs; every launch,
+/// record and device-side wait after it is refused with `INVALID_HANDLE`,
+/// and the stream stays healthy for `query` and `synchronize`.
+#[test]
+fn a_closed_stream_runs_what_was_queued_and_refuses_the_rest() {
+    let rt = runtime(2);
+    let s = stream(&rt);
+    let other = rt
+        .create_mock_stream(StreamPriority::Normal, StreamMode::StrictOrdering, false)
+        .unwrap();
+    let ran = Arc::new(AtomicUsize::new(0));
+    let release = block(s);
+    for _ in 0..3 {
+        launch_counted(s, &ran);
+    }
+    s.close();
+    s.close();
+    let refused = s
+        .launch_host_callback(Box::new(|| {}), LaunchOptions::new())
+        .unwrap_err();
+    assert_eq!(refused.status(), Status::INVALID_HANDLE);
+    assert!(refused.to_string().contains("destroyed"), "{refused}");
+    let event = rt.create_event(false).unwrap();
+    assert_eq!(
+        s.record_event(event.as_ref(), None).unwrap_err().status(),
+        Status::INVALID_HANDLE
+    );
+    other.record_event(event.as_ref(), None).unwrap();
+    assert_eq!(
+        s.wait_event(event.as_ref()).unwrap_err().status(),
+        Status::INVALID_HANDLE
+    );
+    release.send(()).unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(ran.load(Ordering::SeqCst), 3);
+    assert!(s.query().unwrap());
+    assert!(!rt.has_stream_error().unwrap());
+}
