@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use flex_rt::Capabilities;
+use flex_rt::{Capabilities, Status};
 
 use crate::device::Device;
 use crate::error::{Error, EventRole, Result};
@@ -276,7 +276,8 @@ impl SpyreEvent {
     /// # Errors
     /// [`Error::EventWithoutTiming`], [`Error::EventNotRecorded`] or
     /// [`Error::EventNotComplete`] naming the event (start or end) whose
-    /// precondition failed; [`Error::EventsOutOfOrder`] when `end` completed
+    /// precondition failed (also when another thread records either event
+    /// again during the call, and the new record is pending); [`Error::EventsOutOfOrder`] when `end` completed
     /// before this event; a record's error ([`Error::Flex`]);
     /// [`Error::ForkedProcess`] in a child forked after the start, before
     /// any of those.
@@ -300,7 +301,20 @@ impl SpyreEvent {
                 return Err(Error::EventNotComplete { which });
             }
         }
-        let nanos = self.event.elapsed_nanos(&*end.event)?;
+        let nanos = match self.event.elapsed_nanos(&*end.event) {
+            Ok(nanos) => nanos,
+            // Re-recorded by another thread since the check above: the
+            // event that is pending now is named as the check names it.
+            Err(error) if error.status() == Status::NOT_READY => {
+                for (which, event) in both {
+                    if !event.query()? {
+                        return Err(Error::EventNotComplete { which });
+                    }
+                }
+                return Err(error.into());
+            }
+            Err(error) => return Err(error.into()),
+        };
         match u64::try_from(nanos) {
             Ok(forward) => Ok(Duration::from_nanos(forward)),
             Err(_) => Err(Error::EventsOutOfOrder {

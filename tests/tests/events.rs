@@ -119,6 +119,53 @@ fn elapsed_time_names_the_event_whose_precondition_failed() {
     });
 }
 
+/// `elapsed_time` while another thread records the end event again and
+/// again behind a little host work: every call gives a duration or
+/// `EventNotComplete` naming the end event, never the runtime's
+/// `NOT_READY` (before the fix, a record made between the completion check
+/// and the timestamp read came out as `Error::Flex`).
+#[test]
+fn elapsed_time_racing_a_record_of_the_end_event_names_it() {
+    isolated!(&[MOCK], || {
+        let stream = pool_stream();
+        let start = SpyreEvent::with_timing().unwrap();
+        let end = SpyreEvent::with_timing().unwrap();
+        start.record(stream).unwrap();
+        end.record(stream).unwrap();
+        end.synchronize().unwrap();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let (mut measured, mut pending) = (0, 0);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    stream
+                        .launch_host_callback(
+                            || std::thread::sleep(Duration::from_micros(20)),
+                            LaunchOptions::new(),
+                        )
+                        .unwrap();
+                    end.record(stream).unwrap();
+                    end.synchronize().unwrap();
+                }
+            });
+            for _ in 0..20_000 {
+                match start.elapsed_time(&end) {
+                    Ok(_) => measured += 1,
+                    Err(Error::EventNotComplete {
+                        which: EventRole::End,
+                    }) => pending += 1,
+                    other => {
+                        stop.store(true, Ordering::Relaxed);
+                        panic!("{other:?}");
+                    }
+                }
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
+        assert_eq!(measured + pending, 20_000);
+    });
+}
+
 #[test]
 fn a_thousand_awaits_on_one_current_thread_runtime_never_block_it() {
     isolated!(&[MOCK], || {
