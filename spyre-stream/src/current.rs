@@ -16,32 +16,46 @@ thread_local! {
     static CURRENT_STREAMS: RefCell<Vec<(u8, StreamId)>> = const { RefCell::new(Vec::new()) };
 }
 
+/// The stream stored as current on `device` for this thread, if any. None
+/// too while the thread's thread-local storage is being destroyed (a
+/// lookup from another thread-local's destructor): the thread is back at
+/// the default stream then.
 fn lookup(device: u8) -> Option<StreamId> {
-    CURRENT_STREAMS.with(|c| {
-        c.borrow()
-            .iter()
-            .find(|(d, _)| *d == device)
-            .map(|(_, id)| *id)
-    })
+    CURRENT_STREAMS
+        .try_with(|c| {
+            c.borrow()
+                .iter()
+                .find(|(d, _)| *d == device)
+                .map(|(_, id)| *id)
+        })
+        .ok()
+        .flatten()
 }
 
-fn store(stream: SpyreStream) {
-    CURRENT_STREAMS.with(|c| {
-        let mut current = c.borrow_mut();
-        match current
-            .iter_mut()
-            .find(|(d, _)| *d == stream.device_index())
-        {
-            Some(entry) => entry.1 = stream.id(),
-            None => current.push((stream.device_index(), stream.id())),
-        }
-    });
+/// Stores `stream` as this thread's current stream on its device; false,
+/// storing nothing, once the thread's thread-local storage is being
+/// destroyed.
+fn store(stream: SpyreStream) -> bool {
+    CURRENT_STREAMS
+        .try_with(|c| {
+            let mut current = c.borrow_mut();
+            match current
+                .iter_mut()
+                .find(|(d, _)| *d == stream.device_index())
+            {
+                Some(entry) => entry.1 = stream.id(),
+                None => current.push((stream.device_index(), stream.id())),
+            }
+        })
+        .is_ok()
 }
 
 /// The calling thread's current stream on `device` (`getCurrentStream`):
 /// the stream last made current on this thread, else the default stream. A
-/// new thread starts at the default stream. Starts the runtime and
-/// initializes the pool when it falls back to the default stream.
+/// new thread starts at the default stream, and a thread whose
+/// thread-local storage is being destroyed (a call from a thread-local's
+/// destructor) is back at it. Starts the runtime and initializes the pool
+/// when it falls back to the default stream.
 ///
 /// # Errors
 /// As [`crate::default_stream`]; [`crate::Error::InvalidEnv`] for a
@@ -70,7 +84,9 @@ pub fn current_stream(device: Device) -> Result<SpyreStream> {
 /// `TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS`, or [`Error::InvalidEnv`] if that
 /// is malformed), both before anything starts; [`Error::WrongDevice`] for
 /// a stream of a device other than the process's; the runtime's start
-/// error.
+/// error; [`Error::ThreadExiting`] when called while the thread's
+/// thread-local storage is being destroyed (from a thread-local's
+/// destructor), where no current stream can be kept.
 pub fn set_current_stream(stream: SpyreStream) -> Result<SpyreStream> {
     let id = stream.id();
     if id.slot().is_none() {
@@ -99,13 +115,19 @@ pub fn set_current_stream(stream: SpyreStream) -> Result<SpyreStream> {
         check_host_compute_id(id.get(), pool.config().host_compute_streams())?;
     }
     let previous = current_stream(device)?;
-    store(stream);
-    Ok(previous)
+    if store(stream) {
+        Ok(previous)
+    } else {
+        Err(Error::ThreadExiting)
+    }
 }
 
 /// Makes a stream current for a scope and restores the previous one on drop
 /// (the Python `with torch.spyre.Stream(...)` block). Guards nest: drop them in
-/// reverse order of creation, as scopes do.
+/// reverse order of creation, as scopes do. A guard may live in a
+/// thread-local: dropped while the thread's thread-local storage is being
+/// destroyed, it restores nothing (the thread is back at the default
+/// stream) and does not panic.
 ///
 /// Not `Send`: the current stream is per thread.
 #[must_use = "the stream is current only while the guard lives"]
@@ -135,6 +157,7 @@ impl StreamGuard {
 
 impl Drop for StreamGuard {
     fn drop(&mut self) {
-        store(self.previous);
+        // Nothing to restore into once the thread's storage is going.
+        let _ = store(self.previous);
     }
 }

@@ -21,7 +21,10 @@ impl Device {
     pub fn new(index: i64) -> Result<Self> {
         match i8::try_from(index) {
             Ok(i) if i >= -1 => Ok(Self(i)),
-            _ => Err(Error::InvalidDeviceIndex { index }),
+            _ => Err(Error::InvalidDeviceIndex {
+                index,
+                expected: "-1 (the current device) or 0..=127",
+            }),
         }
     }
 
@@ -81,7 +84,7 @@ mod tests {
         assert_eq!(Device::CURRENT.explicit(), None);
         for bad in [-2, 128, i64::MIN, i64::MAX] {
             match Device::new(bad).unwrap_err() {
-                Error::InvalidDeviceIndex { index } => assert_eq!(index, bad),
+                Error::InvalidDeviceIndex { index, .. } => assert_eq!(index, bad),
                 other => panic!("{other:?}"),
             }
         }

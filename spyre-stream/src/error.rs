@@ -89,12 +89,26 @@ pub enum Error {
         count: usize,
     },
 
-    /// A device index outside -1 (current device) and 0..=127.
-    #[error("device index {index} is out of range: expected -1 (the current device) or 0..=127")]
+    /// A device index outside what the call takes: -1 (the current device)
+    /// or 0..=127 for a [`crate::Device`], 0..=127 for
+    /// [`crate::set_device`] (which, like torch-spyre's, takes a device,
+    /// not -1).
+    #[error("device index {index} is out of range: expected {expected}")]
     InvalidDeviceIndex {
         /// The index given.
         index: i64,
+        /// The indices the call takes, in words.
+        expected: &'static str,
     },
+
+    /// [`crate::set_current_stream`] (or [`crate::StreamGuard::new`]) was
+    /// called while the calling thread's thread-local storage was being
+    /// destroyed (from a thread-local's destructor): no current stream can
+    /// be kept for the thread any more.
+    #[error(
+        "set_current_stream: the calling thread is exiting and its thread-local current stream is already gone; the stream cannot be made current (current_stream gives the default stream from here on)"
+    )]
+    ThreadExiting,
 
     /// The logical device is not below the number of visible devices.
     #[error(

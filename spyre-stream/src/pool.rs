@@ -245,6 +245,7 @@ impl<'rt> StreamPool<'rt> {
             .filter(|d| *d <= crate::env::MAX_DEVICE_INDEX)
             .ok_or(Error::InvalidDeviceIndex {
                 index: i64::from(runtime.logical_device()),
+                expected: "a runtime on a logical device 0..=127",
             })?;
         Ok(Self {
             runtime,

@@ -255,7 +255,10 @@ pub fn set_device(index: i64) -> Result<()> {
     let device = u8::try_from(index)
         .ok()
         .filter(|d| *d <= MAX_DEVICE_INDEX)
-        .ok_or(Error::InvalidDeviceIndex { index })?;
+        .ok_or(Error::InvalidDeviceIndex {
+            index,
+            expected: "0..=127 (set_device takes a device; -1, the current device, is not one)",
+        })?;
     let count = device_count()?;
     if u32::from(device) >= count {
         return Err(Error::DeviceOutOfRange {

@@ -500,12 +500,21 @@ fn bad_device_indices_end_to_end() {
     isolated!(&[("SPYRE_BACKEND", "mock")], || {
         use spyre_stream::{set_device, stream_from_pool};
         // Before the start: the index is checked, then the device count.
-        for index in [-2, 128, 1000, i64::MIN, i64::MAX] {
+        for index in [-1, -2, 128, 1000, i64::MIN, i64::MAX] {
             assert!(
-                matches!(set_device(index), Err(Error::InvalidDeviceIndex { index: i }) if i == index),
+                matches!(set_device(index), Err(Error::InvalidDeviceIndex { index: i, .. }) if i == index),
                 "{index}"
             );
         }
+        // set_device takes a device, not -1 (as torch-spyre's), and says so.
+        assert_eq!(
+            set_device(-1).unwrap_err().to_string(),
+            "device index -1 is out of range: expected 0..=127 (set_device takes a device; -1, the current device, is not one)"
+        );
+        assert_eq!(
+            Device::new(-2).unwrap_err().to_string(),
+            "device index -2 is out of range: expected -1 (the current device) or 0..=127"
+        );
         for index in [1, 2, 127] {
             let err = set_device(index).unwrap_err();
             assert!(
@@ -521,11 +530,11 @@ fn bad_device_indices_end_to_end() {
         }
         assert!(matches!(
             Device::new(-2),
-            Err(Error::InvalidDeviceIndex { index: -2 })
+            Err(Error::InvalidDeviceIndex { index: -2, .. })
         ));
         assert!(matches!(
             Device::new(128),
-            Err(Error::InvalidDeviceIndex { index: 128 })
+            Err(Error::InvalidDeviceIndex { index: 128, .. })
         ));
         // Nothing was started or bound by the refusals.
         assert!(spyre_stream::runtime_info().is_none());

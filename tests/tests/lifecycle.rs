@@ -217,11 +217,11 @@ fn a_device_beyond_the_visible_count_is_refused_with_both_numbers() {
         ));
         assert!(matches!(
             set_device(128),
-            Err(Error::InvalidDeviceIndex { index: 128 })
+            Err(Error::InvalidDeviceIndex { index: 128, .. })
         ));
         assert!(matches!(
             set_device(-2),
-            Err(Error::InvalidDeviceIndex { index: -2 })
+            Err(Error::InvalidDeviceIndex { index: -2, .. })
         ));
         set_device(0).unwrap();
         start_runtime().unwrap();
@@ -393,6 +393,59 @@ fn current_stream_is_per_thread_and_guards_nest() {
         assert_eq!(current_stream(Device::CURRENT).unwrap(), a);
         assert_eq!(set_current_stream(default).unwrap(), a);
     },);
+}
+
+/// A guard kept in a thread-local (a worker's stream for its lifetime), and
+/// calls from a thread-local's destructor, while the thread's storage is
+/// being destroyed: the guard restores nothing and `current_stream` gives
+/// the default stream, with no panic (a panic in a thread-local's
+/// destructor aborts the process); `set_current_stream` says the thread is
+/// exiting. Before the fix each of the three aborted the process.
+#[test]
+fn the_current_stream_from_a_thread_locals_destructor_never_panics() {
+    use std::cell::RefCell;
+    use std::sync::mpsc;
+
+    struct AtExit {
+        guard: Option<spyre_stream::StreamGuard>,
+        report: Option<mpsc::Sender<String>>,
+    }
+    impl Drop for AtExit {
+        fn drop(&mut self) {
+            drop(self.guard.take());
+            let current = current_stream(Device::CURRENT);
+            let set = current.as_ref().map(|stream| set_current_stream(*stream));
+            let report = format!("{current:?} / {set:?}");
+            self.report.take().unwrap().send(report).unwrap();
+        }
+    }
+    thread_local! {
+        static AT_EXIT: RefCell<AtExit> = const {
+            RefCell::new(AtExit { guard: None, report: None })
+        };
+    }
+
+    isolated!(&[MOCK], || {
+        let default = default_stream(Device::CURRENT).unwrap();
+        let worker = stream_from_pool(Device::CURRENT, 0).unwrap();
+        let (report, reports) = mpsc::channel();
+        std::thread::spawn(move || {
+            // Registered before the current stream's storage is first
+            // touched on this thread, so destroyed after it.
+            AT_EXIT.with(|at_exit| at_exit.borrow_mut().report = Some(report));
+            let guard = spyre_stream::StreamGuard::new(worker).unwrap();
+            assert_eq!(current_stream(Device::CURRENT).unwrap(), worker);
+            AT_EXIT.with(|at_exit| at_exit.borrow_mut().guard = Some(guard));
+        })
+        .join()
+        .expect("the worker thread exits cleanly");
+        let seen = reports.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(
+            seen,
+            format!("Ok({default:?}) / Ok(Err(ThreadExiting))"),
+            "the default stream, and set_current_stream refused"
+        );
+    });
 }
 
 #[test]
