@@ -194,7 +194,8 @@ typedef struct flex_composite_address {
  *  The runtime calls it exactly once for every launch that returned
  *  FLEX_SUCCESS, on a thread the runtime owns, never inside the launch call.
  *  Callbacks of one stream are called in submission order. It must not call
- *  flex_stream_synchronize or flex_runtime_destroy on its own runtime, and it
+ *  flex_stream_synchronize, flex_stream_destroy or flex_runtime_destroy on
+ *  its own runtime, and it
  *  should return quickly: the stream does not advance while it runs.
  *
  *  A launch that returns anything other than FLEX_SUCCESS enqueued nothing
@@ -284,9 +285,14 @@ flex_status_t flex_runtime_create_stream(flex_runtime_t *runtime,
 
 /** Destroys a stream made by flex_runtime_create_stream after its pending
  *  work has finished and its completion callbacks have returned. Not for the
- *  default stream. The handle is invalid afterwards.
+ *  default stream. The handle is invalid afterwards. A launch, record or
+ *  wait on the stream from another thread during the call is either
+ *  enqueued before the destroy (which then waits for it) or refused with
+ *  FLEX_ERROR_INVALID_HANDLE. Like flex_stream_synchronize it waits, so it
+ *  must not be called from a completion callback or host function of the
+ *  same runtime (FLEX_ERROR_UNSUPPORTED).
  *  Returns FLEX_SUCCESS; FLEX_ERROR_INVALID_HANDLE (NULL, another runtime's
- *  stream, or the default stream). */
+ *  stream, or the default stream); FLEX_ERROR_UNSUPPORTED. */
 flex_status_t flex_stream_destroy(flex_runtime_t *runtime,
                                   flex_stream_t *stream);
 
@@ -335,14 +341,16 @@ flex_status_t flex_stream_get_priority(flex_stream_t *stream,
                                        flex_stream_priority_t *priority_out);
 
 /** Does not block. Returns FLEX_SUCCESS when every operation enqueued before
- *  the call has completed and its completion callback has returned;
+ *  the call has completed and its completion callback has returned, and
+ *  every wait enqueued before it (flex_stream_wait_event) has passed;
  *  FLEX_NOT_READY when some has not; the stream's first error
  *  (FLEX_ERROR_EXECUTION_FAILED, FLEX_ERROR_HOST_CALLBACK_FAILED, ...) if it
  *  has failed; FLEX_ERROR_INVALID_HANDLE. */
 flex_status_t flex_stream_query(flex_stream_t *stream);
 
 /** Blocks until every operation enqueued before the call has completed and
- *  its completion callback has returned. Returns FLEX_SUCCESS, the stream's
+ *  its completion callback has returned, and every wait enqueued before it
+ *  (flex_stream_wait_event) has passed. Returns FLEX_SUCCESS, the stream's
  *  first error if it has failed (sticky: later calls return it again), or
  *  FLEX_ERROR_INVALID_HANDLE. Must not be called from a completion callback
  *  or host function of the same runtime. */
@@ -462,9 +470,14 @@ flex_status_t flex_runtime_get_memory_info(flex_runtime_t *runtime,
 /* the event: query, synchronize and later waits see only the latest        */
 /* record, while a wait already enqueued keeps the record it saw. An event  */
 /* never recorded is complete. If the recording stream fails before the     */
-/* event's point, the event is failed with the stream's error; a stream     */
-/* that waits on a failed event fails with FLEX_ERROR_STREAM_FAILED (its    */
-/* message names the event's stream) instead of waiting forever.            */
+/* event's point, the record fails as an operation that never ran does:     */
+/* its error (the "record's error" below) is FLEX_ERROR_STREAM_FAILED, or   */
+/* FLEX_ERROR_SHUTDOWN on a stream that needs shutdown, and its message     */
+/* names the stream's first error. A stream that waits on a failed event    */
+/* fails with FLEX_ERROR_STREAM_FAILED (its message names the event's       */
+/* stream) instead of waiting forever. A wait is work of the waiting        */
+/* stream: until the record it waits for has completed, that stream's       */
+/* query returns FLEX_NOT_READY and its synchronize blocks.                 */
 /* ------------------------------------------------------------------------ */
 
 /** One marker in stream order. Opaque. */
@@ -497,7 +510,7 @@ flex_status_t flex_event_destroy(flex_runtime_t *runtime,
 /** Records the event on `stream`: the event now marks the end of the work
  *  enqueued on the stream so far. `completion` follows flex_completion_fn:
  *  it is called once when the event completes (FLEX_SUCCESS) or fails (the
- *  stream's error). Calls recording the same event from several threads at
+ *  record's error). Calls recording the same event from several threads at
  *  once are serialized by the library. Returns FLEX_SUCCESS (recorded), or,
  *  having changed nothing: FLEX_ERROR_INVALID_HANDLE;
  *  FLEX_ERROR_INVALID_ARGUMENT (the event and the stream belong to
@@ -509,9 +522,11 @@ flex_status_t flex_event_record(flex_event_t *event, flex_stream_t *stream,
 /** Makes every operation enqueued on `stream` after this call start only
  *  after the event's latest record (as of this call) has completed. A no-op
  *  for an event never recorded and for an event recorded on `stream`
- *  itself. With FLEX_CAPABILITY_DEVICE_SIDE_WAIT the call returns at once;
- *  without it the call blocks until the event has completed. If the event
- *  has failed, the stream fails (see above). Returns FLEX_SUCCESS, or,
+ *  itself. With FLEX_CAPABILITY_DEVICE_SIDE_WAIT the call returns at once,
+ *  and the wait is work of the stream until the record has completed
+ *  (flex_stream_query and flex_stream_synchronize see it); without it the
+ *  call blocks until the event has completed. If the event has failed, the
+ *  stream fails (see above). Returns FLEX_SUCCESS, or,
  *  having changed nothing: FLEX_ERROR_INVALID_HANDLE;
  *  FLEX_ERROR_INVALID_ARGUMENT (different runtimes);
  *  FLEX_ERROR_STREAM_FAILED; FLEX_ERROR_SHUTDOWN; FLEX_ERROR_LAUNCH_FAILED.
@@ -521,8 +536,8 @@ flex_status_t flex_stream_wait_event(flex_stream_t *stream,
                                      flex_event_t *event);
 
 /** Asks for `completion` to be called once when the event's latest record
- *  (as of this call) completes (FLEX_SUCCESS) or fails (the recording
- *  stream's error), without adding anything to any stream: how a caller
+ *  (as of this call) completes (FLEX_SUCCESS) or fails (the record's
+ *  error), without adding anything to any stream: how a caller
  *  that did not ask for a completion when recording can still be told.
  *  If that record has already completed or failed, or the event was never
  *  recorded, writes 1 to *complete_out and never calls `completion`
@@ -536,13 +551,13 @@ flex_status_t flex_event_notify(flex_event_t *event,
 
 /** Does not block. Returns FLEX_SUCCESS when the event's latest record has
  *  completed (or it was never recorded); FLEX_NOT_READY when it has not;
- *  the recording stream's error if the record failed;
+ *  the record's error if it failed;
  *  FLEX_ERROR_INVALID_HANDLE. */
 flex_status_t flex_event_query(flex_event_t *event);
 
 /** Blocks until the event's latest record (as of this call) has completed.
  *  Returns at once for an event never recorded. Returns FLEX_SUCCESS, the
- *  recording stream's error if the record failed, FLEX_ERROR_INVALID_HANDLE,
+ *  record's error if it failed, FLEX_ERROR_INVALID_HANDLE,
  *  or FLEX_ERROR_UNSUPPORTED when called from a completion callback or host
  *  function of the same runtime. */
 flex_status_t flex_event_synchronize(flex_event_t *event);
@@ -554,7 +569,7 @@ flex_status_t flex_event_synchronize(flex_event_t *event);
  *  FLEX_ERROR_INVALID_HANDLE; FLEX_ERROR_INVALID_ARGUMENT (nanoseconds_out
  *  NULL, an event created without FLEX_EVENT_TIMING, an event never
  *  recorded, or events of different runtimes); FLEX_NOT_READY (an event has
- *  not completed); the recording stream's error if a record failed. The
+ *  not completed); the record's error if a record failed. The
  *  last-error message names the precondition that failed. */
 flex_status_t flex_event_elapsed_time(flex_event_t *start, flex_event_t *end,
                                       int64_t *nanoseconds_out);

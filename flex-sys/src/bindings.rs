@@ -124,7 +124,7 @@ impl Default for flex_composite_address {
 }
 #[doc = " A composite address: one logical buffer made of one or more chunks, in\n  order. Its total size is the sum of the chunk sizes. The array is read\n  during the call that receives it and never kept."]
 pub type flex_composite_address_t = flex_composite_address;
-#[doc = " Completion callback of a launch. `status` is FLEX_SUCCESS when the\n  operation completed, or the error it failed with (an operation that never\n  ran because its stream had failed earlier gets FLEX_ERROR_STREAM_FAILED;\n  one on a stream that needs shutdown gets FLEX_ERROR_SHUTDOWN).\n\n  The runtime calls it exactly once for every launch that returned\n  FLEX_SUCCESS, on a thread the runtime owns, never inside the launch call.\n  Callbacks of one stream are called in submission order. It must not call\n  flex_stream_synchronize or flex_runtime_destroy on its own runtime, and it\n  should return quickly: the stream does not advance while it runs.\n\n  A launch that returns anything other than FLEX_SUCCESS enqueued nothing\n  and never calls its completion: user_data stays with the caller."]
+#[doc = " Completion callback of a launch. `status` is FLEX_SUCCESS when the\n  operation completed, or the error it failed with (an operation that never\n  ran because its stream had failed earlier gets FLEX_ERROR_STREAM_FAILED;\n  one on a stream that needs shutdown gets FLEX_ERROR_SHUTDOWN).\n\n  The runtime calls it exactly once for every launch that returned\n  FLEX_SUCCESS, on a thread the runtime owns, never inside the launch call.\n  Callbacks of one stream are called in submission order. It must not call\n  flex_stream_synchronize, flex_stream_destroy or flex_runtime_destroy on\n  its own runtime, and it\n  should return quickly: the stream does not advance while it runs.\n\n  A launch that returns anything other than FLEX_SUCCESS enqueued nothing\n  and never calls its completion: user_data stays with the caller."]
 pub type flex_completion_fn = ::std::option::Option<
     unsafe extern "C" fn(user_data: *mut ::std::os::raw::c_void, status: flex_status_t),
 >;
@@ -610,7 +610,7 @@ impl FlexApi {
         }
     }
     #[must_use]
-    #[doc = " Destroys a stream made by flex_runtime_create_stream after its pending\n  work has finished and its completion callbacks have returned. Not for the\n  default stream. The handle is invalid afterwards.\n  Returns FLEX_SUCCESS; FLEX_ERROR_INVALID_HANDLE (NULL, another runtime's\n  stream, or the default stream)."]
+    #[doc = " Destroys a stream made by flex_runtime_create_stream after its pending\n  work has finished and its completion callbacks have returned. Not for the\n  default stream. The handle is invalid afterwards. A launch, record or\n  wait on the stream from another thread during the call is either\n  enqueued before the destroy (which then waits for it) or refused with\n  FLEX_ERROR_INVALID_HANDLE. Like flex_stream_synchronize it waits, so it\n  must not be called from a completion callback or host function of the\n  same runtime (FLEX_ERROR_UNSUPPORTED).\n  Returns FLEX_SUCCESS; FLEX_ERROR_INVALID_HANDLE (NULL, another runtime's\n  stream, or the default stream); FLEX_ERROR_UNSUPPORTED."]
     pub unsafe fn flex_stream_destroy(
         &self,
         runtime: *mut flex_runtime_t,
@@ -703,7 +703,7 @@ impl FlexApi {
         }
     }
     #[must_use]
-    #[doc = " Does not block. Returns FLEX_SUCCESS when every operation enqueued before\n  the call has completed and its completion callback has returned;\n  FLEX_NOT_READY when some has not; the stream's first error\n  (FLEX_ERROR_EXECUTION_FAILED, FLEX_ERROR_HOST_CALLBACK_FAILED, ...) if it\n  has failed; FLEX_ERROR_INVALID_HANDLE."]
+    #[doc = " Does not block. Returns FLEX_SUCCESS when every operation enqueued before\n  the call has completed and its completion callback has returned, and\n  every wait enqueued before it (flex_stream_wait_event) has passed;\n  FLEX_NOT_READY when some has not; the stream's first error\n  (FLEX_ERROR_EXECUTION_FAILED, FLEX_ERROR_HOST_CALLBACK_FAILED, ...) if it\n  has failed; FLEX_ERROR_INVALID_HANDLE."]
     pub unsafe fn flex_stream_query(&self, stream: *mut flex_stream_t) -> flex_status_t {
         unsafe {
             (self
@@ -713,7 +713,7 @@ impl FlexApi {
         }
     }
     #[must_use]
-    #[doc = " Blocks until every operation enqueued before the call has completed and\n  its completion callback has returned. Returns FLEX_SUCCESS, the stream's\n  first error if it has failed (sticky: later calls return it again), or\n  FLEX_ERROR_INVALID_HANDLE. Must not be called from a completion callback\n  or host function of the same runtime."]
+    #[doc = " Blocks until every operation enqueued before the call has completed and\n  its completion callback has returned, and every wait enqueued before it\n  (flex_stream_wait_event) has passed. Returns FLEX_SUCCESS, the stream's\n  first error if it has failed (sticky: later calls return it again), or\n  FLEX_ERROR_INVALID_HANDLE. Must not be called from a completion callback\n  or host function of the same runtime."]
     pub unsafe fn flex_stream_synchronize(&self, stream: *mut flex_stream_t) -> flex_status_t {
         unsafe {
             (self
@@ -911,7 +911,7 @@ impl FlexApi {
         }
     }
     #[must_use]
-    #[doc = " Records the event on `stream`: the event now marks the end of the work\n  enqueued on the stream so far. `completion` follows flex_completion_fn:\n  it is called once when the event completes (FLEX_SUCCESS) or fails (the\n  stream's error). Calls recording the same event from several threads at\n  once are serialized by the library. Returns FLEX_SUCCESS (recorded), or,\n  having changed nothing: FLEX_ERROR_INVALID_HANDLE;\n  FLEX_ERROR_INVALID_ARGUMENT (the event and the stream belong to\n  different runtimes); FLEX_ERROR_STREAM_FAILED; FLEX_ERROR_SHUTDOWN;\n  FLEX_ERROR_LAUNCH_FAILED."]
+    #[doc = " Records the event on `stream`: the event now marks the end of the work\n  enqueued on the stream so far. `completion` follows flex_completion_fn:\n  it is called once when the event completes (FLEX_SUCCESS) or fails (the\n  record's error). Calls recording the same event from several threads at\n  once are serialized by the library. Returns FLEX_SUCCESS (recorded), or,\n  having changed nothing: FLEX_ERROR_INVALID_HANDLE;\n  FLEX_ERROR_INVALID_ARGUMENT (the event and the stream belong to\n  different runtimes); FLEX_ERROR_STREAM_FAILED; FLEX_ERROR_SHUTDOWN;\n  FLEX_ERROR_LAUNCH_FAILED."]
     pub unsafe fn flex_event_record(
         &self,
         event: *mut flex_event_t,
@@ -926,7 +926,7 @@ impl FlexApi {
         }
     }
     #[must_use]
-    #[doc = " Makes every operation enqueued on `stream` after this call start only\n  after the event's latest record (as of this call) has completed. A no-op\n  for an event never recorded and for an event recorded on `stream`\n  itself. With FLEX_CAPABILITY_DEVICE_SIDE_WAIT the call returns at once;\n  without it the call blocks until the event has completed. If the event\n  has failed, the stream fails (see above). Returns FLEX_SUCCESS, or,\n  having changed nothing: FLEX_ERROR_INVALID_HANDLE;\n  FLEX_ERROR_INVALID_ARGUMENT (different runtimes);\n  FLEX_ERROR_STREAM_FAILED; FLEX_ERROR_SHUTDOWN; FLEX_ERROR_LAUNCH_FAILED.\n  Without device-side waits it must not be called from a completion\n  callback or host function of the same runtime (FLEX_ERROR_UNSUPPORTED)."]
+    #[doc = " Makes every operation enqueued on `stream` after this call start only\n  after the event's latest record (as of this call) has completed. A no-op\n  for an event never recorded and for an event recorded on `stream`\n  itself. With FLEX_CAPABILITY_DEVICE_SIDE_WAIT the call returns at once,\n  and the wait is work of the stream until the record has completed\n  (flex_stream_query and flex_stream_synchronize see it); without it the\n  call blocks until the event has completed. If the event has failed, the\n  stream fails (see above). Returns FLEX_SUCCESS, or,\n  having changed nothing: FLEX_ERROR_INVALID_HANDLE;\n  FLEX_ERROR_INVALID_ARGUMENT (different runtimes);\n  FLEX_ERROR_STREAM_FAILED; FLEX_ERROR_SHUTDOWN; FLEX_ERROR_LAUNCH_FAILED.\n  Without device-side waits it must not be called from a completion\n  callback or host function of the same runtime (FLEX_ERROR_UNSUPPORTED)."]
     pub unsafe fn flex_stream_wait_event(
         &self,
         stream: *mut flex_stream_t,
@@ -940,7 +940,7 @@ impl FlexApi {
         }
     }
     #[must_use]
-    #[doc = " Asks for `completion` to be called once when the event's latest record\n  (as of this call) completes (FLEX_SUCCESS) or fails (the recording\n  stream's error), without adding anything to any stream: how a caller\n  that did not ask for a completion when recording can still be told.\n  If that record has already completed or failed, or the event was never\n  recorded, writes 1 to *complete_out and never calls `completion`\n  (user_data stays with the caller); else writes 0, and `completion`\n  follows flex_completion_fn. Returns FLEX_SUCCESS;\n  FLEX_ERROR_INVALID_HANDLE; FLEX_ERROR_INVALID_ARGUMENT (complete_out\n  NULL; nothing is registered then)."]
+    #[doc = " Asks for `completion` to be called once when the event's latest record\n  (as of this call) completes (FLEX_SUCCESS) or fails (the record's\n  error), without adding anything to any stream: how a caller\n  that did not ask for a completion when recording can still be told.\n  If that record has already completed or failed, or the event was never\n  recorded, writes 1 to *complete_out and never calls `completion`\n  (user_data stays with the caller); else writes 0, and `completion`\n  follows flex_completion_fn. Returns FLEX_SUCCESS;\n  FLEX_ERROR_INVALID_HANDLE; FLEX_ERROR_INVALID_ARGUMENT (complete_out\n  NULL; nothing is registered then)."]
     pub unsafe fn flex_event_notify(
         &self,
         event: *mut flex_event_t,
@@ -957,7 +957,7 @@ impl FlexApi {
         }
     }
     #[must_use]
-    #[doc = " Does not block. Returns FLEX_SUCCESS when the event's latest record has\n  completed (or it was never recorded); FLEX_NOT_READY when it has not;\n  the recording stream's error if the record failed;\n  FLEX_ERROR_INVALID_HANDLE."]
+    #[doc = " Does not block. Returns FLEX_SUCCESS when the event's latest record has\n  completed (or it was never recorded); FLEX_NOT_READY when it has not;\n  the record's error if it failed;\n  FLEX_ERROR_INVALID_HANDLE."]
     pub unsafe fn flex_event_query(&self, event: *mut flex_event_t) -> flex_status_t {
         unsafe {
             (self
@@ -967,7 +967,7 @@ impl FlexApi {
         }
     }
     #[must_use]
-    #[doc = " Blocks until the event's latest record (as of this call) has completed.\n  Returns at once for an event never recorded. Returns FLEX_SUCCESS, the\n  recording stream's error if the record failed, FLEX_ERROR_INVALID_HANDLE,\n  or FLEX_ERROR_UNSUPPORTED when called from a completion callback or host\n  function of the same runtime."]
+    #[doc = " Blocks until the event's latest record (as of this call) has completed.\n  Returns at once for an event never recorded. Returns FLEX_SUCCESS, the\n  record's error if it failed, FLEX_ERROR_INVALID_HANDLE,\n  or FLEX_ERROR_UNSUPPORTED when called from a completion callback or host\n  function of the same runtime."]
     pub unsafe fn flex_event_synchronize(&self, event: *mut flex_event_t) -> flex_status_t {
         unsafe {
             (self
@@ -977,7 +977,7 @@ impl FlexApi {
         }
     }
     #[must_use]
-    #[doc = " Writes the device time from the completion of `start` to the completion\n  of `end`, in nanoseconds, to *nanoseconds_out (negative when `end`\n  completed first). Timestamps are taken when the device reaches each event\n  in stream order, not when the host recorded it. Returns FLEX_SUCCESS;\n  FLEX_ERROR_INVALID_HANDLE; FLEX_ERROR_INVALID_ARGUMENT (nanoseconds_out\n  NULL, an event created without FLEX_EVENT_TIMING, an event never\n  recorded, or events of different runtimes); FLEX_NOT_READY (an event has\n  not completed); the recording stream's error if a record failed. The\n  last-error message names the precondition that failed."]
+    #[doc = " Writes the device time from the completion of `start` to the completion\n  of `end`, in nanoseconds, to *nanoseconds_out (negative when `end`\n  completed first). Timestamps are taken when the device reaches each event\n  in stream order, not when the host recorded it. Returns FLEX_SUCCESS;\n  FLEX_ERROR_INVALID_HANDLE; FLEX_ERROR_INVALID_ARGUMENT (nanoseconds_out\n  NULL, an event created without FLEX_EVENT_TIMING, an event never\n  recorded, or events of different runtimes); FLEX_NOT_READY (an event has\n  not completed); the record's error if a record failed. The\n  last-error message names the precondition that failed."]
     pub unsafe fn flex_event_elapsed_time(
         &self,
         start: *mut flex_event_t,

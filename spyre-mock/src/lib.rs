@@ -90,12 +90,15 @@
 //! follow the timing model, the record itself takes no time), and if the
 //! stream has failed first the event fails with the stream's error. The
 //! record is no operation an engine has to take — the engine finishing the
-//! operation before it completes it — except when a wait holds its place or
-//! it carries a completion: then it is a marker operation ([`Op::Record`])
-//! in the FIFO. A wait is a *gate* in the waiting
-//! stream: the scheduler holds the operations enqueued after it until the
-//! record has completed, and looks again each time an operation of the
-//! recording stream finishes; no thread, engine or host, is parked on it.
+//! operation before it completes it — except when it carries a completion:
+//! then it is a marker operation ([`Op::Record`]) in the FIFO. A wait is a
+//! *gate* in the waiting stream: the scheduler holds the operations
+//! enqueued after it until the record has completed, and looks again each
+//! time an operation of the recording stream finishes; no thread, engine
+//! or host, is parked on it. A wait on a pending record is also work of
+//! the waiting stream, as in CUDA: a marker operation behind the gate, so
+//! the stream's `query` says not ready and its `synchronize` returns only
+//! once the wait has passed.
 //! A gate whose record failed fails the waiting stream from that point on,
 //! with an error naming the recording stream. `Event::notify` registers a
 //! completion on the pending record itself (nothing is enqueued); the

@@ -1,9 +1,10 @@
 //! One record of an event on the software device: the point it marks, its
 //! outcome once the device reaches it, and the completions waiting for that
 //! outcome. A record is a mark the scheduler keeps beside its stream's FIFO,
-//! or, when a wait holds its place or it carries a completion, a marker
-//! operation in it ([`EventRecord`] in [`crate::Op::Record`]); a wait is a
-//! gate on it in the scheduler.
+//! or, when it carries a completion, a marker operation in it
+//! ([`EventRecord`] in [`crate::Op::Record`]); a wait is a gate on it in
+//! the scheduler, with a marker operation of a record of its own behind the
+//! gate.
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -18,7 +18,10 @@
 //!
 //! A device-side wait on an event is a *gate* in the waiting stream: it
 //! holds the operations enqueued after it until the event's record has
-//! completed. A stream whose front operation is behind a closed gate is
+//! completed. The first of them is the wait's own *wait marker* (a marker
+//! operation, [`Op::Record`] of a record nobody else holds), so that a
+//! wait is unfinished work of its stream until it has passed: the stream's
+//! query, synchronize and later records see it as they see any operation. A stream whose front operation is behind a closed gate is
 //! *blocked*: not ready, and listed as a waiter of the recording stream,
 //! which looks at its waiters again each time one of its operations
 //! finishes. No thread waits for a gate. A gate whose record failed fails
@@ -31,9 +34,8 @@
 //! An event record is usually not an operation at all but a *mark*: the
 //! position in its stream it was recorded at, reached when the operation
 //! before it finishes (at once on a stream with nothing unfinished). Only a
-//! record that a wait holds (a wait added since the stream's last launch)
-//! or that carries a completion is a marker operation ([`Op::Record`]) in
-//! the FIFO. Either way the record completes once everything enqueued
+//! record that carries a completion is a marker operation ([`Op::Record`])
+//! in the FIFO. Either way the record completes once everything enqueued
 //! before it on its stream has run and its completion has returned; a mark
 //! needs no engine to take it, so an idle engine is not woken again just to
 //! pass it. Notifications of different records are not ordered with each
@@ -328,12 +330,19 @@ impl Scheduler {
     pub(crate) fn admit(
         &mut self,
         index: usize,
-        mut pending: Pending,
+        pending: Pending,
     ) -> Result<bool, Refused<Pending>> {
         let call = pending.op.call();
         if let Err(err) = self.check_launch(index, call) {
             return Err(Box::new((err, pending)));
         }
+        Ok(self.enqueue(index, None, pending))
+    }
+
+    /// Queues `pending` at the end of stream `index`, behind a gate on
+    /// `wait` if given, once the checks are done; returns whether the
+    /// stream became ready.
+    fn enqueue(&mut self, index: usize, wait: Option<Arc<Record>>, mut pending: Pending) -> bool {
         let checked = self.launches_checked(index);
         let state = &mut self.streams[index];
         {
@@ -341,6 +350,10 @@ impl Scheduler {
             // inbox lock before this one.
             let mut inbox = state.inbox.lock();
             inbox.move_into(&mut state.queue);
+            if let Some(record) = wait {
+                let before = state.submitted();
+                state.gates.push_back(Gate { before, record });
+            }
             inbox.number(&mut pending, &state.progress);
             if let Op::Record(EventRecord(record)) = &pending.op {
                 // Reached as it finishes: at the count it was numbered at.
@@ -351,7 +364,7 @@ impl Scheduler {
         }
         state.queue.push_back(pending);
         let first_in_line = !state.running && state.queue.len() == 1;
-        Ok(first_in_line && self.schedule(index))
+        first_in_line && self.schedule(index)
     }
 
     /// Whether launches on stream `index` need the checks of
@@ -382,9 +395,8 @@ impl Scheduler {
         self.streams[index].inbox.lock().checked = checked;
     }
 
-    /// Records `record` on stream `index`: as a mark (no operation) unless a
-    /// wait added since the stream's last launch holds its place or it
-    /// carries a `completion`, in which case it is enqueued as a marker
+    /// Records `record` on stream `index`: as a mark (no operation) unless
+    /// it carries a `completion`, in which case it is enqueued as a marker
     /// operation ([`Self::admit`]). A mark on a stream whose every operation
     /// has run and returned its completion is reached at once (`passed`).
     /// Refused as [`Self::admit`] refuses a launch (a record counts for
@@ -397,21 +409,10 @@ impl Scheduler {
         record: Arc<Record>,
         completion: Option<Completion>,
     ) -> Result<bool, Refused<Option<Pending>>> {
-        let state = &self.streams[index];
-        let held = {
-            // The enqueued count does not move while the inbox is locked.
-            let _inbox = state.inbox.lock();
-            state
-                .gates
-                .back()
-                .is_some_and(|gate| gate.before == state.submitted())
-        };
-        // (A launch made since holds the record's place as well, behind
-        // the same wait: a marker is still right.)
-        if held || completion.is_some() {
+        if let Some(completion) = completion {
             let marker = Pending::new(
                 Op::Record(EventRecord(record)),
-                completion.map(OpCompletion::Boxed),
+                Some(OpCompletion::Boxed(completion)),
             );
             return self.admit(index, marker).map_err(|refused| {
                 let (err, marker) = *refused;
@@ -487,37 +488,31 @@ impl Scheduler {
 
     /// Adds a device-side wait to stream `index`: its operations enqueued
     /// from now on start only after `record` has completed. A record of the
-    /// stream itself is already ordered, and adds nothing.
+    /// stream itself is already ordered, and a completed one holds nothing:
+    /// neither adds anything. Otherwise the wait is a gate followed by a
+    /// *wait marker*, an operation of the stream (a marker record nobody
+    /// else holds) that the gate holds: so the stream has unfinished work
+    /// until the wait has passed, and its query, synchronize and records
+    /// made after the wait see it, as they see any operation (a wait is
+    /// work enqueued on the stream, as in CUDA). The marker does not count
+    /// for `fail_nth_launch`. Returns whether the stream became ready (the
+    /// marker can be, behind a record that failed meanwhile: it then fails
+    /// the stream).
     ///
     /// # Errors
     /// As [`Self::admit`]'s stream-state checks; nothing is added then.
-    pub(crate) fn add_gate(&mut self, index: usize, record: Arc<Record>) -> Result<(), FlexError> {
+    pub(crate) fn add_gate(
+        &mut self,
+        index: usize,
+        record: Arc<Record>,
+    ) -> Result<bool, FlexError> {
         self.check_accepts(index, "wait_event")?;
         if record.stream == index || matches!(record.outcome(), Some(Ok(_))) {
             // Already ordered, or already complete: nothing to hold.
-            return Ok(());
+            return Ok(false);
         }
-        let state = &mut self.streams[index];
-        let inbox = state.inbox.lock();
-        let before = state.submitted();
-        // Gates at the same point whose records have completed hold nothing
-        // any more: drop them, so a stream that waits again and again
-        // without launching keeps a bounded list.
-        while state.gates.back().is_some_and(|gate| {
-            gate.before == before && matches!(gate.record.outcome(), Some(Ok(_)))
-        }) {
-            state.gates.pop_back();
-        }
-        state.gates.push_back(Gate { before, record });
-        let idle = !state.running && state.queue.is_empty();
-        drop(inbox);
-        if idle {
-            // Nothing unfinished is before the gate: a failed record fails
-            // the stream now, a pending one makes it a waiter (it cannot
-            // be made ready: nothing is queued).
-            self.schedule(index);
-        }
-        Ok(())
+        let marker = Op::Record(EventRecord(Arc::new(Record::new(index, index as u64))));
+        Ok(self.enqueue(index, Some(record), Pending::new(marker, None)))
     }
 
     /// Makes stream `index` ready if it is idle, has work, and no closed gate
@@ -1007,27 +1002,32 @@ mod tests {
     }
 
     #[test]
-    fn a_stream_made_ready_by_its_launch_is_not_listed_again_by_the_record_it_waited_on() {
-        // An idle waiter of a marker record is registered with the
-        // recording stream; the record settles (as an engine settles a
-        // marker, without the lock) and a launch on the waiter, first in
-        // line, makes it ready before the recording stream's `finish`
-        // looks at its waiters. Listed twice, the waiter's second
-        // operation would be handed out while its first runs.
+    fn a_waiter_whose_record_settled_is_listed_once() {
+        // A waiter's wait marker is held by its gate; the record settles
+        // (as an engine settles a marker, without the lock) and launches on
+        // the waiter go behind the wait marker before the recording
+        // stream's `finish` looks at its waiters. The waiter is listed
+        // once: listed twice, its second operation would be handed out
+        // while its first runs.
         let mut s = Scheduler::default();
         let producer = s.add_stream(StreamPriority::Normal);
         let waiter = s.add_stream(StreamPriority::Normal);
         let record = Arc::new(Record::new(producer, 7));
         let marker = Op::Record(EventRecord(Arc::clone(&record)));
         s.admit(producer, Pending::new(marker, None)).ok().unwrap();
-        s.add_gate(waiter, Arc::clone(&record)).unwrap();
+        assert!(!s.add_gate(waiter, Arc::clone(&record)).unwrap(), "held");
         let job = s.next_job().unwrap();
         assert_eq!(job.stream, producer);
         record.settle(Ok(Instant::now()));
-        assert!(matches!(s.admit(waiter, noop()), Ok(true)), "first in line");
+        assert!(
+            matches!(s.admit(waiter, noop()), Ok(false)),
+            "behind the wait marker"
+        );
         s.admit(waiter, noop()).ok().unwrap();
         end(&mut s, producer);
-        assert_eq!(s.next_job().map(|job| job.stream), Some(waiter));
+        let wait = s.next_job().expect("the wait passed");
+        assert_eq!(wait.stream, waiter);
+        assert!(matches!(wait.pending.op, Op::Record(_)), "the wait marker");
         assert!(
             s.next_job().is_none(),
             "the waiter runs one operation at a time"
@@ -1036,25 +1036,31 @@ mod tests {
     }
 
     #[test]
-    fn a_record_after_a_wait_is_a_marker_the_wait_holds() {
+    fn a_wait_is_an_operation_of_the_stream_and_a_record_after_it_waits_for_it() {
         let mut s = Scheduler::default();
         let producer = s.add_stream(StreamPriority::Normal);
         let waiter = s.add_stream(StreamPriority::Normal);
         s.admit(producer, noop()).ok().unwrap();
         let produced = record_on(&mut s, producer);
-        s.add_gate(waiter, Arc::clone(&produced)).unwrap();
-        let held = Arc::new(Record::new(waiter, 8));
+        assert!(!s.add_gate(waiter, Arc::clone(&produced)).unwrap());
+        assert_eq!(s.stream(waiter).submitted(), 1, "the wait marker");
+        assert_eq!(s.stream(waiter).completed(), 0, "pending until it passes");
+        let after = Arc::new(Record::new(waiter, 8));
         assert!(matches!(
-            s.admit_record(waiter, Arc::clone(&held), None),
+            s.admit_record(waiter, Arc::clone(&after), None),
             Ok(false)
         ));
-        assert_eq!(s.stream(waiter).submitted(), 1, "a marker operation");
-        assert!(held.outcome().is_none(), "held by the wait");
+        assert_eq!(s.stream(waiter).submitted(), 1, "a mark, no operation");
+        assert!(after.outcome().is_none(), "behind the wait");
         assert_eq!(complete_next(&mut s), producer);
         assert!(matches!(produced.outcome(), Some(Ok(_))));
-        let marker = s.next_job().expect("the wait passed");
-        assert_eq!(marker.stream, waiter);
-        assert!(matches!(marker.pending.op, Op::Record(_)));
+        assert_eq!(complete_next(&mut s), waiter, "the wait passed");
+        assert_eq!(s.stream(waiter).completed(), 1);
+        assert!(matches!(after.outcome(), Some(Ok(_))));
+        // A wait on a completed record, or on the stream's own, adds nothing.
+        assert!(!s.add_gate(waiter, Arc::clone(&produced)).unwrap());
+        assert!(!s.add_gate(waiter, after).unwrap());
+        assert_eq!(s.stream(waiter).submitted(), 1);
     }
 
     #[test]
@@ -1174,16 +1180,14 @@ mod loom_models {
             loom::thread::spawn(move || {
                 scheduler.lock().unwrap().add_gate(waiter, record).unwrap();
                 // Apart from the wait, so the engine may finish in between.
-                // A record failed by now fails the idle waiter at once, and
-                // its launches are refused. Two launches: listed twice in
-                // the ready set, the waiter would hand out the second while
-                // the first runs.
+                // A record failed by now has failed the waiter as the wait
+                // was added, and its launches are refused. Two launches:
+                // listed twice in the ready set, the waiter would hand out
+                // the second while the first runs.
                 let mut s = scheduler.lock().unwrap();
                 let first = s.admit(waiter, noop());
-                // (The first, passing a failed gate, may fail the stream
-                // and have the second refused.)
                 let second = s.admit(waiter, noop());
-                assert!(first.is_ok() || second.is_err());
+                assert_eq!(first.is_ok(), second.is_ok());
                 first.map(drop).map_err(|refused| refused.0)
             })
         };
@@ -1192,26 +1196,51 @@ mod loom_models {
         let admitted = waiting.join().unwrap();
         dropper.join().unwrap();
         let mut s = scheduler.lock().unwrap();
-        if let Err(refused) = admitted {
-            assert!(fail, "refused without a failure: {refused}");
-            assert_eq!(refused.status(), Status::STREAM_FAILED);
-            assert!(refused.message().contains("stream 7"), "{refused}");
-            assert!(s.next_job().is_none(), "nothing is ready");
-            return;
-        }
-        // No lost wake-up: the waiter's launch is ready, exactly once.
-        let job = s.next_job().expect("the waiting stream became ready");
+        // No lost wake-up: the waiter is ready, exactly once. Its first job
+        // is its wait marker when the record had not completed as the wait
+        // was added (always when it failed): that runs, or is skipped once
+        // the record has failed, and its end makes the launch ready.
+        let mut job = s.next_job().expect("the waiting stream became ready");
         assert_eq!(job.stream, waiter);
+        if matches!(job.pending.op, Op::Record(_)) {
+            assert_verdict(&job.verdict, fail);
+            assert!(
+                s.next_job().is_none(),
+                "one operation of the waiter at a time"
+            );
+            drop(job);
+            let reached = s.reach(waiter);
+            assert!(reached.is_empty(), "nobody holds the wait marker's record");
+            s.finish(waiter);
+            if let Err(refused) = admitted {
+                assert!(fail, "refused without a failure: {refused}");
+                assert_eq!(refused.status(), Status::STREAM_FAILED);
+                assert!(refused.message().contains("stream 7"), "{refused}");
+                assert!(s.next_job().is_none(), "nothing is ready");
+                return;
+            }
+            job = s.next_job().expect("the waiter's launch became ready");
+            assert_eq!(job.stream, waiter);
+        } else {
+            assert!(!fail, "a wait on a failed record leaves a wait marker");
+            assert!(admitted.is_ok());
+        }
         assert!(s.next_job().is_none(), "nothing else is ready");
         assert!(!s.has_ready());
-        match (&job.verdict, fail) {
+        assert_verdict(&job.verdict, fail);
+    }
+
+    /// A job of the waiter runs, or, when the record failed, is skipped
+    /// with `STREAM_FAILED` naming the recording stream.
+    fn assert_verdict(verdict: &Verdict, fail: bool) {
+        match (verdict, fail) {
             (Verdict::Run { .. }, false) => {}
             (Verdict::Skip(error), true) => {
                 assert_eq!(error.status(), Status::STREAM_FAILED);
                 assert!(error.message().contains("stream 7"), "{error}");
             }
             (verdict, _) => panic!(
-                "fail = {fail}, but the waiter's launch got {}",
+                "fail = {fail}, but the waiter's job got {}",
                 match verdict {
                     Verdict::Run { .. } => "run",
                     Verdict::Skip(_) => "skip",

@@ -181,9 +181,9 @@ impl MockStream {
     }
 
     /// Operations enqueued and not yet complete (completion returned). An
-    /// event record counts only while it is a marker operation (after a
-    /// wait, or with a completion); usually it is no operation at all.
-    /// Takes no lock.
+    /// event record counts only while it is a marker operation (with a
+    /// completion); usually it is no operation at all. A device-side wait
+    /// on a pending event counts as one until it has passed. Takes no lock.
     pub fn pending_operations(&self) -> u64 {
         self.progress.pending()
     }
@@ -406,20 +406,30 @@ impl Stream for MockStream {
         )
     }
 
-    /// With device-side waits (the default) a gate in the scheduler: no
+    /// With device-side waits (the default) a gate in the scheduler and an
+    /// operation behind it that completes once the wait has passed (so
+    /// `query` and `synchronize` see the wait as work of the stream): no
     /// thread blocks. Without them (`device_side_wait(false)`, like today's
     /// card) blocks until the event completes.
     fn wait_event(&self, event: &dyn Event) -> Result<()> {
         const CALL: &str = "wait_event";
         let event = MockEvent::of(event, &self.device, CALL)?;
+        if self.device.device_side_wait {
+            return self.submit(
+                |scheduler| match event.latest.lock().clone() {
+                    Some(record) => scheduler
+                        .add_gate(self.index, record)
+                        .map_err(|err| Box::new((err, ()))),
+                    None => Ok(false),
+                },
+                || {},
+            );
+        }
         let record = {
-            let mut scheduler = self.device.scheduler.lock();
+            let scheduler = self.device.scheduler.lock();
             let Some(record) = event.latest.lock().clone() else {
                 return Ok(());
             };
-            if self.device.device_side_wait {
-                return scheduler.add_gate(self.index, record);
-            }
             scheduler.check_accepts(self.index, CALL)?;
             if record.stream == self.index {
                 return Ok(());
@@ -436,7 +446,14 @@ impl Stream for MockStream {
         if self.device.wait_for_record(&record, CALL).is_err() {
             // A failed record fails this stream from this point on, as a
             // device-side wait does: work enqueued before still runs.
-            self.device.scheduler.lock().add_gate(self.index, record)?;
+            self.submit(
+                |scheduler| {
+                    scheduler
+                        .add_gate(self.index, record)
+                        .map_err(|err| Box::new((err, ())))
+                },
+                || {},
+            )?;
         }
         Ok(())
     }

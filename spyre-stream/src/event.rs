@@ -182,8 +182,12 @@ impl SpyreEvent {
     /// after the event's latest record has completed (`Event.wait(stream)`;
     /// `cudaStreamWaitEvent`). Returns at once where the device waits on the
     /// device side; else blocks until the event has completed (see
-    /// "Device-side waits"). A no-op for an event never recorded or recorded
-    /// on `stream`.
+    /// "Device-side waits"). Either way the wait is work of `stream`, as in
+    /// CUDA: until the event has completed, `stream`'s
+    /// [`SpyreStream::query`] is `false` and its
+    /// [`SpyreStream::synchronize`] waits (so `s.wait_stream(other)` then
+    /// `s.synchronize()` covers `other`'s work, as in PyTorch). A no-op for
+    /// an event never recorded or recorded on `stream`.
     ///
     /// # Errors
     /// As [`SpyreEvent::record`]; without device-side waits,

@@ -68,7 +68,10 @@ impl SpyreStream {
         })
     }
 
-    /// Whether all work enqueued on the stream has completed. Never blocks.
+    /// Whether all work enqueued on the stream has completed, including
+    /// waits on events ([`SpyreStream::wait_event`],
+    /// [`SpyreStream::wait_stream`]): a pending wait is unfinished work.
+    /// Never blocks.
     ///
     /// # Errors
     /// [`crate::Error::NoHandle`] when the id has no handle;
@@ -79,8 +82,9 @@ impl SpyreStream {
         Ok(self.handle()?.query()?)
     }
 
-    /// Blocks until all work enqueued on the stream has completed. No lock is
-    /// held while waiting.
+    /// Blocks until all work enqueued on the stream has completed, including
+    /// its waits on events (see [`SpyreStream::query`]). No lock is held
+    /// while waiting.
     ///
     /// # Errors
     /// As [`SpyreStream::query`].

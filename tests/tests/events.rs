@@ -59,6 +59,36 @@ fn wait_stream_orders_work_without_blocking_the_host() {
     });
 }
 
+/// PyTorch's `s.wait_stream(other); s.synchronize()` with nothing launched
+/// on `s` after the wait: the synchronize covers `other`'s work, and a
+/// timing event recorded on `other` can be read after it. Before the fix
+/// the waiting stream's synchronize returned at once with the device
+/// waiting on the device side (and waited with host-side waits).
+#[test]
+fn synchronize_after_wait_stream_covers_the_other_streams_work() {
+    isolated!(&[MOCK], || {
+        let (producer, consumer) = (pool_stream(), pool_stream());
+        let start = SpyreEvent::with_timing().unwrap();
+        let end = SpyreEvent::with_timing().unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let gate = hold(producer);
+        start.record(producer).unwrap();
+        log_on(producer, &log, "produced");
+        end.record(producer).unwrap();
+        consumer.wait_stream(producer).unwrap();
+        assert!(!consumer.query().unwrap(), "the wait is pending");
+        let opener = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            gate.open();
+        });
+        consumer.synchronize().unwrap();
+        assert_eq!(*log.lock().unwrap(), ["produced"]);
+        assert!(consumer.query().unwrap());
+        start.elapsed_time(&end).expect("both events completed");
+        opener.join().unwrap();
+    });
+}
+
 #[test]
 fn elapsed_time_names_the_event_whose_precondition_failed() {
     isolated!(&[MOCK], || {

@@ -232,10 +232,16 @@ fn a_waited_event_that_fails_later_fails_the_waiting_stream_after_its_earlier_wo
             LaunchOptions::new(),
         )
         .unwrap();
+    let own_work = rt.create_event(false).unwrap();
+    waiter.record_event(own_work.as_ref(), None).unwrap();
     waiter.wait_event(&*event).unwrap();
-    waiter.synchronize().unwrap();
+    own_work.synchronize().unwrap();
     assert_eq!(log.take(), ["before"]);
-    assert_eq!(waiter.query(), Ok(true), "the event has not failed yet");
+    assert_eq!(
+        waiter.query(),
+        Ok(false),
+        "the event has not failed yet: the wait is pending work of the stream"
+    );
     drop(release);
     assert!(producer.synchronize().is_err());
     assert_failed_by_wait(waiter, producer.id());

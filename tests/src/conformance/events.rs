@@ -278,6 +278,51 @@ pub fn a_wait_orders_later_work_after_the_event(backend: &dyn Backend, _: &Profi
     );
 }
 
+/// flex.h, `flex_stream_wait_event`: a wait is work enqueued on the stream.
+/// Until the event completes the waiting stream is not finished, even with
+/// nothing launched or recorded after the wait: query says not ready, and
+/// synchronize returns only once the
+/// producer's work before the event has run (CUDA's
+/// `cudaStreamWaitEvent` then `cudaStreamSynchronize`; PyTorch's
+/// `s.wait_stream(other); s.synchronize()`). Without device-side waits the
+/// wait itself blocks the host until then.
+pub fn a_pending_wait_is_unfinished_work_of_the_waiting_stream(backend: &dyn Backend, _: &Profile) {
+    let runtime = runtime(backend);
+    let Some(capabilities) = capabilities(&*runtime) else {
+        return;
+    };
+    let producer = new_stream(&*runtime, StreamPriority::Normal);
+    let consumer = new_stream(&*runtime, StreamPriority::Normal);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let gate = hold(producer);
+    log_on(producer, &log, "produced");
+    let produced = event(&*runtime, false);
+    producer.record_event(&*produced, None).expect("record");
+    wait_while_held(capabilities, consumer, &*produced, &gate);
+    if capabilities.device_side_wait {
+        assert_eq!(consumer.query(), Ok(false), "the wait is pending");
+        // Opened while the synchronize below blocks (or before it starts:
+        // either way it must not return before the producer's work).
+        let opener = {
+            let gate = Arc::clone(&gate);
+            thread::spawn(move || {
+                thread::sleep(Duration::from_millis(50));
+                gate.open();
+            })
+        };
+        consumer.synchronize().expect("synchronize");
+        opener.join().expect("opener thread");
+    } else {
+        consumer.synchronize().expect("synchronize");
+    }
+    assert_eq!(
+        *log.lock().unwrap(),
+        ["produced"],
+        "synchronize of the waiting stream returned before the event"
+    );
+    assert_eq!(consumer.query(), Ok(true));
+}
+
 /// Re-recording moves the event: query and synchronize see only the latest
 /// record, while a wait already made keeps the record it saw.
 pub fn re_recording_moves_the_event_but_not_an_earlier_wait(backend: &dyn Backend, _: &Profile) {

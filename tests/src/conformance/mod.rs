@@ -153,6 +153,7 @@ macro_rules! with_conformance_cases {
                 a_record_captures_exactly_the_work_before_it,
                 notify_calls_back_when_the_latest_record_settles,
                 a_wait_orders_later_work_after_the_event,
+                a_pending_wait_is_unfinished_work_of_the_waiting_stream,
                 re_recording_moves_the_event_but_not_an_earlier_wait,
                 waiting_on_the_same_stream_is_a_no_op,
                 a_failed_record_poisons_the_event_and_its_waiters,
