@@ -38,6 +38,10 @@
  *  - A flex_event_t (ABI 1.1) belongs to the runtime that made it and is
  *    owned by the caller until flex_event_destroy or until its runtime is
  *    destroyed.
+ *  - A runtime does not cross fork(): in a child forked after it was
+ *    created, every call on it, its streams or its events (its destroy
+ *    included) returns FLEX_ERROR_RUNTIME_FAILED, and the child leaves it
+ *    to its exit. The child may create runtimes of its own.
  *
  * Versions: 1.0 is the first ABI. 1.1 adds capabilities, the device's
  * memory info and events (the sections marked ABI 1.1 below). A loader built for 1.1 accepts a 1.0 library; the

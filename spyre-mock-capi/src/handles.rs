@@ -36,7 +36,10 @@ use std::sync::{Arc, LazyLock};
 use arc_swap::ArcSwap;
 
 use flex_rt::{Event, Stream};
-use flex_sys::bindings::{FLEX_ERROR_UNSUPPORTED, flex_event_t, flex_runtime_t, flex_stream_t};
+use flex_sys::bindings::{
+    FLEX_ERROR_RUNTIME_FAILED, FLEX_ERROR_UNSUPPORTED, flex_event_t, flex_runtime_t, flex_stream_t,
+};
+use flex_sys::fork::ForkGeneration;
 use parking_lot::Mutex;
 use spyre_mock::{MockRuntime, MockStream};
 
@@ -57,6 +60,10 @@ pub(super) struct RuntimeState {
     pub(super) switches: Switches,
     /// Ids of streams destroyed with `flex_stream_destroy`.
     pub(super) retired: Mutex<BTreeSet<u64>>,
+    /// The `fork()` generation the runtime was created in: a forked child
+    /// has none of its engine threads, so every call on it there fails
+    /// ([`RuntimeState::check_not_forked`]).
+    pub(super) fork: ForkGeneration,
 }
 
 impl RuntimeState {
@@ -64,6 +71,18 @@ impl RuntimeState {
     /// its state), for recognising its callbacks on a thread.
     pub(super) fn key(self: &Arc<Self>) -> usize {
         Arc::as_ptr(self) as usize
+    }
+
+    /// `FLEX_ERROR_RUNTIME_FAILED` in a child forked after the runtime was
+    /// created: its engines do not exist there, so work would never run
+    /// and a wait would never end. One relaxed atomic load.
+    #[inline]
+    pub(super) fn check_not_forked(&self) -> Result<(), Failure> {
+        if self.fork.is_current() {
+            Ok(())
+        } else {
+            Err(forked())
+        }
     }
 
     /// Fails with [`crate::environment::UNDEFINED_STATUS`] when the switches name `call`.
@@ -106,6 +125,16 @@ impl RuntimeState {
 /// `Err` with [`crate::environment::UNDEFINED_STATUS`] when `switches` name `call`.
 /// Inlined into every call; the error path is out of line.
 #[inline]
+/// The failure of a call on a runtime created before a `fork()`, in the
+/// child.
+#[cold]
+fn forked() -> Failure {
+    Failure::new(
+        FLEX_ERROR_RUNTIME_FAILED,
+        "this runtime was created by the parent process before fork(); a forked child has none of its device threads and cannot use it (nor its streams and events, nor destroy it): create a runtime in the child",
+    )
+}
+
 pub(super) fn undefined_status_check(switches: &Switches, call: &str) -> Result<(), Failure> {
     if switches.undefined_status_for(call) {
         Err(undefined_status_failure(switches, call))
@@ -255,7 +284,7 @@ pub(super) fn event(handle: *mut flex_event_t) -> Result<Arc<EventEntry>, Failur
     if handle.is_null() {
         return Err(Failure::invalid_handle("the event handle is NULL"));
     }
-    EVENTS
+    let entry = EVENTS
         .lock()
         .get(&(handle as usize))
         .cloned()
@@ -263,7 +292,9 @@ pub(super) fn event(handle: *mut flex_event_t) -> Result<Arc<EventEntry>, Failur
             Failure::invalid_handle(format!(
                 "{handle:p} is not a live event of this library (never created by it, destroyed, or its runtime was destroyed)"
             ))
-        })
+        })?;
+    entry.state.check_not_forked()?;
+    Ok(entry)
 }
 
 /// Removes an event handle of `state` from the table; the event is dropped
@@ -345,11 +376,13 @@ impl Snapshot {
         if handle.is_null() {
             return Err(Failure::invalid_handle("the runtime handle is NULL"));
         }
-        self.0.runtimes.get(&(handle as usize)).ok_or_else(|| {
+        let state = self.0.runtimes.get(&(handle as usize)).ok_or_else(|| {
             Failure::invalid_handle(format!(
                 "{handle:p} is not a live runtime of this library (never created by it, or destroyed)"
             ))
-        })
+        })?;
+        state.check_not_forked()?;
+        Ok(state)
     }
 
     /// The runtime and id of a live stream handle.
@@ -361,18 +394,16 @@ impl Snapshot {
         if handle.is_null() {
             return Err(Failure::invalid_handle("the stream handle is NULL"));
         }
-        self.0
-            .streams
-            .get(&(handle as usize))
-            .map(|entry| StreamRef {
-                state: &entry.runtime,
-                id: entry.id,
-            })
-            .ok_or_else(|| {
-                Failure::invalid_handle(format!(
-                    "{handle:p} is not a live stream of this library (never created by it, destroyed, or its runtime was destroyed)"
-                ))
-            })
+        let entry = self.0.streams.get(&(handle as usize)).ok_or_else(|| {
+            Failure::invalid_handle(format!(
+                "{handle:p} is not a live stream of this library (never created by it, destroyed, or its runtime was destroyed)"
+            ))
+        })?;
+        entry.runtime.check_not_forked()?;
+        Ok(StreamRef {
+            state: &entry.runtime,
+            id: entry.id,
+        })
     }
 }
 

@@ -54,12 +54,18 @@
 //!   waits, `flex_stream_destroy` and `flex_runtime_destroy` called from a
 //!   completion or host function of the same runtime return
 //!   `FLEX_ERROR_UNSUPPORTED` instead of waiting for themselves.
-//! - **Destroy.** `flex_stream_destroy` waits for the stream's work and
-//!   completions, then retires the handle (the stream's memory stays with
-//!   its runtime). `flex_runtime_destroy` waits for all work and every
+//! - **Destroy.** `flex_stream_destroy` closes the stream (a launch,
+//!   record or wait on it from then on is `FLEX_ERROR_INVALID_HANDLE`),
+//!   waits for its work and completions, then retires the handle (the
+//!   stream's memory stays with its runtime). `flex_runtime_destroy` waits for all work and every
 //!   completion — including work that completions launched — then frees the
 //!   runtime and joins all its threads: nothing of it runs after the call
 //!   returns.
+//! - **Fork.** A runtime records the `fork()` generation it was created in
+//!   (flex-sys's fork watcher); in a forked child every call on it, its
+//!   streams or its events returns `FLEX_ERROR_RUNTIME_FAILED` (its engine
+//!   threads are not in the child), checked as the handle is looked up:
+//!   one relaxed atomic load per call.
 //! - **Panics** never cross the C boundary: each export runs under
 //!   `catch_unwind`, and a panic becomes `FLEX_ERROR_INTERNAL` with the panic
 //!   message as the last error.

@@ -9,6 +9,7 @@ use flex_sys::bindings::{
     FLEX_ERROR_NO_DEVICE, FLEX_ERROR_RUNTIME_FAILED, FLEX_SUCCESS, flex_runtime_t, flex_status_t,
     flex_stream_mode_t, flex_stream_priority_t, flex_stream_t,
 };
+use flex_sys::fork::ForkGeneration;
 use spyre_mock::{MockConfig, MockSystem};
 
 use crate::args::out_param;
@@ -251,6 +252,13 @@ pub(crate) fn start_runtime(
             ),
         ));
     }
+    flex_sys::fork::watch_forks().map_err(|err| {
+        Failure::new(
+            FLEX_ERROR_RUNTIME_FAILED,
+            format!("cannot watch for fork() (pthread_atfork failed: {err})"),
+        )
+    })?;
+    let fork = ForkGeneration::current();
     let runtime = MockSystem::with_config(config).create_mock_runtime(device)?;
     if let Some(n) = switches.fail_launch {
         runtime.default_mock_stream().fail_nth_launch(n);
@@ -264,6 +272,7 @@ pub(crate) fn start_runtime(
         late,
         switches,
         retired: Default::default(),
+        fork,
     }))
 }
 

@@ -251,3 +251,63 @@ fn destroying_a_runtime_does_not_wait_for_a_call_blocked_on_another() {
         });
     });
 }
+
+/// The flex library in a child forked after a runtime was created: the
+/// runtime's engine threads are not in the child, so every call on the
+/// parent's runtime, streams and events fails with `RUNTIME_FAILED`
+/// naming fork (before the fix a launch returned `FLEX_SUCCESS` and never
+/// ran, and a synchronize blocked for ever), while a runtime created in
+/// the child works.
+#[test]
+fn a_forked_child_gets_runtime_failed_from_the_parents_runtime_never_a_hang() {
+    use spyre_tests::process::{ForkOutcome, fork_and_wait};
+
+    isolated!(mock_cdylib; &[], || {
+        let parent = context();
+        let stream = parent
+            .create_stream(StreamPriority::Normal, StreamMode::StrictOrdering, false)
+            .expect("create_stream");
+        let event = parent.create_event(false).expect("create_event");
+        let gate = spyre_tests::conformance::Gate::new();
+        let held = Arc::clone(&gate);
+        stream
+            .launch_host_callback(Box::new(move || held.wait()), LaunchOptions::new())
+            .expect("launch_host_callback");
+        let outcome = fork_and_wait(Duration::from_secs(30), || {
+            let forked = |result: flex_rt::Result<()>, call: &str| {
+                let err = result.expect_err(call);
+                assert_eq!(err.status(), Status::RUNTIME_FAILED, "{call}: {err}");
+                assert!(err.to_string().contains("fork()"), "{call}: {err}");
+            };
+            forked(
+                stream
+                    .launch_host_callback(Box::new(|| {}), LaunchOptions::new())
+                    .map(drop),
+                "launch",
+            );
+            forked(stream.query().map(drop), "query");
+            forked(stream.synchronize(), "synchronize");
+            forked(stream.record_event(&*event, None), "record_event");
+            forked(event.synchronize(), "event synchronize");
+            forked(parent.allocate(64).map(drop), "allocate");
+            forked(parent.create_event(false).map(drop), "create_event");
+            // A runtime of the child's own works.
+            let child = context();
+            let ran = Arc::new(AtomicBool::new(false));
+            let set = Arc::clone(&ran);
+            child
+                .default_stream()
+                .launch_host_callback(
+                    Box::new(move || set.store(true, Ordering::SeqCst)),
+                    LaunchOptions::new(),
+                )
+                .expect("launch in the child's runtime");
+            child.default_stream().synchronize().expect("synchronize");
+            assert!(ran.load(Ordering::SeqCst));
+            // The parent's objects are the parent's: not dropped here.
+            std::mem::forget(child);
+        });
+        gate.open();
+        assert_eq!(outcome, ForkOutcome::Exited(0));
+    });
+}
