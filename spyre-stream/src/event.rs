@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use flex_rt::{Capabilities, Status};
+use flex_rt::{Capabilities, FlexError, Status};
 
 use crate::device::Device;
 use crate::error::{Error, EventRole, Result};
@@ -236,7 +236,10 @@ impl SpyreEvent {
     /// runtime calls when the record completes (asked for now, with
     /// `flex_event_notify`; nothing is added to any stream): no thread
     /// blocks and nothing polls. Works on any executor; dropping it early is
-    /// fine. A runtime error while asking resolves the future with it; in a
+    /// fine, but its completion stays registered on the record until the
+    /// record settles (a few hundred bytes each): a loop that makes and
+    /// drops futures on one long-pending record (a `select!` with a timeout,
+    /// say) should keep one future and poll it again. A runtime error while asking resolves the future with it; in a
     /// child forked after the start the future resolves with
     /// [`Error::ForkedProcess`] (nothing is asked of the parent's runtime).
     pub fn synchronize_async(&self) -> SynchronizeFuture {
@@ -410,13 +413,25 @@ impl SpyreStream {
     ///
     /// # Errors
     /// As [`SpyreEvent::new`] (for the marker; [`Error::RuntimeReset`] after
-    /// [`crate::free_runtime`]) and [`SpyreEvent::wait`], for either stream.
+    /// [`crate::free_runtime`]) and [`SpyreEvent::wait`], for either stream;
+    /// a refused record on `other` (it has failed, say) is [`Error::Flex`]
+    /// with the call `wait_stream` and a message naming `other`.
     pub fn wait_stream(self, other: SpyreStream) -> Result<()> {
         if other == self {
             return Ok(());
         }
         let marker = SpyreEvent::marker(other)?;
-        marker.record(other)?;
+        marker.record(other).map_err(|error| match error {
+            // Say which stream refused: the caller asked about two.
+            Error::Flex(refused) => Error::Flex(FlexError::new(
+                refused.status(),
+                "wait_stream",
+                format!(
+                    "the stream to wait for, {other}, refused the record of its marker event: {refused}"
+                ),
+            )),
+            other_error => other_error,
+        })?;
         marker.wait(self)
     }
 

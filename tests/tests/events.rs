@@ -280,6 +280,21 @@ fn a_failed_stream_fails_its_awaits_and_its_waiters() {
             "{err:?}"
         );
         waiter_fails_naming(waiter, failing);
+        // Waiting for the failed stream says which stream refused: before,
+        // the error read as the waiting stream's own.
+        let bystander = pool_stream();
+        let refused = bystander.wait_stream(failing).unwrap_err();
+        assert!(
+            matches!(&refused, Error::Flex(e) if e.status() == Status::STREAM_FAILED && e.call() == "wait_stream"),
+            "{refused:?}"
+        );
+        assert!(
+            refused.to_string().contains(&format!(
+                "the stream to wait for, {failing}, refused the record of its marker event"
+            )),
+            "{refused}"
+        );
+        assert!(bystander.query().unwrap(), "the bystander is unaffected");
     });
 }
 
