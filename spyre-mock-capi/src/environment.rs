@@ -55,6 +55,7 @@ impl Switches {
     pub(super) fn from_lookup(
         mut lookup: impl FnMut(&str) -> Option<String>,
     ) -> Result<Self, String> {
+        abi_version(&mut lookup)?;
         let mut value = |name: &str| {
             lookup(name)
                 .map(|raw| raw.trim().to_owned())
@@ -126,24 +127,36 @@ pub(super) fn status_calls() -> impl Iterator<Item = &'static str> {
 
 /// The packed version `flex_get_api_version` reports: `SPYRE_MOCK_ABI_VERSION`
 /// (`M.m`, both 0..=65535) when set and well formed, the header's version
-/// when unset or empty, and `0.0` (which every loader refuses) when malformed.
-pub(super) fn abi_version(mut lookup: impl FnMut(&str) -> Option<String>) -> u32 {
-    let current = make_api_version(FLEX_API_VERSION_MAJOR as u32, FLEX_API_VERSION_MINOR as u32);
+/// when unset or empty.
+///
+/// # Errors
+/// A malformed value, named with what is expected. `flex_get_api_version`
+/// then reports the header's version, and `flex_runtime_create` refuses
+/// with this message ([`Switches::from_lookup`]): a loader is not told of
+/// a version nobody asked for.
+/// The version this header declares, packed.
+pub(super) fn header_version() -> u32 {
+    make_api_version(FLEX_API_VERSION_MAJOR as u32, FLEX_API_VERSION_MINOR as u32)
+}
+
+pub(super) fn abi_version(mut lookup: impl FnMut(&str) -> Option<String>) -> Result<u32, String> {
+    let current = header_version();
     let Some(raw) = lookup(ENV_ABI_VERSION) else {
-        return current;
+        return Ok(current);
     };
-    let raw = raw.trim();
-    if raw.is_empty() {
-        return current;
+    let trimmed = raw.trim();
+    if trimmed.is_empty() {
+        return Ok(current);
     }
     let parse = |part: &str| part.parse::<u16>().ok().map(u32::from);
-    match raw.split_once('.') {
-        Some((major, minor)) => match (parse(major), parse(minor)) {
-            (Some(major), Some(minor)) => make_api_version(major, minor),
-            _ => 0,
-        },
-        None => 0,
-    }
+    trimmed
+        .split_once('.')
+        .and_then(|(major, minor)| Some(make_api_version(parse(major)?, parse(minor)?)))
+        .ok_or_else(|| {
+            format!(
+                "{ENV_ABI_VERSION}={raw:?} is not valid: expected MAJOR.MINOR, each a decimal number from 0 to 65535 (e.g. 1.0)"
+            )
+        })
 }
 
 /// The device configuration from the `SPYRE_MOCK_*` variables of

@@ -12,14 +12,19 @@ use crate::handles::{self};
 
 /// `flex_get_api_version`: the header's version packed as
 /// `FLEX_MAKE_API_VERSION`, or `SPYRE_MOCK_ABI_VERSION` when set (see the
-/// [module docs](crate#environment)). Never fails (were reading the
-/// environment to panic, it would report `0.0`, which loaders refuse).
+/// [module docs](crate#environment)); the header's version when that is
+/// malformed (`flex_runtime_create` then refuses, naming the value). Never
+/// fails (were reading the environment to panic, it would report `0.0`,
+/// which loaders refuse).
 ///
 /// # Safety
 /// None: it takes no arguments and may be called at any time from any thread.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn flex_get_api_version() -> u32 {
-    std::panic::catch_unwind(|| environment::abi_version(process_env)).unwrap_or(0)
+    std::panic::catch_unwind(|| {
+        environment::abi_version(process_env).unwrap_or_else(|_| environment::header_version())
+    })
+    .unwrap_or(0)
 }
 
 /// `flex_status_string`: the flex.h name of `status`, or

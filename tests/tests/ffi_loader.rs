@@ -116,18 +116,21 @@ fn a_newer_minor_version_is_accepted() {
     );
 }
 
+/// A malformed `SPYRE_MOCK_ABI_VERSION` is an error naming it, from the
+/// runtime's creation: the library reports the header's version, so a
+/// loader does not blame the library's ABI (before, it reported 0.0 and
+/// the loader said to install another flex runtime).
 #[test]
-fn a_malformed_version_switch_reports_0_0_which_is_refused() {
-    isolated!(mock_cdylib; &[("SPYRE_MOCK_ABI_VERSION", "two")],
+fn a_malformed_version_switch_is_refused_naming_it() {
+    isolated!(mock_cdylib; &[("SPYRE_MOCK_ABI_VERSION", "1,1")],
         || {
-            let err = HardwareBackend::open(mock_cdylib()).unwrap_err();
+            let backend = HardwareBackend::open(mock_cdylib()).expect("the library loads");
+            assert_eq!(backend.library().version(), AbiVersion::CURRENT);
+            let err = backend.create_runtime(0).unwrap_err();
+            assert_eq!(err.status(), Status::INVALID_ARGUMENT, "{err}");
             assert!(
-                matches!(
-                    err,
-                    LoadError::AbiMismatch {
-                        found: AbiVersion { major: 0, minor: 0 },
-                        ..
-                    }
+                err.to_string().contains(
+                    "SPYRE_MOCK_ABI_VERSION=\"1,1\" is not valid: expected MAJOR.MINOR"
                 ),
                 "{err}"
             );

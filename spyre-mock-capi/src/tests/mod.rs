@@ -284,14 +284,25 @@ fn status_strings_are_the_header_names() {
 #[test]
 fn api_version_is_the_header_version_or_the_switch() {
     let version = |value: Option<&str>| environment::abi_version(|_| value.map(str::to_owned));
-    assert_eq!(version(None), 0x0001_0001);
-    assert_eq!(version(Some("")), 0x0001_0001);
-    assert_eq!(version(Some("1.0")), 0x0001_0000);
-    assert_eq!(version(Some("2.0")), 0x0002_0000);
-    assert_eq!(version(Some(" 1.7 ")), 0x0001_0007);
-    assert_eq!(version(Some("65535.65535")), 0xFFFF_FFFF);
-    for malformed in ["2", "1.x", "70000.0", "-1.0", "1.0.0"] {
-        assert_eq!(version(Some(malformed)), 0, "{malformed}");
+    assert_eq!(version(None), Ok(0x0001_0001));
+    assert_eq!(version(Some("")), Ok(0x0001_0001));
+    assert_eq!(version(Some("1.0")), Ok(0x0001_0000));
+    assert_eq!(version(Some("2.0")), Ok(0x0002_0000));
+    assert_eq!(version(Some(" 1.7 ")), Ok(0x0001_0007));
+    assert_eq!(version(Some("65535.65535")), Ok(0xFFFF_FFFF));
+    for malformed in ["2", "1.x", "70000.0", "-1.0", "1.0.0", "1,1"] {
+        assert_eq!(
+            version(Some(malformed)),
+            Err(format!(
+                "SPYRE_MOCK_ABI_VERSION={malformed:?} is not valid: expected MAJOR.MINOR, each a decimal number from 0 to 65535 (e.g. 1.0)"
+            )),
+            "{malformed}"
+        );
+        // The runtime is refused with that message; the library loads.
+        let switches = Switches::from_lookup(|name| {
+            (name == "SPYRE_MOCK_ABI_VERSION").then(|| malformed.to_owned())
+        });
+        assert!(switches.unwrap_err().contains("SPYRE_MOCK_ABI_VERSION"));
     }
 }
 
