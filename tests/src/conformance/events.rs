@@ -122,6 +122,43 @@ fn wait_while_held(
     returned_first
 }
 
+/// A producer stream held at a gate, with "produced" logged behind the hold
+/// and an event recorded after it, and a consumer stream that has waited
+/// on that event ([`wait_while_held`]).
+struct HeldProducer<'r> {
+    producer: &'r dyn Stream,
+    consumer: &'r dyn Stream,
+    log: Arc<Mutex<Vec<&'static str>>>,
+    gate: Arc<Gate>,
+    event: Box<dyn Event>,
+    /// Whether the consumer's `wait_event` returned before the gate opened.
+    returned_first: bool,
+}
+
+/// Sets up a [`HeldProducer`] on `runtime`, with a timed event if `timing`.
+fn consumer_waiting_on_held_producer(
+    runtime: &dyn Runtime,
+    capabilities: Capabilities,
+    timing: bool,
+) -> HeldProducer<'_> {
+    let producer = new_stream(runtime, StreamPriority::Normal);
+    let consumer = new_stream(runtime, StreamPriority::Normal);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let gate = hold(producer);
+    log_on(producer, &log, "produced");
+    let event = event(runtime, timing);
+    producer.record_event(&*event, None).expect("record");
+    let returned_first = wait_while_held(capabilities, consumer, &*event, &gate);
+    HeldProducer {
+        producer,
+        consumer,
+        log,
+        gate,
+        event,
+        returned_first,
+    }
+}
+
 /// flex.h, "Events": an event never recorded is complete — query is ready,
 /// synchronize returns at once, a wait is a no-op — and has no time.
 pub fn an_event_never_recorded_is_complete(backend: &dyn Backend, _: &Profile) {
@@ -246,15 +283,15 @@ pub fn a_wait_orders_later_work_after_the_event(backend: &dyn Backend, _: &Profi
     let Some(capabilities) = capabilities(&*runtime) else {
         return;
     };
-    let producer = new_stream(&*runtime, StreamPriority::Normal);
-    let consumer = new_stream(&*runtime, StreamPriority::Normal);
+    let HeldProducer {
+        consumer,
+        log,
+        gate,
+        event: _produced,
+        returned_first,
+        ..
+    } = consumer_waiting_on_held_producer(&*runtime, capabilities, false);
     let bystander = new_stream(&*runtime, StreamPriority::Normal);
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let gate = hold(producer);
-    log_on(producer, &log, "produced");
-    let produced = event(&*runtime, false);
-    producer.record_event(&*produced, None).expect("record");
-    let returned_first = wait_while_held(capabilities, consumer, &*produced, &gate);
     assert_eq!(
         returned_first, capabilities.device_side_wait,
         "wait_event blocks the host exactly when the device cannot wait"
@@ -281,24 +318,22 @@ pub fn a_wait_orders_later_work_after_the_event(backend: &dyn Backend, _: &Profi
 /// flex.h, `flex_stream_wait_event`: a wait is work enqueued on the stream.
 /// Until the event completes the waiting stream is not finished, even with
 /// nothing launched or recorded after the wait: query says not ready, and
-/// synchronize returns only once the
-/// producer's work before the event has run (CUDA's
-/// `cudaStreamWaitEvent` then `cudaStreamSynchronize`; PyTorch's
-/// `s.wait_stream(other); s.synchronize()`). Without device-side waits the
-/// wait itself blocks the host until then.
+/// synchronize returns only once the producer's work before the event has
+/// run (CUDA's `cudaStreamWaitEvent` then `cudaStreamSynchronize`;
+/// PyTorch's `s.wait_stream(other); s.synchronize()`). Without device-side
+/// waits the wait itself blocks the host until then.
 pub fn a_pending_wait_is_unfinished_work_of_the_waiting_stream(backend: &dyn Backend, _: &Profile) {
     let runtime = runtime(backend);
     let Some(capabilities) = capabilities(&*runtime) else {
         return;
     };
-    let producer = new_stream(&*runtime, StreamPriority::Normal);
-    let consumer = new_stream(&*runtime, StreamPriority::Normal);
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let gate = hold(producer);
-    log_on(producer, &log, "produced");
-    let produced = event(&*runtime, false);
-    producer.record_event(&*produced, None).expect("record");
-    wait_while_held(capabilities, consumer, &*produced, &gate);
+    let HeldProducer {
+        consumer,
+        log,
+        gate,
+        event: _produced,
+        ..
+    } = consumer_waiting_on_held_producer(&*runtime, capabilities, false);
     if capabilities.device_side_wait {
         assert_eq!(consumer.query(), Ok(false), "the wait is pending");
         // Opened while the synchronize below blocks (or before it starts:
@@ -505,14 +540,14 @@ pub fn dropping_an_event_with_pending_work_keeps_its_waits(backend: &dyn Backend
     let Some(capabilities) = capabilities(&*runtime) else {
         return;
     };
-    let producer = new_stream(&*runtime, StreamPriority::Normal);
-    let consumer = new_stream(&*runtime, StreamPriority::Normal);
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let gate = hold(producer);
-    log_on(producer, &log, "produced");
-    let dropped = event(&*runtime, true);
-    producer.record_event(&*dropped, None).expect("record");
-    wait_while_held(capabilities, consumer, &*dropped, &gate);
+    let HeldProducer {
+        producer,
+        consumer,
+        log,
+        gate,
+        event: dropped,
+        ..
+    } = consumer_waiting_on_held_producer(&*runtime, capabilities, true);
     log_on(consumer, &log, "consumed");
     let started = Instant::now();
     drop(dropped);
