@@ -521,7 +521,9 @@ impl Scheduler {
     /// naming the recording stream, whether or not work is queued behind
     /// it), and registers the stream, once, as a waiter of the recording
     /// stream of a closed one (so that a record that fails later fails an
-    /// idle stream too). Returns whether the stream became ready.
+    /// idle stream too). A stream that has failed passes its gates without
+    /// waiting: nothing behind them runs. Returns whether the stream became
+    /// ready.
     fn schedule(&mut self, index: usize) -> bool {
         loop {
             let state = &mut self.streams[index];
@@ -537,6 +539,12 @@ impl Scheduler {
             };
             let record = Arc::clone(&gate.record);
             match record.outcome() {
+                // A failed stream runs nothing behind the gate: nothing to
+                // hold (its synchronize is not kept waiting for another
+                // stream's work).
+                None if state.error.is_some() => {
+                    state.gates.pop_front();
+                }
                 None => {
                     let waiters = &mut self.streams[record.stream].waiters;
                     if !waiters.contains(&index) {
@@ -572,6 +580,11 @@ impl Scheduler {
         let pending = state.queue.pop_front()?;
         state.running = true;
         let verdict = match state.not_run(pending.op.call()) {
+            // A record (an event's marker, a wait's marker) takes no time,
+            // in the timing model or under a slowdown.
+            None if matches!(pending.op, Op::Record(_)) => Verdict::Run {
+                slowdown: Duration::ZERO,
+            },
             None => Verdict::Run {
                 slowdown: state.slowdown,
             },

@@ -165,19 +165,25 @@ fn runtime_waiting(device_side_wait: bool) -> crate::MockRuntime {
 }
 
 /// Enqueues a host function that fails on `producer`, and records a new
-/// event of `rt` behind it.
+/// event of `rt` behind it (the function fails only once the record is
+/// made: a stream that failed first would refuse the record).
 fn fail_and_record(
     rt: &crate::MockRuntime,
     producer: &crate::MockStream,
 ) -> Box<dyn flex_rt::Event> {
+    let (recorded, wait_for_record) = std::sync::mpsc::channel::<()>();
     producer
         .enqueue(
-            Op::host_fn(|| Err("on purpose".into())),
+            Op::host_fn(move || {
+                let _ = wait_for_record.recv();
+                Err("on purpose".into())
+            }),
             LaunchOptions::new(),
         )
         .unwrap();
     let event = rt.create_event(false).unwrap();
     producer.record_event(&*event, None).unwrap();
+    drop(recorded);
     event
 }
 
@@ -245,4 +251,62 @@ fn a_waited_event_that_fails_later_fails_the_waiting_stream_after_its_earlier_wo
     drop(release);
     assert!(producer.synchronize().is_err());
     assert_failed_by_wait(waiter, producer.id());
+}
+
+/// A wait takes no time, as a record takes none: under a slowdown of the
+/// waiting stream, a record made right after the wait completes as the
+/// waited record does, not a slowdown later (before the fix the wait's
+/// marker slept the slowdown, and held an engine meanwhile).
+#[test]
+fn a_wait_takes_no_time_under_a_slowdown() {
+    let rt = runtime_waiting(true);
+    let (producer, waiter) = (stream(&rt), stream(&rt));
+    let release = block(producer);
+    let [waited, after_wait] = [(); 2].map(|()| rt.create_event(true).unwrap());
+    producer.record_event(&*waited, None).unwrap();
+    waiter.set_slowdown(Duration::from_millis(500));
+    waiter.wait_event(&*waited).unwrap();
+    waiter.record_event(&*after_wait, None).unwrap();
+    drop(release);
+    after_wait.synchronize().unwrap();
+    let gap = Duration::from_nanos(waited.elapsed_nanos(&*after_wait).unwrap() as u64);
+    assert!(gap < Duration::from_millis(250), "{gap:?}");
+}
+
+/// A stream that fails before the wait it holds has passed runs nothing
+/// behind it, so it does not wait for the waited record: its synchronize
+/// returns its error while the record is still pending (before the fix it
+/// waited for the other stream's work).
+#[test]
+fn a_failed_stream_does_not_wait_for_the_record_it_waited_on() {
+    let rt = runtime_waiting(true);
+    let (producer, waiter) = (stream(&rt), stream(&rt));
+    let release = block(producer);
+    let waited = rt.create_event(false).unwrap();
+    producer.record_event(&*waited, None).unwrap();
+    let (fail, failing) = std::sync::mpsc::channel::<()>();
+    waiter
+        .enqueue(
+            Op::host_fn(move || {
+                let _ = failing.recv();
+                Err("on purpose".into())
+            }),
+            LaunchOptions::new(),
+        )
+        .unwrap();
+    waiter.wait_event(&*waited).unwrap();
+    drop(fail);
+    let (done, synchronized) = std::sync::mpsc::channel();
+    std::thread::scope(|scope| {
+        scope.spawn(|| done.send(waiter.synchronize()).unwrap());
+        let result = synchronized.recv_timeout(Duration::from_secs(10));
+        drop(release);
+        let error = result
+            .expect("synchronize returned while the waited record was pending")
+            .unwrap_err();
+        assert_eq!(error.status(), Status::HOST_CALLBACK_FAILED, "{error}");
+    });
+    waited
+        .synchronize()
+        .expect("the producer's record completes once released");
 }
