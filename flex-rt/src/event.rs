@@ -58,12 +58,14 @@ pub trait Event: Send + Sync + fmt::Debug {
     /// Never blocks.
     ///
     /// # Errors
-    /// The recording stream's error if the record failed.
+    /// The record's error if it failed (flex.h): `STREAM_FAILED` (or
+    /// `SHUTDOWN` on a stream that needs shutdown), its message naming the
+    /// recording stream's first error.
     fn query(&self) -> Result<bool>;
 
     /// Asks for `completion` to be called once when the latest record (as
-    /// of this call) completes (`Ok`) or fails (the recording stream's
-    /// error), on a runtime thread, as for a launch (`flex_event_notify`).
+    /// of this call) completes (`Ok`) or fails (the record's error, as for
+    /// [`Event::query`]), on a runtime thread, as for a launch (`flex_event_notify`).
     /// Adds nothing to any stream and never blocks: the way to await a
     /// record made without a completion.
     ///
@@ -81,7 +83,7 @@ pub trait Event: Send + Sync + fmt::Debug {
     /// recorded.
     ///
     /// # Errors
-    /// The recording stream's error if the record failed;
+    /// The record's error if it failed (as for [`Event::query`]);
     /// [`Status::UNSUPPORTED`](crate::Status::UNSUPPORTED) when called from a
     /// completion or host callback of the same runtime (a backend may
     /// refuse only when it would have to wait: an event already complete

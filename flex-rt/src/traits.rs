@@ -294,7 +294,7 @@ pub trait Stream: Send + Sync + fmt::Debug {
     /// Records `event` here (`flex_event_record`; `cudaEventRecord`): the
     /// event now marks the end of the work enqueued on this stream so far.
     /// `completion`, if any, is called exactly once when the event completes
-    /// (`Ok`) or fails (the stream's error), on a runtime thread, as for a
+    /// (`Ok`) or fails (the record's error: see [`Event::query`]), on a runtime thread, as for a
     /// launch; it is dropped uncalled when this returns `Err`. See [`Event`]
     /// for the contract.
     ///

@@ -290,7 +290,7 @@ flex_status_t flex_runtime_create_stream(flex_runtime_t *runtime,
 /** Destroys a stream made by flex_runtime_create_stream after its pending
  *  work has finished and its completion callbacks have returned. Not for the
  *  default stream. The handle is invalid afterwards. A launch, record or
- *  wait on the stream from another thread during the call is either
+ *  device-side wait on the stream from another thread during the call is either
  *  enqueued before the destroy (which then waits for it) or refused with
  *  FLEX_ERROR_INVALID_HANDLE. Like flex_stream_synchronize it waits, so it
  *  must not be called from a completion callback or host function of the

@@ -122,9 +122,6 @@ impl RuntimeState {
     }
 }
 
-/// `Err` with [`crate::environment::UNDEFINED_STATUS`] when `switches` name `call`.
-/// Inlined into every call; the error path is out of line.
-#[inline]
 /// The failure of a call on a runtime created before a `fork()`, in the
 /// child.
 #[cold]
@@ -135,6 +132,9 @@ fn forked() -> Failure {
     )
 }
 
+/// `Err` with [`crate::environment::UNDEFINED_STATUS`] when `switches` name `call`.
+/// Inlined into every call; the error path is out of line.
+#[inline]
 pub(super) fn undefined_status_check(switches: &Switches, call: &str) -> Result<(), Failure> {
     if switches.undefined_status_for(call) {
         Err(undefined_status_failure(switches, call))

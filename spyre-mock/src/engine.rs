@@ -174,7 +174,7 @@ impl Device {
     /// device-side waits.
     ///
     /// # Errors
-    /// The recording stream's error if the record failed;
+    /// The record's error if it failed;
     /// [`Status::UNSUPPORTED`] on an engine thread of this device, where
     /// waiting could never end.
     pub(crate) fn wait_for_record(&self, record: &Record, call: &'static str) -> Result<()> {

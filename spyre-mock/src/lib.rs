@@ -88,7 +88,8 @@
 //! everything enqueued before it, the event completes and takes its
 //! timestamp (at once on a stream with nothing unfinished; elapsed times
 //! follow the timing model, the record itself takes no time), and if the
-//! stream has failed first the event fails with the stream's error. The
+//! stream has failed first the event fails with `STREAM_FAILED` (or
+//! `SHUTDOWN`), naming the stream's first error. The
 //! record is no operation an engine has to take — the engine finishing the
 //! operation before it completes it — except when it carries a completion:
 //! then it is a marker operation ([`Op::Record`]) in the FIFO. A wait is a

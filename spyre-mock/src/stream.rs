@@ -183,7 +183,8 @@ impl MockStream {
     /// Operations enqueued and not yet complete (completion returned). An
     /// event record counts only while it is a marker operation (with a
     /// completion); usually it is no operation at all. A device-side wait
-    /// on a pending event counts as one until it has passed. Takes no lock.
+    /// that holds the stream (its record pending, or failed) counts as one
+    /// until an engine has passed it. Takes no lock.
     pub fn pending_operations(&self) -> u64 {
         self.progress.pending()
     }
@@ -201,8 +202,9 @@ impl MockStream {
         self.progress.wakes()
     }
 
-    /// Closes the stream: every launch, event record and device-side wait
-    /// on it from now on is refused with [`Status::INVALID_HANDLE`], while
+    /// Closes the stream: every launch, event record and wait on a recorded
+    /// event on it from now on is refused with [`Status::INVALID_HANDLE`]
+    /// (a wait on an event never recorded stays a no-op), while
     /// what was enqueued before runs and completes as ever (a launch that
     /// races this call is either refused or enqueued before it, never
     /// after). `query` and `synchronize` keep working. Closing twice is

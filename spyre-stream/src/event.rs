@@ -57,7 +57,8 @@ use crate::trace::{self, OperationKind};
 /// - An event never recorded is complete: `query` is `true`, `synchronize`
 ///   returns at once, `wait` does nothing.
 /// - If the recording stream fails before the event's point, the event
-///   fails: `query` and `synchronize` return the stream's error, and a
+///   fails: `query` and `synchronize` return the record's error
+///   (`STREAM_FAILED`, its message naming the stream's first error), and a
 ///   stream that waits on it fails too instead of waiting forever; its
 ///   error names the event's stream by its runtime id
 ///   ([`flex_rt::Stream::id`] of [`crate::StreamPool::resolve`]).
@@ -208,7 +209,8 @@ impl SpyreEvent {
     /// also for an event never recorded. Never blocks.
     ///
     /// # Errors
-    /// The recording stream's error if the record failed ([`Error::Flex`]);
+    /// The record's error if it failed ([`Error::Flex`] with `STREAM_FAILED`,
+    /// naming the recording stream's first error);
     /// [`Error::ForkedProcess`] in a child forked after the start.
     pub fn query(&self) -> Result<bool> {
         runtime::check_not_forked()?;
@@ -220,7 +222,7 @@ impl SpyreEvent {
     /// held while waiting.
     ///
     /// # Errors
-    /// The recording stream's error if the record failed; `UNSUPPORTED` from
+    /// The record's error if it failed (as for [`SpyreEvent::query`]); `UNSUPPORTED` from
     /// a completion or host callback ([`Error::Flex`]; the software device in
     /// process refuses only when the event has not completed, a flex
     /// library always); [`Error::ForkedProcess`] in a child forked after the
@@ -231,7 +233,8 @@ impl SpyreEvent {
     }
 
     /// A future that resolves when the latest record (as of this call) has
-    /// completed, with `Ok(())` or the recording stream's error; at once for
+    /// completed, with `Ok(())` or the record's error (as for
+    /// [`SpyreEvent::query`]); at once for
     /// an event never recorded. Its waker is driven by a completion the
     /// runtime calls when the record completes (asked for now, with
     /// `flex_event_notify`; nothing is added to any stream): no thread
@@ -308,19 +311,21 @@ impl SpyreEvent {
                 return Err(Error::EventNotComplete { which });
             }
         }
-        let nanos = match self.event.elapsed_nanos(&*end.event) {
-            Ok(nanos) => nanos,
-            // Re-recorded by another thread since the check above: the
-            // event that is pending now is named as the check names it.
-            Err(error) if error.status() == Status::NOT_READY => {
-                for (which, event) in both {
-                    if !event.query()? {
-                        return Err(Error::EventNotComplete { which });
+        let nanos = loop {
+            match self.event.elapsed_nanos(&*end.event) {
+                Ok(nanos) => break nanos,
+                // Recorded again by another thread since the check above:
+                // the event that is pending now is named as the check names
+                // it; if that record has completed too, measure again.
+                Err(error) if error.status() == Status::NOT_READY => {
+                    for (which, event) in both {
+                        if !event.query()? {
+                            return Err(Error::EventNotComplete { which });
+                        }
                     }
                 }
-                return Err(error.into());
+                Err(error) => return Err(error.into()),
             }
-            Err(error) => return Err(error.into()),
         };
         match u64::try_from(nanos) {
             Ok(forward) => Ok(Duration::from_nanos(forward)),
@@ -438,7 +443,8 @@ impl SpyreStream {
     /// A future that resolves when all work enqueued on this stream so far
     /// has completed: the awaitable form of [`SpyreStream::synchronize`],
     /// driven by the device's completion callback (no thread blocks, no
-    /// polling). Resolves with the stream's error if that work fails.
+    /// polling). Resolves with an error naming the stream's first error if
+    /// that work fails.
     /// Records a marker event, as [`SpyreStream::wait_stream`] does, lent to
     /// the future until it is dropped.
     ///

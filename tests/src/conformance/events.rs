@@ -277,7 +277,7 @@ pub fn notify_calls_back_when_the_latest_record_settles(backend: &dyn Backend, _
 
 /// A wait orders every later launch on the waiting stream after the event;
 /// with device-side waits it does not block the caller, and every other
-/// stream keeps running meanwhile (the wait holds no engine).
+/// stream keeps running meanwhile (no engine is held while it waits).
 pub fn a_wait_orders_later_work_after_the_event(backend: &dyn Backend, _: &Profile) {
     let runtime = runtime(backend);
     let Some(capabilities) = capabilities(&*runtime) else {
