@@ -41,6 +41,7 @@ use flex_sys::bindings::{
 };
 use flex_sys::fork::ForkGeneration;
 use parking_lot::Mutex;
+use parking_lot::lock_api::GuardSend;
 use spyre_mock::{MockRuntime, MockStream};
 
 use crate::boundary::Failure;
@@ -246,6 +247,69 @@ static HANDLE_WRITES: Mutex<()> = Mutex::new(());
 
 /// Event handle address (of the `EventEntry` inside the `Arc`) → event.
 static EVENTS: Mutex<BTreeMap<usize, Arc<EventEntry>>> = Mutex::new(BTreeMap::new());
+
+/// Keeps the library's process-wide locks ([`HANDLE_WRITES`], [`EVENTS`])
+/// usable in a forked child: `fork()` copies a lock that another thread
+/// holds as held, for ever, and the child's first call that takes it would
+/// block for ever. Registers `pthread_atfork` handlers once per process: before a
+/// fork the forking thread takes both locks (code elsewhere never holds
+/// both, nor calls out while holding one), and releases them after it, in
+/// the parent and in the child.
+///
+/// # Errors
+/// `FLEX_ERROR_RUNTIME_FAILED` naming the `errno` of `pthread_atfork`
+/// (`ENOMEM`); a later call tries again.
+pub(super) fn keep_locks_across_fork() -> Result<(), Failure> {
+    static REGISTERED: Mutex<bool> = Mutex::new(false);
+    let mut registered = REGISTERED.lock();
+    if *registered {
+        return Ok(());
+    }
+    // SAFETY: `pthread_atfork` only stores the function pointers. The
+    // handlers are plain `extern "C" fn`s that live for the whole program:
+    // the prepare handler takes two parking_lot locks on the forking thread
+    // and forgets their guards; the parent and child handlers, which run
+    // on that same thread (in the child, its copy) after the fork, release
+    // exactly those two locks, as `force_unlock` requires.
+    let status = unsafe {
+        libc::pthread_atfork(
+            Some(lock_before_fork),
+            Some(unlock_after_fork),
+            Some(unlock_after_fork),
+        )
+    };
+    if status != 0 {
+        return Err(Failure::new(
+            FLEX_ERROR_RUNTIME_FAILED,
+            format!(
+                "cannot keep this library's locks across fork() (pthread_atfork failed: {})",
+                std::io::Error::from_raw_os_error(status)
+            ),
+        ));
+    }
+    *registered = true;
+    Ok(())
+}
+
+/// `pthread_atfork`'s prepare handler: holds both locks across the fork.
+extern "C" fn lock_before_fork() {
+    std::mem::forget(HANDLE_WRITES.lock());
+    std::mem::forget(EVENTS.lock());
+}
+
+/// `pthread_atfork`'s parent and child handler: releases what
+/// [`lock_before_fork`] took.
+extern "C" fn unlock_after_fork() {
+    // SAFETY: this thread (in the child, its copy) took both locks in
+    // `lock_before_fork` and forgot the guards; nothing else released them.
+    // parking_lot's raw mutex keeps no per-acquisition state (its guard
+    // state is the empty `GuardSend`), so a new one stands for the one
+    // forgotten.
+    unsafe {
+        EVENTS.force_unlock(GuardSend::new());
+        HANDLE_WRITES.force_unlock(GuardSend::new());
+    }
+}
 
 /// The live runtimes and streams as a call sees them: held for the call
 /// (a call that blocks holds its stream instead, [`HeldStream`]).

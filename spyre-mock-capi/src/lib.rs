@@ -65,7 +65,9 @@
 //!   (flex-sys's fork watcher); in a forked child every call on it, its
 //!   streams or its events returns `FLEX_ERROR_RUNTIME_FAILED` (its engine
 //!   threads are not in the child), checked as the handle is looked up:
-//!   one relaxed atomic load per call.
+//!   one relaxed atomic load per call. The library's process-wide locks
+//!   are held across `fork()` (`pthread_atfork`), so a call another thread
+//!   was making at the fork does not leave the child blocked on its lock.
 //! - **Panics** never cross the C boundary: each export runs under
 //!   `catch_unwind`, and a panic becomes `FLEX_ERROR_INTERNAL` with the panic
 //!   message as the last error.

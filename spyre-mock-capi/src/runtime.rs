@@ -258,6 +258,7 @@ pub(crate) fn start_runtime(
             format!("cannot watch for fork() (pthread_atfork failed: {err})"),
         )
     })?;
+    handles::keep_locks_across_fork()?;
     let fork = ForkGeneration::current();
     let runtime = MockSystem::with_config(config).create_mock_runtime(device)?;
     if let Some(n) = switches.fail_launch {

@@ -311,3 +311,58 @@ fn a_forked_child_gets_runtime_failed_from_the_parents_runtime_never_a_hang() {
         assert_eq!(outcome, ForkOutcome::Exited(0));
     });
 }
+
+/// `fork()` while other threads of the parent are inside the flex library
+/// (querying, creating and destroying events, creating streams, which take
+/// the library's process-wide locks): each child still gets
+/// `RUNTIME_FAILED` from the parent's event and can make and use a runtime
+/// of its own. Before the fix about half the children hung, on a lock
+/// held at the fork by a thread that does not exist in the child.
+#[test]
+fn a_fork_while_other_threads_are_inside_the_library_leaves_the_child_working() {
+    use spyre_tests::process::{ForkOutcome, fork_and_wait};
+
+    isolated!(mock_cdylib; &[], || {
+        let parent = context();
+        let event = parent.create_event(false).expect("create_event");
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    let _ = event.query();
+                }
+            });
+            scope.spawn(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    drop(parent.create_event(false).expect("create_event"));
+                }
+            });
+            scope.spawn(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    parent
+                        .create_stream(StreamPriority::Normal, StreamMode::StrictOrdering, false)
+                        .expect("create_stream");
+                }
+            });
+            let outcomes: Vec<ForkOutcome> = (0..20)
+                .map(|_| {
+                    std::thread::sleep(Duration::from_millis(5));
+                    fork_and_wait(Duration::from_secs(10), || {
+                        let err = event.query().unwrap_err();
+                        assert_eq!(err.status(), Status::RUNTIME_FAILED, "{err}");
+                        let child = context();
+                        let own = child.create_event(false).expect("an event of its own");
+                        child.default_stream().synchronize().expect("synchronize");
+                        assert_eq!(own.query(), Ok(true));
+                        std::mem::forget((own, child));
+                    })
+                })
+                .collect();
+            stop.store(true, Ordering::Relaxed);
+            assert!(
+                outcomes.iter().all(|o| *o == ForkOutcome::Exited(0)),
+                "{outcomes:?}"
+            );
+        });
+    });
+}
