@@ -30,8 +30,10 @@
 //! by `flex_runtime_destroy` may be reused by a later runtime or stream of
 //! this library, like any pointer handle; until then it is rejected.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, LazyLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock, PoisonError};
 
 use arc_swap::ArcSwap;
 
@@ -41,7 +43,6 @@ use flex_sys::bindings::{
 };
 use flex_sys::fork::ForkGeneration;
 use parking_lot::Mutex;
-use parking_lot::lock_api::GuardSend;
 use spyre_mock::{MockRuntime, MockStream};
 
 use crate::boundary::Failure;
@@ -242,35 +243,65 @@ pub(super) struct Handles {
 static HANDLES: LazyLock<ArcSwap<Handles>> = LazyLock::new(ArcSwap::default);
 
 /// Serializes the writers of [`HANDLES`] (each publishes a changed copy of
-/// the snapshot it read).
-static HANDLE_WRITES: Mutex<()> = Mutex::new(());
+/// the snapshot it read). A `std` mutex, as is [`EVENTS`]: released after a
+/// `fork()` in the child ([`keep_locks_across_fork`]), its unlock is an
+/// atomic swap and at most a futex wake, with no lock of its own.
+static HANDLE_WRITES: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Event handle address (of the `EventEntry` inside the `Arc`) → event.
-static EVENTS: Mutex<BTreeMap<usize, Arc<EventEntry>>> = Mutex::new(BTreeMap::new());
+static EVENTS: std::sync::Mutex<BTreeMap<usize, Arc<EventEntry>>> =
+    std::sync::Mutex::new(BTreeMap::new());
+
+/// [`HANDLE_WRITES`]'s guard (a panic while holding it leaves nothing half
+/// done: the snapshot is published whole or not at all).
+fn handle_writes() -> std::sync::MutexGuard<'static, ()> {
+    HANDLE_WRITES.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// [`EVENTS`]'s guard (every change of the table is one map operation).
+fn events() -> std::sync::MutexGuard<'static, BTreeMap<usize, Arc<EventEntry>>> {
+    EVENTS.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+type HeldAcrossFork = (
+    std::sync::MutexGuard<'static, ()>,
+    std::sync::MutexGuard<'static, BTreeMap<usize, Arc<EventEntry>>>,
+);
+
+thread_local! {
+    /// The guards [`lock_before_fork`] took, on the forking thread, until
+    /// [`unlock_after_fork`] drops them.
+    static HELD_ACROSS_FORK: RefCell<Option<HeldAcrossFork>> = const { RefCell::new(None) };
+}
 
 /// Keeps the library's process-wide locks ([`HANDLE_WRITES`], [`EVENTS`])
 /// usable in a forked child: `fork()` copies a lock that another thread
 /// holds as held, for ever, and the child's first call that takes it would
-/// block for ever. Registers `pthread_atfork` handlers once per process: before a
-/// fork the forking thread takes both locks (code elsewhere never holds
-/// both, nor calls out while holding one), and releases them after it, in
-/// the parent and in the child.
+/// block for ever. Registers `pthread_atfork` handlers once per process:
+/// before a fork the forking thread takes both locks (code elsewhere never
+/// holds both, nor calls out while holding one) and keeps their guards in a
+/// thread-local; after it, in the parent and in the child (whose one thread
+/// is the forking thread's copy), it drops them. Dropping them allocates
+/// nothing and takes no other lock, as the child of a multi-threaded
+/// process requires.
 ///
 /// # Errors
 /// `FLEX_ERROR_RUNTIME_FAILED` naming the `errno` of `pthread_atfork`
 /// (`ENOMEM`); a later call tries again.
 pub(super) fn keep_locks_across_fork() -> Result<(), Failure> {
-    static REGISTERED: Mutex<bool> = Mutex::new(false);
-    let mut registered = REGISTERED.lock();
-    if *registered {
+    static DONE: AtomicBool = AtomicBool::new(false);
+    static REGISTERING: Mutex<()> = Mutex::new(());
+    if DONE.load(Ordering::Acquire) {
         return Ok(());
     }
-    // SAFETY: `pthread_atfork` only stores the function pointers. The
-    // handlers are plain `extern "C" fn`s that live for the whole program:
-    // the prepare handler takes two parking_lot locks on the forking thread
-    // and forgets their guards; the parent and child handlers, which run
-    // on that same thread (in the child, its copy) after the fork, release
-    // exactly those two locks, as `force_unlock` requires.
+    let _registering = REGISTERING.lock();
+    if DONE.load(Ordering::Acquire) {
+        return Ok(());
+    }
+    // SAFETY: `pthread_atfork` only stores the function pointers; the
+    // handlers are plain `extern "C" fn`s with no arguments that live for
+    // the whole program and touch only this module's statics and
+    // thread-local (see their docs).
     let status = unsafe {
         libc::pthread_atfork(
             Some(lock_before_fork),
@@ -287,28 +318,23 @@ pub(super) fn keep_locks_across_fork() -> Result<(), Failure> {
             ),
         ));
     }
-    *registered = true;
+    DONE.store(true, Ordering::Release);
     Ok(())
 }
 
-/// `pthread_atfork`'s prepare handler: holds both locks across the fork.
+/// `pthread_atfork`'s prepare handler: takes both locks, in the parent,
+/// and keeps their guards on this thread for the fork.
 extern "C" fn lock_before_fork() {
-    std::mem::forget(HANDLE_WRITES.lock());
-    std::mem::forget(EVENTS.lock());
+    let held = (handle_writes(), events());
+    // (The thread-local is being destroyed only on a thread that is
+    // exiting, which does not fork: then nothing is held.)
+    let _ = HELD_ACROSS_FORK.try_with(|slot| *slot.borrow_mut() = Some(held));
 }
 
-/// `pthread_atfork`'s parent and child handler: releases what
-/// [`lock_before_fork`] took.
+/// `pthread_atfork`'s parent and child handler: drops the guards
+/// [`lock_before_fork`] kept, releasing both locks.
 extern "C" fn unlock_after_fork() {
-    // SAFETY: this thread (in the child, its copy) took both locks in
-    // `lock_before_fork` and forgot the guards; nothing else released them.
-    // parking_lot's raw mutex keeps no per-acquisition state (its guard
-    // state is the empty `GuardSend`), so a new one stands for the one
-    // forgotten.
-    unsafe {
-        EVENTS.force_unlock(GuardSend::new());
-        HANDLE_WRITES.force_unlock(GuardSend::new());
-    }
+    let _ = HELD_ACROSS_FORK.try_with(|slot| drop(slot.borrow_mut().take()));
 }
 
 /// The live runtimes and streams as a call sees them: held for the call
@@ -322,7 +348,7 @@ pub(super) fn snapshot() -> Snapshot {
 
 /// Publishes `change` applied to a copy of the current snapshot.
 fn change_handles<T>(change: impl FnOnce(&mut Handles) -> T) -> T {
-    let _writer = HANDLE_WRITES.lock();
+    let _writer = handle_writes();
     let mut next = Handles::clone(&HANDLES.load());
     let result = change(&mut next);
     HANDLES.store(Arc::new(next));
@@ -334,7 +360,7 @@ fn change_handles<T>(change: impl FnOnce(&mut Handles) -> T) -> T {
 pub(super) fn register_event(entry: EventEntry) -> *mut flex_event_t {
     let entry = Arc::new(entry);
     let handle = Arc::as_ptr(&entry).cast_mut().cast::<flex_event_t>();
-    EVENTS.lock().insert(handle as usize, entry);
+    events().insert(handle as usize, entry);
     handle
 }
 
@@ -348,8 +374,7 @@ pub(super) fn event(handle: *mut flex_event_t) -> Result<Arc<EventEntry>, Failur
     if handle.is_null() {
         return Err(Failure::invalid_handle("the event handle is NULL"));
     }
-    let entry = EVENTS
-        .lock()
+    let entry = events()
         .get(&(handle as usize))
         .cloned()
         .ok_or_else(|| {
@@ -377,7 +402,7 @@ pub(super) fn unregister_event(
             "{handle:p} is an event of another runtime"
         )));
     }
-    let removed = EVENTS.lock().remove(&(handle as usize));
+    let removed = events().remove(&(handle as usize));
     drop(entry);
     // Dropped outside the table's lock: dropping an event is device code.
     drop(removed);
@@ -503,9 +528,7 @@ pub(super) fn unregister_runtime(handle: *mut flex_runtime_t) -> Option<Arc<Runt
             .retain(|_, entry| !Arc::ptr_eq(&entry.runtime, &state));
         Some(state)
     })?;
-    EVENTS
-        .lock()
-        .retain(|_, entry| !Arc::ptr_eq(&entry.state, &state));
+    events().retain(|_, entry| !Arc::ptr_eq(&entry.state, &state));
     // SAFETY: the address was in the table, and only `register_runtime`
     // puts one there: the value of `Box::into_raw` of a `RuntimeHandle`.
     // Removing it from the table (above, under the writers' lock, from the
