@@ -58,9 +58,9 @@ pub trait Event: Send + Sync + fmt::Debug {
     /// Never blocks.
     ///
     /// # Errors
-    /// The record's error if it failed (flex.h): `STREAM_FAILED` (or
-    /// `SHUTDOWN` on a stream that needs shutdown), its message naming the
-    /// recording stream's first error.
+    /// The record's error if it failed (flex.h): `STREAM_FAILED`, its
+    /// message naming the recording stream's first error, or `SHUTDOWN` on
+    /// a stream that needs shutdown.
     fn query(&self) -> Result<bool>;
 
     /// Asks for `completion` to be called once when the latest record (as

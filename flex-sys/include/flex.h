@@ -290,7 +290,8 @@ flex_status_t flex_runtime_create_stream(flex_runtime_t *runtime,
 /** Destroys a stream made by flex_runtime_create_stream after its pending
  *  work has finished and its completion callbacks have returned. Not for the
  *  default stream. The handle is invalid afterwards. A launch, record or
- *  device-side wait on the stream from another thread during the call is either
+ *  device-side wait on a recorded event on the stream from another thread
+ *  during the call is either
  *  enqueued before the destroy (which then waits for it) or refused with
  *  FLEX_ERROR_INVALID_HANDLE. Like flex_stream_synchronize it waits, so it
  *  must not be called from a completion callback or host function of the
@@ -475,13 +476,15 @@ flex_status_t flex_runtime_get_memory_info(flex_runtime_t *runtime,
 /* record, while a wait already enqueued keeps the record it saw. An event  */
 /* never recorded is complete. If the recording stream fails before the     */
 /* event's point, the record fails as an operation that never ran does:     */
-/* its error (the "record's error" below) is FLEX_ERROR_STREAM_FAILED, or   */
-/* FLEX_ERROR_SHUTDOWN on a stream that needs shutdown, and its message     */
-/* names the stream's first error. A stream that waits on a failed event    */
+/* its error (the "record's error" below) is FLEX_ERROR_STREAM_FAILED, its  */
+/* message naming the stream's first error, or FLEX_ERROR_SHUTDOWN on a     */
+/* stream that needs shutdown. A stream that waits on a failed event        */
 /* fails with FLEX_ERROR_STREAM_FAILED (its message names the event's       */
 /* stream) instead of waiting forever. A wait is work of the waiting        */
 /* stream: until the record it waits for has completed, that stream's       */
-/* query returns FLEX_NOT_READY and its synchronize blocks.                 */
+/* query returns FLEX_NOT_READY and its synchronize blocks (unless the      */
+/* stream has failed: they return its error, and nothing behind the wait    */
+/* runs).                                                                   */
 /* ------------------------------------------------------------------------ */
 
 /** One marker in stream order. Opaque. */

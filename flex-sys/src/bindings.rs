@@ -610,7 +610,7 @@ impl FlexApi {
         }
     }
     #[must_use]
-    #[doc = " Destroys a stream made by flex_runtime_create_stream after its pending\n  work has finished and its completion callbacks have returned. Not for the\n  default stream. The handle is invalid afterwards. A launch, record or\n  device-side wait on the stream from another thread during the call is either\n  enqueued before the destroy (which then waits for it) or refused with\n  FLEX_ERROR_INVALID_HANDLE. Like flex_stream_synchronize it waits, so it\n  must not be called from a completion callback or host function of the\n  same runtime (FLEX_ERROR_UNSUPPORTED).\n  Returns FLEX_SUCCESS; FLEX_ERROR_INVALID_HANDLE (NULL, another runtime's\n  stream, or the default stream); FLEX_ERROR_UNSUPPORTED."]
+    #[doc = " Destroys a stream made by flex_runtime_create_stream after its pending\n  work has finished and its completion callbacks have returned. Not for the\n  default stream. The handle is invalid afterwards. A launch, record or\n  device-side wait on a recorded event on the stream from another thread\n  during the call is either\n  enqueued before the destroy (which then waits for it) or refused with\n  FLEX_ERROR_INVALID_HANDLE. Like flex_stream_synchronize it waits, so it\n  must not be called from a completion callback or host function of the\n  same runtime (FLEX_ERROR_UNSUPPORTED).\n  Returns FLEX_SUCCESS; FLEX_ERROR_INVALID_HANDLE (NULL, another runtime's\n  stream, or the default stream); FLEX_ERROR_UNSUPPORTED."]
     pub unsafe fn flex_stream_destroy(
         &self,
         runtime: *mut flex_runtime_t,

@@ -125,20 +125,21 @@ pub(super) fn status_calls() -> impl Iterator<Item = &'static str> {
         .filter(|name| !NON_STATUS_CALLS.contains(name))
 }
 
-/// The packed version `flex_get_api_version` reports: `SPYRE_MOCK_ABI_VERSION`
-/// (`M.m`, both 0..=65535) when set and well formed, the header's version
-/// when unset or empty.
-///
-/// # Errors
-/// A malformed value, named with what is expected. `flex_get_api_version`
-/// then reports the header's version, and `flex_runtime_create` refuses
-/// with this message ([`Switches::from_lookup`]): a loader is not told of
-/// a version nobody asked for.
 /// The version this header declares, packed.
 pub(super) fn header_version() -> u32 {
     make_api_version(FLEX_API_VERSION_MAJOR as u32, FLEX_API_VERSION_MINOR as u32)
 }
 
+/// The packed version `flex_get_api_version` reports: `SPYRE_MOCK_ABI_VERSION`
+/// (`M.m`, both decimal digits only, 0..=65535) when set and well formed,
+/// the header's version when unset or empty.
+///
+/// # Errors
+/// A malformed value, named with what is expected. `flex_get_api_version`
+/// then reports the header's version, and every call that reads the
+/// switches (`flex_get_device_count`, `flex_runtime_create`) refuses with
+/// this message ([`Switches::from_lookup`]): a loader is not told of a
+/// version nobody asked for.
 pub(super) fn abi_version(mut lookup: impl FnMut(&str) -> Option<String>) -> Result<u32, String> {
     let current = header_version();
     let Some(raw) = lookup(ENV_ABI_VERSION) else {
@@ -148,7 +149,12 @@ pub(super) fn abi_version(mut lookup: impl FnMut(&str) -> Option<String>) -> Res
     if trimmed.is_empty() {
         return Ok(current);
     }
-    let parse = |part: &str| part.parse::<u16>().ok().map(u32::from);
+    let parse = |part: &str| {
+        part.bytes()
+            .all(|b| b.is_ascii_digit())
+            .then(|| part.parse::<u16>().ok().map(u32::from))
+            .flatten()
+    };
     trimmed
         .split_once('.')
         .and_then(|(major, minor)| Some(make_api_version(parse(major)?, parse(minor)?)))

@@ -13,7 +13,8 @@ use crate::handles::{self};
 /// `flex_get_api_version`: the header's version packed as
 /// `FLEX_MAKE_API_VERSION`, or `SPYRE_MOCK_ABI_VERSION` when set (see the
 /// [module docs](crate#environment)); the header's version when that is
-/// malformed (`flex_runtime_create` then refuses, naming the value). Never
+/// malformed (`flex_get_device_count` and `flex_runtime_create` then
+/// refuse, naming the value). Never
 /// fails (were reading the environment to panic, it would report `0.0`,
 /// which loaders refuse).
 ///

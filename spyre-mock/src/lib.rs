@@ -88,15 +88,15 @@
 //! everything enqueued before it, the event completes and takes its
 //! timestamp (at once on a stream with nothing unfinished; elapsed times
 //! follow the timing model, the record itself takes no time), and if the
-//! stream has failed first the event fails with `STREAM_FAILED` (or
-//! `SHUTDOWN`), naming the stream's first error. The
+//! stream has failed first the event fails with `STREAM_FAILED` naming
+//! the stream's first error (`SHUTDOWN` on a stream that needs shutdown). The
 //! record is no operation an engine has to take — the engine finishing the
 //! operation before it completes it — except when it carries a completion:
 //! then it is a marker operation ([`Op::Record`]) in the FIFO. A wait is a
 //! *gate* in the waiting stream: the scheduler holds the operations
 //! enqueued after it until the record has completed, and looks again each
 //! time an operation of the recording stream finishes; no thread, engine
-//! or host, is parked on it. A wait on a pending record is also work of
+//! or host, is parked on it. A wait on a pending (or failed) record is also work of
 //! the waiting stream, as in CUDA: a marker operation behind the gate, so
 //! the stream's `query` says not ready and its `synchronize` returns only
 //! once the wait has passed.

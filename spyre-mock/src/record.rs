@@ -16,8 +16,8 @@ use parking_lot::Mutex;
 
 /// One record of an event: the point it marks (a stream and the work before
 /// it) and, once the device reaches it, the outcome — the completion time,
-/// or the error it failed with (naming the recording stream's first
-/// error). Shared by the event (while it is the
+/// or the error it failed with (`STREAM_FAILED` naming the recording
+/// stream's first error, or `SHUTDOWN`). Shared by the event (while it is the
 /// latest record), the mark or marker operation, and every wait that saw
 /// it.
 pub(crate) struct Record {

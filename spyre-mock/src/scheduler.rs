@@ -324,6 +324,7 @@ impl Scheduler {
     /// Enqueues `pending` on stream `index`, or refuses it: with
     /// [`Status::SHUTDOWN`] if the stream needs shutdown, with
     /// [`Status::STREAM_FAILED`] if it has failed, with
+    /// [`Status::INVALID_HANDLE`] if it is closed, with
     /// [`Status::LAUNCH_FAILED`] if a `fail_nth_launch` fault is due. A
     /// refused operation is handed back so the caller drops it after
     /// releasing the lock. `Ok(true)` when the stream became ready.
@@ -1048,6 +1049,10 @@ mod tests {
         assert!(!s.has_ready());
     }
 
+    /// A wait on a pending record adds one operation (its marker), pending
+    /// until the record completes and the marker has run; a record made
+    /// after the wait is a mark reached then. A wait on a completed record
+    /// or on one of the stream's own adds nothing.
     #[test]
     fn a_wait_is_an_operation_of_the_stream_and_a_record_after_it_waits_for_it() {
         let mut s = Scheduler::default();

@@ -17,9 +17,9 @@ thread_local! {
 }
 
 /// The stream stored as current on `device` for this thread, if any. None
-/// too while the thread's thread-local storage is being destroyed (a
-/// lookup from another thread-local's destructor): the thread is back at
-/// the default stream then.
+/// too once the thread's current-stream storage has been destroyed as the
+/// thread exits (a lookup from a thread-local destructor that runs after
+/// it): the thread is back at the default stream then.
 fn lookup(device: u8) -> Option<StreamId> {
     CURRENT_STREAMS
         .try_with(|c| {
@@ -33,7 +33,7 @@ fn lookup(device: u8) -> Option<StreamId> {
 }
 
 /// Stores `stream` as this thread's current stream on its device; false,
-/// storing nothing, once the thread's thread-local storage is being
+/// storing nothing, once the thread's current-stream storage has been
 /// destroyed.
 fn store(stream: SpyreStream) -> bool {
     CURRENT_STREAMS
@@ -52,9 +52,10 @@ fn store(stream: SpyreStream) -> bool {
 
 /// The calling thread's current stream on `device` (`getCurrentStream`):
 /// the stream last made current on this thread, else the default stream. A
-/// new thread starts at the default stream, and a thread whose
-/// thread-local storage is being destroyed (a call from a thread-local's
-/// destructor) is back at it. Starts the runtime and initializes the pool
+/// new thread starts at the default stream, and an exiting thread is back
+/// at it once its current-stream storage has been destroyed (a call from a
+/// thread-local destructor that runs after that one; one that runs before
+/// still sees the stream made current). Starts the runtime and initializes the pool
 /// when it falls back to the default stream.
 ///
 /// # Errors
@@ -84,9 +85,10 @@ pub fn current_stream(device: Device) -> Result<SpyreStream> {
 /// `TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS`, or [`Error::InvalidEnv`] if that
 /// is malformed), both before anything starts; [`Error::WrongDevice`] for
 /// a stream of a device other than the process's; the runtime's start
-/// error; [`Error::ThreadExiting`] when called while the thread's
-/// thread-local storage is being destroyed (from a thread-local's
-/// destructor), where no current stream can be kept.
+/// error; [`Error::ThreadExiting`] when called as the thread exits, after
+/// its current-stream storage was destroyed (from a thread-local
+/// destructor that runs after that one), where no current stream can be
+/// kept.
 pub fn set_current_stream(stream: SpyreStream) -> Result<SpyreStream> {
     let id = stream.id();
     if id.slot().is_none() {
@@ -125,9 +127,10 @@ pub fn set_current_stream(stream: SpyreStream) -> Result<SpyreStream> {
 /// Makes a stream current for a scope and restores the previous one on drop
 /// (the Python `with torch.spyre.Stream(...)` block). Guards nest: drop them in
 /// reverse order of creation, as scopes do. A guard may live in a
-/// thread-local: dropped while the thread's thread-local storage is being
-/// destroyed, it restores nothing (the thread is back at the default
-/// stream) and does not panic.
+/// thread-local: dropped as the thread exits, after the thread's
+/// current-stream storage was destroyed, it restores nothing (the thread is
+/// back at the default stream) and does not panic; dropped before, it
+/// restores as ever.
 ///
 /// Not `Send`: the current stream is per thread.
 #[must_use = "the stream is current only while the guard lives"]

@@ -97,14 +97,15 @@ pub enum Error {
     InvalidDeviceIndex {
         /// The index given.
         index: i64,
-        /// The indices the call takes, in words.
+        /// What the call takes, in words (an index range, or for a pool, a
+        /// runtime on a device in range).
         expected: &'static str,
     },
 
     /// [`crate::set_current_stream`] (or [`crate::StreamGuard::new`]) was
-    /// called while the calling thread's thread-local storage was being
-    /// destroyed (from a thread-local's destructor): no current stream can
-    /// be kept for the thread any more.
+    /// called as the calling thread exits, after its current-stream storage
+    /// was destroyed (from a thread-local destructor that runs after that
+    /// one): no current stream can be kept for the thread any more.
     #[error(
         "set_current_stream: the calling thread is exiting and its thread-local current stream is already gone; the stream cannot be made current (current_stream gives the default stream from here on)"
     )]

@@ -187,7 +187,9 @@ impl SpyreEvent {
     /// CUDA: until the event has completed, `stream`'s
     /// [`SpyreStream::query`] is `false` and its
     /// [`SpyreStream::synchronize`] waits (so `s.wait_stream(other)` then
-    /// `s.synchronize()` covers `other`'s work, as in PyTorch). A no-op for
+    /// `s.synchronize()` covers `other`'s work, as in PyTorch), unless
+    /// `stream` has failed: then both return its error at once, as nothing
+    /// behind the wait runs. A no-op for
     /// an event never recorded or recorded on `stream`.
     ///
     /// # Errors
@@ -209,8 +211,9 @@ impl SpyreEvent {
     /// also for an event never recorded. Never blocks.
     ///
     /// # Errors
-    /// The record's error if it failed ([`Error::Flex`] with `STREAM_FAILED`,
-    /// naming the recording stream's first error);
+    /// The record's error if it failed ([`Error::Flex`] with `STREAM_FAILED`
+    /// naming the recording stream's first error, or `SHUTDOWN` on a stream
+    /// that needs shutdown);
     /// [`Error::ForkedProcess`] in a child forked after the start.
     pub fn query(&self) -> Result<bool> {
         runtime::check_not_forked()?;

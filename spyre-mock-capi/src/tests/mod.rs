@@ -290,7 +290,7 @@ fn api_version_is_the_header_version_or_the_switch() {
     assert_eq!(version(Some("2.0")), Ok(0x0002_0000));
     assert_eq!(version(Some(" 1.7 ")), Ok(0x0001_0007));
     assert_eq!(version(Some("65535.65535")), Ok(0xFFFF_FFFF));
-    for malformed in ["2", "1.x", "70000.0", "-1.0", "1.0.0", "1,1"] {
+    for malformed in ["2", "1.x", "70000.0", "-1.0", "+1.0", "1.0.0", "1,1"] {
         assert_eq!(
             version(Some(malformed)),
             Err(format!(
@@ -1348,7 +1348,8 @@ unsafe extern "C" fn held_until_set(user_data: *mut c_void) -> flex_status_t {
 
 /// A host function that counts itself in the `AtomicUsize` at `user_data`.
 unsafe extern "C" fn counts_its_run(user_data: *mut c_void) -> flex_status_t {
-    // SAFETY: the tests pass an `AtomicUsize` that outlives the runtime.
+    // SAFETY: the tests pass an `AtomicUsize` that outlives every operation
+    // that uses it (each test destroys and drains the stream first).
     unsafe { &*user_data.cast::<AtomicUsize>() }.fetch_add(1, Ordering::SeqCst);
     FLEX_SUCCESS
 }
@@ -1483,4 +1484,110 @@ fn queries_racing_a_runtime_destroy_do_not_use_freed_state() {
         let stream = rt.create_stream(0);
         query_while(stream, rounds, || assert_eq!(rt.destroy(), FLEX_SUCCESS));
     });
+}
+
+/// Makes an event of `rt` (untimed).
+fn new_event(rt: &Rt) -> *mut sys::flex_event_t {
+    let mut event = ptr::null_mut();
+    // SAFETY: a live runtime and a valid out pointer.
+    let status = unsafe { flex_event_create(rt.0, 0, &raw mut event) };
+    assert_eq!(status, FLEX_SUCCESS);
+    event
+}
+
+/// Runs `child` in a `fork()`ed child (which then `_exit`s with 0, or 101
+/// if `child` panicked) and returns its exit code, or `None` if it had not
+/// ended after 10 s (it is killed then).
+fn in_forked_child(child: impl FnOnce()) -> Option<i32> {
+    // SAFETY: `fork` has no memory-safety preconditions; the child runs only
+    // `child` (calls of this library, whose locks are held across the fork)
+    // and `_exit`s without unwinding or running exit handlers.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+    if pid == 0 {
+        let code = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(child)) {
+            Ok(()) => 0,
+            Err(_) => 101,
+        };
+        // SAFETY: ends the child at once.
+        unsafe { libc::_exit(code) }
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut status = 0;
+        // SAFETY: `pid` is this process's child; `status` is a valid out pointer.
+        let waited = unsafe { libc::waitpid(pid, &raw mut status, libc::WNOHANG) };
+        if waited == pid {
+            return Some(if libc::WIFEXITED(status) {
+                libc::WEXITSTATUS(status)
+            } else {
+                -1
+            });
+        }
+        if Instant::now() > deadline {
+            // SAFETY: `pid` is this process's child, not yet reaped.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &raw mut status, 0);
+            }
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// `fork()` while other threads are inside the library, querying, creating
+/// and destroying events (the event table's lock) and creating streams
+/// (the handle writers' lock): every child can make a runtime and an event
+/// of its own and use them, and gets `RUNTIME_FAILED` from the parent's
+/// event. Before the library held its locks across the fork, 19 of 20
+/// children hung on a lock held at the fork by a thread that does not exist
+/// in the child.
+#[test]
+#[cfg_attr(miri, ignore = "fork() is outside Miri")]
+fn a_fork_while_other_threads_are_inside_the_library_leaves_the_child_working() {
+    let rt = Arc::new(Rt::new());
+    let event = new_event(&rt) as usize;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let busy: Vec<_> = (0..3)
+        .map(|role| {
+            let (rt, stop) = (Arc::clone(&rt), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    match role {
+                        // SAFETY: a live event.
+                        0 => assert_eq!(unsafe { flex_event_query(event as *mut _) }, FLEX_SUCCESS),
+                        1 => {
+                            let made = new_event(&rt);
+                            // SAFETY: live handles of one runtime.
+                            assert_eq!(unsafe { flex_event_destroy(rt.0, made) }, FLEX_SUCCESS);
+                        }
+                        _ => drop(rt.create_stream(0)),
+                    }
+                }
+            })
+        })
+        .collect();
+    let outcomes: Vec<Option<i32>> = (0..20)
+        .map(|_| {
+            std::thread::sleep(Duration::from_millis(2));
+            in_forked_child(|| {
+                // SAFETY: any pointer value is accepted.
+                let parents = unsafe { flex_event_query(event as *mut _) };
+                assert_eq!(parents, sys::FLEX_ERROR_RUNTIME_FAILED);
+                let own = Rt::new();
+                let made = new_event(&own);
+                // SAFETY: a live event of the child's runtime.
+                assert_eq!(unsafe { flex_event_query(made) }, FLEX_SUCCESS);
+                // SAFETY: live handles of one runtime.
+                assert_eq!(unsafe { flex_event_destroy(own.0, made) }, FLEX_SUCCESS);
+                std::mem::forget(own);
+            })
+        })
+        .collect();
+    stop.store(true, Ordering::Relaxed);
+    for thread in busy {
+        thread.join().unwrap();
+    }
+    assert!(outcomes.iter().all(|o| *o == Some(0)), "{outcomes:?}");
 }
