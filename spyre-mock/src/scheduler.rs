@@ -21,13 +21,14 @@
 //! completed. The first of them is the wait's own *wait marker* (a marker
 //! operation, [`Op::Record`] of a record nobody else holds), so that a
 //! wait is unfinished work of its stream until it has passed: the stream's
-//! query, synchronize and later records see it as they see any operation. A stream whose front operation is behind a closed gate is
+//! query, synchronize and later records see it as they see any operation.
+//! A stream whose front operation is behind a closed gate is
 //! *blocked*: not ready, and listed as a waiter of the recording stream,
 //! which looks at its waiters again each time one of its operations
 //! finishes. No thread waits for a gate. A gate whose record failed fails
-//! the stream once nothing before the gate is unfinished, whether or not
-//! work is queued behind it: an idle stream waiting on a pending record is
-//! a waiter too. (Its failure lands as the recording stream's operation
+//! the stream once nothing before the gate is unfinished (the wait marker
+//! behind it is then skipped like any operation of a failed stream). (The
+//! failure lands as the recording stream's operation
 //! finishes, under the lock: a thread that saw the record fail without the
 //! lock may look at the waiting stream a moment before.)
 //!
@@ -501,13 +502,15 @@ impl Scheduler {
     /// the stream).
     ///
     /// # Errors
-    /// As [`Self::admit`]'s stream-state checks; nothing is added then.
+    /// As [`Self::admit`]'s stream-state checks, in [`Self::admit`]'s
+    /// refusal form (nothing to hand back); nothing is added then.
     pub(crate) fn add_gate(
         &mut self,
         index: usize,
         record: Arc<Record>,
-    ) -> Result<bool, FlexError> {
-        self.check_accepts(index, "wait_event")?;
+    ) -> Result<bool, Refused<()>> {
+        self.check_accepts(index, "wait_event")
+            .map_err(|err| Box::new((err, ())))?;
         if record.stream == index || matches!(record.outcome(), Some(Ok(_))) {
             // Already ordered, or already complete: nothing to hold.
             return Ok(false);

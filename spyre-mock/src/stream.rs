@@ -419,9 +419,7 @@ impl Stream for MockStream {
         if self.device.device_side_wait {
             return self.submit(
                 |scheduler| match event.latest.lock().clone() {
-                    Some(record) => scheduler
-                        .add_gate(self.index, record)
-                        .map_err(|err| Box::new((err, ()))),
+                    Some(record) => scheduler.add_gate(self.index, record),
                     None => Ok(false),
                 },
                 || {},
@@ -448,14 +446,7 @@ impl Stream for MockStream {
         if self.device.wait_for_record(&record, CALL).is_err() {
             // A failed record fails this stream from this point on, as a
             // device-side wait does: work enqueued before still runs.
-            self.submit(
-                |scheduler| {
-                    scheduler
-                        .add_gate(self.index, record)
-                        .map_err(|err| Box::new((err, ())))
-                },
-                || {},
-            )?;
+            self.submit(|scheduler| scheduler.add_gate(self.index, record), || {})?;
         }
         Ok(())
     }
