@@ -16,7 +16,7 @@
 //! The handler does nothing but an atomic add, which is async-signal-safe as
 //! the child of a multi-threaded process requires.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 /// Forks seen since [`watch_forks`] was first called, in the ancestry of
@@ -36,30 +36,38 @@ extern "C" fn after_fork_in_child() {
 /// The `errno` value from `pthread_atfork` (`ENOMEM`) when the handler
 /// could not be registered; a later call tries again.
 ///
-/// Thread-safety: may be called from any thread, concurrently.
+/// Thread-safety: may be called from any thread, concurrently. Once the
+/// watcher is registered a call is one acquire load and takes no lock, so
+/// a child forked while another thread was inside this function can call
+/// it too. Only the first registration is serialized by a lock: a child
+/// forked in the moment another thread holds it, before anything was ever
+/// registered, would block in its own first call.
 pub fn watch_forks() -> Result<(), std::io::Error> {
-    static REGISTERED: Mutex<bool> = Mutex::new(false);
+    static REGISTERED: AtomicBool = AtomicBool::new(false);
+    static REGISTERING: Mutex<()> = Mutex::new(());
+    if REGISTERED.load(Ordering::Acquire) {
+        return Ok(());
+    }
     // A poisoned lock only means another caller panicked; the flag is still right.
-    let mut registered = REGISTERED.lock().unwrap_or_else(PoisonError::into_inner);
-    if *registered {
+    let _registering = REGISTERING.lock().unwrap_or_else(PoisonError::into_inner);
+    if REGISTERED.load(Ordering::Acquire) {
         return Ok(());
     }
-    #[cfg(not(unix))]
+    #[cfg(unix)]
     {
-        // No fork() on this platform: nothing to watch.
-        *registered = true;
-        return Ok(());
+        // SAFETY: `pthread_atfork` only stores the three function
+        // pointers; the child handler is a plain `extern "C" fn` with no
+        // arguments that lives for the whole program and does one atomic
+        // add (async-signal-safe, as a handler that runs in the child of a
+        // multi-threaded process must be). Null prepare and parent
+        // handlers are allowed.
+        let status = unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
+        if status != 0 {
+            return Err(std::io::Error::from_raw_os_error(status));
+        }
     }
-    // SAFETY: `pthread_atfork` only stores the three function pointers;
-    // the child handler is a plain `extern "C" fn` with no arguments that
-    // lives for the whole program and does one atomic add (async-signal-safe,
-    // as a handler that runs in the child of a multi-threaded process must
-    // be). Null prepare and parent handlers are allowed.
-    let status = unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
-    if status != 0 {
-        return Err(std::io::Error::from_raw_os_error(status));
-    }
-    *registered = true;
+    // (No fork() on other platforms: nothing to watch.)
+    REGISTERED.store(true, Ordering::Release);
     Ok(())
 }
 
@@ -93,6 +101,60 @@ impl ForkGeneration {
 #[cfg(all(test, unix))]
 mod tests {
     use super::*;
+
+    /// A child forked while another thread is inside `watch_forks` (every
+    /// runtime creation calls it) can call it too. When every call took the
+    /// registration lock, 13 of this test's 20 children hung on it, held in
+    /// the parent by a thread the child does not have.
+    #[test]
+    #[cfg_attr(miri, ignore = "fork() is outside Miri")]
+    fn a_child_forked_during_another_threads_call_can_call_it_too() {
+        watch_forks().unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let caller = {
+            let stop = std::sync::Arc::clone(&stop);
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    watch_forks().unwrap();
+                }
+            })
+        };
+        let mut hung = 0;
+        for _ in 0..20 {
+            // SAFETY: the child calls `watch_forks` (after the first
+            // registration: atomic loads) and `_exit`s, never returning
+            // into the test harness.
+            let pid = unsafe { libc::fork() };
+            assert!(pid >= 0, "fork failed: {}", std::io::Error::last_os_error());
+            if pid == 0 {
+                let code = i32::from(watch_forks().is_err());
+                // SAFETY: ends the child at once, without unwinding.
+                unsafe { libc::_exit(code) };
+            }
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            let mut status = 0;
+            loop {
+                // SAFETY: `pid` is this process's child; `status` a valid out-pointer.
+                if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == pid {
+                    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+                    break;
+                }
+                if std::time::Instant::now() > deadline {
+                    hung += 1;
+                    // SAFETY: `pid` is this process's child, not yet reaped.
+                    unsafe {
+                        libc::kill(pid, libc::SIGKILL);
+                        libc::waitpid(pid, &mut status, 0);
+                    }
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        caller.join().unwrap();
+        assert_eq!(hung, 0, "children that hung in watch_forks, of 20");
+    }
 
     #[test]
     fn a_forked_child_sees_a_new_generation_and_the_parent_does_not() {
