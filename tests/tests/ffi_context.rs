@@ -311,3 +311,85 @@ fn a_forked_child_gets_runtime_failed_from_the_parents_runtime_never_a_hang() {
         assert_eq!(outcome, ForkOutcome::Exited(0));
     });
 }
+
+/// A child forked while other threads of the parent are inside flex-rt,
+/// launching on a stream (its submission lock) and creating streams (the
+/// runtime's creation lock), never blocks on those locks, held in the
+/// child by threads it does not have: the calls fail with
+/// `RUNTIME_FAILED` naming fork before taking them, and dropping the
+/// parent's events and a runtime of the parent's in the child leaves them
+/// to the parent (flex.h: the child leaves them to its exit). Before
+/// flex-rt checked fork itself, most of these children hung.
+#[test]
+fn a_forked_child_never_blocks_on_a_lock_the_parents_threads_held() {
+    use spyre_tests::process::{ForkOutcome, fork_and_wait};
+
+    isolated!(mock_cdylib; &[], || {
+        let parent = context();
+        let stream = parent
+            .create_stream(StreamPriority::Normal, StreamMode::StrictOrdering, false)
+            .expect("create_stream");
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    stream
+                        .launch_host_callback(Box::new(|| {}), LaunchOptions::new())
+                        .expect("launch_host_callback");
+                }
+            });
+            scope.spawn(|| {
+                for _ in 0..2_000 {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    parent
+                        .create_stream(StreamPriority::High, StreamMode::StrictOrdering, false)
+                        .expect("create_stream");
+                }
+            });
+            let outcomes: Vec<ForkOutcome> = (0..20)
+                .map(|_| {
+                    std::thread::sleep(Duration::from_millis(2));
+                    let event = parent.create_event(false).expect("create_event");
+                    let other = context();
+                    fork_and_wait(Duration::from_secs(10), || {
+                        let forked = |result: flex_rt::Result<()>, call: &str| {
+                            let err = result.expect_err(call);
+                            assert_eq!(err.status(), Status::RUNTIME_FAILED, "{call}: {err}");
+                            assert!(err.to_string().contains("fork()"), "{call}: {err}");
+                        };
+                        forked(
+                            stream
+                                .launch_host_callback(Box::new(|| {}), LaunchOptions::new())
+                                .map(drop),
+                            "launch",
+                        );
+                        forked(
+                            parent
+                                .create_stream(StreamPriority::Normal, StreamMode::StrictOrdering, false)
+                                .map(drop),
+                            "create_stream",
+                        );
+                        forked(stream.record_event(&*event, None), "record_event");
+                        drop(event);
+                        // Nothing of the parent's runtime is synchronized or
+                        // destroyed: one step, the runtime left to the parent.
+                        let closed = other.close().expect_err("close in the child");
+                        let [left] = closed.errors() else {
+                            panic!("one failed step expected: {closed}");
+                        };
+                        assert_eq!(left.step(), TeardownStep::DestroyRuntime, "{closed}");
+                        assert_eq!(left.error().status(), Status::RUNTIME_FAILED, "{closed}");
+                        assert!(left.error().to_string().contains("fork()"), "{closed}");
+                    })
+                })
+                .collect();
+            stop.store(true, Ordering::Relaxed);
+            assert!(
+                outcomes.iter().all(|o| *o == ForkOutcome::Exited(0)),
+                "{outcomes:?}"
+            );
+        });
+    });
+}

@@ -60,7 +60,10 @@ pub(super) fn read_capabilities(lib: &FlexLibrary, runtime: RuntimeHandle) -> Re
 /// Destroyed with `flex_event_destroy` on drop, which never blocks (flex.h:
 /// pending records and waits are still honoured). If the runtime is closed
 /// first, the event is gone with it: its methods then fail with
-/// [`Status::INVALID_HANDLE`] and drop does nothing.
+/// [`Status::INVALID_HANDLE`] and drop does nothing. In a child forked
+/// after its runtime was created, its methods fail with
+/// [`Status::RUNTIME_FAILED`] naming fork and drop does nothing (the event
+/// is the parent's).
 ///
 /// Thread-safety: `Send + Sync`; flex.h lets every event function be called
 /// from any thread, and serializes concurrent records of one event.
@@ -125,6 +128,7 @@ impl HardwareEvent {
         call: &'static str,
         f: impl FnOnce(*mut sys::flex_event_t) -> Result<T>,
     ) -> Result<T> {
+        self.runtime.check_not_forked(call)?;
         let alive = self.alive.read();
         if !*alive {
             return Err(FlexError::new(
@@ -294,6 +298,10 @@ impl Event for HardwareEvent {
 
 impl Drop for HardwareEvent {
     fn drop(&mut self) {
+        if !self.runtime.in_creating_process() {
+            // A forked child leaves the parent's events to its exit.
+            return;
+        }
         let alive = self.alive.read();
         if !*alive {
             return;

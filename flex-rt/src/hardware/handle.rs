@@ -3,13 +3,21 @@
 use std::ptr::NonNull;
 
 use flex_sys::bindings as sys;
+use flex_sys::fork::ForkGeneration;
 
-/// A `flex_runtime_t *` that a successful `flex_runtime_create` returned.
+use crate::error::{FlexError, Result};
+use crate::status::Status;
+
+/// A `flex_runtime_t *` that a successful `flex_runtime_create` returned,
+/// and the fork generation of the process that created it.
 ///
 /// Only a pointer: the owner ([`super::HardwareRuntime`]) decides when it is
 /// destroyed. Copying it does not copy the runtime.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct RuntimeHandle(NonNull<sys::flex_runtime_t>);
+pub(super) struct RuntimeHandle {
+    ptr: NonNull<sys::flex_runtime_t>,
+    fork: ForkGeneration,
+}
 
 /// A `flex_stream_t *` that `flex_runtime_get_default_stream` or
 /// `flex_runtime_create_stream` returned. Only a pointer, as above.
@@ -35,21 +43,57 @@ unsafe impl Send for StreamHandle {}
 unsafe impl Sync for StreamHandle {}
 
 impl RuntimeHandle {
-    /// Wraps a non-null runtime pointer.
-    pub(super) fn new(ptr: NonNull<sys::flex_runtime_t>) -> Self {
-        Self(ptr)
+    /// Wraps a non-null runtime pointer that a process of generation
+    /// `fork` created (read after `flex_sys::fork::watch_forks`).
+    pub(super) fn new(ptr: NonNull<sys::flex_runtime_t>, fork: ForkGeneration) -> Self {
+        Self { ptr, fork }
     }
 
     /// The pointer to pass to the library.
     pub(super) fn as_ptr(self) -> *mut sys::flex_runtime_t {
-        self.0.as_ptr()
+        self.ptr.as_ptr()
     }
 
     /// A non-zero number that identifies this runtime while it exists (its
     /// address), used to recognise the runtime's own callbacks.
     pub(super) fn key(self) -> usize {
-        self.0.as_ptr() as usize
+        self.ptr.as_ptr() as usize
     }
+
+    /// Whether this is the process that created the runtime: `false` in a
+    /// child forked since, where flex.h fails every call on it with
+    /// `FLEX_ERROR_RUNTIME_FAILED` and leaves it to the child's exit. One
+    /// relaxed atomic load.
+    #[inline]
+    pub(super) fn in_creating_process(self) -> bool {
+        self.fork.is_current()
+    }
+
+    /// `Ok` in the process that created the runtime; in a forked child,
+    /// [`Status::RUNTIME_FAILED`] naming fork, as the library's own answer
+    /// would be. Checked before any lock of flex-rt's is taken for the
+    /// runtime, its streams or its events: in the child such a lock may be
+    /// held for ever by a parent thread the child does not have.
+    #[inline]
+    pub(super) fn check_not_forked(self, call: &'static str) -> Result<()> {
+        if self.in_creating_process() {
+            Ok(())
+        } else {
+            Err(forked(call))
+        }
+    }
+}
+
+/// The error of a call on a runtime of the parent in a forked child.
+#[cold]
+fn forked(call: &'static str) -> FlexError {
+    FlexError::new(
+        Status::RUNTIME_FAILED,
+        call,
+        "this runtime was created by the parent process before fork(); a forked child cannot \
+         use it, its streams or its events, and leaves them to its exit: create a runtime in \
+         the child",
+    )
 }
 
 impl StreamHandle {

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use flex_sys::FlexLibrary;
 use flex_sys::bindings as sys;
+use flex_sys::fork::ForkGeneration;
 use parking_lot::{Mutex, RwLock};
 
 use super::call::{self, check};
@@ -63,6 +64,18 @@ use crate::types::{MemoryInfo, StreamMode, StreamPriority};
 /// stopped, so the library and the streams' payload caches, which their
 /// completions still use, are kept for the rest of the process.
 ///
+/// # Fork
+///
+/// A runtime does not cross `fork()` (flex.h). In a child forked after it
+/// was created, its launches, records, waits and stream creations fail
+/// with [`Status::RUNTIME_FAILED`] naming fork before taking any lock of
+/// flex-rt's (a parent thread may have held one at the fork), and its other
+/// calls get the library's own `FLEX_ERROR_RUNTIME_FAILED`. Dropping or
+/// closing it, or one of its events, in the child touches nothing: they are
+/// left to the parent (and to the child's exit), and `close` reports that
+/// as its one failed step, [`TeardownStep::DestroyRuntime`]. A runtime
+/// created in the child works.
+///
 /// # Thread-safety
 ///
 /// `Send + Sync`; every method may be called from any thread at the same
@@ -117,12 +130,20 @@ impl HardwareRuntime {
     pub fn create(lib: Arc<FlexLibrary>, logical_device: u32) -> Result<HardwareRuntime> {
         const CALL: &str = "flex_runtime_create";
         let raw_device = call::device_to_raw(logical_device, CALL)?;
+        flex_sys::fork::watch_forks().map_err(|error| {
+            FlexError::new(
+                Status::RUNTIME_FAILED,
+                CALL,
+                format!("cannot watch for fork() (pthread_atfork failed: {error})"),
+            )
+        })?;
+        let fork = ForkGeneration::current();
         let mut out: *mut sys::flex_runtime_t = ptr::null_mut();
         // SAFETY: `flex_runtime_create` takes any device index and a valid
         // `flex_runtime_t **` out pointer, which `out` is for the call.
         let status = unsafe { lib.api().flex_runtime_create(raw_device, &raw mut out) };
         check(&lib, status, CALL)?;
-        let handle = RuntimeHandle::new(call::non_null(out, CALL, "runtime handle")?);
+        let handle = RuntimeHandle::new(call::non_null(out, CALL, "runtime handle")?, fork);
         let default = match Self::open_default_stream(&lib, handle) {
             Ok(default) => default,
             Err(error) => {
@@ -193,6 +214,7 @@ impl HardwareRuntime {
         track_hazards: bool,
     ) -> Result<&HardwareStream> {
         const CALL: &str = "flex_runtime_create_stream";
+        self.handle.check_not_forked(CALL)?;
         let _order = self.create_lock.lock();
         let mut out: *mut sys::flex_stream_t = ptr::null_mut();
         // SAFETY: the runtime is alive while `&self` is (it is destroyed only
@@ -246,7 +268,9 @@ impl HardwareRuntime {
     /// synchronize returned its (sticky) error, a stream or the runtime that
     /// could not be destroyed, or [`Status::UNSUPPORTED`] when called from a
     /// completion or host callback of this runtime (the runtime is leaked
-    /// then).
+    /// then), or [`Status::RUNTIME_FAILED`] as the one step in a child
+    /// forked after the runtime was created (left to the parent: see
+    /// "Fork" above).
     pub fn close(mut self) -> Result<(), CloseError> {
         let errors = self.teardown();
         let logical_device = self.logical_device;
@@ -266,6 +290,16 @@ impl HardwareRuntime {
     fn teardown(&mut self) -> Vec<TeardownError> {
         if std::mem::replace(&mut self.torn_down, true) {
             return Vec::new();
+        }
+        if let Err(error) = self.handle.check_not_forked("close") {
+            // A forked child: the runtime is the parent's (flex.h: the child
+            // leaves it to its exit). Touch nothing, neither the library nor
+            // a lock a parent thread may have held at the fork.
+            self.leak_for_pending_callbacks();
+            return vec![TeardownError {
+                step: TeardownStep::DestroyRuntime,
+                error,
+            }];
         }
         if callback::in_callback_of(self.handle.key()) {
             // Destroying would wait for the callback this thread is running.

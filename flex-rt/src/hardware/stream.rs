@@ -184,6 +184,7 @@ impl HardwareStream {
         // Declared before the lock, so that it is dropped after it even if
         // the launch unwinds: its drop runs user code, which may launch on
         // this stream.
+        self.runtime.check_not_forked(call)?;
         let submission;
         let status = {
             let mut free = self.submit.lock();
