@@ -10,6 +10,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use flex_rt::{Capabilities, FlexError, Status};
+use parking_lot::Mutex;
 
 use crate::device::Device;
 use crate::error::{Error, EventRole, Result};
@@ -87,6 +88,11 @@ pub struct SpyreEvent {
     recorded: AtomicBool,
     /// The trace link of the latest record, when it was traced (0: not).
     traced_record: AtomicU64,
+    /// Held, while tracing, across a record and the store of its link, and
+    /// across a wait that returns at once and the load: a record racing a
+    /// wait then cannot make the wait's entry link a record other than the
+    /// one it waits for.
+    trace_order: Mutex<()>,
 }
 
 impl SpyreEvent {
@@ -137,6 +143,7 @@ impl SpyreEvent {
             timing,
             recorded: AtomicBool::new(false),
             traced_record: AtomicU64::new(0),
+            trace_order: Mutex::new(()),
         }
     }
 
@@ -166,6 +173,7 @@ impl SpyreEvent {
         if trace::is_on() {
             let (completion, entry) = trace::record(stream, OperationKind::EventRecord, 0, None);
             let link = entry.link;
+            let _order = self.trace_order.lock();
             if let Err(error) = handle.record_event(&*self.event, Some(completion)) {
                 entry.refused();
                 return Err(error.into());
@@ -199,12 +207,38 @@ impl SpyreEvent {
     /// process refuses only when it would actually have to wait, a flex
     /// library always).
     pub fn wait(&self, stream: SpyreStream) -> Result<()> {
-        stream.handle()?.wait_event(&*self.event)?;
-        if trace::is_on() {
-            let link = self.traced_record.load(Ordering::Relaxed);
-            trace::record_wait(stream, (link != 0).then_some(link));
+        let handle = stream.handle()?;
+        if !trace::is_on() {
+            handle.wait_event(&*self.event)?;
+            return Ok(());
         }
+        let link = if runtime::pool_of(stream)?
+            .runtime()
+            .capabilities()
+            .is_ok_and(|c| c.device_side_wait)
+        {
+            // Returns at once: no record can slip between the wait and
+            // the link it reads.
+            let _order = self.trace_order.lock();
+            handle.wait_event(&*self.event)?;
+            self.traced_record.load(Ordering::Relaxed)
+        } else {
+            // Blocks until the record completes, which may need a record
+            // of this event by a callback: no lock is held meanwhile. The
+            // link is the wait's only if no record was made during it.
+            let before = self.traced_link();
+            handle.wait_event(&*self.event)?;
+            let after = self.traced_link();
+            if before == after { before } else { 0 }
+        };
+        trace::record_wait(stream, (link != 0).then_some(link));
         Ok(())
+    }
+
+    /// The link of the latest traced record, once no record is half made.
+    fn traced_link(&self) -> u64 {
+        let _order = self.trace_order.lock();
+        self.traced_record.load(Ordering::Relaxed)
     }
 
     /// Whether the latest record has completed (`Event.query()`): `true`

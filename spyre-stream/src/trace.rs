@@ -12,6 +12,7 @@
 //! by a wait on an event counts from then too; the wait itself is an entry
 //! of its own, linked to the record it waits for).
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -83,7 +84,9 @@ pub struct TraceEntry {
     pub failed: bool,
     /// For an event record, the link its waits name; for an event wait,
     /// the link of the record it waits for (`None`: a wait on an event
-    /// never recorded while tracing).
+    /// never recorded while tracing, or, where a wait blocks the host (no
+    /// device-side waits), one during which another thread recorded the
+    /// event again: which of the two records it waited for is not known).
     pub link: Option<u64>,
 }
 
@@ -97,6 +100,22 @@ pub struct Trace {
 struct Log {
     origin: Instant,
     entries: Vec<TraceEntry>,
+    /// Indices of `entries` in the order their completions stamped them: a
+    /// stream calls its completions one at a time in stream order, so this
+    /// is each stream's true order, which `entries` (in the order the
+    /// launching threads appended them) need not be when several threads
+    /// launch on one stream.
+    finish_order: Vec<usize>,
+}
+
+impl Log {
+    fn new() -> Self {
+        Self {
+            origin: Instant::now(),
+            entries: Vec::new(),
+            finish_order: Vec::new(),
+        }
+    }
 }
 
 /// The log of the current (or last) trace; `Arc`ed into completions, so
@@ -105,12 +124,7 @@ static LOG: OnceLock<Mutex<Arc<Mutex<Log>>>> = OnceLock::new();
 static NEXT_LINK: AtomicU64 = AtomicU64::new(1);
 
 fn log_slot() -> &'static Mutex<Arc<Mutex<Log>>> {
-    LOG.get_or_init(|| {
-        Mutex::new(Arc::new(Mutex::new(Log {
-            origin: Instant::now(),
-            entries: Vec::new(),
-        })))
-    })
+    LOG.get_or_init(|| Mutex::new(Arc::new(Mutex::new(Log::new()))))
 }
 
 /// Whether tracing is on: one relaxed load (event records and waits ask
@@ -128,10 +142,7 @@ pub(crate) fn is_on() -> bool {
 /// traced.
 pub fn start_trace() {
     let mut slot = log_slot().lock();
-    *slot = Arc::new(Mutex::new(Log {
-        origin: Instant::now(),
-        entries: Vec::new(),
-    }));
+    *slot = Arc::new(Mutex::new(Log::new()));
     instrument::set(instrument::TRACE, true);
 }
 
@@ -141,8 +152,14 @@ pub fn start_trace() {
 pub fn stop_trace() -> Trace {
     instrument::set(instrument::TRACE, false);
     let log = Arc::clone(&log_slot().lock());
-    let mut entries = std::mem::take(&mut log.lock().entries);
-    derive_starts(&mut entries);
+    let (mut entries, finish_order) = {
+        let mut guard = log.lock();
+        (
+            std::mem::take(&mut guard.entries),
+            std::mem::take(&mut guard.finish_order),
+        )
+    };
+    derive_starts(&mut entries, &finish_order);
     Trace { entries }
 }
 
@@ -150,24 +167,52 @@ pub fn stop_trace() -> Trace {
 /// the finish of the operation before it on its stream. A wait is passed
 /// when its stream got to it and the record it waits for had finished: the
 /// device holds the stream's later work until then.
-fn derive_starts(entries: &mut [TraceEntry]) {
-    let records: std::collections::HashMap<u64, Duration> = entries
+///
+/// A stream's operations are taken in the order they finished
+/// (`finish_order`, indices into `entries`), in the places its finished
+/// operations have among its entries: launches from several threads may
+/// have been appended in another order than the stream ran them. Waits,
+/// and operations that did not finish, keep their places.
+fn derive_starts(entries: &mut [TraceEntry], finish_order: &[usize]) {
+    let records: HashMap<u64, Duration> = entries
         .iter()
         .filter(|e| e.kind == OperationKind::EventRecord)
         .filter_map(|e| Some((e.link?, e.finished?)))
         .collect();
-    let mut last_finish: std::collections::HashMap<SpyreStream, Duration> =
-        std::collections::HashMap::new();
-    for entry in entries.iter_mut() {
-        let previous = last_finish.get(&entry.stream).copied().unwrap_or_default();
-        if entry.kind == OperationKind::EventWait {
-            let record = entry.link.and_then(|link| records.get(&link).copied());
-            entry.finished = Some(entry.enqueued.max(previous).max(record.unwrap_or_default()));
+    let stamped = |e: &TraceEntry| e.kind != OperationKind::EventWait && e.finished.is_some();
+    let mut places: HashMap<SpyreStream, Vec<usize>> = HashMap::new();
+    for (index, entry) in entries.iter().enumerate() {
+        places.entry(entry.stream).or_default().push(index);
+    }
+    let mut finished: HashMap<SpyreStream, Vec<usize>> = HashMap::new();
+    for &index in finish_order {
+        if let Some(entry) = entries.get(index).filter(|e| stamped(e)) {
+            finished.entry(entry.stream).or_default().push(index);
         }
-        if let Some(finished) = entry.finished {
-            let started = entry.enqueued.max(previous).min(finished);
-            entry.started = Some(started);
-            last_finish.insert(entry.stream, finished.max(previous));
+    }
+    for (stream, places) in places {
+        let mut in_finish_order = finished.remove(&stream).unwrap_or_default().into_iter();
+        let order: Vec<usize> = places
+            .into_iter()
+            .map(|place| {
+                if stamped(&entries[place]) {
+                    in_finish_order.next().unwrap_or(place)
+                } else {
+                    place
+                }
+            })
+            .collect();
+        let mut previous = Duration::ZERO;
+        for index in order {
+            let entry = &mut entries[index];
+            if entry.kind == OperationKind::EventWait {
+                let record = entry.link.and_then(|link| records.get(&link).copied());
+                entry.finished = Some(entry.enqueued.max(previous).max(record.unwrap_or_default()));
+            }
+            if let Some(finished) = entry.finished {
+                entry.started = Some(entry.enqueued.max(previous).min(finished));
+                previous = finished.max(previous);
+            }
         }
     }
 }
@@ -256,6 +301,7 @@ pub(crate) fn record(
             if let Some(entry) = guard.entries.get_mut(index) {
                 entry.finished = Some(finished);
                 entry.failed = outcome.is_err();
+                guard.finish_order.push(index);
             }
         }
         if let Some(then) = then {
@@ -314,6 +360,28 @@ mod tests {
         [record, wait]
     }
 
+    /// `derive_starts` with every stream's operations finished in the
+    /// order they were appended.
+    fn derive_in_log_order(entries: &mut [TraceEntry]) {
+        let order: Vec<usize> = (0..entries.len()).collect();
+        derive_starts(entries, &order);
+    }
+
+    #[test]
+    fn operations_appended_out_of_stream_order_take_the_order_they_finished_in() {
+        // Two threads launch on stream 1: the one enqueued at 2 was
+        // appended first, but the stream ran the one enqueued at 1 first
+        // (1..10, then 10..20). Appended order would start the second at
+        // 20, its own finish, and show it as taking no time.
+        let mut entries = vec![entry(1, 2, 20), entry(1, 1, 10), entry(2, 0, 5)];
+        derive_starts(&mut entries, &[2, 1, 0]);
+        let starts: Vec<u64> = entries
+            .iter()
+            .map(|e| e.started.unwrap().as_micros() as u64)
+            .collect();
+        assert_eq!(starts, [10, 1, 0]);
+    }
+
     #[test]
     fn an_operation_starts_when_enqueued_or_when_its_predecessor_finished() {
         // Stream 1: enqueued at 0, 1, 50; finished at 10, 20, 60. Stream 2
@@ -324,7 +392,7 @@ mod tests {
             entry(2, 2, 5),
             entry(1, 50, 60),
         ];
-        derive_starts(&mut entries);
+        derive_in_log_order(&mut entries);
         let starts: Vec<u64> = entries
             .iter()
             .map(|e| e.started.unwrap().as_micros() as u64)
@@ -338,7 +406,7 @@ mod tests {
         // then copies (enqueued at 6, finished at 40): the copy starts at 30.
         let [record, wait] = record_and_wait(7, 30, 5);
         let mut entries = vec![record, wait, entry(2, 6, 40)];
-        derive_starts(&mut entries);
+        derive_in_log_order(&mut entries);
         assert_eq!(entries[1].finished, Some(Duration::from_micros(30)));
         assert_eq!(entries[2].started, Some(Duration::from_micros(30)));
     }
@@ -349,7 +417,7 @@ mod tests {
         // finished at 30 is passed at 50, and the next copy starts then.
         let [record, wait] = record_and_wait(3, 30, 5);
         let mut entries = vec![record, entry(2, 0, 50), wait, entry(2, 6, 60)];
-        derive_starts(&mut entries);
+        derive_in_log_order(&mut entries);
         assert_eq!(entries[2].finished, Some(Duration::from_micros(50)));
         assert_eq!(entries[3].started, Some(Duration::from_micros(50)));
     }

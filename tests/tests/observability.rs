@@ -2,9 +2,13 @@
 //! (`spyre_stream::{enable_counters, counters, start_trace, stop_trace}`),
 //! on the software device, each test in a fresh process.
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
 use spyre_stream::{
-    Device, HostBuffer, LaunchOptions, OperationKind, SpyreEvent, SpyreStream, counters,
-    enable_counters, start_trace, stop_trace, stream_from_pool,
+    Device, HostBuffer, LaunchOptions, OperationKind, SpyreEvent, SpyreStream, TraceEntry,
+    counters, enable_counters, start_trace, stop_trace, stream_from_pool, synchronize_device,
 };
 use spyre_tests::conformance::Gate;
 use spyre_tests::isolated;
@@ -183,4 +187,142 @@ fn the_devices_most_in_flight_counts_every_stream_together() {
         assert_eq!((done.device.in_flight, done.device.completed), (0, 6));
         assert_eq!(done.device.max_in_flight, 6);
     });
+}
+
+/// Several threads launching on one stream: the trace shows the stream's
+/// operations one after another, each at least as long as it ran. Before
+/// the starts were derived in the order the stream finished its
+/// operations, launches appended to the trace in another order than they
+/// reached the stream showed as taking no time and overlapping (in about
+/// half the runs).
+#[test]
+fn a_stream_fed_by_several_threads_is_traced_one_operation_after_another() {
+    isolated!(&[MOCK], || {
+        let stream = pool_stream();
+        start_trace();
+        std::thread::scope(|scope| {
+            for _ in 0..8 {
+                scope.spawn(|| {
+                    for _ in 0..500 {
+                        stream
+                            .launch_host_callback(
+                                || std::thread::sleep(Duration::from_micros(20)),
+                                LaunchOptions::new(),
+                            )
+                            .unwrap();
+                    }
+                });
+            }
+        });
+        stream.synchronize().unwrap();
+        let trace = stop_trace();
+        let mut ran: Vec<(Duration, Duration)> = trace
+            .entries
+            .iter()
+            .map(|e| (e.started.unwrap(), e.finished.unwrap()))
+            .collect();
+        assert_eq!(ran.len(), 4000);
+        ran.sort();
+        let short = ran
+            .iter()
+            .filter(|(started, finished)| *finished - *started < Duration::from_micros(20))
+            .count();
+        let overlapping = ran.windows(2).filter(|p| p[1].0 < p[0].1).count();
+        assert_eq!(
+            (short, overlapping),
+            (0, 0),
+            "operations shown shorter than their 20 µs, and starting before the one before finished"
+        );
+    });
+}
+
+/// A record racing a wait on the same event: the wait's entry links the
+/// record the wait waited for. Each record follows a 50 µs operation of
+/// the recording stream, so consecutive records finish at least 50 µs
+/// apart, and the waiting stream's operation after a wait cannot finish
+/// before the record the wait is linked to. Before the link was read in
+/// step with the wait, a wait could be linked to the record after the one
+/// it waited for.
+#[test]
+fn a_wait_racing_a_record_of_its_event_links_the_record_it_waited_for() {
+    isolated!(&[MOCK], || waits_link_the_records_they_waited_for(false));
+}
+
+/// As above where a wait blocks the host: a wait during which the event
+/// was recorded again links no record (which one it waited for is not
+/// known), never a wrong one. Each record is made once the one before it
+/// completed, when the waits blocked on that one return: some waits race
+/// the next record, some do not.
+#[test]
+fn a_host_side_wait_racing_a_record_links_the_record_it_waited_for_or_none() {
+    isolated!(&[MOCK, ("SPYRE_MOCK_DEVICE_SIDE_WAIT", "0")], || {
+        waits_link_the_records_they_waited_for(true)
+    });
+}
+
+/// Records `event` 2 000 times on one stream, each after a 50 µs operation
+/// (and, `paced`, once the record before completed), while this thread
+/// waits on it from another stream and launches after each wait; then
+/// checks that no operation after a wait finished before the record the
+/// wait is linked to.
+fn waits_link_the_records_they_waited_for(paced: bool) {
+    {
+        let (recording, waiting) = (pool_stream(), pool_stream());
+        let event = SpyreEvent::new().unwrap();
+        start_trace();
+        let done = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                for _ in 0..2_000 {
+                    recording
+                        .launch_host_callback(
+                            || std::thread::sleep(Duration::from_micros(50)),
+                            LaunchOptions::new(),
+                        )
+                        .unwrap();
+                    event.record(recording).unwrap();
+                    if paced {
+                        event.synchronize().unwrap();
+                    }
+                }
+                done.store(true, Ordering::Relaxed);
+            });
+            while !done.load(Ordering::Relaxed) {
+                event.wait(waiting).unwrap();
+                waiting
+                    .launch_host_callback(|| {}, LaunchOptions::new())
+                    .unwrap();
+            }
+        });
+        synchronize_device(Device::CURRENT).unwrap();
+        let trace = stop_trace();
+        let records: HashMap<u64, Duration> = trace
+            .entries
+            .iter()
+            .filter(|e| e.kind == OperationKind::EventRecord)
+            .map(|e| (e.link.unwrap(), e.finished.unwrap()))
+            .collect();
+        let on_waiting: Vec<&TraceEntry> = trace
+            .entries
+            .iter()
+            .filter(|e| e.stream == waiting)
+            .collect();
+        let mut checked = 0;
+        let mut early = 0;
+        for pair in on_waiting.windows(2) {
+            let (wait, next) = (pair[0], pair[1]);
+            if let (OperationKind::EventWait, Some(link)) = (wait.kind, wait.link) {
+                assert_eq!(next.kind, OperationKind::HostCallback);
+                checked += 1;
+                if next.finished.unwrap() < records[&link] {
+                    early += 1;
+                }
+            }
+        }
+        assert!(checked > 0, "no wait was linked to a record");
+        assert_eq!(
+            early, 0,
+            "of {checked} operations after a linked wait, these finished before the record linked"
+        );
+    }
 }
