@@ -70,10 +70,10 @@
 //!   (`LOCAL_RANK` or its MPI and Slurm counterparts, see [`mod@env`]) read
 //!   afresh (the same
 //!   reading the start uses). Once started, [`set_device`] accepts only the
-//!   runtime's device. The one way left for a thread's device to differ is a
-//!   thread that called `set_device(d)` and then named another device in the
-//!   call that started the runtime; its calls on the current device then
-//!   fail with [`Error::OtherDevice`], naming both.
+//!   runtime's device. The one way left for a thread's device to differ is
+//!   a `set_device(d)` before the start (or racing it) while the start, by
+//!   any thread, named another device; that thread's calls on the current
+//!   device then fail with [`Error::OtherDevice`], naming both.
 //! - **Device state does not cross `fork()`.** In a child forked after the
 //!   start, every entry point of the process-wide API that returns a
 //!   `Result` returns [`Error::ForkedProcess`] (PyTorch's "cannot

@@ -244,7 +244,11 @@ pub fn current_device() -> Result<u8> {
 
 /// Makes `index` the calling thread's current device (torch-spyre's
 /// `set_device`). Once the runtime has started, only its device can be set:
-/// another would make every call on the current device fail.
+/// another would make every call on the current device fail. Before the
+/// start any visible device can be set; if the start (from any thread, or
+/// racing this call) then names another device, this thread's calls on the
+/// current device fail with [`Error::OtherDevice`] until it sets the
+/// runtime's device.
 ///
 /// # Errors
 /// [`Error::InvalidDeviceIndex`] for an index outside 0..=127;
