@@ -688,3 +688,145 @@ fn a_failed_synchronize_keeps_empty_cache_from_returning_memory_in_use() {
         spyre_stream::free(Device::CURRENT, &raw).unwrap();
     });
 }
+
+/// Fails `stream` (a host callback that panics) and waits until it has.
+fn fail(stream: SpyreStream) {
+    stream
+        .launch_host_callback(
+            || panic!("failing the stream on purpose"),
+            LaunchOptions::new(),
+        )
+        .unwrap();
+    assert!(stream.synchronize().is_err());
+}
+
+/// `empty_cache` waits for a stream whose host callback itself empties the
+/// cache, and then allocates on a full device (whose retry empties the
+/// cache too): both return. Before, the first call held the allocator's
+/// return lock while it waited for the stream, and the callback waited for
+/// that lock: a deadlock, every time.
+#[test]
+fn a_host_callback_may_empty_the_cache_and_retry_while_another_thread_empties_it() {
+    isolated!(&FOUR_MIB_DEVICE, || {
+        let stream = pool_stream();
+        drop(DeviceBuffer::<u8>::new(stream, 4096).unwrap());
+        let (sent, received) = std::sync::mpsc::channel();
+        stream
+            .launch_host_callback(
+                move || {
+                    // The other thread is waiting for this stream in
+                    // `empty_cache` by now.
+                    std::thread::sleep(std::time::Duration::from_millis(200));
+                    let emptied = empty_cache(Device::CURRENT).map_err(|e| e.to_string());
+                    // More than the device has: the retry empties the cache.
+                    let allocated = DeviceBuffer::<u8>::new(stream, 8 << 20)
+                        .map(drop)
+                        .map_err(|e| e.to_string());
+                    sent.send((emptied, allocated)).unwrap();
+                },
+                LaunchOptions::new(),
+            )
+            .unwrap();
+        let emptier = std::thread::spawn(|| empty_cache(Device::CURRENT).unwrap());
+        let (emptied, allocated) = received
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the callback's calls returned");
+        // Called from the stream's own callback, its memory stays cached.
+        assert_eq!(emptied, Ok(0));
+        assert!(
+            allocated
+                .as_ref()
+                .is_err_and(|e| e.contains("out of device memory")),
+            "{allocated:?}"
+        );
+        // The stream's one segment: 1/32 of the 4 MiB device.
+        assert_eq!(emptier.join().unwrap(), 4 * MIB / 32);
+        assert_eq!(stats().reserved_bytes, 0);
+    });
+}
+
+/// A buffer used on a stream that had already failed: the failed stream
+/// runs nothing more, so the block is cached again at once and goes back to
+/// the device with `empty_cache`. Before, its fence (the stream idle, as
+/// the record on it was refused) never passed: the memory was lost for the
+/// life of the process.
+#[test]
+fn memory_used_on_a_failed_stream_is_reused_and_returned() {
+    isolated!(&[MOCK], || {
+        let (owner, failed) = (pool_stream(), pool_stream());
+        fail(failed);
+        let buffer = DeviceBuffer::<f32>::zeros(owner, 1024).unwrap();
+        buffer.record_stream(failed).unwrap();
+        drop(buffer);
+        assert_eq!(stats().pending_frees, 0);
+        assert_eq!(empty_cache(Device::CURRENT).unwrap(), SMALL_SEGMENT);
+        assert_eq!(stats().reserved_bytes, 0);
+    });
+}
+
+/// A full device returns the cache of a failed stream before it retries, as
+/// `empty_cache` does (a failed stream runs nothing more). Before, only
+/// idle streams' cache went back, and the allocation failed with the
+/// failed stream's 3 MiB cached.
+#[test]
+fn a_full_device_returns_a_failed_streams_cache() {
+    isolated!(&FOUR_MIB_DEVICE, || {
+        let (a, failed) = (pool_stream(), pool_stream());
+        drop(DeviceBuffer::<u8>::new(failed, 3 << 20).unwrap());
+        fail(failed);
+        let on_a = DeviceBuffer::<u8>::new(a, 2 << 20)
+            .expect("the retry returns the failed stream's cache");
+        let s = stats();
+        assert_eq!(
+            (s.alloc_retries, s.device_frees, s.reserved_bytes),
+            (1, 1, 2 * MIB)
+        );
+        drop(on_a);
+    });
+}
+
+/// A small buffer is not carved across two regions of a cached segment
+/// larger than one region (a buffer of two regions got one): it lies in one
+/// chunk and is a kernel operand, from a segment of its own when no cached
+/// block holds it in one piece. Before, it straddled the regions' boundary
+/// and `operand` failed with half of the device free.
+#[test]
+fn a_small_buffer_is_never_carved_across_regions() {
+    let env = [
+        MOCK,
+        ("SPYRE_MOCK_MEMORY_BYTES", "67108864"),
+        ("SPYRE_MOCK_REGION_BYTES", "1048576"),
+    ];
+    isolated!(&env, || {
+        let stream = pool_stream();
+        // A segment of two regions, cached whole.
+        drop(DeviceBuffer::<u8>::new(stream, 2 << 20).unwrap());
+        // Its first region but 512 bytes; the rest starts 512 bytes
+        // before the boundary.
+        let front = DeviceBuffer::<u8>::new(stream, (1 << 20) - 512).unwrap();
+        assert_eq!(front.address().chunks().len(), 1);
+        let small = DeviceBuffer::<f32>::new(stream, 256).unwrap();
+        assert_eq!(small.address().chunks().len(), 1, "{small:?}");
+        small.operand().unwrap();
+    });
+}
+
+/// The out-of-memory error's largest cached block counts blocks waiting
+/// for other streams, as its cached bytes do. Before, 3 MiB were "cached"
+/// with the largest cached block 0 bytes.
+#[test]
+fn out_of_memory_names_the_largest_block_waiting_for_other_streams() {
+    isolated!(&FOUR_MIB_DEVICE, || {
+        let (a, b) = (pool_stream(), pool_stream());
+        let buffer = DeviceBuffer::<u8>::new(a, 3 << 20).unwrap();
+        let gate = hold(b);
+        buffer.record_stream(b).unwrap();
+        drop(buffer);
+        let error = DeviceBuffer::<u8>::new(a, 2 << 20).unwrap_err();
+        let Error::OutOfMemory(details) = &error else {
+            panic!("expected OutOfMemory, got {error:?}");
+        };
+        assert_eq!((details.cached, details.largest_cached), (3 * MIB, 3 * MIB));
+        gate.open();
+    });
+}

@@ -12,6 +12,10 @@
 //!   must) or than 1/[`SEGMENTS_PER_DEVICE`] of the device's memory, where
 //!   the runtime tells them, unless the request itself is. When the
 //!   device cannot give a whole segment, the request's own size is tried.
+//!   A request that fits one region is served from a cached block only
+//!   where its bytes lie in one chunk of the block's segment (a segment
+//!   larger than a region, made for a larger request, is not cut across
+//!   its regions for it).
 //! - **Per stream.** A segment, and every block in it, belongs to the stream
 //!   it was allocated for. A free block is reused only for that stream, with
 //!   no synchronization: work enqueued later on a stream runs after work
@@ -39,8 +43,13 @@
 //!   larger than the request (as a block the best fit picks may be), for
 //!   smaller ones it is the request's rounded size.
 //! - **Out of memory.** When the device is full the allocator returns the
-//!   whole free segments of idle streams to the device (waiting for no
-//!   stream) and tries once more; then it fails with [`Error::OutOfMemory`].
+//!   whole free segments of idle or failed streams to the device (waiting
+//!   for no stream) and tries once more, then takes a cached block in
+//!   several chunks if one fits (it serves copies and fills, not kernel
+//!   operands); then it fails with [`Error::OutOfMemory`].
+//! - **Failed streams.** A stream that has failed runs nothing more: its
+//!   segments go back to the device like an idle stream's, and a block
+//!   used on it is cached again at once.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -142,16 +151,17 @@ impl Fence {
     /// it, after everything enqueued before it, and the stream's later work
     /// never runs. A query that itself failed (an invalid handle, a status
     /// flex.h does not define) says nothing of where the stream is, so the
-    /// block waits. A stream without an event must be idle; one that has
-    /// failed never passes (its error does not say that nothing runs any
-    /// more), so its block is not reused.
+    /// block waits. A stream without an event (no marker event, or the
+    /// record was refused because the stream had already failed) must have
+    /// finished its work ([`has_finished_now`]): be idle, or have failed,
+    /// after which nothing of it runs.
     fn passed(&self) -> bool {
         match self {
             Fence::Event(event) => match event.query() {
                 Ok(complete) => complete,
                 Err(error) => is_stream_failure(&error),
             },
-            Fence::Idle(stream) => matches!(stream.query(), Ok(true)),
+            Fence::Idle(stream) => has_finished_now(*stream),
         }
     }
 }
@@ -172,6 +182,14 @@ struct Segment {
     blocks: BTreeMap<u64, Span>,
 }
 
+impl Segment {
+    /// Whether the segment is one free block (it can go back to the
+    /// device).
+    fn is_wholly_free(&self) -> bool {
+        self.blocks.len() == 1 && self.blocks.values().all(|span| span.free)
+    }
+}
+
 #[derive(Clone, Copy)]
 struct Span {
     size: u64,
@@ -187,38 +205,50 @@ struct FreeKey {
     offset: u64,
 }
 
-/// The segments by id; an id is the segment's index and is never reused
-/// (a segment returned to the device leaves `None`).
+/// The segments the allocator holds, by id. Ids are never reused (a
+/// deferred block names its segment by id); a segment returned to the
+/// device leaves the map, so the map, and every look over it, is as large
+/// as the memory held, however many segments came and went before.
 #[derive(Default)]
-struct Segments(Vec<Option<Segment>>);
+struct Segments {
+    by_id: BTreeMap<u64, Segment>,
+    next_id: u64,
+}
 
 impl Segments {
+    fn get(&self, id: u64) -> Option<&Segment> {
+        self.by_id.get(&id)
+    }
+
     fn get_mut(&mut self, id: u64) -> Option<&mut Segment> {
-        self.0.get_mut(usize::try_from(id).ok()?)?.as_mut()
+        self.by_id.get_mut(&id)
     }
 
     /// Adds `segment` under a fresh id.
     fn push(&mut self, segment: Segment) -> u64 {
-        self.0.push(Some(segment));
-        (self.0.len() - 1) as u64
+        let id = self.next_id;
+        self.next_id += 1;
+        self.by_id.insert(id, segment);
+        id
     }
 
     fn remove(&mut self, id: u64) -> Option<Segment> {
-        self.0.get_mut(usize::try_from(id).ok()?)?.take()
+        self.by_id.remove(&id)
     }
 
     /// Puts back a segment [`Segments::remove`] took.
     fn restore(&mut self, id: u64, segment: Segment) {
-        if let Some(slot) = usize::try_from(id).ok().and_then(|i| self.0.get_mut(i)) {
-            *slot = Some(segment);
-        }
+        self.by_id.insert(id, segment);
     }
 
     fn iter(&self) -> impl Iterator<Item = (u64, &Segment)> {
-        self.0
-            .iter()
-            .enumerate()
-            .filter_map(|(id, segment)| Some((id as u64, segment.as_ref()?)))
+        self.by_id.iter().map(|(&id, segment)| (id, segment))
+    }
+
+    /// How many segments are held.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.by_id.len()
     }
 }
 
@@ -254,7 +284,9 @@ pub(crate) struct CachingAllocator {
     state: Mutex<State>,
     /// Held while segments are returned to the device, so that an
     /// allocation retrying after a full device waits for a return already
-    /// under way instead of failing beside it.
+    /// under way instead of failing beside it. Never held across a wait for
+    /// a stream: a host callback of that stream may itself empty the cache
+    /// or allocate on a full device.
     emptying: Mutex<()>,
     /// Held across every device call that moves a segment between the
     /// device and the allocator (an allocation and its entry in
@@ -279,7 +311,7 @@ enum Pieces {
 /// work left.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Waiting {
-    /// Waits for the stream (`torch.cuda.empty_cache`).
+    /// Waits for the streams first (`torch.cuda.empty_cache`).
     Wait,
     /// Keeps them cached: the retry of a full device does not wait for
     /// streams the caller did not name.
@@ -394,14 +426,21 @@ impl CachingAllocator {
     fn take_block(&self, stream: SpyreStream, bytes: u64) -> Result<Block> {
         let rounded = round_request(bytes)?;
         let key = stream.id().get();
+        // A request that fits one region gets a block in one chunk (a
+        // kernel operand must be) while the device can give one.
+        let pieces = if self.region.is_some_and(|region| rounded <= region) {
+            Pieces::Refuse
+        } else {
+            Pieces::Accept
+        };
         {
             let mut state = self.state.lock();
             state.collect_deferred();
-            if let Some(block) = state.take_recent(key, rounded, bytes)? {
+            if let Some(block) = state.take_recent(key, rounded, bytes, pieces)? {
                 return Ok(block);
             }
             state.merge_recent(Some(key));
-            if let Some(block) = state.take_cached(key, rounded, bytes)? {
+            if let Some(block) = state.take_cached(key, rounded, bytes, pieces)? {
                 return Ok(block);
             }
         }
@@ -413,6 +452,16 @@ impl CachingAllocator {
                 match self.allocate_segment(rounded, Pieces::Accept) {
                     Ok(segment) => segment,
                     Err(error) if error.status() == Status::OUT_OF_MEMORY => {
+                        // Last, a cached block in several chunks: it still
+                        // serves copies and fills.
+                        let mut state = self.state.lock();
+                        state.merge_recent(Some(key));
+                        if let Some(block) =
+                            state.take_cached(key, rounded, bytes, Pieces::Accept)?
+                        {
+                            return Ok(block);
+                        }
+                        drop(state);
                         return Err(self.out_of_memory(bytes, error));
                     }
                     Err(error) => return Err(error.into()),
@@ -482,7 +531,7 @@ impl CachingAllocator {
         state.merge_recent(None);
         state.stats.out_of_memory += 1;
         let cached = state.stats.reserved_bytes - state.stats.allocated_bytes;
-        let largest_cached = state.free.iter().map(|k| k.size).max().unwrap_or(0);
+        let largest_cached = state.largest_cached();
         Error::OutOfMemory(Box::new(OutOfMemory {
             requested,
             device_free,
@@ -532,16 +581,30 @@ impl CachingAllocator {
     /// (`torch.cuda.empty_cache`). Blocks until the streams that own them
     /// have finished their work (a segment's blocks may be in use by work
     /// still enqueued on its stream); a segment whose stream cannot be waited
-    /// for from here (from a host callback of that stream) stays cached.
+    /// for from here (from a host callback of that stream), or has work
+    /// enqueued again by the time its segments go back, stays cached.
     /// Returns the bytes returned to the device.
     pub(crate) fn empty_cache(&self) -> u64 {
         self.release_cached(Waiting::Wait)
     }
 
     /// Returns the wholly free segments to the device: those of streams
-    /// that have finished their work (waiting for them, or not, as
-    /// `waiting` says). One return at a time.
+    /// that have finished their work ([`has_finished_now`]), after waiting
+    /// for them, holding no lock, when `waiting` says so. One return at a
+    /// time.
     fn release_cached(&self, waiting: Waiting) -> u64 {
+        if waiting == Waiting::Wait {
+            let owners = {
+                let mut state = self.state.lock();
+                state.collect_deferred();
+                state.free_segment_owners()
+            };
+            for stream in owners {
+                // Refused from a host callback of the stream: its
+                // segments then stay cached (below).
+                let _ = self.stream(stream).synchronize();
+            }
+        }
         let _one_at_a_time = self.emptying.lock();
         let released = {
             let mut state = self.state.lock();
@@ -557,15 +620,7 @@ impl CachingAllocator {
         }
         let mut returned = 0;
         for (stream_id, segments) in by_stream {
-            let stream = SpyreStream::from_parts(
-                self.runtime.logical_device() as u8,
-                crate::StreamId(stream_id),
-            );
-            let finished = match waiting {
-                Waiting::Wait => stream_has_finished(stream),
-                Waiting::IdleOnly => matches!(stream.query(), Ok(true)),
-            };
-            if !finished {
+            if !has_finished_now(self.stream(stream_id)) {
                 let mut state = self.state.lock();
                 for (id, segment) in segments {
                     state.restore_segment(id, segment);
@@ -633,6 +688,11 @@ impl CachingAllocator {
         state.stats
     }
 
+    /// The stream of this device with runtime id `id`.
+    fn stream(&self, id: i64) -> SpyreStream {
+        SpyreStream::from_parts(self.runtime.logical_device() as u8, crate::StreamId(id))
+    }
+
     /// Starts the peaks again from the current values.
     pub(crate) fn reset_peaks(&self) {
         let mut state = self.state.lock();
@@ -641,17 +701,31 @@ impl CachingAllocator {
     }
 }
 
-/// Whether `stream` has no work left that could touch its memory, waiting
-/// for it: `synchronize` returns once everything enqueued has completed,
-/// with the stream's error if it failed. `false` when the wait was refused
-/// (from a host callback of the same runtime, `UNSUPPORTED`), failed as a
-/// call (see [`is_stream_failure`]), or the stream cannot be reached.
-fn stream_has_finished(stream: SpyreStream) -> bool {
-    match stream.synchronize() {
-        Ok(()) => true,
+/// Whether `stream` has no work left that could touch its memory, now:
+/// it is idle, or it has failed (its later work never runs, and what came
+/// before the failure has run: a stream runs one operation at a time, in
+/// order). `false` while it has work, when the query failed as a call (see
+/// [`is_stream_failure`]), or when the stream cannot be reached.
+fn has_finished_now(stream: SpyreStream) -> bool {
+    match stream.query() {
+        Ok(idle) => idle,
         Err(Error::Flex(error)) => is_stream_failure(&error),
         Err(_) => false,
     }
+}
+
+/// Whether `len` bytes from `offset` of `address` lie in one of its
+/// chunks.
+fn lies_in_one_chunk(address: &CompositeAddress, offset: u64, len: u64) -> bool {
+    let mut start = 0;
+    for chunk in address.chunks() {
+        let end = start + chunk.size;
+        if offset < end {
+            return offset + len <= end;
+        }
+        start = end;
+    }
+    false
 }
 
 /// Whether `error`, from a query or synchronize of a stream (or of an
@@ -696,11 +770,20 @@ impl State {
 
     /// The newest recent block of `stream` that serves `rounded` bytes
     /// without a split (the block [`State::take`] would hand out whole).
-    fn take_recent(&mut self, stream: i64, rounded: u64, requested: u64) -> Result<Option<Block>> {
+    /// With [`Pieces::Refuse`], only a block whose front `rounded` bytes
+    /// lie in one chunk.
+    fn take_recent(
+        &mut self,
+        stream: i64,
+        rounded: u64,
+        requested: u64,
+        pieces: Pieces,
+    ) -> Result<Option<Block>> {
         let Some(index) = self.recent.iter().rposition(|block| {
             block.stream == stream
                 && block.size >= rounded
                 && !should_split(rounded, block.size - rounded)
+                && (pieces == Pieces::Accept || block.address.chunks().len() == 1)
         }) else {
             return Ok(None);
         };
@@ -755,20 +838,56 @@ impl State {
         self.stats.allocations += 1;
     }
 
-    /// The best-fitting cached block of `stream` for `rounded` bytes.
-    fn take_cached(&mut self, stream: i64, rounded: u64, requested: u64) -> Result<Option<Block>> {
+    /// The best-fitting cached block of `stream` for `rounded` bytes; with
+    /// [`Pieces::Refuse`], the best fitting whose front `rounded` bytes lie
+    /// in one chunk of its segment.
+    fn take_cached(
+        &mut self,
+        stream: i64,
+        rounded: u64,
+        requested: u64,
+        pieces: Pieces,
+    ) -> Result<Option<Block>> {
         let probe = FreeKey {
             stream,
             size: rounded,
             segment: 0,
             offset: 0,
         };
-        match self.free.range(probe..).next() {
-            Some(&found) if found.stream == stream => {
-                self.take(found, rounded, requested).map(Some)
-            }
-            _ => Ok(None),
-        }
+        let found = self
+            .free
+            .range(probe..)
+            .take_while(|key| key.stream == stream)
+            .find(|key| {
+                pieces == Pieces::Accept
+                    || self.segments.get(key.segment).is_some_and(|segment| {
+                        lies_in_one_chunk(&segment.address, key.offset, rounded)
+                    })
+            })
+            .copied();
+        found
+            .map(|found| self.take(found, rounded, requested))
+            .transpose()
+    }
+
+    /// The largest cached block: free, or waiting for other streams.
+    fn largest_cached(&self) -> u64 {
+        let free = self.free.iter().map(|key| key.size);
+        let deferred = self.deferred.iter().filter_map(|entry| {
+            let segment = self.segments.get(entry.segment)?;
+            Some(segment.blocks.get(&entry.offset)?.size)
+        });
+        free.chain(deferred).max().unwrap_or(0)
+    }
+
+    /// The streams owning a segment that is one free block.
+    fn free_segment_owners(&mut self) -> BTreeSet<i64> {
+        self.merge_recent(None);
+        self.segments
+            .iter()
+            .filter(|(_, segment)| segment.is_wholly_free())
+            .map(|(_, segment)| segment.stream)
+            .collect()
     }
 
     /// Hands out the cached block `found` for `rounded` bytes, split if
@@ -893,7 +1012,7 @@ impl State {
         let whole: Vec<u64> = self
             .segments
             .iter()
-            .filter(|(_, s)| s.blocks.len() == 1 && s.blocks.values().all(|span| span.free))
+            .filter(|(_, segment)| segment.is_wholly_free())
             .map(|(id, _)| id)
             .collect();
         whole
@@ -922,5 +1041,56 @@ impl State {
             offset: 0,
         });
         self.segments.restore(id, segment);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn segment() -> Segment {
+        Segment {
+            address: CompositeAddress::new(vec![flex_rt::AddressChunk {
+                address: flex_rt::LogicalAddress {
+                    region_id: 0,
+                    offset: 0,
+                },
+                size: MIN_BLOCK,
+            }])
+            .expect("one aligned chunk"),
+            stream: 1,
+            blocks: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn a_range_lies_in_one_chunk_only_if_no_boundary_cuts_it() {
+        let chunk = |region_id, size| flex_rt::AddressChunk {
+            address: flex_rt::LogicalAddress {
+                region_id,
+                offset: 0,
+            },
+            size,
+        };
+        let two = CompositeAddress::new(vec![chunk(0, 1024), chunk(1, 1024)]).unwrap();
+        assert!(lies_in_one_chunk(&two, 0, 1024));
+        assert!(lies_in_one_chunk(&two, 1024, 1024));
+        assert!(!lies_in_one_chunk(&two, 512, 1024), "cut at 1024");
+        assert!(!lies_in_one_chunk(&two, 1024, 1536), "past the end");
+        assert!(!lies_in_one_chunk(&two, 2048, 512), "outside");
+    }
+
+    #[test]
+    fn segments_returned_to_the_device_leave_the_table() {
+        let mut segments = Segments::default();
+        let kept = segments.push(segment());
+        for _ in 0..1_000 {
+            let id = segments.push(segment());
+            assert!(segments.remove(id).is_some());
+        }
+        // Ids are never reused; the table holds what is held.
+        assert_eq!(segments.push(segment()), 1_001);
+        assert_eq!(segments.len(), 2);
+        assert!(segments.get(kept).is_some());
     }
 }
