@@ -830,3 +830,29 @@ fn out_of_memory_names_the_largest_block_waiting_for_other_streams() {
         gate.open();
     });
 }
+
+/// On a fragmented device (1 MiB holes), a buffer that fits a hole gets a
+/// segment of its own size in one piece rather than a standard segment in
+/// pieces: each lies in one chunk and is an operand, and the allocator
+/// holds only what they need. Before, the first took a 2 MiB segment in two
+/// pieces and the second straddled them.
+#[test]
+fn a_fragmented_device_gives_buffers_one_piece_each() {
+    isolated!(&[MOCK, ("SPYRE_MOCK_MEMORY_BYTES", "67108864")], || {
+        let stream = pool_stream();
+        let raw: Vec<_> = (0..64)
+            .map(|_| spyre_stream::allocate(Device::CURRENT, MIB).unwrap())
+            .collect();
+        for hole in raw.iter().skip(1).step_by(2) {
+            spyre_stream::free(Device::CURRENT, hole).unwrap();
+        }
+        let first = DeviceBuffer::<u8>::new(stream, 768 << 10).unwrap();
+        let second = DeviceBuffer::<u8>::new(stream, 512 << 10).unwrap();
+        for buffer in [&first, &second] {
+            assert_eq!(buffer.address().chunks().len(), 1, "{buffer:?}");
+            buffer.operand().unwrap();
+        }
+        let s = stats();
+        assert_eq!((s.reserved_bytes, s.alloc_retries), ((768 + 512) << 10, 0));
+    });
+}

@@ -11,7 +11,8 @@
 //!   region (so that every block lies in one chunk, as a kernel operand
 //!   must) or than 1/[`SEGMENTS_PER_DEVICE`] of the device's memory, where
 //!   the runtime tells them, unless the request itself is. When the
-//!   device cannot give a whole segment, the request's own size is tried.
+//!   device cannot give a whole segment, or only in several chunks where
+//!   it would fit a region, the request's own size is tried.
 //!   A request that fits one region is served from a cached block only
 //!   where its bytes lie in one chunk of the block's segment (a segment
 //!   larger than a region, made for a larger request, is not cut across
@@ -478,50 +479,59 @@ impl CachingAllocator {
     /// A segment for `rounded` bytes from the device: the standard segment
     /// size, or the request's own if the device cannot give that much.
     /// With [`Pieces::Refuse`], a segment that fits one region but came back
-    /// in several chunks (the memory is fragmented) goes back to the device
-    /// and the call fails with `OUT_OF_MEMORY`, so that the caller can
-    /// return its cache and try again.
+    /// in several chunks (the memory is fragmented) goes back to the device,
+    /// the request's own size is tried in one piece, and failing that the
+    /// call fails with `OUT_OF_MEMORY`, so that the caller can return its
+    /// cache and try again.
     fn allocate_segment(
         &self,
         rounded: u64,
         pieces: Pieces,
     ) -> std::result::Result<CompositeAddress, FlexError> {
-        let size = segment_size(rounded, self.segment_cap);
+        let standard = segment_size(rounded, self.segment_cap);
         let _transit = self.transit.lock();
-        let segment = match self.runtime.allocate(size) {
-            Err(error) if error.status() == Status::OUT_OF_MEMORY && size > rounded => {
-                self.runtime.allocate(rounded)
-            }
-            other => other,
-        }?;
-        let mut state = self.state.lock();
-        state.stats.device_allocations += 1;
-        state.in_transit.push(segment.clone());
-        let fits_a_region = self
-            .region
-            .is_some_and(|region| segment.total_size() <= region);
-        if pieces == Pieces::Refuse && fits_a_region && segment.chunks().len() > 1 {
-            drop(state);
-            let chunks = segment.chunks().len();
-            let freed = self.runtime.free(&segment);
+        let mut size = standard;
+        loop {
+            let segment = match self.runtime.allocate(size) {
+                Err(error) if error.status() == Status::OUT_OF_MEMORY && size > rounded => {
+                    size = rounded;
+                    continue;
+                }
+                other => other,
+            }?;
             let mut state = self.state.lock();
-            state.stats.device_frees += u64::from(freed.is_ok());
-            state.arrived(&segment);
-            return Err(FlexError::new(
-                Status::OUT_OF_MEMORY,
-                "allocate",
-                format!(
-                    "no free range holds {} bytes in one piece (the device offered {chunks} chunks)",
-                    segment.total_size()
-                ),
-            ));
+            state.stats.device_allocations += 1;
+            state.in_transit.push(segment.clone());
+            let fits_a_region = self
+                .region
+                .is_some_and(|region| segment.total_size() <= region);
+            if pieces == Pieces::Refuse && fits_a_region && segment.chunks().len() > 1 {
+                drop(state);
+                let chunks = segment.chunks().len();
+                let freed = self.runtime.free(&segment);
+                let mut state = self.state.lock();
+                state.stats.device_frees += u64::from(freed.is_ok());
+                state.arrived(&segment);
+                if size > rounded {
+                    size = rounded;
+                    continue;
+                }
+                return Err(FlexError::new(
+                    Status::OUT_OF_MEMORY,
+                    "allocate",
+                    format!(
+                        "no free range holds {} bytes in one piece (the device offered {chunks} chunks)",
+                        segment.total_size()
+                    ),
+                ));
+            }
+            state.stats.reserved_bytes += segment.total_size();
+            state.stats.peak_reserved_bytes = state
+                .stats
+                .peak_reserved_bytes
+                .max(state.stats.reserved_bytes);
+            return Ok(segment);
         }
-        state.stats.reserved_bytes += segment.total_size();
-        state.stats.peak_reserved_bytes = state
-            .stats
-            .peak_reserved_bytes
-            .max(state.stats.reserved_bytes);
-        Ok(segment)
     }
 
     /// The error of an allocation the device could not serve.
