@@ -856,3 +856,127 @@ fn a_fragmented_device_gives_buffers_one_piece_each() {
         assert_eq!((s.reserved_bytes, s.alloc_retries), ((768 + 512) << 10, 0));
     });
 }
+
+/// A recent block taken back for a larger request than its last one lies
+/// in one chunk for the new request's bytes too: on a device of 4 MiB
+/// regions, a 2 MiB block of a cached two-region segment, last handed out
+/// for 1.5 MiB, crosses the regions' boundary and is not taken for 2 MiB.
+/// Before, only the last request's bytes were looked at, and the 2 MiB
+/// buffer came in two chunks.
+#[test]
+fn a_recent_block_serves_a_larger_request_only_in_one_chunk() {
+    let env = [
+        MOCK,
+        ("SPYRE_MOCK_MEMORY_BYTES", "67108864"),
+        ("SPYRE_MOCK_REGION_BYTES", "4194304"),
+    ];
+    isolated!(&env, || {
+        let stream = pool_stream();
+        const KIB: usize = 1 << 10;
+        // A segment of two regions, cached whole, then cut into
+        // [0, 2.5), [2.5, 4), [4, 4.5) and [4.5, 8) MiB.
+        drop(DeviceBuffer::<u8>::new(stream, 8 << 20).unwrap());
+        let kept =
+            [2560, 1536, 512, 3584].map(|k| DeviceBuffer::<u8>::new(stream, k * KIB).unwrap());
+        let [first, second, third, fourth] = kept;
+        drop((second, third));
+        // Merged into one free block [2.5, 4.5) MiB.
+        empty_cache(Device::CURRENT).unwrap();
+        // 1.5 MiB takes the whole 2 MiB block (the rest is not worth a
+        // split) and, dropped, leaves it a recent block.
+        drop(DeviceBuffer::<u8>::new(stream, 1536 * KIB).unwrap());
+        let larger = DeviceBuffer::<u8>::new(stream, 2048 * KIB).unwrap();
+        assert_eq!(larger.address().chunks().len(), 1, "{larger:?}");
+        larger.operand().unwrap();
+        drop((first, fourth));
+    });
+}
+
+/// Holds `stream` in a host callback until the returned sender is used or
+/// dropped; the flag says whether the callback still runs.
+fn hold_running(
+    stream: SpyreStream,
+) -> (
+    std::sync::mpsc::Sender<()>,
+    Arc<std::sync::atomic::AtomicBool>,
+) {
+    let (entered_tx, entered) = std::sync::mpsc::channel();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let running = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let flag = Arc::clone(&running);
+    stream
+        .launch_host_callback(
+            move || {
+                entered_tx.send(()).unwrap();
+                let _ = released.recv();
+                flag.store(false, std::sync::atomic::Ordering::SeqCst);
+            },
+            LaunchOptions::new(),
+        )
+        .unwrap();
+    entered.recv().unwrap();
+    (release, running)
+}
+
+/// A stream that needs shutdown reports it at once while its running
+/// operation goes on (the device's rule): a full device's retry does not
+/// return its cached segment, and a block used on it is not cached again,
+/// until that operation has ended. Before the fix (found by review) both
+/// went to another owner while the operation still ran.
+#[test]
+fn a_stream_that_needs_shutdown_keeps_its_memory_until_its_operation_ends() {
+    isolated!(&[], || {
+        let system = MockSystem::builder()
+            .memory_bytes(4 << 20)
+            .region_bytes(4 << 20)
+            .build()
+            .unwrap();
+        let backend = SpyBackend::new(system);
+        spyre_stream::set_backend(Box::new(backend.clone())).unwrap();
+        let (a, b, c) = (pool_stream(), pool_stream(), pool_stream());
+        let pool = spyre_stream::global_pool().unwrap();
+        let needs_shutdown = |stream: SpyreStream| {
+            backend
+                .runtime()
+                .unwrap()
+                .mock_stream(pool.resolve(stream).unwrap().id())
+                .unwrap()
+                .set_needs_shutdown();
+        };
+
+        // `c`'s 4 KiB block, used on `b`, dropped while `b` runs and needs
+        // shutdown: not handed out again on `c`.
+        let used = DeviceBuffer::<u8>::new(c, 4096).unwrap();
+        let used_at = used.address().clone();
+        used.record_stream(b).unwrap();
+        let (release_b, b_running) = hold_running(b);
+        needs_shutdown(b);
+        drop(used);
+        assert_eq!(stats().pending_frees, 1);
+        let next = DeviceBuffer::<u8>::new(c, 4096).unwrap();
+        assert!(b_running.load(std::sync::atomic::Ordering::SeqCst));
+        assert_ne!(
+            *next.address(),
+            used_at,
+            "handed out while `b`'s operation ran"
+        );
+        drop(release_b);
+
+        // `a`'s 3 MiB segment, cached while `a` runs and needs shutdown:
+        // the full device's retry leaves it, and the allocation fails.
+        drop(DeviceBuffer::<u8>::new(a, 3 << 20).unwrap());
+        let (release_a, a_running) = hold_running(a);
+        needs_shutdown(a);
+        let on_a_segment = DeviceBuffer::<u8>::new(c, 2 << 20);
+        assert!(a_running.load(std::sync::atomic::Ordering::SeqCst));
+        assert!(
+            matches!(on_a_segment, Err(Error::OutOfMemory(_))),
+            "given `a`'s segment while its operation ran: {on_a_segment:?}"
+        );
+        drop(release_a);
+        // Once it ended, `empty_cache` returns the segment.
+        b.synchronize().unwrap_err();
+        a.synchronize().unwrap_err();
+        assert!(empty_cache(Device::CURRENT).unwrap() >= 3 * MIB);
+    });
+}

@@ -553,6 +553,13 @@ impl Drop for HardwareRuntime {
     /// already did; logs each failure with `tracing::warn!`. Never panics.
     fn drop(&mut self) {
         let logical_device = self.logical_device;
+        if !self.handle.in_creating_process() {
+            // A forked child: the teardown leaves everything to the parent,
+            // and nothing is logged (the log's locks may have been held by
+            // a parent thread at the fork).
+            let _left_to_the_parent = self.teardown();
+            return;
+        }
         for failure in self.teardown() {
             tracing::warn!(logical_device, "dropping a flex runtime: {failure}");
         }

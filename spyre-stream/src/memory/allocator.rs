@@ -48,9 +48,11 @@
 //!   for no stream) and tries once more, then takes a cached block in
 //!   several chunks if one fits (it serves copies and fills, not kernel
 //!   operands); then it fails with [`Error::OutOfMemory`].
-//! - **Failed streams.** A stream that has failed runs nothing more: its
-//!   segments go back to the device like an idle stream's, and a block
-//!   used on it is cached again at once.
+//! - **Failed streams.** A stream whose operation failed runs nothing
+//!   more: its segments go back to the device like an idle stream's, and a
+//!   block used on it is cached again at once. A stream that needs shutdown
+//!   may still be running the operation it was in: its memory waits until
+//!   a synchronize (`empty_cache`) has seen it end.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -154,8 +156,9 @@ impl Fence {
     /// flex.h does not define) says nothing of where the stream is, so the
     /// block waits. A stream without an event (no marker event, or the
     /// record was refused because the stream had already failed) must have
-    /// finished its work ([`has_finished_now`]): be idle, or have failed,
-    /// after which nothing of it runs.
+    /// finished its work ([`has_finished_now`]): be idle, or have had an
+    /// operation fail, after which nothing of it runs. (A stream that needs
+    /// shutdown is neither, for good: a block used on it stays pending.)
     fn passed(&self) -> bool {
         match self {
             Fence::Event(event) => match event.query() {
@@ -603,16 +606,23 @@ impl CachingAllocator {
     /// for them, holding no lock, when `waiting` says so. One return at a
     /// time.
     fn release_cached(&self, waiting: Waiting) -> u64 {
+        // Streams a synchronize found failed: everything they ran has
+        // ended, and they take no more work.
+        let mut failed_and_done = BTreeSet::new();
         if waiting == Waiting::Wait {
             let owners = {
                 let mut state = self.state.lock();
                 state.collect_deferred();
                 state.free_segment_owners()
             };
-            for stream in owners {
+            for id in owners {
                 // Refused from a host callback of the stream: its
                 // segments then stay cached (below).
-                let _ = self.stream(stream).synchronize();
+                if let Err(Error::Flex(error)) = self.stream(id).synchronize()
+                    && is_stream_failure(&error)
+                {
+                    failed_and_done.insert(id);
+                }
             }
         }
         let _one_at_a_time = self.emptying.lock();
@@ -630,7 +640,7 @@ impl CachingAllocator {
         }
         let mut returned = 0;
         for (stream_id, segments) in by_stream {
-            if !has_finished_now(self.stream(stream_id)) {
+            if !failed_and_done.contains(&stream_id) && !has_finished_now(self.stream(stream_id)) {
                 let mut state = self.state.lock();
                 for (id, segment) in segments {
                     state.restore_segment(id, segment);
@@ -711,15 +721,18 @@ impl CachingAllocator {
     }
 }
 
-/// Whether `stream` has no work left that could touch its memory, now:
-/// it is idle, or it has failed (its later work never runs, and what came
-/// before the failure has run: a stream runs one operation at a time, in
-/// order). `false` while it has work, when the query failed as a call (see
-/// [`is_stream_failure`]), or when the stream cannot be reached.
+/// Whether `stream` has no work left that could touch its memory, now,
+/// without waiting: it is idle, or one of its operations failed (a stream
+/// runs one operation at a time, in order: what came before the failed one
+/// has ended, and nothing after it runs). `false` while it has work, when
+/// it needs shutdown (`SHUTDOWN` is reported at once, while the operation
+/// it was running goes on: only a synchronize tells that it ended), when
+/// the query failed as a call (see [`is_stream_failure`]), or when the
+/// stream cannot be reached.
 fn has_finished_now(stream: SpyreStream) -> bool {
     match stream.query() {
         Ok(idle) => idle,
-        Err(Error::Flex(error)) => is_stream_failure(&error),
+        Err(Error::Flex(error)) => is_stream_failure(&error) && error.status() != Status::SHUTDOWN,
         Err(_) => false,
     }
 }
@@ -789,11 +802,15 @@ impl State {
         requested: u64,
         pieces: Pieces,
     ) -> Result<Option<Block>> {
+        let segments = &self.segments;
         let Some(index) = self.recent.iter().rposition(|block| {
             block.stream == stream
                 && block.size >= rounded
                 && !should_split(rounded, block.size - rounded)
-                && (pieces == Pieces::Accept || block.address.chunks().len() == 1)
+                && (pieces == Pieces::Accept
+                    || segments.get(block.segment).is_some_and(|segment| {
+                        lies_in_one_chunk(&segment.address, block.offset, rounded)
+                    }))
         }) else {
             return Ok(None);
         };
