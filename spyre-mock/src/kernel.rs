@@ -7,7 +7,9 @@
 //! computes with the functions of [`crate::reference`] and writes the
 //! output. Any problem fails the operation with
 //! [`flex_rt::Status::EXECUTION_FAILED`] and a message that names it;
-//! nothing is written then.
+//! nothing is written then. An output in a region that cannot be backed
+//! with host memory when first written fails it with
+//! [`flex_rt::Status::OUT_OF_MEMORY`], as a copy or fill there does.
 
 use flex_rt::program::{DESCRIPTOR_SIZE, Kernel, KernelDescriptor};
 use flex_rt::{CompositeAddress, LogicalAddress};
@@ -55,8 +57,26 @@ pub(crate) fn operands(
     Ok(operands.iter().map(|o| (o.at, o.bytes)).collect())
 }
 
+/// Why a program failed ([`execute`]).
+#[derive(Debug)]
+pub(crate) enum KernelFailure {
+    /// A bad program or operand (`EXECUTION_FAILED`).
+    Invalid(String),
+    /// The output's memory could not be backed (`OUT_OF_MEMORY`).
+    Backing(String),
+}
+
+impl From<String> for KernelFailure {
+    fn from(message: String) -> Self {
+        Self::Invalid(message)
+    }
+}
+
 /// Runs the program at `program`; see the [module docs](self).
-pub(crate) fn execute(view: &MemoryView<'_>, program: &CompositeAddress) -> Result<(), String> {
+pub(crate) fn execute(
+    view: &MemoryView<'_>,
+    program: &CompositeAddress,
+) -> Result<(), KernelFailure> {
     let descriptor = descriptor(view, program)?;
     let kernel = descriptor.kernel;
     let operands = descriptor
@@ -78,7 +98,7 @@ pub(crate) fn execute(view: &MemoryView<'_>, program: &CompositeAddress) -> Resu
         })
         .collect::<Result<Vec<_>, String>>()?;
     let Some((output, inputs)) = spans.split_last() else {
-        return Err(format!("kernel {} has no output argument", kernel.name()));
+        return Err(format!("kernel {} has no output argument", kernel.name()).into());
     };
     let inputs: Vec<Vec<f32>> = inputs
         .iter()
@@ -102,7 +122,8 @@ pub(crate) fn execute(view: &MemoryView<'_>, program: &CompositeAddress) -> Resu
             reference::matmul(m, k, n, a, b)
                 .ok_or_else(|| format!("matmul operands do not match dims {:?}", descriptor.dims))?
         }
-        _ => return Err(format!("kernel {} got the wrong operands", kernel.name())),
+        _ => return Err(format!("kernel {} got the wrong operands", kernel.name()).into()),
     };
     view.write(std::slice::from_ref(output), &to_bytes(&result))
+        .map_err(KernelFailure::Backing)
 }

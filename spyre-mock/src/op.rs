@@ -18,7 +18,7 @@ use flex_rt::{
     check_copy_size, check_fill_size,
 };
 
-use crate::kernel;
+use crate::kernel::{self, KernelFailure};
 use crate::memory::DeviceMemory;
 use crate::raw_call::{OpCompletion, RawHostFn};
 use crate::record::EventRecord;
@@ -244,9 +244,14 @@ impl Op {
                 view.fill(&spans, &encode_fill_value(value, format))
                     .map_err(out_of_memory)
             }
-            Self::Compute { program } => kernel::execute(&memory.view(), &program).map_err(failed),
+            Self::Compute { program } => {
+                kernel::execute(&memory.view(), &program).map_err(|failure| match failure {
+                    KernelFailure::Invalid(message) => failed(message),
+                    KernelFailure::Backing(message) => out_of_memory(message),
+                })
+            }
             Self::Record(EventRecord(record)) => {
-                record.settle(Ok(std::time::Instant::now()));
+                record.settle(Ok(record.time_reached()));
                 Ok(())
             }
             Self::HostFn(f) => host_fn_result(call, catch_unwind(AssertUnwindSafe(f))),

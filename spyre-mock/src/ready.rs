@@ -2,10 +2,14 @@
 //!
 //! Engines take the ready stream with the highest priority, and among
 //! those the one whose front operation was enqueued first
-//! ([`crate::scheduler`]). Both go into one `u64` key, so that ordering two
-//! streams is one comparison: the top bit is the priority, the rest the
-//! complement of the front operation's place in the runtime-wide enqueue
-//! order, so the greatest key is taken first.
+//! ([`crate::scheduler`]); a stream whose front operation is a marker (an
+//! event record's completion, or a wait's marker: no device work, no time)
+//! goes before every other, whatever its priority, so that work launched
+//! later does not delay a record. The rank and the order go into one `u64`
+//! key, so that ordering two streams is one comparison: the top two bits
+//! are the rank (marker, high, normal), the rest the complement of the
+//! front operation's place in the runtime-wide enqueue order, so the
+//! greatest key is taken first.
 //!
 //! The stream an engine has just finished is most often ready again at
 //! once, and the engine then takes the next stream. So the set keeps the
@@ -16,10 +20,15 @@ use std::collections::BinaryHeap;
 
 use flex_rt::StreamPriority;
 
-/// The greatest place in the enqueue order a key can hold: the top bit is
-/// the priority's. A runtime would need 2^63 launches to pass it; past
-/// it, streams of one priority would tie and go by their index.
-const MAX_SEQ: u64 = u64::MAX >> 1;
+/// The greatest place in the enqueue order a key can hold: the top two
+/// bits are the rank's. A runtime would need 2^62 launches to pass it;
+/// past it, streams of one rank would tie and go by their index.
+const MAX_SEQ: u64 = u64::MAX >> 2;
+
+/// The rank of a stream whose front operation is a marker.
+const MARKER: u64 = 2 << 62;
+/// The rank of a high-priority stream.
+const HIGH: u64 = 1 << 62;
 
 /// One ready stream: its key, then its index (which never decides, as no
 /// two ready streams have the same front operation).
@@ -30,12 +39,8 @@ struct Entry {
 }
 
 impl Entry {
-    fn new(priority: StreamPriority, seq: u64, stream: usize) -> Self {
+    fn new(rank: u64, seq: u64, stream: usize) -> Self {
         debug_assert!(seq <= MAX_SEQ, "enqueue order {seq} past {MAX_SEQ}");
-        let rank = match priority {
-            StreamPriority::Normal => 0,
-            StreamPriority::High => 1 << 63,
-        };
         Self {
             key: rank | (MAX_SEQ - seq.min(MAX_SEQ)),
             stream,
@@ -61,7 +66,20 @@ impl ReadySet {
     /// `seq`th of the runtime-wide enqueue order. A stream must not be
     /// added again before it is taken.
     pub(crate) fn push(&mut self, priority: StreamPriority, seq: u64, stream: usize) {
-        let entry = Entry::new(priority, seq, stream);
+        let rank = match priority {
+            StreamPriority::Normal => 0,
+            StreamPriority::High => HIGH,
+        };
+        self.add(Entry::new(rank, seq, stream));
+    }
+
+    /// Adds stream `stream`, whose front operation, the `seq`th of the
+    /// enqueue order, is a marker: it goes before every stream that is not.
+    pub(crate) fn push_marker(&mut self, seq: u64, stream: usize) {
+        self.add(Entry::new(MARKER, seq, stream));
+    }
+
+    fn add(&mut self, entry: Entry) {
         if let Some(earlier) = self.latest.replace(entry) {
             self.heap.push(earlier);
         }
@@ -135,6 +153,16 @@ mod tests {
         }
         let expected: Vec<usize> = (0..64).map(|seq| seq % 8).collect();
         assert_eq!(order, expected);
+    }
+
+    #[test]
+    fn a_marker_goes_before_every_priority_then_by_enqueue_order() {
+        let mut set = ReadySet::default();
+        set.push(High, 1, 0);
+        set.push_marker(9, 1);
+        set.push(Normal, 2, 2);
+        set.push_marker(5, 3);
+        assert_eq!(drain(&mut set), [3, 1, 0, 2]);
     }
 
     #[test]

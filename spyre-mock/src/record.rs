@@ -31,6 +31,12 @@ pub(crate) struct Record {
     /// and for a record reached at once. Written and read under the
     /// scheduler lock, so relaxed.
     position: AtomicU64,
+    /// When the record's marker operation (a record with a completion)
+    /// became ready to run: its stream had finished everything before it
+    /// and passed its waits. The record's time, however long the marker
+    /// then waits for an engine to call its completion. Set under the
+    /// scheduler lock.
+    ready_at: std::sync::OnceLock<Instant>,
     outcome: OutcomeCell,
 }
 
@@ -122,8 +128,21 @@ impl Record {
             stream,
             stream_id,
             position: AtomicU64::new(0),
+            ready_at: std::sync::OnceLock::new(),
             outcome: OutcomeCell::new(),
         }
+    }
+
+    /// Notes that the record's marker operation is ready to run, `at`
+    /// (the first call counts); call with the scheduler lock held.
+    pub(crate) fn mark_ready(&self, at: Instant) {
+        let _ = self.ready_at.set(at);
+    }
+
+    /// The time of a record whose marker operation runs now: when the
+    /// marker became ready ([`Record::mark_ready`]), else now.
+    pub(crate) fn time_reached(&self) -> Instant {
+        self.ready_at.get().copied().unwrap_or_else(Instant::now)
     }
 
     /// Places the record at its stream's completed count `position` (see

@@ -7,7 +7,8 @@
 //! stream could go idle. A stream is *ready* when it has queued work and
 //! is not running an operation. Engines take the ready stream with the
 //! highest priority, and among those the one whose front operation was
-//! enqueued first. A stream
+//! enqueued first; a stream whose front operation is a marker (below)
+//! goes before every other ([`crate::ready`]). A stream
 //! runs at most one operation at a time: from taking it until its
 //! completion has returned, the stream is *running* and not ready.
 //!
@@ -569,7 +570,13 @@ impl Scheduler {
         let Some(front) = state.queue.front() else {
             return false;
         };
-        self.ready.push(state.priority, front.seq, index);
+        if let Op::Record(EventRecord(record)) = &front.op {
+            // A marker: its time is now, and it goes first.
+            record.mark_ready(Instant::now());
+            self.ready.push_marker(front.seq, index);
+        } else {
+            self.ready.push(state.priority, front.seq, index);
+        }
         state.in_ready = true;
         true
     }
@@ -675,6 +682,17 @@ impl Scheduler {
             state.error = Some(error);
             state.progress.mark_failed();
         }
+    }
+
+    /// Fails stream `index` as needing shutdown with `error` (kept only if
+    /// it is the stream's first), and lets it go on if it was held behind a
+    /// gate: a failed stream runs nothing behind one, so its synchronize
+    /// does not wait for the other stream. Returns whether the stream became
+    /// ready (its engines must be told).
+    pub(crate) fn fail_for_shutdown(&mut self, index: usize, error: FlexError) -> bool {
+        self.streams[index].set_needs_shutdown();
+        self.record_error(index, error);
+        self.schedule(index)
     }
 
     /// Sets the outcome of the marks that the running operation of stream

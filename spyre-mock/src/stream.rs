@@ -241,15 +241,15 @@ impl MockStream {
     /// `synchronize` return its first error, which is this `SHUTDOWN` unless
     /// the stream had failed before.
     pub fn set_needs_shutdown(&self) {
-        let mut scheduler = self.device.scheduler.lock();
-        scheduler.stream_mut(self.index).set_needs_shutdown();
-        scheduler.record_error(
-            self.index,
-            FlexError::new(
-                Status::SHUTDOWN,
-                "needs_shutdown",
-                "the stream needs a shutdown of its runtime (fault injected by MockStream::set_needs_shutdown)",
-            ),
+        let error = FlexError::new(
+            Status::SHUTDOWN,
+            "needs_shutdown",
+            "the stream needs a shutdown of its runtime (fault injected by MockStream::set_needs_shutdown)",
+        );
+        // Never refused; a stream held behind a wait becomes ready.
+        let _ = self.submit(
+            |scheduler| Ok::<_, Refused<()>>(scheduler.fail_for_shutdown(self.index, error)),
+            || {},
         );
     }
 

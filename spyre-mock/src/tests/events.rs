@@ -310,3 +310,83 @@ fn a_failed_stream_does_not_wait_for_the_record_it_waited_on() {
         .synchronize()
         .expect("the producer's record completes once released");
 }
+
+/// A record with a completion is an operation an engine must take (to
+/// call the completion), but it takes its time when its stream got to it:
+/// with the only engine held by another stream's work for 100 ms, two
+/// records made back to back on an idle stream, the second with a
+/// completion, are 0 ms apart. Before, the second took its time when the
+/// engine came free (100 ms; found by attack).
+#[test]
+fn a_record_with_a_completion_takes_its_time_when_its_stream_got_to_it() {
+    let rt = MockSystem::builder()
+        .engines(1)
+        .build()
+        .unwrap()
+        .create_mock_runtime(0)
+        .unwrap();
+    let (busy, idle) = (stream(&rt), stream(&rt));
+    let release = block(busy);
+    let [plain, with_completion] = [(); 2].map(|()| rt.create_event(true).unwrap());
+    idle.record_event(&*plain, None).unwrap();
+    idle.record_event(&*with_completion, Some(Box::new(|_| {})))
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    drop(release);
+    with_completion.synchronize().unwrap();
+    let apart = Duration::from_nanos(plain.elapsed_nanos(&*with_completion).unwrap() as u64);
+    assert!(apart < Duration::from_millis(50), "{apart:?} apart");
+}
+
+/// A stream whose next operation is a record's completion (it runs no
+/// device work) is taken before the other ready streams, whatever their
+/// priority: with one engine, high-priority work launched after the
+/// record does not delay it. Before, the record completed only after all
+/// of that work (found by attack).
+#[test]
+fn later_high_priority_work_does_not_delay_a_records_completion() {
+    let rt = MockSystem::builder()
+        .engines(1)
+        .build()
+        .unwrap()
+        .create_mock_runtime(0)
+        .unwrap();
+    let recording = stream(&rt);
+    let high = rt
+        .create_mock_stream(StreamPriority::High, StreamMode::StrictOrdering, false)
+        .unwrap();
+    let release = block(recording);
+    let event = rt.create_event(false).unwrap();
+    let high_done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let (done, seen_by) = (
+        std::sync::Arc::clone(&high_done),
+        std::sync::Arc::clone(&seen),
+    );
+    recording
+        .record_event(
+            &*event,
+            Some(Box::new(move |_| {
+                *seen_by.lock().unwrap() = Some(done.load(std::sync::atomic::Ordering::SeqCst));
+            })),
+        )
+        .unwrap();
+    for _ in 0..5 {
+        let done = std::sync::Arc::clone(&high_done);
+        high.launch_host_callback(
+            Box::new(move || {
+                done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }),
+            LaunchOptions::new(),
+        )
+        .unwrap();
+    }
+    drop(release);
+    event.synchronize().unwrap();
+    high.synchronize().unwrap();
+    assert_eq!(
+        *seen.lock().unwrap(),
+        Some(0),
+        "high-priority operations run before the record's completion"
+    );
+}

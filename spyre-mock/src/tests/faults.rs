@@ -175,3 +175,31 @@ fn the_timing_model_adds_latency_and_copy_time() {
     // 20 ms latency + 30 000 B at 1 MB/s = 50 ms.
     assert!(copy >= Duration::from_millis(50), "{copy:?}");
 }
+
+/// A stream that waits (device-side) for another stream's held work and is
+/// then made to need shutdown fails at once: its synchronize and query give
+/// `SHUTDOWN` without waiting for the other stream, as the wait holds
+/// nothing of a failed stream. Before, its synchronize waited until the
+/// other stream's work ended (found by attack: 5 s, the whole hold).
+#[test]
+fn a_stream_waiting_on_held_work_that_needs_shutdown_stops_waiting() {
+    let rt = runtime(2);
+    let (held, waiting) = (stream(&rt), stream(&rt));
+    let release = block(held);
+    let event = rt.create_event(false).unwrap();
+    held.record_event(&*event, None).unwrap();
+    waiting.wait_event(&*event).unwrap();
+    waiting.set_needs_shutdown();
+    let (result, taken) = {
+        let start = Instant::now();
+        (waiting.synchronize(), start.elapsed())
+    };
+    assert_eq!(result.unwrap_err().status(), Status::SHUTDOWN);
+    assert!(
+        taken < Duration::from_secs(5),
+        "synchronize waited {taken:?} for the held stream"
+    );
+    assert!(!event.query().unwrap(), "the held stream is still held");
+    drop(release);
+    held.synchronize().unwrap();
+}

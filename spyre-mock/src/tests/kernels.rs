@@ -436,3 +436,26 @@ fn fill_spans_chunks_and_checks_element_size() {
     assert_eq!(err.status(), Status::INVALID_ARGUMENT);
     assert!(err.message().contains("602 bytes"), "{err}");
 }
+
+/// A compute whose output is the first write to a region the host cannot
+/// back fails with `OUT_OF_MEMORY`, as a copy or fill there does (the
+/// crate's memory rule), naming the region. Before, it failed with
+/// `EXECUTION_FAILED` (found by attack).
+#[test]
+#[cfg_attr(miri, ignore = "Miri cannot read the host's available memory")]
+fn a_compute_into_a_region_the_host_cannot_back_is_out_of_memory() {
+    let rt = MockSystem::builder()
+        .memory_bytes((1 << 61) + 4096)
+        .region_bytes(1 << 61)
+        .build()
+        .unwrap()
+        .create_mock_runtime(0)
+        .unwrap();
+    let s = rt.default_mock_stream();
+    let huge = rt.allocate(1 << 61).unwrap();
+    let x = put(&rt, s, &[1.0; 4]);
+    let descriptor = KernelDescriptor::axpy(4, 1.0, x.start(), x.start(), huge.start());
+    let err = run(&rt, s, &descriptor).unwrap_err();
+    assert_eq!(err.status(), Status::OUT_OF_MEMORY, "{err}");
+    assert!(err.message().contains("memory region 0"), "{err}");
+}
