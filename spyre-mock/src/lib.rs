@@ -42,9 +42,10 @@
 //!   first, then the stream whose next operation was enqueued earliest.
 //!   The priority is strict: while high-priority streams keep every engine
 //!   busy, normal streams wait, and so does a `synchronize` of them (or of
-//!   the device). A stream whose next operation is a marker (an event
-//!   record's completion, or a wait's marker: no device work, no time)
-//!   goes before both, so that work launched later does not delay it.
+//!   the device). One exception: a stream whose next operation is a marker
+//!   (an event record with a completion, or a wait's marker: no device
+//!   work) ranks as high priority, by when the marker was enqueued, so that
+//!   high-priority work launched after a record does not delay it.
 //! - Completions and host callbacks run on engine threads, never inside the
 //!   launch call, with no lock held, in FIFO order per stream. A host
 //!   callback holds its stream and its engine until it returns. A panic in
@@ -94,10 +95,10 @@
 //! the stream's first error (`SHUTDOWN` on a stream that needs shutdown). The
 //! record is no operation an engine has to take — the engine finishing the
 //! operation before it completes it — except when it carries a completion:
-//! then it is a marker operation ([`Op::Record`]) in the FIFO, which the
-//! next free engine takes before other work to call the completion; the
-//! event completes once the completion has returned, with the time its
-//! stream got to the record. A wait is a
+//! then it is a marker operation ([`Op::Record`]) in the FIFO, which an
+//! engine takes (ranked as high priority) to complete the event and then
+//! call the completion; the event's time is when its stream got to the
+//! record, however long the marker then waited for an engine. A wait is a
 //! *gate* in the waiting stream: the scheduler holds the operations
 //! enqueued after it until the record has completed, and looks again each
 //! time an operation of the recording stream finishes; no thread, engine

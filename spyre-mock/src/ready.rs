@@ -3,13 +3,14 @@
 //! Engines take the ready stream with the highest priority, and among
 //! those the one whose front operation was enqueued first
 //! ([`crate::scheduler`]); a stream whose front operation is a marker (an
-//! event record's completion, or a wait's marker: no device work, no time)
-//! goes before every other, whatever its priority, so that work launched
-//! later does not delay a record. The rank and the order go into one `u64`
-//! key, so that ordering two streams is one comparison: the top two bits
-//! are the rank (marker, high, normal), the rest the complement of the
-//! front operation's place in the runtime-wide enqueue order, so the
-//! greatest key is taken first.
+//! event record with a completion, or a wait's marker: no device work)
+//! ranks as high priority whatever its own, so that high-priority work
+//! launched after it does not delay the record, while it overtakes no work
+//! launched before it (a chain of records, each made by the completion of
+//! the one before, cannot starve other streams). Both go into one `u64`
+//! key, so that ordering two streams is one comparison: the top bit is the
+//! rank, the rest the complement of the front operation's place in the
+//! runtime-wide enqueue order, so the greatest key is taken first.
 //!
 //! The stream an engine has just finished is most often ready again at
 //! once, and the engine then takes the next stream. So the set keeps the
@@ -20,15 +21,14 @@ use std::collections::BinaryHeap;
 
 use flex_rt::StreamPriority;
 
-/// The greatest place in the enqueue order a key can hold: the top two
-/// bits are the rank's. A runtime would need 2^62 launches to pass it;
-/// past it, streams of one rank would tie and go by their index.
-const MAX_SEQ: u64 = u64::MAX >> 2;
+/// The greatest place in the enqueue order a key can hold: the top bit is
+/// the rank's. A runtime would need 2^63 launches to pass it; past it,
+/// streams of one rank would tie and go by their index.
+const MAX_SEQ: u64 = u64::MAX >> 1;
 
-/// The rank of a stream whose front operation is a marker.
-const MARKER: u64 = 2 << 62;
-/// The rank of a high-priority stream.
-const HIGH: u64 = 1 << 62;
+/// The rank of a high-priority stream, and of one whose front operation is
+/// a marker.
+const HIGH: u64 = 1 << 63;
 
 /// One ready stream: its key, then its index (which never decides, as no
 /// two ready streams have the same front operation).
@@ -74,9 +74,9 @@ impl ReadySet {
     }
 
     /// Adds stream `stream`, whose front operation, the `seq`th of the
-    /// enqueue order, is a marker: it goes before every stream that is not.
+    /// enqueue order, is a marker: ranked as high priority.
     pub(crate) fn push_marker(&mut self, seq: u64, stream: usize) {
-        self.add(Entry::new(MARKER, seq, stream));
+        self.add(Entry::new(HIGH, seq, stream));
     }
 
     fn add(&mut self, entry: Entry) {
@@ -156,13 +156,14 @@ mod tests {
     }
 
     #[test]
-    fn a_marker_goes_before_every_priority_then_by_enqueue_order() {
+    fn a_marker_ranks_as_high_priority_by_enqueue_order() {
         let mut set = ReadySet::default();
-        set.push(High, 1, 0);
+        set.push(High, 4, 0);
         set.push_marker(9, 1);
         set.push(Normal, 2, 2);
-        set.push_marker(5, 3);
-        assert_eq!(drain(&mut set), [3, 1, 0, 2]);
+        set.push_marker(3, 3);
+        set.push(High, 7, 4);
+        assert_eq!(drain(&mut set), [3, 0, 4, 1, 2]);
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! is not running an operation. Engines take the ready stream with the
 //! highest priority, and among those the one whose front operation was
 //! enqueued first; a stream whose front operation is a marker (below)
-//! goes before every other ([`crate::ready`]). A stream
+//! ranks as high priority ([`crate::ready`]). A stream
 //! runs at most one operation at a time: from taking it until its
 //! completion has returned, the stream is *running* and not ready.
 //!
@@ -571,7 +571,7 @@ impl Scheduler {
             return false;
         };
         if let Op::Record(EventRecord(record)) = &front.op {
-            // A marker: its time is now, and it goes first.
+            // A marker: its time is now, and it ranks as high priority.
             record.mark_ready(Instant::now());
             self.ready.push_marker(front.seq, index);
         } else {
