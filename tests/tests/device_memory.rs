@@ -921,8 +921,10 @@ fn hold_running(
 /// A stream that needs shutdown reports it at once while its running
 /// operation goes on (the device's rule): a full device's retry does not
 /// return its cached segment, and a block used on it is not cached again,
-/// until that operation has ended. Before the fix (found by review) both
-/// went to another owner while the operation still ran.
+/// until that operation has ended, and `empty_cache` then returns them.
+/// Before the fix (found by review) both went to another owner while the
+/// operation still ran; with the first fix the block stayed pending for
+/// good.
 #[test]
 fn a_stream_that_needs_shutdown_keeps_its_memory_until_its_operation_ends() {
     isolated!(&[], || {
@@ -974,9 +976,15 @@ fn a_stream_that_needs_shutdown_keeps_its_memory_until_its_operation_ends() {
             "given `a`'s segment while its operation ran: {on_a_segment:?}"
         );
         drop(release_a);
-        // Once it ended, `empty_cache` returns the segment.
-        b.synchronize().unwrap_err();
-        a.synchronize().unwrap_err();
-        assert!(empty_cache(Device::CURRENT).unwrap() >= 3 * MIB);
+        // Once both operations ended, `empty_cache` sees it: the block
+        // used on `b` is cached again, and `a`'s segment and `c`'s (1/32 of
+        // the device) go back to the device.
+        drop(next);
+        assert_eq!(
+            empty_cache(Device::CURRENT).unwrap(),
+            3 * MIB + 4 * MIB / 32
+        );
+        let s = stats();
+        assert_eq!((s.pending_frees, s.reserved_bytes), (0, 0));
     });
 }

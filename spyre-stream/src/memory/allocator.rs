@@ -44,15 +44,15 @@
 //!   larger than the request (as a block the best fit picks may be), for
 //!   smaller ones it is the request's rounded size.
 //! - **Out of memory.** When the device is full the allocator returns the
-//!   whole free segments of idle or failed streams to the device (waiting
-//!   for no stream) and tries once more, then takes a cached block in
+//!   whole free segments of streams that are idle or whose operation
+//!   failed to the device (waiting for no stream) and tries once more, then takes a cached block in
 //!   several chunks if one fits (it serves copies and fills, not kernel
 //!   operands); then it fails with [`Error::OutOfMemory`].
 //! - **Failed streams.** A stream whose operation failed runs nothing
 //!   more: its segments go back to the device like an idle stream's, and a
 //!   block used on it is cached again at once. A stream that needs shutdown
-//!   may still be running the operation it was in: its memory waits until
-//!   a synchronize (`empty_cache`) has seen it end.
+//!   may still be running the operation it was in: its memory, and blocks
+//!   used on it, wait until a synchronize (`empty_cache`) has seen it end.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -158,7 +158,8 @@ impl Fence {
     /// record was refused because the stream had already failed) must have
     /// finished its work ([`has_finished_now`]): be idle, or have had an
     /// operation fail, after which nothing of it runs. (A stream that needs
-    /// shutdown is neither, for good: a block used on it stays pending.)
+    /// shutdown is neither: its fence is passed by `empty_cache` once a
+    /// synchronize saw its work end.)
     fn passed(&self) -> bool {
         match self {
             Fence::Event(event) => match event.query() {
@@ -610,12 +611,14 @@ impl CachingAllocator {
         // ended, and they take no more work.
         let mut failed_and_done = BTreeSet::new();
         if waiting == Waiting::Wait {
-            let owners = {
+            let streams = {
                 let mut state = self.state.lock();
                 state.collect_deferred();
-                state.free_segment_owners()
+                let mut streams = state.free_segment_owners();
+                streams.extend(state.idle_fence_streams());
+                streams
             };
-            for id in owners {
+            for id in streams {
                 // Refused from a host callback of the stream: its
                 // segments then stay cached (below).
                 if let Err(Error::Flex(error)) = self.stream(id).synchronize()
@@ -624,6 +627,9 @@ impl CachingAllocator {
                     failed_and_done.insert(id);
                 }
             }
+            // Blocks waiting for such a stream to be idle (it never will
+            // be, failed) are free of it now.
+            self.state.lock().pass_idle_fences(&failed_and_done);
         }
         let _one_at_a_time = self.emptying.lock();
         let released = {
@@ -905,6 +911,33 @@ impl State {
             Some(segment.blocks.get(&entry.offset)?.size)
         });
         free.chain(deferred).max().unwrap_or(0)
+    }
+
+    /// The streams deferred blocks wait to be idle ([`Fence::Idle`]).
+    fn idle_fence_streams(&self) -> BTreeSet<i64> {
+        self.deferred
+            .iter()
+            .flat_map(|entry| &entry.fences)
+            .filter_map(|fence| match fence {
+                Fence::Idle(stream) => Some(stream.id().get()),
+                Fence::Event(_) => None,
+            })
+            .collect()
+    }
+
+    /// Drops the idle fences on the streams in `done` (failed, and seen
+    /// by a synchronize to have ended their work), and caches again the
+    /// blocks that waited only for them and for streams that have passed.
+    fn pass_idle_fences(&mut self, done: &BTreeSet<i64>) {
+        if done.is_empty() {
+            return;
+        }
+        for entry in &mut self.deferred {
+            entry.fences.retain(
+                |fence| !matches!(fence, Fence::Idle(stream) if done.contains(&stream.id().get())),
+            );
+        }
+        self.collect_deferred();
     }
 
     /// The streams owning a segment that is one free block.

@@ -72,8 +72,8 @@ pub fn reset_peak_memory_stats(device: Device) -> Result<()> {
 /// streams that own that memory have finished their work. Memory stays
 /// cached where its stream cannot be waited for from here (called from one
 /// of its host callbacks), or has work again by the time the memory would go
-/// back (launched by another thread meanwhile), or only became free while
-/// the call waited. Does nothing before the start.
+/// back (launched by another thread meanwhile). Does nothing before the
+/// start.
 ///
 /// # Errors
 /// As [`memory_stats`].
