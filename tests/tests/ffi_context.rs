@@ -252,6 +252,14 @@ fn destroying_a_runtime_does_not_wait_for_a_call_blocked_on_another() {
     });
 }
 
+/// Asserts that `call` failed with the `RUNTIME_FAILED` naming `fork()`
+/// that a forked child gets from its parent's runtime.
+fn assert_forked(result: flex_rt::Result<()>, call: &str) {
+    let err = result.expect_err(call);
+    assert_eq!(err.status(), Status::RUNTIME_FAILED, "{call}: {err}");
+    assert!(err.to_string().contains("fork()"), "{call}: {err}");
+}
+
 /// The flex library in a child forked after a runtime was created: the
 /// runtime's engine threads are not in the child, so every call on the
 /// parent's runtime, streams and events fails with `RUNTIME_FAILED`
@@ -274,23 +282,18 @@ fn a_forked_child_gets_runtime_failed_from_the_parents_runtime_never_a_hang() {
             .launch_host_callback(Box::new(move || held.wait()), LaunchOptions::new())
             .expect("launch_host_callback");
         let outcome = fork_and_wait(Duration::from_secs(30), || {
-            let forked = |result: flex_rt::Result<()>, call: &str| {
-                let err = result.expect_err(call);
-                assert_eq!(err.status(), Status::RUNTIME_FAILED, "{call}: {err}");
-                assert!(err.to_string().contains("fork()"), "{call}: {err}");
-            };
-            forked(
+            assert_forked(
                 stream
                     .launch_host_callback(Box::new(|| {}), LaunchOptions::new())
                     .map(drop),
                 "launch",
             );
-            forked(stream.query().map(drop), "query");
-            forked(stream.synchronize(), "synchronize");
-            forked(stream.record_event(&*event, None), "record_event");
-            forked(event.synchronize(), "event synchronize");
-            forked(parent.allocate(64).map(drop), "allocate");
-            forked(parent.create_event(false).map(drop), "create_event");
+            assert_forked(stream.query().map(drop), "query");
+            assert_forked(stream.synchronize(), "synchronize");
+            assert_forked(stream.record_event(&*event, None), "record_event");
+            assert_forked(event.synchronize(), "event synchronize");
+            assert_forked(parent.allocate(64).map(drop), "allocate");
+            assert_forked(parent.create_event(false).map(drop), "create_event");
             // A runtime of the child's own works.
             let child = context();
             let ran = Arc::new(AtomicBool::new(false));
@@ -354,24 +357,19 @@ fn a_forked_child_never_blocks_on_a_lock_the_parents_threads_held() {
                     let event = parent.create_event(false).expect("create_event");
                     let other = context();
                     fork_and_wait(Duration::from_secs(10), || {
-                        let forked = |result: flex_rt::Result<()>, call: &str| {
-                            let err = result.expect_err(call);
-                            assert_eq!(err.status(), Status::RUNTIME_FAILED, "{call}: {err}");
-                            assert!(err.to_string().contains("fork()"), "{call}: {err}");
-                        };
-                        forked(
+                        assert_forked(
                             stream
                                 .launch_host_callback(Box::new(|| {}), LaunchOptions::new())
                                 .map(drop),
                             "launch",
                         );
-                        forked(
+                        assert_forked(
                             parent
                                 .create_stream(StreamPriority::Normal, StreamMode::StrictOrdering, false)
                                 .map(drop),
                             "create_stream",
                         );
-                        forked(stream.record_event(&*event, None), "record_event");
+                        assert_forked(stream.record_event(&*event, None), "record_event");
                         drop(event);
                         // Nothing of the parent's runtime is synchronized or
                         // destroyed: one step, the runtime left to the parent.

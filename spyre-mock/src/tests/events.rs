@@ -319,12 +319,7 @@ fn a_failed_stream_does_not_wait_for_the_record_it_waited_on() {
 /// engine came free (100 ms; found by attack).
 #[test]
 fn a_record_with_a_completion_takes_its_time_when_its_stream_got_to_it() {
-    let rt = MockSystem::builder()
-        .engines(1)
-        .build()
-        .unwrap()
-        .create_mock_runtime(0)
-        .unwrap();
+    let rt = runtime(1);
     let (busy, idle) = (stream(&rt), stream(&rt));
     let release = block(busy);
     let [plain, with_completion] = [(); 2].map(|()| rt.create_event(true).unwrap());
@@ -339,18 +334,13 @@ fn a_record_with_a_completion_takes_its_time_when_its_stream_got_to_it() {
 }
 
 /// A stream whose next operation is a record's completion (it runs no
-/// device work) is taken before the other ready streams, whatever their
-/// priority: with one engine, high-priority work launched after the
-/// record does not delay it. Before, the record completed only after all
-/// of that work (found by attack).
+/// device work) ranks as high priority by when the record was made: with
+/// one engine, high-priority work launched after the record does not delay
+/// it. Before, the record completed only after all of that work (found by
+/// attack).
 #[test]
 fn later_high_priority_work_does_not_delay_a_records_completion() {
-    let rt = MockSystem::builder()
-        .engines(1)
-        .build()
-        .unwrap()
-        .create_mock_runtime(0)
-        .unwrap();
+    let rt = runtime(1);
     let recording = stream(&rt);
     let high = rt
         .create_mock_stream(StreamPriority::High, StreamMode::StrictOrdering, false)
@@ -428,14 +418,7 @@ fn record_chain(
 /// after all 101.)
 #[test]
 fn a_chain_of_records_does_not_starve_earlier_high_priority_work() {
-    let rt = std::sync::Arc::new(
-        MockSystem::builder()
-            .engines(1)
-            .build()
-            .unwrap()
-            .create_mock_runtime(0)
-            .unwrap(),
-    );
+    let rt = std::sync::Arc::new(runtime(1));
     let holder = stream(&rt);
     let normal = stream(&rt).id();
     let high = rt
