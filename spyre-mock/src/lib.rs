@@ -42,10 +42,7 @@
 //!   first, then the stream whose next operation was enqueued earliest.
 //!   The priority is strict: while high-priority streams keep every engine
 //!   busy, normal streams wait, and so does a `synchronize` of them (or of
-//!   the device). One exception: a stream whose next operation is a marker
-//!   (an event record with a completion, or a wait's marker: no device
-//!   work) ranks as high priority, by when the marker was enqueued, so that
-//!   high-priority work launched after a record does not delay it.
+//!   the device).
 //! - Completions and host callbacks run on engine threads, never inside the
 //!   launch call, with no lock held, in FIFO order per stream. A host
 //!   callback holds its stream and its engine until it returns. A panic in
@@ -96,9 +93,11 @@
 //! record is no operation an engine has to take — the engine finishing the
 //! operation before it completes it — except when it carries a completion:
 //! then it is a marker operation ([`Op::Record`]) in the FIFO, which an
-//! engine takes (ranked as high priority) to complete the event and then
-//! call the completion; the event's time is when its stream got to the
-//! record, however long the marker then waited for an engine. A wait is a
+//! engine takes in the ready order like any operation, to complete the
+//! event and then call the completion: until then the event is pending
+//! (so higher-priority work, even launched later, can delay it), but its
+//! time is when its stream got to the record, however long the marker
+//! then waited for an engine. A wait is a
 //! *gate* in the waiting stream: the scheduler holds the operations
 //! enqueued after it until the record has completed, and looks again each
 //! time an operation of the recording stream finishes; no thread, engine

@@ -2,15 +2,10 @@
 //!
 //! Engines take the ready stream with the highest priority, and among
 //! those the one whose front operation was enqueued first
-//! ([`crate::scheduler`]); a stream whose front operation is a marker (an
-//! event record with a completion, or a wait's marker: no device work)
-//! ranks as high priority whatever its own, so that high-priority work
-//! launched after it does not delay the record, while it overtakes no work
-//! launched before it (a chain of records, each made by the completion of
-//! the one before, cannot starve other streams). Both go into one `u64`
-//! key, so that ordering two streams is one comparison: the top bit is the
-//! rank, the rest the complement of the front operation's place in the
-//! runtime-wide enqueue order, so the greatest key is taken first.
+//! ([`crate::scheduler`]). Both go into one `u64` key, so that ordering two
+//! streams is one comparison: the top bit is the priority, the rest the
+//! complement of the front operation's place in the runtime-wide enqueue
+//! order, so the greatest key is taken first.
 //!
 //! The stream an engine has just finished is most often ready again at
 //! once, and the engine then takes the next stream. So the set keeps the
@@ -22,13 +17,9 @@ use std::collections::BinaryHeap;
 use flex_rt::StreamPriority;
 
 /// The greatest place in the enqueue order a key can hold: the top bit is
-/// the rank's. A runtime would need 2^63 launches to pass it; past it,
-/// streams of one rank would tie and go by their index.
+/// the priority's. A runtime would need 2^63 launches to pass it; past
+/// it, streams of one priority would tie and go by their index.
 const MAX_SEQ: u64 = u64::MAX >> 1;
-
-/// The rank of a high-priority stream, and of one whose front operation is
-/// a marker.
-const HIGH: u64 = 1 << 63;
 
 /// One ready stream: its key, then its index (which never decides, as no
 /// two ready streams have the same front operation).
@@ -39,8 +30,12 @@ struct Entry {
 }
 
 impl Entry {
-    fn new(rank: u64, seq: u64, stream: usize) -> Self {
+    fn new(priority: StreamPriority, seq: u64, stream: usize) -> Self {
         debug_assert!(seq <= MAX_SEQ, "enqueue order {seq} past {MAX_SEQ}");
+        let rank = match priority {
+            StreamPriority::Normal => 0,
+            StreamPriority::High => 1 << 63,
+        };
         Self {
             key: rank | (MAX_SEQ - seq.min(MAX_SEQ)),
             stream,
@@ -66,20 +61,7 @@ impl ReadySet {
     /// `seq`th of the runtime-wide enqueue order. A stream must not be
     /// added again before it is taken.
     pub(crate) fn push(&mut self, priority: StreamPriority, seq: u64, stream: usize) {
-        let rank = match priority {
-            StreamPriority::Normal => 0,
-            StreamPriority::High => HIGH,
-        };
-        self.add(Entry::new(rank, seq, stream));
-    }
-
-    /// Adds stream `stream`, whose front operation, the `seq`th of the
-    /// enqueue order, is a marker: ranked as high priority.
-    pub(crate) fn push_marker(&mut self, seq: u64, stream: usize) {
-        self.add(Entry::new(HIGH, seq, stream));
-    }
-
-    fn add(&mut self, entry: Entry) {
+        let entry = Entry::new(priority, seq, stream);
         if let Some(earlier) = self.latest.replace(entry) {
             self.heap.push(earlier);
         }
@@ -153,17 +135,6 @@ mod tests {
         }
         let expected: Vec<usize> = (0..64).map(|seq| seq % 8).collect();
         assert_eq!(order, expected);
-    }
-
-    #[test]
-    fn a_marker_ranks_as_high_priority_by_enqueue_order() {
-        let mut set = ReadySet::default();
-        set.push(High, 4, 0);
-        set.push_marker(9, 1);
-        set.push(Normal, 2, 2);
-        set.push_marker(3, 3);
-        set.push(High, 7, 4);
-        assert_eq!(drain(&mut set), [3, 0, 4, 1, 2]);
     }
 
     #[test]

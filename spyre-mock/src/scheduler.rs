@@ -7,8 +7,7 @@
 //! stream could go idle. A stream is *ready* when it has queued work and
 //! is not running an operation. Engines take the ready stream with the
 //! highest priority, and among those the one whose front operation was
-//! enqueued first; a stream whose front operation is a marker (below)
-//! ranks as high priority ([`crate::ready`]). A stream
+//! enqueued first. A stream
 //! runs at most one operation at a time: from taking it until its
 //! completion has returned, the stream is *running* and not ready.
 //!
@@ -571,12 +570,10 @@ impl Scheduler {
             return false;
         };
         if let Op::Record(EventRecord(record)) = &front.op {
-            // A marker: its time is now, and it ranks as high priority.
+            // A marker: its time is now, whenever an engine takes it.
             record.mark_ready(Instant::now());
-            self.ready.push_marker(front.seq, index);
-        } else {
-            self.ready.push(state.priority, front.seq, index);
         }
+        self.ready.push(state.priority, front.seq, index);
         state.in_ready = true;
         true
     }
