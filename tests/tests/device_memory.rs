@@ -988,3 +988,86 @@ fn a_stream_that_needs_shutdown_keeps_its_memory_until_its_operation_ends() {
         assert_eq!((s.pending_frees, s.reserved_bytes), (0, 0));
     });
 }
+
+/// `empty_cache` and a stream that fails (needing shutdown) while it runs
+/// work launched after `empty_cache` began to wait for it: the memory that
+/// work uses is not returned while it runs. The stream's first synchronize
+/// returns `SHUTDOWN` once the work before the call ended; only a second
+/// one, made once the stream could take no more work, covers the rest.
+/// Before (found by review), an 8 MiB buffer of that work went back to the
+/// device while it ran, and the next allocation got it.
+#[test]
+fn empty_cache_never_returns_memory_of_work_a_failed_stream_still_runs() {
+    isolated!(&[], || {
+        let backend = SpyBackend::new(MockSystem::default());
+        spyre_stream::set_backend(Box::new(backend.clone())).unwrap();
+        let (s, p, c) = (pool_stream(), pool_stream(), pool_stream());
+        let pool = spyre_stream::global_pool().unwrap();
+        let mock = backend.runtime().unwrap();
+        let s_id = pool.resolve(s).unwrap().id();
+        // `s` and `p` each own a wholly free segment: `empty_cache`
+        // synchronizes both, `s` first, while both are held.
+        drop(DeviceBuffer::<u8>::new(s, 4096).unwrap());
+        drop(DeviceBuffer::<u8>::new(p, 4096).unwrap());
+        let used = DeviceBuffer::<u8>::new(s, 8 << 20).unwrap();
+        let used_at = used.address().clone();
+        let (release_x, _) = hold_running(s);
+        let (release_p, _) = hold_running(p);
+        let emptier = std::thread::spawn(|| empty_cache(Device::CURRENT).unwrap());
+        while !mock.synchronize_log().contains(&s_id) {
+            std::thread::yield_now();
+        }
+        // (The log is written as the call begins: let it take its count.)
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        // Launched after that synchronize began: makes `s` need shutdown,
+        // then holds it until released.
+        let (started, has_started) = std::sync::mpsc::channel();
+        let (release_y, released) = std::sync::mpsc::channel::<()>();
+        let y_running = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let flag = Arc::clone(&y_running);
+        let spy = backend.clone();
+        s.launch_host_callback(
+            move || {
+                spy.runtime()
+                    .unwrap()
+                    .mock_stream(s_id)
+                    .unwrap()
+                    .set_needs_shutdown();
+                started.send(()).unwrap();
+                let _ = released.recv();
+                flag.store(false, std::sync::atomic::Ordering::SeqCst);
+            },
+            LaunchOptions::new(),
+        )
+        .unwrap();
+        drop(release_x);
+        has_started.recv().unwrap();
+        // The work ends 300 ms from now.
+        let releaser = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            drop(release_y);
+        });
+        // Once `empty_cache` is on to `p`, the buffer the work uses is
+        // dropped (its segment whole, on `s`), and `p` goes on.
+        while mock.synchronize_log().iter().all(|&id| id == s_id) {
+            std::thread::yield_now();
+        }
+        drop(used);
+        drop(release_p);
+        emptier.join().unwrap();
+        let running_when_returned = y_running.load(std::sync::atomic::Ordering::SeqCst);
+        let again = DeviceBuffer::<u8>::new(c, 8 << 20).unwrap();
+        let overlaps = again.address().chunks().iter().any(|a| {
+            used_at.chunks().iter().any(|u| {
+                a.address.region_id == u.address.region_id
+                    && a.address.offset < u.address.offset + u.size
+                    && u.address.offset < a.address.offset + a.size
+            })
+        });
+        assert!(
+            !(running_when_returned && overlaps),
+            "memory of work `s` still ran went to another buffer: {again:?} over {used_at:?}"
+        );
+        releaser.join().unwrap();
+    });
+}

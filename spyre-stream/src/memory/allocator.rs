@@ -620,8 +620,15 @@ impl CachingAllocator {
             };
             for id in streams {
                 // Refused from a host callback of the stream: its
-                // segments then stay cached (below).
-                if let Err(Error::Flex(error)) = self.stream(id).synchronize()
+                // segments then stay cached (below). A failure covers
+                // only the work enqueued before the call (the stream may
+                // have failed, needing shutdown, while later work ran):
+                // a second synchronize, made once it had failed and so
+                // could take no more work, covers all of it.
+                let stream = self.stream(id);
+                if let Err(Error::Flex(error)) = stream.synchronize()
+                    && is_stream_failure(&error)
+                    && let Err(Error::Flex(error)) = stream.synchronize()
                     && is_stream_failure(&error)
                 {
                     failed_and_done.insert(id);

@@ -69,11 +69,12 @@ pub fn reset_peak_memory_stats(device: Device) -> Result<()> {
 
 /// Returns the cached memory of `device` that no buffer uses to the device
 /// (`torch.cuda.empty_cache`), and the bytes returned. Blocks until the
-/// streams that own that memory have finished their work. Memory stays
-/// cached where its stream cannot be waited for from here (called from one
-/// of its host callbacks), or has work again by the time the memory would go
-/// back (launched by another thread meanwhile). Does nothing before the
-/// start.
+/// streams that own that memory, and the streams that memory waiting to be
+/// cached again was used on, have finished their work. Memory stays cached
+/// where its stream cannot be waited for from here (called from one of its
+/// host callbacks), or has work again by the time the memory would go back
+/// (launched by another thread meanwhile), or became free while the call
+/// waited. Does nothing before the start.
 ///
 /// # Errors
 /// As [`memory_stats`].
