@@ -991,9 +991,10 @@ fn a_stream_that_needs_shutdown_keeps_its_memory_until_its_operation_ends() {
 
 /// `empty_cache` and a stream that fails (needing shutdown) while it runs
 /// work launched after `empty_cache` began to wait for it: the memory that
-/// work uses is not returned while it runs. The stream's first synchronize
-/// returns `SHUTDOWN` once the work before the call ended; only a second
-/// one, made once the stream could take no more work, covers the rest.
+/// work uses is not returned while it runs. When the stream's first
+/// synchronize sees the failure (as the work before the call ends: a race
+/// the test cannot force), it covers only that work; only a second one,
+/// made once the stream could take no more work, covers the rest.
 /// Before (found by review), an 8 MiB buffer of that work went back to the
 /// device while it ran, and the next allocation got it.
 #[test]

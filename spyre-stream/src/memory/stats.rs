@@ -72,9 +72,10 @@ pub fn reset_peak_memory_stats(device: Device) -> Result<()> {
 /// streams that own that memory, and the streams that memory waiting to be
 /// cached again was used on, have finished their work. Memory stays cached
 /// where its stream cannot be waited for from here (called from one of its
-/// host callbacks), or has work again by the time the memory would go back
-/// (launched by another thread meanwhile), or became free while the call
-/// waited. Does nothing before the start.
+/// host callbacks), or has work by the time the memory would go back (work
+/// launched meanwhile, or still running on a stream that was not waited
+/// for because its memory became free only during the call). Does nothing
+/// before the start.
 ///
 /// # Errors
 /// As [`memory_stats`].
