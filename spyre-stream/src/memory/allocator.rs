@@ -496,8 +496,10 @@ impl CachingAllocator {
         let _transit = self.transit.lock();
         let mut size = standard;
         loop {
+            // After the standard size, the request's own.
+            let fall_back = size > rounded;
             let segment = match self.runtime.allocate(size) {
-                Err(error) if error.status() == Status::OUT_OF_MEMORY && size > rounded => {
+                Err(error) if error.status() == Status::OUT_OF_MEMORY && fall_back => {
                     size = rounded;
                     continue;
                 }
@@ -516,7 +518,7 @@ impl CachingAllocator {
                 let mut state = self.state.lock();
                 state.stats.device_frees += u64::from(freed.is_ok());
                 state.arrived(&segment);
-                if size > rounded {
+                if fall_back {
                     size = rounded;
                     continue;
                 }
@@ -626,11 +628,7 @@ impl CachingAllocator {
                 // a second synchronize, made once it had failed and so
                 // could take no more work, covers all of it.
                 let stream = self.stream(id);
-                if let Err(Error::Flex(error)) = stream.synchronize()
-                    && is_stream_failure(&error)
-                    && let Err(Error::Flex(error)) = stream.synchronize()
-                    && is_stream_failure(&error)
-                {
+                if synchronize_finds_failed(stream) && synchronize_finds_failed(stream) {
                     failed_and_done.insert(id);
                 }
             }
@@ -732,6 +730,13 @@ impl CachingAllocator {
         state.stats.peak_allocated_bytes = state.stats.allocated_bytes;
         state.stats.peak_reserved_bytes = state.stats.reserved_bytes;
     }
+}
+
+/// Whether a synchronize of `stream` returned the stream's own failure
+/// (see [`is_stream_failure`]): everything enqueued before the call has
+/// ended, and the stream takes no more work.
+fn synchronize_finds_failed(stream: SpyreStream) -> bool {
+    matches!(stream.synchronize(), Err(Error::Flex(error)) if is_stream_failure(&error))
 }
 
 /// Whether `stream` has no work left that could touch its memory, now,
