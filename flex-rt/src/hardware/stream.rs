@@ -415,9 +415,35 @@ impl Stream for HardwareStream {
     fn record_event(&self, event: &dyn Event, completion: Option<Completion>) -> Result<()> {
         const CALL: &str = "flex_event_record";
         let event = HardwareEvent::of(event, CALL)?;
+        let Some(completion) = completion else {
+            // Nothing to call: no payload, and no completion for the
+            // library, which can then complete the record as soon as the
+            // stream gets to it. A record with a completion is an operation
+            // the library must run to call it, which work of other streams
+            // (of higher priority) can delay, and with it the event.
+            return event.use_for_stream(self.runtime, CALL, |raw_event| {
+                // Enqueued like a launch: serialized with them.
+                let _serialized = self.submit.lock();
+                // SAFETY: the stream is alive while `&self` is; the event is
+                // alive and of the same live runtime (`use_for_stream`
+                // checked both, holding the runtime's liveness lock). A null
+                // completion function is "none" (flex.h).
+                let status = unsafe {
+                    self.lib.api().flex_event_record(
+                        raw_event,
+                        self.handle.as_ptr(),
+                        sys::flex_completion_t {
+                            fn_: None,
+                            user_data: std::ptr::null_mut(),
+                        },
+                    )
+                };
+                check(&self.lib, status, CALL)
+            });
+        };
         let options = LaunchOptions {
             pipeline_barrier: false,
-            completion,
+            completion: Some(completion),
         };
         let (payload, _) = self.payload(CALL, options, Lease::None, None);
         event.use_for_stream(self.runtime, CALL, |raw_event| {

@@ -15,7 +15,9 @@ use flex_rt::{
     Backend, Capabilities, Event, LaunchOptions, Runtime, Status, Stream, StreamPriority,
 };
 
-use super::{Completions, Gate, PATIENCE, Profile, new_stream, runtime};
+use super::{
+    Completions, Gate, PATIENCE, Profile, new_stream, occupy_every_engine, runtime, software_device,
+};
 
 /// The runtime's capabilities, or `None` (after checking that events are
 /// refused consistently) for a library without events.
@@ -676,4 +678,35 @@ pub fn concurrent_records_are_serialized(backend: &dyn Backend, _: &Profile) {
     assert_eq!(shared.query(), Ok(true));
     assert_eq!(completions.calls(), THREADS * RECORDS);
     assert_eq!(completions.drops(), THREADS * RECORDS);
+}
+
+/// A record made without a completion is no operation the device must run:
+/// on an idle stream it is complete at once, even while every engine runs
+/// other streams' work of higher priority (flex-rt's `Stream::record_event`:
+/// later launches do not delay an event). A record with a completion is an
+/// operation an engine runs to call it, which such work may delay (flex.h
+/// allows either), so this is the software device's behaviour, and the
+/// library's: flex-rt passes no completion when it was given none.
+pub fn a_record_without_a_completion_needs_no_engine(backend: &dyn Backend, profile: &Profile) {
+    let device = software_device(profile);
+    let runtime = runtime(backend);
+    let Some(_) = capabilities(&*runtime) else {
+        return;
+    };
+    let (gates, blockers) = occupy_every_engine(&*runtime, &device, StreamPriority::High);
+    let idle = new_stream(&*runtime, StreamPriority::Normal);
+    let marker = event(&*runtime, false);
+    idle.record_event(&*marker, None).expect("record");
+    assert_eq!(marker.query(), Ok(true), "nothing was enqueued before it");
+    let never_called: flex_rt::Completion = Box::new(|_| panic!("complete: never called"));
+    assert_eq!(marker.notify(never_called), Ok(true));
+    marker
+        .synchronize()
+        .expect("synchronize returns at once: nothing to wait for");
+    for gate in &gates {
+        gate.open();
+    }
+    for stream in blockers {
+        stream.synchronize().expect("synchronize");
+    }
 }

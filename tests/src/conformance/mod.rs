@@ -168,6 +168,7 @@ macro_rules! with_conformance_cases {
                 compute_matmul,
                 high_priority_work_starts_first,
                 work_on_freed_memory_fails,
+                a_record_without_a_completion_needs_no_engine,
             ];
         }
     };
@@ -1053,20 +1054,24 @@ pub fn compute_matmul(backend: &dyn Backend, profile: &Profile) {
     );
 }
 
-/// With every engine busy, queued work of a high-priority stream starts
-/// before older queued work of a normal stream (flex.h,
-/// `flex_stream_priority_t`).
-pub fn high_priority_work_starts_first(backend: &dyn Backend, profile: &Profile) {
-    let device = software_device(profile);
-    let runtime = runtime(backend);
-    let log = Log::default();
+/// Occupies every engine of the software device with a host callback held
+/// at its own gate, each on a new stream of `priority`, and waits until all
+/// of them run. Returns the gates and the streams.
+///
+/// # Panics
+/// When a launch fails or the engines do not all start within
+/// [`PATIENCE`]: the test is broken.
+fn occupy_every_engine<'r>(
+    runtime: &'r dyn Runtime,
+    device: &SoftwareDevice,
+    priority: StreamPriority,
+) -> (Vec<Arc<Gate>>, Vec<&'r dyn Stream>) {
     let started = Arc::new(AtomicUsize::new(0));
     let gates: Vec<Arc<Gate>> = (0..device.engines).map(|_| Gate::new()).collect();
-    // Occupy every engine with a host callback held at its own gate.
     let blockers: Vec<&dyn Stream> = gates
         .iter()
         .map(|gate| {
-            let stream = new_stream(&*runtime, StreamPriority::Normal);
+            let stream = new_stream(runtime, priority);
             let (g, s) = (Arc::clone(gate), Arc::clone(&started));
             stream
                 .launch_host_callback(
@@ -1088,6 +1093,17 @@ pub fn high_priority_work_starts_first(backend: &dyn Backend, profile: &Profile)
         );
         std::thread::sleep(Duration::from_millis(1));
     }
+    (gates, blockers)
+}
+
+/// With every engine busy, queued work of a high-priority stream starts
+/// before older queued work of a normal stream (flex.h,
+/// `flex_stream_priority_t`).
+pub fn high_priority_work_starts_first(backend: &dyn Backend, profile: &Profile) {
+    let device = software_device(profile);
+    let runtime = runtime(backend);
+    let log = Log::default();
+    let (gates, blockers) = occupy_every_engine(&*runtime, &device, StreamPriority::Normal);
     let normal = new_stream(&*runtime, StreamPriority::Normal);
     let high = new_stream(&*runtime, StreamPriority::High);
     for (stream, name) in [(normal, "normal"), (high, "high")] {
