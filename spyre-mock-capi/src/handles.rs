@@ -42,7 +42,7 @@ use flex_sys::bindings::{
     FLEX_ERROR_RUNTIME_FAILED, FLEX_ERROR_UNSUPPORTED, flex_event_t, flex_runtime_t, flex_stream_t,
 };
 use flex_sys::fork::ForkGeneration;
-use parking_lot::Mutex;
+use spyre_mock::sync::Mutex;
 use spyre_mock::{MockRuntime, MockStream};
 
 use crate::boundary::Failure;

@@ -15,7 +15,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use flex_sys::bindings::flex_status_t;
-use parking_lot::{Condvar, Mutex};
+use spyre_mock::sync::{Condvar, Mutex};
 
 use crate::host_side::CCompletion;
 
@@ -183,7 +183,7 @@ fn deliver_until_stopped(queue: &LateQueue) {
             continue;
         };
         if Instant::now() < due {
-            let _ = queue.changed.wait_until(&mut state, due);
+            queue.changed.wait_until(&mut state, due);
             continue;
         }
         let Some(item) = state.items.pop_front() else {

@@ -39,9 +39,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::sync::{Condvar, Mutex, MutexGuard};
 use crossbeam_utils::CachePadded;
 use flex_rt::{FlexError, Result, Status, SyncPolicy};
-use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use crate::config::MockConfig;
 use crate::memory::DeviceMemory;

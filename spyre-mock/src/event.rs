@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+use crate::sync::Mutex;
 use flex_rt::{Completion, Event, FlexError, Result, Status};
-use parking_lot::Mutex;
 
 use crate::engine::Device;
 use crate::record::Record;

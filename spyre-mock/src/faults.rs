@@ -7,7 +7,7 @@
 //! [`crate::MockStream::set_slowdown`].
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 
 /// Faults of a [`crate::MockSystem`]. Shared through an `Arc` by the system
 /// and its clones, so a test can set a fault, hand the system to the code

@@ -29,10 +29,10 @@ use crossbeam_utils::CachePadded;
 
 // Under loom the inbox lock and the enqueue-order counter are loom's, so
 // that the models explore launches racing the scheduler.
+#[cfg(not(spyre_loom))]
+use crate::sync::{Mutex, MutexGuard};
 #[cfg(spyre_loom)]
 use loom::sync::{Mutex, MutexGuard, atomic::AtomicU64};
-#[cfg(not(spyre_loom))]
-use parking_lot::{Mutex, MutexGuard};
 #[cfg(not(spyre_loom))]
 use std::sync::atomic::AtomicU64;
 

@@ -182,6 +182,7 @@ mod reuse;
 mod runtime;
 mod scheduler;
 mod stream;
+pub mod sync;
 mod system;
 
 #[cfg(test)]

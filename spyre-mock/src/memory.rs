@@ -20,11 +20,11 @@
 //! a live allocation.
 use std::collections::{BTreeMap, HashMap};
 
+use crate::sync::{RwLock, RwLockReadGuard};
 use flex_rt::{
     ADDRESS_ALIGNMENT, AddressChunk, CompositeAddress, FlexError, LogicalAddress,
     MAX_ADDRESS_CHUNKS, MemoryLayout, Result, Status,
 };
-use parking_lot::{RwLock, RwLockReadGuard};
 
 use crate::config::MockConfig;
 

@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 use crossbeam_utils::CachePadded;
 // Under loom (`--cfg spyre_loom`) a stream's counts are loom atomics, so
 // that the models explore the orders a lock-free reader can see them in.
+use crate::sync::{Condvar, MutexGuard};
 #[cfg(spyre_loom)]
 use loom::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
-use parking_lot::{Condvar, MutexGuard};
 
 /// The part of a stream's state used without the scheduler lock.
 ///
@@ -231,7 +231,7 @@ const NO_SLEEPER: u64 = u64::MAX;
 mod tests {
     use std::cell::Cell;
 
-    use parking_lot::Mutex;
+    use crate::sync::Mutex;
 
     use super::*;
 

@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use flex_rt::{Completion, FlexError, Result, Status};
 #[cfg(not(spyre_loom))]
-use parking_lot::Mutex;
+use crate::sync::Mutex;
+use flex_rt::{Completion, FlexError, Result, Status};
 
 /// One record of an event: the point it marks (a stream and the work before
 /// it) and, once the device reaches it, the outcome — the completion time,

@@ -3,11 +3,11 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::sync::MutexGuard;
 use flex_rt::{
     Completion, CompositeAddress, DataFormat, Event, FlexError, HostBuffer, HostCallback,
     LaunchOptions, Result, Status, Stream, StreamMode, StreamPriority, check_copy_size,
 };
-use parking_lot::MutexGuard;
 
 use crate::engine::Device;
 use crate::event::MockEvent;
