@@ -347,10 +347,57 @@ impl Pending {
 pub fn encode_fill_value(value: f64, format: DataFormat) -> Vec<u8> {
     match format {
         DataFormat::Fp32 => (value as f32).to_le_bytes().to_vec(),
-        DataFormat::Fp16 => half::f16::from_f64(value).to_le_bytes().to_vec(),
+        DataFormat::Fp16 => f16_bits_nearest(value).to_le_bytes().to_vec(),
         DataFormat::Int32 => (value as i32).to_le_bytes().to_vec(),
         DataFormat::Uint8 => vec![value as u8],
     }
+}
+
+/// The IEEE 754 binary16 bits nearest `value` (ties to even), rounded once
+/// from the `f64`: not through `f32` (as a half-precision conversion
+/// instruction would need), which rounds twice and can land on the other
+/// side of a tie (1 + 2⁻¹¹ + 2⁻⁴⁰ is not 1.0). Values at or beyond
+/// 65 520 become ±infinity; NaN becomes a quiet NaN of the same sign.
+fn f16_bits_nearest(value: f64) -> u16 {
+    const MANTISSA_BITS: u32 = 52;
+    let bits = value.to_bits();
+    let sign = ((bits >> 48) & 0x8000) as u16;
+    let biased = ((bits >> MANTISSA_BITS) & 0x7FF) as i32;
+    let fraction = bits & ((1 << MANTISSA_BITS) - 1);
+    if biased == 0x7FF {
+        return sign | if fraction == 0 { 0x7C00 } else { 0x7E00 };
+    }
+    if biased == 0 {
+        // Zero, or an f64 subnormal: far below half of binary16's least
+        // subnormal (2⁻²⁵).
+        return sign;
+    }
+    let exponent = biased - 1023;
+    if exponent >= 16 {
+        return sign | 0x7C00;
+    }
+    let significand = fraction | (1 << MANTISSA_BITS);
+    // The value in units of the result's last place: 2⁻²⁴ for binary16
+    // subnormals (exponent below -14), 2^(exponent - 10) for normals.
+    let shift = if exponent < -14 { 28 - exponent } else { 42 } as u32;
+    if shift > MANTISSA_BITS + 1 {
+        // Below half of 2⁻²⁴: rounds to zero.
+        return sign;
+    }
+    let quotient = significand >> shift;
+    let remainder = significand & ((1 << shift) - 1);
+    let half = 1 << (shift - 1);
+    let rounded =
+        quotient + u64::from(remainder > half || (remainder == half && quotient & 1 == 1));
+    // A normal's quotient holds the implicit bit (2¹⁰), which lands in the
+    // exponent field: adding the exponent less one gives the encoding,
+    // and a rounding carry moves into the exponent (up to infinity).
+    let magnitude = if exponent < -14 {
+        rounded
+    } else {
+        (((exponent + 14) as u64) << 10) + rounded
+    };
+    sign | magnitude as u16
 }
 
 /// The message of a caught panic payload (`&str` or `String`), or a fixed
@@ -405,6 +452,63 @@ mod tests {
         assert_eq!(encode_fill_value(3.9, DataFormat::Uint8), [3]);
         assert_eq!(encode_fill_value(300.0, DataFormat::Uint8), [255]);
         assert_eq!(encode_fill_value(-5.0, DataFormat::Uint8), [0]);
+    }
+
+    /// Every finite binary16 value, and every midpoint between two
+    /// neighbours (exact in f64) with a nudge of 2⁻⁴⁰ of it either way: the
+    /// value itself, the midpoint to the even neighbour, the nudged ones to
+    /// the nearer neighbour. Worked by hand for the first ones.
+    #[test]
+    fn fp16_fills_are_rounded_once_to_nearest() {
+        let fp16 = |value: f64| {
+            u16::from_le_bytes(
+                encode_fill_value(value, DataFormat::Fp16)
+                    .try_into()
+                    .unwrap(),
+            )
+        };
+        // 1 + 2⁻¹¹ + 2⁻⁴⁰: above the tie between 1.0 and 1 + 2⁻¹⁰.
+        assert_eq!(fp16(1.0 + 2f64.powi(-11) + 2f64.powi(-40)), 0x3C01);
+        assert_eq!(fp16(1.0 + 2f64.powi(-11)), 0x3C00, "a tie goes to even");
+        assert_eq!(
+            fp16(1.0 + 3.0 * 2f64.powi(-11)),
+            0x3C02,
+            "a tie goes to even"
+        );
+        // 2⁻²⁵ + 2⁻⁵⁰: above half of the least subnormal.
+        assert_eq!(fp16(2f64.powi(-25) + 2f64.powi(-50)), 0x0001);
+        assert_eq!(fp16(2f64.powi(-25)), 0x0000, "a tie goes to even");
+        assert_eq!(fp16(-2f64.powi(-24)), 0x8001);
+        assert_eq!(fp16(65504.0), 0x7BFF);
+        assert_eq!(fp16(65519.99), 0x7BFF);
+        assert_eq!(fp16(65520.0), 0x7C00);
+        assert_eq!(fp16(-1e300), 0xFC00);
+        assert_eq!(fp16(-0.0), 0x8000);
+        assert_eq!(fp16(f64::MIN_POSITIVE / 2.0), 0x0000);
+        assert_eq!(fp16(f64::NAN) & 0x7E00, 0x7E00);
+        let value = |bits: u16| f64::from(half::f16::from_bits(bits));
+        for bits in 0..0x7C00u16 {
+            assert_eq!(fp16(value(bits)), bits, "{bits:#06x}");
+            assert_eq!(fp16(-value(bits)), bits | 0x8000, "-{bits:#06x}");
+            if bits == 0x7BFF {
+                continue;
+            }
+            let (low, high) = (value(bits), value(bits + 1));
+            let middle = (low + high) / 2.0;
+            let even = if bits % 2 == 0 { bits } else { bits + 1 };
+            assert_eq!(fp16(middle), even, "midpoint above {bits:#06x}");
+            let nudge = middle * 2f64.powi(-40);
+            assert_eq!(
+                fp16(middle - nudge),
+                bits,
+                "below the midpoint above {bits:#06x}"
+            );
+            assert_eq!(
+                fp16(middle + nudge),
+                bits + 1,
+                "above the midpoint above {bits:#06x}"
+            );
+        }
     }
 
     #[test]
