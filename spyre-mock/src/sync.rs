@@ -1,6 +1,6 @@
-//! The device's locks and condition variables: the standard library's,
-//! which a forked child can use, behind the interface the device is
-//! written against (a lock without poisoning, a guard that can be unlocked
+//! The device's locks and condition variables, made of the standard
+//! library's locks and thread parking, which a forked child can use,
+//! behind the interface the device is written against (a lock without poisoning, a guard that can be unlocked
 //! for a stretch of user code, a condition variable waited on with a
 //! guard).
 //!
@@ -14,15 +14,18 @@
 //! thread held, and the child's new threads reuse those threads' stacks:
 //! a child that made a runtime of its own (which `flex.h` allows) then lost
 //! wake-ups or blocked for ever in one fork of seven. The standard
-//! library's locks are a futex word inside each lock and share nothing.
+//! library's locks and parking are a futex word inside each lock and each
+//! thread, and share nothing.
 //!
 //! A panic while a lock is held is caught by the device and recorded as
 //! the operation's error, so the state behind a lock is whole: poisoning is
 //! ignored.
 
+use std::collections::VecDeque;
 use std::ops::{Deref, DerefMut};
-use std::sync::PoisonError;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, PoisonError};
+use std::thread::Thread;
 use std::time::Instant;
 
 /// A mutual-exclusion lock without poisoning.
@@ -44,9 +47,32 @@ impl<T> Mutex<T> {
     }
 }
 
+/// Takes `mutex`: tries a few times, pausing, then yielding the CPU, before
+/// it blocks. The device's locks are held for a few hundred nanoseconds by
+/// more threads than there may be CPUs (engines and launching threads):
+/// yielding lets a holder that was preempted finish, where blocking at
+/// once would cost a sleep and a wake-up system call each time.
 fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    for attempt in 0..LOCK_ATTEMPTS {
+        match mutex.try_lock() {
+            Ok(guard) => return guard,
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => return poisoned.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) if attempt < LOCK_SPINS => {
+                for _ in 0..2 << attempt {
+                    std::hint::spin_loop();
+                }
+            }
+            Err(std::sync::TryLockError::WouldBlock) => std::thread::yield_now(),
+        }
+    }
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
+
+/// Attempts [`lock`] makes before it blocks.
+const LOCK_ATTEMPTS: u32 = 32;
+/// Attempts of [`LOCK_ATTEMPTS`] followed by pauses (2, 4 and 8) rather
+/// than a yield.
+const LOCK_SPINS: u32 = 3;
 
 /// The lock of a [`Mutex`], held until dropped.
 pub struct MutexGuard<'a, T> {
@@ -92,76 +118,115 @@ impl<T> DerefMut for MutexGuard<'_, T> {
     }
 }
 
-/// A condition variable, waited on with a [`MutexGuard`] (of one mutex
-/// throughout).
+/// A condition variable, waited on with a [`MutexGuard`].
 ///
-/// It counts the threads waiting on it, and a notification with none
-/// waiting costs one load, not a system call. That is exact for the one
-/// use the device makes of it: a waiter looks at its condition and waits
-/// under the mutex, and a notifier changed the condition under the same
-/// mutex before it notifies (holding it or not), so a waiter either saw
-/// the change or was counted before the notifier took the mutex.
+/// Made of the standard library's thread parking (a futex word of each
+/// thread) and a queue of the threads waiting: a notified thread is taken
+/// off the queue and unparked, and takes the mutex again once it runs,
+/// through [`Mutex::lock`]'s brief spin (a notifier holding the mutex has
+/// usually released it by then), not, as with `std::sync::Condvar`, at
+/// once inside the wait, which on a held mutex would block it a second
+/// time.
+///
+/// A notification with no thread waiting costs one load. That is exact
+/// for the one use the device makes of it: a waiter looks at its condition
+/// and waits under the mutex, and a notifier changed the condition under
+/// the same mutex before it notifies (holding it or not), so a waiter
+/// either saw the change or was queued before the notifier took the mutex.
 #[derive(Debug, Default)]
 pub struct Condvar {
-    inner: std::sync::Condvar,
-    waiters: AtomicUsize,
+    /// Threads waiting, in the order they began to.
+    queue: std::sync::Mutex<VecDeque<Arc<Waiter>>>,
+    /// How many are in `queue`: read without its lock by a notifier.
+    waiting: AtomicUsize,
+}
+
+/// One waiting thread.
+#[derive(Debug)]
+struct Waiter {
+    thread: Thread,
+    notified: AtomicBool,
 }
 
 impl Condvar {
     /// A condition variable no thread waits on.
     pub const fn new() -> Self {
         Self {
-            inner: std::sync::Condvar::new(),
-            waiters: AtomicUsize::new(0),
+            queue: std::sync::Mutex::new(VecDeque::new()),
+            waiting: AtomicUsize::new(0),
         }
     }
 
-    /// Releases `guard`'s lock until notified (or woken spuriously), then
-    /// takes it again.
+    /// Releases `guard`'s lock until notified, then takes it again.
     pub fn wait<T>(&self, guard: &mut MutexGuard<'_, T>) {
-        self.wait_with(guard, |inner, held| {
-            inner.wait(held).unwrap_or_else(PoisonError::into_inner)
+        self.wait_with(guard, |notified| {
+            while !notified.load(Ordering::Acquire) {
+                std::thread::park();
+            }
         });
     }
 
     /// As [`Condvar::wait`], until `deadline` at the latest.
     pub fn wait_until<T>(&self, guard: &mut MutexGuard<'_, T>, deadline: Instant) {
-        let timeout = deadline.saturating_duration_since(Instant::now());
-        self.wait_with(guard, |inner, held| {
-            inner
-                .wait_timeout(held, timeout)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0
+        self.wait_with(guard, |notified| {
+            while !notified.load(Ordering::Acquire) {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return;
+                }
+                std::thread::park_timeout(left);
+            }
         });
     }
 
-    fn wait_with<'a, T>(
-        &self,
-        guard: &mut MutexGuard<'a, T>,
-        wait: impl FnOnce(
-            &std::sync::Condvar,
-            std::sync::MutexGuard<'a, T>,
-        ) -> std::sync::MutexGuard<'a, T>,
-    ) {
-        let held = guard.guard.take().expect("the lock is held");
-        self.waiters.fetch_add(1, Ordering::SeqCst);
-        let held = wait(&self.inner, held);
-        self.waiters.fetch_sub(1, Ordering::SeqCst);
-        guard.guard = Some(held);
+    /// Queues this thread, releases `guard`'s lock, parks (`park` returns
+    /// once notified, or at its deadline), leaves the queue if still on it,
+    /// and takes the lock again.
+    fn wait_with<T>(&self, guard: &mut MutexGuard<'_, T>, park: impl FnOnce(&AtomicBool)) {
+        let waiter = Arc::new(Waiter {
+            thread: std::thread::current(),
+            notified: AtomicBool::new(false),
+        });
+        self.queue().push_back(Arc::clone(&waiter));
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        MutexGuard::unlocked(guard, || {
+            park(&waiter.notified);
+            if !waiter.notified.load(Ordering::Acquire) {
+                let mut queue = self.queue();
+                if let Some(at) = queue.iter().position(|w| Arc::ptr_eq(w, &waiter)) {
+                    queue.remove(at);
+                    self.waiting.fetch_sub(1, Ordering::SeqCst);
+                }
+            }
+        });
+    }
+
+    fn queue(&self) -> std::sync::MutexGuard<'_, VecDeque<Arc<Waiter>>> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Wakes up to `count` waiting threads, the longest waiting first.
+    fn notify(&self, count: usize) {
+        if self.waiting.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        let mut queue = self.queue();
+        let woken = count.min(queue.len());
+        self.waiting.fetch_sub(woken, Ordering::SeqCst);
+        for waiter in queue.drain(..woken) {
+            waiter.notified.store(true, Ordering::Release);
+            waiter.thread.unpark();
+        }
     }
 
     /// Wakes one waiting thread, if any.
     pub fn notify_one(&self) {
-        if self.waiters.load(Ordering::SeqCst) != 0 {
-            self.inner.notify_one();
-        }
+        self.notify(1);
     }
 
     /// Wakes every waiting thread.
     pub fn notify_all(&self) {
-        if self.waiters.load(Ordering::SeqCst) != 0 {
-            self.inner.notify_all();
-        }
+        self.notify(usize::MAX);
     }
 }
 
@@ -192,7 +257,6 @@ impl<T> RwLock<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
     use std::time::Duration;
 
     #[test]
@@ -252,6 +316,7 @@ mod tests {
         let mut guard = mutex.lock();
         let deadline = Instant::now() + Duration::from_millis(20);
         condvar.wait_until(&mut guard, deadline);
-        assert_eq!(condvar.waiters.load(Ordering::SeqCst), 0);
+        assert_eq!(condvar.waiting.load(Ordering::SeqCst), 0);
+        assert!(condvar.queue().is_empty());
     }
 }
