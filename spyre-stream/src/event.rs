@@ -174,11 +174,22 @@ impl SpyreEvent {
             let (completion, entry) = trace::record(stream, OperationKind::EventRecord, 0, None);
             let link = entry.link;
             let _order = self.trace_order.lock();
-            if let Err(error) = handle.record_event(&*self.event, Some(completion)) {
+            if let Err(error) = handle.record_event(&*self.event, None) {
                 entry.refused();
                 return Err(error.into());
             }
             self.traced_record.store(link, Ordering::Relaxed);
+            // Told when the record completes as a waiter is, not by a
+            // completion of the record's own: that would make the record an
+            // operation the device must run to call it, which work of other
+            // streams could delay, and the event with it.
+            match self.event.notify(completion) {
+                Ok(false) => {}
+                Ok(true) => entry.finished(self.event.query().is_err()),
+                // The runtime could not say (closed meanwhile): the trace
+                // shows the record as not finished.
+                Err(_) => {}
+            }
         } else {
             handle.record_event(&*self.event, None)?;
             self.traced_record.store(0, Ordering::Relaxed);

@@ -237,6 +237,13 @@ impl Traced {
             entry.kind = OperationKind::Refused;
         }
     }
+
+    /// The operation had finished (failed if `failed`) when the caller
+    /// learned it, which was not through the entry's completion: stamps
+    /// it finished now.
+    pub(crate) fn finished(&self, failed: bool) {
+        finish(&self.log, self.index, failed);
+    }
 }
 
 /// Records an operation about to be launched, and returns the options with
@@ -293,22 +300,25 @@ pub(crate) fn record(
         link,
     };
     let completion: Completion = Box::new(move |outcome: Result<(), FlexError>| {
-        // The time first: the lock may be busy with launches.
-        let now = Instant::now();
-        {
-            let mut guard = log.lock();
-            let finished = now.saturating_duration_since(guard.origin);
-            if let Some(entry) = guard.entries.get_mut(index) {
-                entry.finished = Some(finished);
-                entry.failed = outcome.is_err();
-                guard.finish_order.push(index);
-            }
-        }
+        finish(&log, index, outcome.is_err());
         if let Some(then) = then {
             then(outcome);
         }
     });
     (completion, entry)
+}
+
+/// Stamps entry `index` of `log` finished now (failed if `failed`).
+fn finish(log: &Mutex<Log>, index: usize, failed: bool) {
+    // The time first: the lock may be busy with launches.
+    let now = Instant::now();
+    let mut guard = log.lock();
+    let finished = now.saturating_duration_since(guard.origin);
+    if let Some(entry) = guard.entries.get_mut(index) {
+        entry.finished = Some(finished);
+        entry.failed = failed;
+        guard.finish_order.push(index);
+    }
 }
 
 /// Records a wait of `stream` on the record with `link` (finished when

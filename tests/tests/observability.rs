@@ -158,6 +158,36 @@ fn a_trace_holds_each_launch_record_and_wait_once() {
     });
 }
 
+/// Tracing does not change when an event completes: a record on an idle
+/// stream is complete at once, also while the one engine runs work of a
+/// high-priority stream (flex-rt's `Stream::record_event`: later launches
+/// do not delay an event). Before the trace asked to be told of a record's
+/// completion as a waiter is, it gave the record a completion of its own,
+/// which made the record an operation the engine had to run: the event
+/// stayed incomplete until the high-priority work ended.
+#[test]
+fn tracing_does_not_delay_an_events_completion() {
+    isolated!(&[MOCK, ("SPYRE_MOCK_ENGINES", "1")], || {
+        let high = stream_from_pool(Device::CURRENT, -1).expect("stream_from_pool");
+        let idle = pool_stream();
+        let busy = Gate::hold_pool_stream(high);
+        start_trace();
+        let event = SpyreEvent::new().unwrap();
+        event.record(idle).unwrap();
+        let complete_at_once = event.query().unwrap();
+        busy.open();
+        high.synchronize().unwrap();
+        let trace = stop_trace();
+        assert!(complete_at_once, "nothing was enqueued before the record");
+        let record = &trace.entries[0];
+        assert_eq!(
+            (record.kind, record.stream),
+            (OperationKind::EventRecord, idle)
+        );
+        assert!(record.finished.is_some() && !record.failed, "{record:?}");
+    });
+}
+
 #[test]
 fn the_devices_most_in_flight_counts_every_stream_together() {
     isolated!(&[MOCK], || {
