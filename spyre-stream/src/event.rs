@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use flex_rt::{Capabilities, FlexError, Status};
+use flex_rt::{Capabilities, Event, FlexError, Status};
 use parking_lot::Mutex;
 
 use crate::device::Device;
@@ -80,7 +80,7 @@ use crate::trace::{self, OperationKind};
 /// `Send + Sync`: an event may be recorded, waited on, queried and awaited
 /// from any thread; concurrent records are serialized, the last one wins.
 pub struct SpyreEvent {
-    event: RuntimeEvent,
+    shared: Arc<Shared>,
     device: u8,
     timing: bool,
     /// Whether a record has been made (for [`SpyreEvent::elapsed_time`]'s
@@ -93,6 +93,16 @@ pub struct SpyreEvent {
     /// wait then cannot make the wait's entry link a record other than the
     /// one it waits for.
     trace_order: Mutex<()>,
+}
+
+/// A [`SpyreEvent`]'s runtime event and the count of its records, shared
+/// with the futures that await it.
+struct Shared {
+    event: RuntimeEvent,
+    /// Records begun ([`SpyreEvent::record`] called), and records whose
+    /// call has returned.
+    begun: AtomicU64,
+    made: AtomicU64,
 }
 
 impl SpyreEvent {
@@ -138,7 +148,11 @@ impl SpyreEvent {
 
     fn of(event: RuntimeEvent, device: u8, timing: bool) -> Self {
         Self {
-            event,
+            shared: Arc::new(Shared {
+                event,
+                begun: AtomicU64::new(0),
+                made: AtomicU64::new(0),
+            }),
             device,
             timing,
             recorded: AtomicBool::new(false),
@@ -169,12 +183,20 @@ impl SpyreEvent {
     /// stream of another device); the stream's error if it has failed. On
     /// error the event is unchanged.
     pub fn record(&self, stream: SpyreStream) -> Result<()> {
+        self.shared.begun.fetch_add(1, Ordering::SeqCst);
+        let recorded = self.record_counted(stream);
+        self.shared.made.fetch_add(1, Ordering::SeqCst);
+        recorded
+    }
+
+    /// [`SpyreEvent::record`], counted by the caller.
+    fn record_counted(&self, stream: SpyreStream) -> Result<()> {
         let handle = stream.handle()?;
         if trace::is_on() {
             let (completion, entry) = trace::record(stream, OperationKind::EventRecord, 0, None);
             let link = entry.link;
             let _order = self.trace_order.lock();
-            if let Err(error) = handle.record_event(&*self.event, None) {
+            if let Err(error) = handle.record_event(self.event(), None) {
                 entry.refused();
                 return Err(error.into());
             }
@@ -183,15 +205,15 @@ impl SpyreEvent {
             // completion of the record's own: that would make the record an
             // operation the device must run to call it, which work of other
             // streams could delay, and the event with it.
-            match self.event.notify(completion) {
+            match self.event().notify(completion) {
                 Ok(false) => {}
-                Ok(true) => entry.finished(self.event.query().is_err()),
+                Ok(true) => entry.finished(self.event().query().is_err()),
                 // The runtime could not say (closed meanwhile): the trace
                 // shows the record as not finished.
                 Err(_) => {}
             }
         } else {
-            handle.record_event(&*self.event, None)?;
+            handle.record_event(self.event(), None)?;
             self.traced_record.store(0, Ordering::Relaxed);
         }
         self.recorded.store(true, Ordering::Release);
@@ -220,7 +242,7 @@ impl SpyreEvent {
     pub fn wait(&self, stream: SpyreStream) -> Result<()> {
         let handle = stream.handle()?;
         if !trace::is_on() {
-            handle.wait_event(&*self.event)?;
+            handle.wait_event(self.event())?;
             return Ok(());
         }
         let link = if runtime::pool_of(stream)?
@@ -231,14 +253,14 @@ impl SpyreEvent {
             // Returns at once: no record can slip between the wait and
             // the link it reads.
             let _order = self.trace_order.lock();
-            handle.wait_event(&*self.event)?;
+            handle.wait_event(self.event())?;
             self.traced_record.load(Ordering::Relaxed)
         } else {
             // Blocks until the record completes, which may need a record
             // of this event by a callback: no lock is held meanwhile. The
             // link is the wait's only if no record was made during it.
             let before = self.traced_link();
-            handle.wait_event(&*self.event)?;
+            handle.wait_event(self.event())?;
             let after = self.traced_link();
             if before == after { before } else { 0 }
         };
@@ -262,7 +284,7 @@ impl SpyreEvent {
     /// [`Error::ForkedProcess`] in a child forked after the start.
     pub fn query(&self) -> Result<bool> {
         runtime::check_not_forked()?;
-        Ok(self.event.query()?)
+        Ok(self.event().query()?)
     }
 
     /// Blocks until the latest record has completed (`Event.synchronize()`);
@@ -277,13 +299,16 @@ impl SpyreEvent {
     /// start (the parent's device would never complete the record there).
     pub fn synchronize(&self) -> Result<()> {
         runtime::check_not_forked()?;
-        Ok(self.event.synchronize()?)
+        Ok(self.event().synchronize()?)
     }
 
     /// A future that resolves when the latest record (as of this call) has
     /// completed, with `Ok(())` or the record's error (as for
-    /// [`SpyreEvent::query`]); at once for
-    /// an event never recorded. Its waker is driven by a completion the
+    /// [`SpyreEvent::query`]: through a flex library, whose notification
+    /// carries only a status, the future asks the event's query for the
+    /// message, unless the event was recorded again meanwhile); at once for
+    /// an event never recorded. The future keeps the runtime's event until
+    /// it is dropped. Its waker is driven by a completion the
     /// runtime calls when the record completes (asked for now, with
     /// `flex_event_notify`; nothing is added to any stream): no thread
     /// blocks and nothing polls. Works on any executor; dropping it early is
@@ -294,14 +319,32 @@ impl SpyreEvent {
     /// child forked after the start the future resolves with
     /// [`Error::ForkedProcess`] (nothing is asked of the parent's runtime).
     pub fn synchronize_async(&self) -> SynchronizeFuture {
+        let awaited = self.awaited();
         SynchronizeFuture {
             // In a forked child nothing is asked; the first poll says why.
             signal: runtime::check_not_forked()
                 .is_ok()
                 .then(|| self.completion_signal()),
             slot: None,
-            _event: None,
+            awaited: Some(awaited),
         }
+    }
+
+    /// The event as a future made now awaits it: read before the future
+    /// asks the runtime, so that a record counted as begun after this is
+    /// one the future may not be bound to.
+    fn awaited(&self) -> Awaited {
+        let begun = self.shared.begun.load(Ordering::SeqCst);
+        let made = self.shared.made.load(Ordering::SeqCst);
+        Awaited {
+            shared: Arc::clone(&self.shared),
+            begun: (made == begun).then_some(begun),
+        }
+    }
+
+    /// The runtime's event.
+    fn event(&self) -> &dyn Event {
+        &*self.shared.event
     }
 
     /// A signal set when the latest record (as of this call) completes or
@@ -311,13 +354,13 @@ impl SpyreEvent {
         let signal = Signal::new();
         let completes = Arc::clone(&signal);
         match self
-            .event
+            .event()
             .notify(Box::new(move |outcome| completes.complete(outcome)))
         {
             Ok(false) => {}
             // Complete, failed, or never recorded: the query says which (a
             // record made since then is not this future's business).
-            Ok(true) => signal.complete(match self.event.query() {
+            Ok(true) => signal.complete(match self.event().query() {
                 Err(error) => Err(error),
                 Ok(_) => Ok(()),
             }),
@@ -360,7 +403,7 @@ impl SpyreEvent {
             }
         }
         let nanos = loop {
-            match self.event.elapsed_nanos(&*end.event) {
+            match self.event().elapsed_nanos(end.event()) {
                 Ok(nanos) => break nanos,
                 // Recorded again by another thread since the check above:
                 // the event that is pending now is named as the check names
@@ -407,9 +450,39 @@ pub struct SynchronizeFuture {
     signal: Option<Arc<Signal>>,
     /// This future's place among the signal's waiters, once polled.
     slot: Option<usize>,
-    /// The marker event of a stream's future, kept until the future is
-    /// dropped (dropping it never blocks).
-    _event: Option<RuntimeEvent>,
+    /// The event awaited (a stream's marker, kept until the future is
+    /// dropped, which never blocks), to name the cause of a failure.
+    awaited: Option<Awaited>,
+}
+
+/// The event a [`SynchronizeFuture`] awaits, and the count of its records
+/// begun when the future was made (`None`: one was being made then).
+struct Awaited {
+    shared: Arc<Shared>,
+    begun: Option<u64>,
+}
+
+impl Awaited {
+    /// `error`, the failure the runtime gave the future's notification,
+    /// with the message of the event's query instead when it has the same
+    /// status and no record has begun since the future was made (so the
+    /// query still reports the record the future awaits): a flex library
+    /// tells a notification only the status, and its query's message
+    /// names the recording stream's first error.
+    fn explain(&self, error: FlexError) -> FlexError {
+        let Some(begun) = self.begun else {
+            return error;
+        };
+        match self.shared.event.query() {
+            Err(cause)
+                if cause.status() == error.status()
+                    && self.shared.begun.load(Ordering::SeqCst) == begun =>
+            {
+                FlexError::new(error.status(), error.call(), cause.message())
+            }
+            _ => error,
+        }
+    }
 }
 
 impl Future for SynchronizeFuture {
@@ -420,12 +493,15 @@ impl Future for SynchronizeFuture {
             return Poll::Ready(Err(forked));
         }
         let this = self.get_mut();
-        match &this.signal {
-            None => Poll::Ready(Ok(())),
-            Some(signal) => signal
-                .poll(&mut this.slot, cx)
-                .map(|outcome| outcome.map_err(Error::Flex)),
-        }
+        let Some(signal) = &this.signal else {
+            return Poll::Ready(Ok(()));
+        };
+        signal.poll(&mut this.slot, cx).map(|outcome| {
+            outcome.map_err(|error| match &this.awaited {
+                Some(awaited) => Error::Flex(awaited.explain(error)),
+                None => Error::Flex(error),
+            })
+        })
     }
 }
 
@@ -502,11 +578,12 @@ impl SpyreStream {
     pub fn synchronize_async(self) -> Result<SynchronizeFuture> {
         let marker = SpyreEvent::marker(self)?;
         marker.record(self)?;
+        let awaited = marker.awaited();
         let signal = marker.completion_signal();
         Ok(SynchronizeFuture {
             signal: Some(signal),
             slot: None,
-            _event: Some(marker.event),
+            awaited: Some(awaited),
         })
     }
 }

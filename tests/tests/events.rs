@@ -298,6 +298,47 @@ fn a_failed_stream_fails_its_awaits_and_its_waiters() {
     });
 }
 
+/// A stream's future and an event's future of work that failed resolve
+/// with an error naming the stream's first error (as the event's query
+/// does), in process and through the flex library, whose notification
+/// carries only a status (before, its futures said only "the event's
+/// record awaited with flex_event_notify did not complete").
+fn failed_awaits_name_the_first_error() {
+    let failing = pool_stream();
+    let gate = hold(failing);
+    failing
+        .launch_host_callback(|| panic!("deliberate panic"), LaunchOptions::new())
+        .unwrap();
+    let stream_future = failing.synchronize_async().unwrap();
+    let event = SpyreEvent::new().unwrap();
+    event.record(failing).unwrap();
+    let event_future = event.synchronize_async();
+    gate.open();
+    for future in [stream_future, event_future] {
+        let err = futures_executor::block_on(future).unwrap_err();
+        assert!(
+            matches!(&err, Error::Flex(e) if e.status() == Status::STREAM_FAILED),
+            "{err:?}"
+        );
+        let message = err.to_string();
+        assert!(message.contains("HOST_CALLBACK_FAILED"), "{message}");
+        assert!(message.contains("launch_host_callback"), "{message}");
+    }
+}
+
+#[test]
+fn a_failed_await_names_the_first_error() {
+    isolated!(&[MOCK], failed_awaits_name_the_first_error);
+}
+
+#[test]
+fn a_failed_await_names_the_first_error_through_the_ffi_path() {
+    isolated!(mock_cdylib; &[], || {
+        set_backend(Box::new(HardwareBackend::open(mock_cdylib()).unwrap())).unwrap();
+        failed_awaits_name_the_first_error();
+    });
+}
+
 /// Work on `waiter` fails (at launch or on the device) with an error naming
 /// `failing` by its runtime id.
 fn waiter_fails_naming(waiter: SpyreStream, failing: SpyreStream) {
