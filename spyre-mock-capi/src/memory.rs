@@ -5,6 +5,7 @@ use flex_rt::Runtime;
 use flex_sys::bindings::{
     FLEX_SUCCESS, flex_address_chunk_t, flex_composite_address_t, flex_runtime_t, flex_status_t,
 };
+use spyre_mock::BoundedAllocation;
 
 use crate::args::{out_param, read_address};
 use crate::boundary::{Failure, boundary};
@@ -37,21 +38,19 @@ pub unsafe extern "C" fn flex_memory_allocate(
         }
         let chunks_out = out_param(chunks_out, "chunks_out")?;
         let count_out = out_param(num_chunks_out, "num_chunks_out")?;
-        let address = state.runtime.allocate(size)?;
+        let address = match state.runtime.allocate_at_most(size, capacity)? {
+            BoundedAllocation::Allocated(address) => address,
+            BoundedAllocation::NeedsChunks(needed) => {
+                // SAFETY: flex.h: `num_chunks_out` points to a writable
+                // `size_t` when not NULL (and holds the number needed on
+                // this error); checked non-null and aligned.
+                unsafe { count_out.write(needed) };
+                return Err(Failure::invalid_argument(format!(
+                    "capacity {capacity} is too small: the allocation of {size} bytes needs {needed} chunks; nothing was allocated"
+                )));
+            }
+        };
         let chunks = address.chunks();
-        if chunks.len() > capacity {
-            // Nothing may stay allocated; this address was just made, so
-            // freeing it cannot fail.
-            let _ = state.runtime.free(&address);
-            // SAFETY: flex.h: `num_chunks_out` points to a writable `size_t`
-            // when not NULL (and holds the number needed on this error);
-            // checked non-null and aligned.
-            unsafe { count_out.write(chunks.len()) };
-            return Err(Failure::invalid_argument(format!(
-                "capacity {capacity} is too small: the allocation of {size} bytes needs {} chunks; nothing was allocated",
-                chunks.len()
-            )));
-        }
         for (index, chunk) in chunks.iter().enumerate() {
             // SAFETY: flex.h: `chunks_out` has room for `capacity` entries;
             // `index < chunks.len() <= capacity`, and the pointer is non-null

@@ -192,6 +192,7 @@ pub use config::{MockConfig, MockSystemBuilder};
 pub use engine::live_engine_threads;
 pub use event::MockEvent;
 pub use faults::{RuntimeFaults, SystemFaults};
+pub use memory::BoundedAllocation;
 pub use op::{HostFn, HostSink, HostSource, Op, encode_fill_value, panic_message};
 pub use raw_call::{RawCompletion, RawContext, RawHostFn};
 pub use record::EventRecord;

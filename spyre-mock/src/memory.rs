@@ -28,6 +28,16 @@ use flex_rt::{
 
 use crate::config::MockConfig;
 
+/// What [`crate::MockRuntime::allocate_at_most`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BoundedAllocation {
+    /// The allocation, in at most the chunks allowed.
+    Allocated(CompositeAddress),
+    /// The placement would take this many chunks, more than allowed:
+    /// nothing was allocated.
+    NeedsChunks(usize),
+}
+
 /// One region of device memory.
 struct Region {
     size: usize,
@@ -165,6 +175,26 @@ impl DeviceMemory {
 
     /// Allocates `size` bytes; see the module docs for the placement rule.
     pub(crate) fn allocate(&self, size: u64) -> Result<CompositeAddress> {
+        match self.allocate_at_most(size, MAX_ADDRESS_CHUNKS)? {
+            BoundedAllocation::Allocated(address) => Ok(address),
+            // The placement never takes more chunks than an address holds.
+            BoundedAllocation::NeedsChunks(chunks) => Err(FlexError::new(
+                Status::INTERNAL,
+                "allocate",
+                format!("the placement took {chunks} chunks, more than {MAX_ADDRESS_CHUNKS}"),
+            )),
+        }
+    }
+
+    /// Allocates `size` bytes in at most `max_chunks` chunks; where the
+    /// placement rule would take more, allocates nothing and says how many
+    /// (in one step: a caller that only asks never holds memory another
+    /// allocation could have had).
+    pub(crate) fn allocate_at_most(
+        &self,
+        size: u64,
+        max_chunks: usize,
+    ) -> Result<BoundedAllocation> {
         const CALL: &str = "allocate";
         if size == 0 {
             return Err(FlexError::invalid_argument(
@@ -210,6 +240,9 @@ impl DeviceMemory {
                 )));
             }
         }
+        if pieces.len() > max_chunks {
+            return Ok(BoundedAllocation::NeedsChunks(pieces.len()));
+        }
         let mut chunks = Vec::with_capacity(pieces.len());
         let mut remaining = size;
         for &((region, offset), take) in &pieces {
@@ -238,7 +271,7 @@ impl DeviceMemory {
         let address = CompositeAddress::new(chunks)?;
         allocs.by_start.insert(address.start(), address.clone());
         tracing::trace!(%address, size, "allocated device memory");
-        Ok(address)
+        Ok(BoundedAllocation::Allocated(address))
     }
 
     /// Frees an allocation given exactly the address `allocate` returned.

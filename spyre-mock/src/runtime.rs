@@ -13,6 +13,7 @@ use crate::config::MockConfig;
 use crate::engine::{Device, spawn_engines};
 use crate::event::MockEvent;
 use crate::faults::RuntimeFaults;
+use crate::memory::BoundedAllocation;
 use crate::stream::MockStream;
 
 /// A runtime of the software device, bound to one logical device;
@@ -164,6 +165,20 @@ impl MockRuntime {
     /// backed when first written).
     pub fn backed_regions(&self) -> usize {
         self.device.memory.backed_regions()
+    }
+
+    /// Allocates `size` bytes as [`Runtime::allocate`] does, in at most
+    /// `max_chunks` chunks; where the device's placement would take more,
+    /// allocates nothing and returns how many it would take
+    /// ([`BoundedAllocation::NeedsChunks`]): `flex_memory_allocate` with a
+    /// capacity too small, answered without ever holding the memory.
+    /// Thread-safe.
+    ///
+    /// # Errors
+    /// As [`Runtime::allocate`]: `INVALID_ARGUMENT` for a size of 0,
+    /// `OUT_OF_MEMORY` when the device cannot place it at all.
+    pub fn allocate_at_most(&self, size: u64, max_chunks: usize) -> Result<BoundedAllocation> {
+        self.device.memory.allocate_at_most(size, max_chunks)
     }
 
     /// Number of engine threads of the runtime.
