@@ -83,7 +83,10 @@ pub trait Runtime: Send + Sync + fmt::Debug {
     fn allocate(&self, size: u64) -> Result<CompositeAddress>;
 
     /// Frees memory returned by [`Runtime::allocate`], given the same address.
-    /// Operations still using it fail.
+    /// Operations still using it that run while it is free fail
+    /// (`EXECUTION_FAILED`); once it is allocated again they read and write
+    /// the new allocation (`flex.h`): free only memory whose work has
+    /// completed.
     ///
     /// # Errors
     /// [`crate::Status::INVALID_ARGUMENT`] when `address` is not a live

@@ -64,8 +64,9 @@ pub unsafe extern "C" fn flex_memory_allocate(
 }
 
 /// `flex_memory_free`: frees exactly an address that `flex_memory_allocate`
-/// returned. Operations that still use it fail with
-/// `FLEX_ERROR_EXECUTION_FAILED`.
+/// returned. Operations that still use it and run while it is free fail
+/// with `FLEX_ERROR_EXECUTION_FAILED` (once allocated again, it is the new
+/// allocation's memory).
 ///
 /// # Safety
 /// `address` is NULL or points to a valid `flex_composite_address_t` whose

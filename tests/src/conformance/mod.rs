@@ -1125,9 +1125,10 @@ pub fn high_priority_work_starts_first(backend: &dyn Backend, profile: &Profile)
     }
 }
 
-/// flex.h, `flex_memory_free`: "Work that still uses the memory fails with
-/// FLEX_ERROR_EXECUTION_FAILED" — on the software device, every operation
-/// that runs after the free.
+/// flex.h, `flex_memory_free`: "Work that still uses the memory and runs
+/// while it is free fails with FLEX_ERROR_EXECUTION_FAILED" — on the
+/// software device, every operation that runs after the free, the memory
+/// not allocated again.
 pub fn work_on_freed_memory_fails(backend: &dyn Backend, profile: &Profile) {
     software_device(profile);
     let runtime = runtime(backend);
