@@ -146,6 +146,9 @@ pub struct Condvar {
 struct Waiter {
     thread: Thread,
     notified: AtomicBool,
+    /// When a timed wait ends: past it, the thread no longer counts as
+    /// waiting, and a notification goes to the next one.
+    deadline: Option<Instant>,
 }
 
 impl Condvar {
@@ -159,7 +162,7 @@ impl Condvar {
 
     /// Releases `guard`'s lock until notified, then takes it again.
     pub fn wait<T>(&self, guard: &mut MutexGuard<'_, T>) {
-        self.wait_with(guard, |notified| {
+        self.wait_with(guard, None, |notified| {
             while !notified.load(Ordering::Acquire) {
                 std::thread::park();
             }
@@ -168,7 +171,7 @@ impl Condvar {
 
     /// As [`Condvar::wait`], until `deadline` at the latest.
     pub fn wait_until<T>(&self, guard: &mut MutexGuard<'_, T>, deadline: Instant) {
-        self.wait_with(guard, |notified| {
+        self.wait_with(guard, Some(deadline), |notified| {
             while !notified.load(Ordering::Acquire) {
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
@@ -182,10 +185,16 @@ impl Condvar {
     /// Queues this thread, releases `guard`'s lock, parks (`park` returns
     /// once notified, or at its deadline), leaves the queue if still on it,
     /// and takes the lock again.
-    fn wait_with<T>(&self, guard: &mut MutexGuard<'_, T>, park: impl FnOnce(&AtomicBool)) {
+    fn wait_with<T>(
+        &self,
+        guard: &mut MutexGuard<'_, T>,
+        deadline: Option<Instant>,
+        park: impl FnOnce(&AtomicBool),
+    ) {
         let waiter = Arc::new(Waiter {
             thread: std::thread::current(),
             notified: AtomicBool::new(false),
+            deadline,
         });
         self.queue().push_back(Arc::clone(&waiter));
         self.waiting.fetch_add(1, Ordering::SeqCst);
@@ -205,18 +214,34 @@ impl Condvar {
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Wakes up to `count` waiting threads, the longest waiting first.
+    /// Wakes up to `count` waiting threads, the longest waiting first; a
+    /// thread whose timed wait has ended is passed over (it leaves the
+    /// queue itself), so that it cannot take a notification another
+    /// waiter needs.
     fn notify(&self, count: usize) {
         if self.waiting.load(Ordering::SeqCst) == 0 {
             return;
         }
         let mut queue = self.queue();
-        let woken = count.min(queue.len());
-        self.waiting.fetch_sub(woken, Ordering::SeqCst);
-        for waiter in queue.drain(..woken) {
+        let now = queue
+            .iter()
+            .any(|waiter| waiter.deadline.is_some())
+            .then(Instant::now);
+        let mut woken = 0;
+        queue.retain(|waiter| {
+            let ended = waiter
+                .deadline
+                .zip(now)
+                .is_some_and(|(deadline, now)| deadline <= now);
+            if woken == count || ended {
+                return true;
+            }
+            woken += 1;
             waiter.notified.store(true, Ordering::Release);
             waiter.thread.unpark();
-        }
+            false
+        });
+        self.waiting.fetch_sub(woken, Ordering::SeqCst);
     }
 
     /// Wakes one waiting thread, if any.
@@ -286,12 +311,23 @@ mod tests {
         assert_eq!(*mutex.lock(), 2);
     }
 
+    /// Runs `f` on a new thread; `true` if it returned within 10 s (a lost
+    /// wake-up would leave it waiting for ever).
+    fn ends_in_time(f: impl FnOnce() + Send + 'static) -> bool {
+        let (done, ended) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            f();
+            let _ = done.send(());
+        });
+        ended.recv_timeout(Duration::from_secs(10)).is_ok()
+    }
+
     #[test]
     fn a_notification_wakes_a_waiter_and_none_is_lost() {
         let shared = Arc::new((Mutex::new(0u32), Condvar::new()));
         let waiter = {
             let shared = Arc::clone(&shared);
-            std::thread::spawn(move || {
+            move || {
                 let (mutex, condvar) = &*shared;
                 let mut seen = mutex.lock();
                 for round in 1..=1000 {
@@ -299,14 +335,96 @@ mod tests {
                         condvar.wait(&mut seen);
                     }
                 }
+            }
+        };
+        let notifier = {
+            let shared = Arc::clone(&shared);
+            std::thread::spawn(move || {
+                let (mutex, condvar) = &*shared;
+                for _ in 0..1000 {
+                    *mutex.lock() += 1;
+                    condvar.notify_one();
+                }
             })
         };
-        let (mutex, condvar) = &*shared;
-        for _ in 0..1000 {
-            *mutex.lock() += 1;
-            condvar.notify_one();
+        assert!(ends_in_time(waiter), "the waiter saw every round");
+        notifier.join().unwrap();
+    }
+
+    #[test]
+    fn notify_all_wakes_every_waiter() {
+        let shared = Arc::new((Mutex::new(false), Condvar::new()));
+        let (started, all_started) = std::sync::mpsc::channel();
+        let waiters: Vec<_> = (0..4)
+            .map(|_| {
+                let (shared, started) = (Arc::clone(&shared), started.clone());
+                std::thread::spawn(move || {
+                    let (mutex, condvar) = &*shared;
+                    let mut go = mutex.lock();
+                    started.send(()).unwrap();
+                    while !*go {
+                        condvar.wait(&mut go);
+                    }
+                })
+            })
+            .collect();
+        for _ in 0..4 {
+            all_started.recv().unwrap();
         }
-        waiter.join().expect("the waiter saw every round");
+        *shared.0.lock() = true;
+        shared.1.notify_all();
+        assert!(ends_in_time(move || {
+            for waiter in waiters {
+                waiter.join().unwrap();
+            }
+        }));
+    }
+
+    /// A thread whose timed wait has ended but that has not left the queue
+    /// yet does not take a `notify_one` meant for a thread still waiting.
+    /// Before, the ended one took it in two thirds of the trials, and the
+    /// other slept on with its condition true.
+    #[test]
+    fn a_waiter_past_its_deadline_leaves_a_notification_to_the_next() {
+        for _ in 0..50 {
+            let shared = Arc::new((Mutex::new(false), Condvar::new()));
+            let deadline = Instant::now() + Duration::from_millis(2);
+            let timed = {
+                let shared = Arc::clone(&shared);
+                std::thread::spawn(move || {
+                    let (mutex, condvar) = &*shared;
+                    condvar.wait_until(&mut mutex.lock(), deadline);
+                })
+            };
+            let (queued, waiting) = std::sync::mpsc::channel();
+            let waiter = {
+                let shared = Arc::clone(&shared);
+                move || {
+                    let (mutex, condvar) = &*shared;
+                    let mut go = mutex.lock();
+                    queued.send(()).unwrap();
+                    while !*go {
+                        condvar.wait(&mut go);
+                    }
+                }
+            };
+            let (done, ended) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                waiter();
+                let _ = done.send(());
+            });
+            waiting.recv().unwrap();
+            while Instant::now() <= deadline {
+                std::hint::spin_loop();
+            }
+            *shared.0.lock() = true;
+            shared.1.notify_one();
+            assert!(
+                ended.recv_timeout(Duration::from_secs(10)).is_ok(),
+                "the waiter still waiting was not woken"
+            );
+            timed.join().unwrap();
+        }
     }
 
     #[test]
