@@ -12,7 +12,7 @@
 //! by a wait on an event counts from then too; the wait itself is an entry
 //! of its own, linked to the record it waits for).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -172,22 +172,35 @@ pub fn stop_trace() -> Trace {
 /// (`finish_order`, indices into `entries`), in the places its finished
 /// operations have among its entries: launches from several threads may
 /// have been appended in another order than the stream ran them. Waits,
-/// and operations that did not finish, keep their places.
+/// operations that did not finish, and those stamped out of their
+/// stream's finish order ([`Traced::finished`]) keep their places.
 fn derive_starts(entries: &mut [TraceEntry], finish_order: &[usize]) {
     let records: HashMap<u64, Duration> = entries
         .iter()
         .filter(|e| e.kind == OperationKind::EventRecord)
         .filter_map(|e| Some((e.link?, e.finished?)))
         .collect();
-    let stamped = |e: &TraceEntry| e.kind != OperationKind::EventWait && e.finished.is_some();
+    let ordered: HashSet<usize> = finish_order.iter().copied().collect();
+    // Whether each entry takes its place from `finish_order`.
+    let in_order: Vec<bool> = entries
+        .iter()
+        .enumerate()
+        .map(|(index, e)| {
+            e.kind != OperationKind::EventWait && e.finished.is_some() && ordered.contains(&index)
+        })
+        .collect();
+    let stamped = |index: usize| in_order.get(index).copied().unwrap_or(false);
     let mut places: HashMap<SpyreStream, Vec<usize>> = HashMap::new();
     for (index, entry) in entries.iter().enumerate() {
         places.entry(entry.stream).or_default().push(index);
     }
     let mut finished: HashMap<SpyreStream, Vec<usize>> = HashMap::new();
     for &index in finish_order {
-        if let Some(entry) = entries.get(index).filter(|e| stamped(e)) {
-            finished.entry(entry.stream).or_default().push(index);
+        if stamped(index) {
+            finished
+                .entry(entries[index].stream)
+                .or_default()
+                .push(index);
         }
     }
     for (stream, places) in places {
@@ -195,7 +208,7 @@ fn derive_starts(entries: &mut [TraceEntry], finish_order: &[usize]) {
         let order: Vec<usize> = places
             .into_iter()
             .map(|place| {
-                if stamped(&entries[place]) {
+                if stamped(place) {
                     in_finish_order.next().unwrap_or(place)
                 } else {
                     place
@@ -240,9 +253,11 @@ impl Traced {
 
     /// The operation had finished (failed if `failed`) when the caller
     /// learned it, which was not through the entry's completion: stamps
-    /// it finished now.
+    /// it finished now, out of its stream's finish order (the completions
+    /// of the operations before it may not have been called yet), so it
+    /// keeps its place among its stream's entries.
     pub(crate) fn finished(&self, failed: bool) {
-        finish(&self.log, self.index, failed);
+        finish(&self.log, self.index, failed, false);
     }
 }
 
@@ -300,7 +315,7 @@ pub(crate) fn record(
         link,
     };
     let completion: Completion = Box::new(move |outcome: Result<(), FlexError>| {
-        finish(&log, index, outcome.is_err());
+        finish(&log, index, outcome.is_err(), true);
         if let Some(then) = then {
             then(outcome);
         }
@@ -308,8 +323,10 @@ pub(crate) fn record(
     (completion, entry)
 }
 
-/// Stamps entry `index` of `log` finished now (failed if `failed`).
-fn finish(log: &Mutex<Log>, index: usize, failed: bool) {
+/// Stamps entry `index` of `log` finished now (failed if `failed`); with
+/// `in_stream_order`, as the latest of its stream's operations to finish
+/// (see [`derive_starts`]).
+fn finish(log: &Mutex<Log>, index: usize, failed: bool, in_stream_order: bool) {
     // The time first: the lock may be busy with launches.
     let now = Instant::now();
     let mut guard = log.lock();
@@ -317,7 +334,9 @@ fn finish(log: &Mutex<Log>, index: usize, failed: bool) {
     if let Some(entry) = guard.entries.get_mut(index) {
         entry.finished = Some(finished);
         entry.failed = failed;
-        guard.finish_order.push(index);
+        if in_stream_order {
+            guard.finish_order.push(index);
+        }
     }
 }
 
@@ -375,6 +394,21 @@ mod tests {
     fn derive_in_log_order(entries: &mut [TraceEntry]) {
         let order: Vec<usize> = (0..entries.len()).collect();
         derive_starts(entries, &order);
+    }
+
+    /// A record stamped when the trace learned it had completed, not by a
+    /// completion ([`Traced::finished`]), is not in the finish order: it
+    /// keeps its place among its stream's entries, and the operations
+    /// that are take theirs. Before, it took a finished operation's place
+    /// and that operation was placed twice (the record never started).
+    #[test]
+    fn a_record_stamped_out_of_the_finish_order_keeps_its_place() {
+        let mut record = entry(1, 5, 10);
+        record.kind = OperationKind::EventRecord;
+        let mut entries = vec![record, entry(1, 12, 50)];
+        derive_starts(&mut entries, &[1]);
+        assert_eq!(entries[0].started, Some(Duration::from_micros(5)));
+        assert_eq!(entries[1].started, Some(Duration::from_micros(12)));
     }
 
     #[test]
