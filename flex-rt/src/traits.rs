@@ -84,8 +84,8 @@ pub trait Runtime: Send + Sync + fmt::Debug {
 
     /// Frees memory returned by [`Runtime::allocate`], given the same address.
     /// Operations still using it that run while it is free fail
-    /// (`EXECUTION_FAILED`); once it is allocated again they read and write
-    /// the new allocation (`flex.h`): free only memory whose work has
+    /// (`EXECUTION_FAILED`); once it is allocated again they may read and
+    /// write the new allocation (`flex.h`): free only memory whose work has
     /// completed.
     ///
     /// # Errors

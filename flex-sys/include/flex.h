@@ -326,8 +326,8 @@ flex_status_t flex_memory_allocate(flex_runtime_t *runtime, uint64_t size,
 /** Frees memory from flex_memory_allocate, given exactly the chunks it
  *  returned. Work that still uses the memory and runs while it is free
  *  fails with FLEX_ERROR_EXECUTION_FAILED; once the memory has been
- *  allocated again it belongs to the new allocation, and such work reads
- *  and writes it. Free memory only once the work that uses it has
+ *  allocated again it belongs to the new allocation, and such work may
+ *  read and write it. Free memory only once the work that uses it has
  *  completed. Returns FLEX_SUCCESS;
  *  FLEX_ERROR_INVALID_HANDLE; FLEX_ERROR_INVALID_ARGUMENT (address NULL, or
  *  not an allocation of this runtime; nothing is freed). */

@@ -661,7 +661,7 @@ impl FlexApi {
         }
     }
     #[must_use]
-    #[doc = " Frees memory from flex_memory_allocate, given exactly the chunks it\n  returned. Work that still uses the memory and runs while it is free\n  fails with FLEX_ERROR_EXECUTION_FAILED; once the memory has been\n  allocated again it belongs to the new allocation, and such work reads\n  and writes it. Free memory only once the work that uses it has\n  completed. Returns FLEX_SUCCESS;\n  FLEX_ERROR_INVALID_HANDLE; FLEX_ERROR_INVALID_ARGUMENT (address NULL, or\n  not an allocation of this runtime; nothing is freed)."]
+    #[doc = " Frees memory from flex_memory_allocate, given exactly the chunks it\n  returned. Work that still uses the memory and runs while it is free\n  fails with FLEX_ERROR_EXECUTION_FAILED; once the memory has been\n  allocated again it belongs to the new allocation, and such work may\n  read and write it. Free memory only once the work that uses it has\n  completed. Returns FLEX_SUCCESS;\n  FLEX_ERROR_INVALID_HANDLE; FLEX_ERROR_INVALID_ARGUMENT (address NULL, or\n  not an allocation of this runtime; nothing is freed)."]
     pub unsafe fn flex_memory_free(
         &self,
         runtime: *mut flex_runtime_t,
