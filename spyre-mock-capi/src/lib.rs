@@ -67,7 +67,9 @@
 //!   threads are not in the child), checked as the handle is looked up:
 //!   one relaxed atomic load per call. The library's process-wide locks
 //!   are held across `fork()` (`pthread_atfork`), so a call another thread
-//!   was making at the fork does not leave the child blocked on its lock.
+//!   was making at the fork does not leave the child blocked on its lock,
+//!   and the device's locks and waits share no process-wide state
+//!   (`spyre_mock::sync`), so a runtime the child makes runs as any other.
 //! - **Panics** never cross the C boundary: each export runs under
 //!   `catch_unwind`, and a panic becomes `FLEX_ERROR_INTERNAL` with the panic
 //!   message as the last error.
