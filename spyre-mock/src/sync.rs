@@ -324,13 +324,14 @@ mod tests {
 
     #[test]
     fn a_notification_wakes_a_waiter_and_none_is_lost() {
+        const ROUNDS: u32 = if cfg!(miri) { 50 } else { 1000 };
         let shared = Arc::new((Mutex::new(0u32), Condvar::new()));
         let waiter = {
             let shared = Arc::clone(&shared);
             move || {
                 let (mutex, condvar) = &*shared;
                 let mut seen = mutex.lock();
-                for round in 1..=1000 {
+                for round in 1..=ROUNDS {
                     while *seen < round {
                         condvar.wait(&mut seen);
                     }
@@ -341,7 +342,7 @@ mod tests {
             let shared = Arc::clone(&shared);
             std::thread::spawn(move || {
                 let (mutex, condvar) = &*shared;
-                for _ in 0..1000 {
+                for _ in 0..ROUNDS {
                     *mutex.lock() += 1;
                     condvar.notify_one();
                 }
@@ -386,7 +387,7 @@ mod tests {
     /// other slept on with its condition true.
     #[test]
     fn a_waiter_past_its_deadline_leaves_a_notification_to_the_next() {
-        for _ in 0..50 {
+        for _ in 0..if cfg!(miri) { 2 } else { 50 } {
             let shared = Arc::new((Mutex::new(false), Condvar::new()));
             let deadline = Instant::now() + Duration::from_millis(2);
             let timed = {
