@@ -21,6 +21,7 @@
 //! the operation's error, so the state behind a lock is whole: poisoning is
 //! ignored.
 
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -40,9 +41,91 @@ impl<T> Mutex<T> {
 
     /// Blocks until the lock is free, and takes it.
     pub fn lock(&self) -> MutexGuard<'_, T> {
+        let guard = lock(&self.0);
+        Held::took();
         MutexGuard {
             mutex: &self.0,
-            guard: Some(lock(&self.0)),
+            guard: Some(guard),
+        }
+    }
+}
+
+/// How many of this module's locks the current thread holds, and the
+/// threads its [`Condvar`] notifications woke meanwhile, to unpark once it
+/// holds none (see [`Condvar`]).
+struct Held;
+
+thread_local! {
+    /// [`Mutex`] locks the thread holds now, plus [`DEFERRED_BIT`] while
+    /// `DEFERRED` may hold a thread: one word, so that taking and
+    /// releasing a lock look at one thread-local each.
+    static HELD: Cell<u32> = const { Cell::new(0) };
+    /// Threads notified while this thread held a lock, to unpark once it
+    /// holds none.
+    static DEFERRED: RefCell<Vec<Thread>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The bit of `HELD` set while `DEFERRED` may hold a thread.
+const DEFERRED_BIT: u32 = 1 << 31;
+
+impl Held {
+    /// The thread took a lock.
+    fn took() {
+        HELD.with(|held| held.set(held.get() + 1));
+    }
+
+    /// The thread released a lock: unparks the threads its notifications
+    /// woke meanwhile if it now holds none.
+    fn released() {
+        let left = HELD.with(|held| {
+            let left = held.get() - 1;
+            held.set(left);
+            left
+        });
+        if left == DEFERRED_BIT {
+            Self::unpark_deferred();
+        }
+    }
+
+    /// Whether the thread holds a lock now.
+    fn any() -> bool {
+        HELD.with(|held| held.get() & !DEFERRED_BIT != 0)
+    }
+
+    /// Keeps `thread` to unpark once the current thread, which holds a
+    /// lock, holds none; unparks it now if the thread's list is gone (a
+    /// notification from another thread-local's destructor).
+    fn defer(thread: Thread) {
+        let mut thread = Some(thread);
+        let kept = DEFERRED.try_with(|deferred| {
+            if let Some(thread) = thread.take() {
+                deferred.borrow_mut().push(thread);
+            }
+        });
+        match (kept, thread) {
+            (Ok(()), _) => HELD.with(|held| held.set(held.get() | DEFERRED_BIT)),
+            (Err(_), Some(thread)) => thread.unpark(),
+            (Err(_), None) => {}
+        }
+    }
+
+    /// Unparks every thread whose wake-up waits for this thread's locks;
+    /// also called before the thread blocks, whatever it still holds (the
+    /// threads it woke might be the ones to wake it). The list keeps its
+    /// capacity for the next.
+    fn unpark_deferred() {
+        let any = HELD.with(|held| {
+            let any = held.get() & DEFERRED_BIT != 0;
+            held.set(held.get() & !DEFERRED_BIT);
+            any
+        });
+        if any {
+            let _gone = DEFERRED.try_with(|deferred| {
+                deferred
+                    .borrow_mut()
+                    .drain(..)
+                    .for_each(|thread| thread.unpark());
+            });
         }
     }
 }
@@ -87,6 +170,7 @@ impl<T> MutexGuard<'_, T> {
     /// when `f` unwinds).
     pub fn unlocked<U>(this: &mut Self, f: impl FnOnce() -> U) -> U {
         this.guard = None;
+        Held::released();
         let relock = Relock(this);
         let result = f();
         drop(relock);
@@ -101,6 +185,15 @@ struct Relock<'g, 'a, T>(&'g mut MutexGuard<'a, T>);
 impl<T> Drop for Relock<'_, '_, T> {
     fn drop(&mut self) {
         self.0.guard = Some(lock(self.0.mutex));
+        Held::took();
+    }
+}
+
+impl<T> Drop for MutexGuard<'_, T> {
+    fn drop(&mut self) {
+        if self.guard.take().is_some() {
+            Held::released();
+        }
     }
 }
 
@@ -123,10 +216,21 @@ impl<T> DerefMut for MutexGuard<'_, T> {
 /// Made of the standard library's thread parking (a futex word of each
 /// thread) and a queue of the threads waiting: a notified thread is taken
 /// off the queue and unparked, and takes the mutex again once it runs,
-/// through [`Mutex::lock`]'s brief spin (a notifier holding the mutex has
-/// usually released it by then), not, as with `std::sync::Condvar`, at
-/// once inside the wait, which on a held mutex would block it a second
-/// time.
+/// through [`Mutex::lock`]'s brief spin, not, as with
+/// `std::sync::Condvar`, at once inside the wait, which on a held mutex
+/// would block it a second time.
+///
+/// A thread notified by a thread that holds a [`Mutex`] (any of them) is
+/// unparked once the notifier holds none, or before the notifier itself
+/// waits on a condition variable, whichever comes first: woken at once it
+/// would only find the lock held (an engine that finishes an operation
+/// holds the device's lock on through taking its next one), yield and
+/// block on it again, and the wake-up call would lengthen the notifier's
+/// hold. So a thread that notifies under a lock must not block, other
+/// than in [`Condvar::wait`] (spin, sleep, join a thread), before it
+/// releases its locks. The device's locks are held only for bookkeeping:
+/// host functions, completions and notifications run with none held (a
+/// `tracing` subscriber's events may be logged under the lock).
 ///
 /// A notification with no thread waiting costs one load. That is exact
 /// for the one use the device makes of it: a waiter looks at its condition
@@ -199,6 +303,7 @@ impl Condvar {
         self.queue().push_back(Arc::clone(&waiter));
         self.waiting.fetch_add(1, Ordering::SeqCst);
         MutexGuard::unlocked(guard, || {
+            Held::unpark_deferred();
             park(&waiter.notified);
             if !waiter.notified.load(Ordering::Acquire) {
                 let mut queue = self.queue();
@@ -217,31 +322,45 @@ impl Condvar {
     /// Wakes up to `count` waiting threads, the longest waiting first; a
     /// thread whose timed wait has ended is passed over (it leaves the
     /// queue itself), so that it cannot take a notification another
-    /// waiter needs.
+    /// waiter needs. The woken are unparked after the queue's lock is
+    /// released, and after the caller's locks are ([`Held`]).
     fn notify(&self, count: usize) {
         if self.waiting.load(Ordering::SeqCst) == 0 {
             return;
         }
-        let mut queue = self.queue();
-        let now = queue
-            .iter()
-            .any(|waiter| waiter.deadline.is_some())
-            .then(Instant::now);
+        // Under a lock of the caller's, the woken are kept for later ([`Held`]),
+        // else unparked once the queue's lock is released.
+        let defer = Held::any();
         let mut woken = 0;
-        queue.retain(|waiter| {
-            let ended = waiter
-                .deadline
-                .zip(now)
-                .is_some_and(|(deadline, now)| deadline <= now);
-            if woken == count || ended {
-                return true;
-            }
-            woken += 1;
-            waiter.notified.store(true, Ordering::Release);
-            waiter.thread.unpark();
-            false
-        });
-        self.waiting.fetch_sub(woken, Ordering::SeqCst);
+        let mut unpark = Vec::new();
+        {
+            let mut queue = self.queue();
+            let now = queue
+                .iter()
+                .any(|waiter| waiter.deadline.is_some())
+                .then(Instant::now);
+            queue.retain(|waiter| {
+                let ended = waiter
+                    .deadline
+                    .zip(now)
+                    .is_some_and(|(deadline, now)| deadline <= now);
+                if woken == count || ended {
+                    return true;
+                }
+                woken += 1;
+                waiter.notified.store(true, Ordering::Release);
+                if defer {
+                    Held::defer(waiter.thread.clone());
+                } else {
+                    unpark.push(waiter.thread.clone());
+                }
+                false
+            });
+            self.waiting.fetch_sub(woken, Ordering::SeqCst);
+        }
+        for thread in unpark {
+            thread.unpark();
+        }
     }
 
     /// Wakes one waiting thread, if any.
@@ -379,6 +498,84 @@ mod tests {
                 waiter.join().unwrap();
             }
         }));
+    }
+
+    /// A waiter notified while its notifier holds a lock (here another
+    /// one than the waiter's) is unparked once the notifier holds none.
+    /// (Checked on the notifier's list: the waiter itself may see its
+    /// notification before it parks, and go on without the unpark.)
+    #[test]
+    fn a_waiter_notified_under_a_lock_is_unparked_once_the_notifier_holds_none() {
+        let deferred = || DEFERRED.with(|deferred| deferred.borrow().len());
+        let shared = Arc::new((Mutex::new(false), Condvar::new()));
+        let (queued, waiting) = std::sync::mpsc::channel();
+        let waiter = {
+            let shared = Arc::clone(&shared);
+            move || {
+                let (mutex, condvar) = &*shared;
+                let mut go = mutex.lock();
+                queued.send(()).unwrap();
+                while !*go {
+                    condvar.wait(&mut go);
+                }
+            }
+        };
+        let (done, ended) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            waiter();
+            let _ = done.send(());
+        });
+        waiting.recv().unwrap();
+        let other = Mutex::new(());
+        let held = other.lock();
+        // Taken once the waiter is queued and has released it.
+        *shared.0.lock() = true;
+        shared.1.notify_one();
+        assert_eq!(deferred(), 1, "the unpark waits for `held`");
+        drop(held);
+        assert_eq!(deferred(), 0, "unparked on release");
+        assert!(
+            ended.recv_timeout(Duration::from_secs(10)).is_ok(),
+            "the waiter ran on"
+        );
+    }
+
+    /// A thread that notifies under a lock and then waits itself, that lock
+    /// still held, unparks the notified thread before it parks: here the
+    /// notified thread is the one to wake it.
+    #[test]
+    fn a_notifier_that_waits_with_a_lock_held_wakes_its_waiter_first() {
+        let ping = Arc::new((Mutex::new(false), Condvar::new()));
+        let pong = Arc::new((Mutex::new(false), Condvar::new()));
+        let (queued, waiting) = std::sync::mpsc::channel();
+        let answerer = {
+            let (ping, pong) = (Arc::clone(&ping), Arc::clone(&pong));
+            std::thread::spawn(move || {
+                let mut pinged = ping.0.lock();
+                queued.send(()).unwrap();
+                while !*pinged {
+                    ping.1.wait(&mut pinged);
+                }
+                drop(pinged);
+                *pong.0.lock() = true;
+                pong.1.notify_one();
+            })
+        };
+        waiting.recv().unwrap();
+        assert!(
+            ends_in_time(move || {
+                let other = Mutex::new(());
+                let _held = other.lock();
+                *ping.0.lock() = true;
+                ping.1.notify_one();
+                let mut ponged = pong.0.lock();
+                while !*ponged {
+                    pong.1.wait(&mut ponged);
+                }
+            }),
+            "the notifier was answered"
+        );
+        answerer.join().unwrap();
     }
 
     /// A thread whose timed wait has ended but that has not left the queue
