@@ -326,7 +326,7 @@ impl SpyreEvent {
                 .is_ok()
                 .then(|| self.completion_signal()),
             slot: None,
-            awaited: Some(awaited),
+            awaited,
         }
     }
 
@@ -452,7 +452,7 @@ pub struct SynchronizeFuture {
     slot: Option<usize>,
     /// The event awaited (a stream's marker, kept until the future is
     /// dropped, which never blocks), to name the cause of a failure.
-    awaited: Option<Awaited>,
+    awaited: Awaited,
 }
 
 /// The event a [`SynchronizeFuture`] awaits, and the count of its records
@@ -496,12 +496,9 @@ impl Future for SynchronizeFuture {
         let Some(signal) = &this.signal else {
             return Poll::Ready(Ok(()));
         };
-        signal.poll(&mut this.slot, cx).map(|outcome| {
-            outcome.map_err(|error| match &this.awaited {
-                Some(awaited) => Error::Flex(awaited.explain(error)),
-                None => Error::Flex(error),
-            })
-        })
+        signal
+            .poll(&mut this.slot, cx)
+            .map(|outcome| outcome.map_err(|error| Error::Flex(this.awaited.explain(error))))
     }
 }
 
@@ -583,7 +580,7 @@ impl SpyreStream {
         Ok(SynchronizeFuture {
             signal: Some(signal),
             slot: None,
-            awaited: Some(awaited),
+            awaited,
         })
     }
 }
