@@ -154,7 +154,7 @@ impl Device {
                 op_latency: config.op_latency(),
                 copy_bandwidth: config.copy_bandwidth(),
             },
-            scheduler: CachePadded::new(Mutex::new(Scheduler::new(config.check_reuse()))),
+            scheduler: CachePadded::new(Mutex::new_deferring(Scheduler::new(config.check_reuse()))),
             work: Condvar::new(),
             sync_policy: config.sync_policy(),
             device_side_wait: config.device_side_wait(),

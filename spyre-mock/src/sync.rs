@@ -31,32 +31,55 @@ use std::time::Instant;
 
 /// A mutual-exclusion lock without poisoning.
 #[derive(Debug, Default)]
-pub struct Mutex<T>(std::sync::Mutex<T>);
+pub struct Mutex<T> {
+    inner: std::sync::Mutex<T>,
+    /// Whether a thread holding it defers the wake-ups of the threads it
+    /// notifies ([`Mutex::new_deferring`]).
+    defers: bool,
+}
 
 impl<T> Mutex<T> {
     /// An unlocked mutex holding `value`.
     pub const fn new(value: T) -> Self {
-        Self(std::sync::Mutex::new(value))
+        Self {
+            inner: std::sync::Mutex::new(value),
+            defers: false,
+        }
+    }
+
+    /// An unlocked mutex holding `value`, whose holder defers the wake-ups
+    /// of the threads it notifies through a [`Condvar`] until it holds no
+    /// such lock (see [`Condvar`]): for the device's scheduler lock, which
+    /// the device holds only for bookkeeping. Not public: a caller's own
+    /// code could block while holding one (a spin, a join) and wait for a
+    /// thread whose wake-up waits for its release.
+    pub(crate) const fn new_deferring(value: T) -> Self {
+        Self {
+            inner: std::sync::Mutex::new(value),
+            defers: true,
+        }
     }
 
     /// Blocks until the lock is free, and takes it.
     pub fn lock(&self) -> MutexGuard<'_, T> {
-        let guard = lock(&self.0);
-        Held::took();
+        let guard = lock(&self.inner);
+        if self.defers {
+            Held::took();
+        }
         MutexGuard {
-            mutex: &self.0,
+            mutex: self,
             guard: Some(guard),
         }
     }
 }
 
-/// How many of this module's locks the current thread holds, and the
-/// threads its [`Condvar`] notifications woke meanwhile, to unpark once it
-/// holds none (see [`Condvar`]).
+/// How many deferring locks ([`Mutex::new_deferring`]) the current thread
+/// holds, and the threads its [`Condvar`] notifications woke meanwhile, to
+/// unpark once it holds none (see [`Condvar`]).
 struct Held;
 
 thread_local! {
-    /// [`Mutex`] locks the thread holds now, plus [`DEFERRED_BIT`] while
+    /// Deferring locks the thread holds now, plus [`DEFERRED_BIT`] while
     /// `DEFERRED` may hold a thread: one word, so that taking and
     /// releasing a lock look at one thread-local each.
     static HELD: Cell<u32> = const { Cell::new(0) };
@@ -159,7 +182,7 @@ const LOCK_SPINS: u32 = 3;
 
 /// The lock of a [`Mutex`], held until dropped.
 pub struct MutexGuard<'a, T> {
-    mutex: &'a std::sync::Mutex<T>,
+    mutex: &'a Mutex<T>,
     /// `None` only inside [`MutexGuard::unlocked`] and [`Condvar::wait`],
     /// which hold the only reference to the guard meanwhile.
     guard: Option<std::sync::MutexGuard<'a, T>>,
@@ -170,7 +193,9 @@ impl<T> MutexGuard<'_, T> {
     /// when `f` unwinds).
     pub fn unlocked<U>(this: &mut Self, f: impl FnOnce() -> U) -> U {
         this.guard = None;
-        Held::released();
+        if this.mutex.defers {
+            Held::released();
+        }
         let relock = Relock(this);
         let result = f();
         drop(relock);
@@ -184,14 +209,16 @@ struct Relock<'g, 'a, T>(&'g mut MutexGuard<'a, T>);
 
 impl<T> Drop for Relock<'_, '_, T> {
     fn drop(&mut self) {
-        self.0.guard = Some(lock(self.0.mutex));
-        Held::took();
+        self.0.guard = Some(lock(&self.0.mutex.inner));
+        if self.0.mutex.defers {
+            Held::took();
+        }
     }
 }
 
 impl<T> Drop for MutexGuard<'_, T> {
     fn drop(&mut self) {
-        if self.guard.take().is_some() {
+        if self.guard.take().is_some() && self.mutex.defers {
             Held::released();
         }
     }
@@ -220,17 +247,18 @@ impl<T> DerefMut for MutexGuard<'_, T> {
 /// `std::sync::Condvar`, at once inside the wait, which on a held mutex
 /// would block it a second time.
 ///
-/// A thread notified by a thread that holds a [`Mutex`] (any of them) is
-/// unparked once the notifier holds none, or before the notifier itself
-/// waits on a condition variable, whichever comes first: woken at once it
-/// would only find the lock held (an engine that finishes an operation
-/// holds the device's lock on through taking its next one), yield and
-/// block on it again, and the wake-up call would lengthen the notifier's
-/// hold. So a thread that notifies under a lock must not block, other
-/// than in [`Condvar::wait`] (spin, sleep, join a thread), before it
-/// releases its locks. The device's locks are held only for bookkeeping:
-/// host functions, completions and notifications run with none held (a
-/// `tracing` subscriber's events may be logged under the lock).
+/// A thread notified by a thread that holds a deferring lock (the device's
+/// scheduler lock, `Mutex::new_deferring`) is unparked once the notifier
+/// holds none, or before the notifier itself waits on a condition
+/// variable, whichever comes first: woken at once it would only find the
+/// lock held (an engine that finishes an operation holds the scheduler
+/// lock on through taking its next one), yield and block on it again, and
+/// the wake-up call would lengthen the notifier's hold. So the device never
+/// blocks, other than in [`Condvar::wait`] (no spin, sleep or join), while
+/// it holds a deferring lock: it holds the scheduler lock only for
+/// bookkeeping, and runs host functions, completions and notifications
+/// without it (a `tracing` subscriber's events may be logged under it).
+/// A notifier holding only locks made with [`Mutex::new`] wakes at once.
 ///
 /// A notification with no thread waiting costs one load. That is exact
 /// for the one use the device makes of it: a waiter looks at its condition
@@ -328,7 +356,7 @@ impl Condvar {
         if self.waiting.load(Ordering::SeqCst) == 0 {
             return;
         }
-        // Under a lock of the caller's, the woken are kept for later ([`Held`]),
+        // Under a deferring lock of the caller's, the woken are kept for later ([`Held`]),
         // else unparked once the queue's lock is released.
         let defer = Held::any();
         let mut woken = 0;
@@ -425,7 +453,7 @@ mod tests {
         }));
         assert!(unwound.is_err());
         *guard = 2;
-        assert!(mutex.0.try_lock().is_err(), "held again");
+        assert!(mutex.inner.try_lock().is_err(), "held again");
         drop(guard);
         assert_eq!(*mutex.lock(), 2);
     }
@@ -500,8 +528,9 @@ mod tests {
         }));
     }
 
-    /// A waiter notified while its notifier holds a lock (here another
-    /// one than the waiter's) is unparked once the notifier holds none.
+    /// A waiter notified while its notifier holds a deferring lock (here
+    /// another one than the waiter's) is unparked once the notifier holds
+    /// none.
     /// (Checked on the notifier's list: the waiter itself may see its
     /// notification before it parks, and go on without the unpark.)
     #[test]
@@ -526,7 +555,7 @@ mod tests {
             let _ = done.send(());
         });
         waiting.recv().unwrap();
-        let other = Mutex::new(());
+        let other = Mutex::new_deferring(());
         let held = other.lock();
         // Taken once the waiter is queued and has released it.
         *shared.0.lock() = true;
@@ -540,8 +569,43 @@ mod tests {
         );
     }
 
-    /// A thread that notifies under a lock and then waits itself, that lock
-    /// still held, unparks the notified thread before it parks: here the
+    /// Under a plain lock a notification wakes at once; under it and a
+    /// deferring one, once the deferring one is released.
+    #[test]
+    fn only_a_deferring_lock_defers_a_wake_up() {
+        let deferred = || DEFERRED.with(|deferred| deferred.borrow().len());
+        let plain = Mutex::new(());
+        let deferring = Mutex::new_deferring(());
+        for with_deferring in [false, true] {
+            let shared = Arc::new((Mutex::new(false), Condvar::new()));
+            let (queued, waiting) = std::sync::mpsc::channel();
+            let waiter = {
+                let shared = Arc::clone(&shared);
+                std::thread::spawn(move || {
+                    let (mutex, condvar) = &*shared;
+                    let mut go = mutex.lock();
+                    queued.send(()).unwrap();
+                    while !*go {
+                        condvar.wait(&mut go);
+                    }
+                })
+            };
+            waiting.recv().unwrap();
+            *shared.0.lock() = true;
+            let deferring_held = with_deferring.then(|| deferring.lock());
+            let plain_held = plain.lock();
+            shared.1.notify_one();
+            assert_eq!(deferred(), usize::from(with_deferring));
+            drop(plain_held);
+            assert_eq!(deferred(), usize::from(with_deferring));
+            drop(deferring_held);
+            assert_eq!(deferred(), 0);
+            assert!(ends_in_time(move || waiter.join().unwrap()));
+        }
+    }
+
+    /// A thread that notifies under a deferring lock and then waits itself,
+    /// that lock still held, unparks the notified thread before it parks: here the
     /// notified thread is the one to wake it.
     #[test]
     fn a_notifier_that_waits_with_a_lock_held_wakes_its_waiter_first() {
@@ -564,7 +628,7 @@ mod tests {
         waiting.recv().unwrap();
         assert!(
             ends_in_time(move || {
-                let other = Mutex::new(());
+                let other = Mutex::new_deferring(());
                 let _held = other.lock();
                 *ping.0.lock() = true;
                 ping.1.notify_one();

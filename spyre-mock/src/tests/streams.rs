@@ -746,3 +746,30 @@ fn a_closed_stream_runs_what_was_queued_and_refuses_the_rest() {
     assert!(s.query().unwrap());
     assert!(!rt.has_stream_error().unwrap());
 }
+
+/// A caller holding a lock of its own made with the device's `sync::Mutex`
+/// (public, for the C library) launches on an idle stream and spins in
+/// `synchronize`: the parked engine is woken at once, not once the caller
+/// releases its lock (which it never would: it spins for the engine).
+#[test]
+fn a_caller_holding_a_device_mutex_of_its_own_is_not_kept_waiting() {
+    let (done, finished) = mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = runtime_with_policy(1, SyncPolicy::Spin);
+        let s = stream(&rt);
+        // Idle past its watch, the engine blocks.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let own = crate::sync::Mutex::new(());
+        let _held = own.lock();
+        s.launch_host_callback(Box::new(|| {}), LaunchOptions::new())
+            .unwrap();
+        s.synchronize().unwrap();
+        let _ = done.send(());
+    });
+    assert!(
+        finished
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .is_ok(),
+        "synchronize returned"
+    );
+}
