@@ -585,6 +585,10 @@ fn run_job(
                 ),
             ),
         );
+        // The payload is the caller's value, its drop user code: without
+        // the lock (a wake-up it makes would otherwise wait for the lock's
+        // release, `crate::sync::Condvar`).
+        MutexGuard::unlocked(scheduler, || drop(payload));
     }
     // The notifications of event records this operation reaches (awaiting
     // tasks are woken here): without the lock, as they are user code, and

@@ -773,3 +773,40 @@ fn a_caller_holding_a_device_mutex_of_its_own_is_not_kept_waiting() {
         "synchronize returned"
     );
 }
+
+/// A completion that panics with a payload whose drop ends another
+/// runtime (its last handle): the payload is the caller's value and is
+/// dropped without the scheduler lock, so that runtime's shutdown wakes
+/// its parked engines and joins them. Dropped under the lock, the wake-ups
+/// waited for its release, which waited for the join: the engine hung.
+#[test]
+fn a_completions_panic_payload_is_dropped_without_the_lock() {
+    struct EndsRuntime {
+        _runtime: MockRuntime,
+    }
+    let (done, finished) = mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = runtime(1);
+        let s = stream(&rt);
+        let other = runtime(1);
+        // Idle past its watch, the other runtime's engine blocks.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let payload = std::sync::Mutex::new(Some(EndsRuntime { _runtime: other }));
+        s.launch_host_callback(
+            Box::new(|| {}),
+            LaunchOptions::new().on_complete(move |_| {
+                if let Some(ends) = payload.lock().unwrap().take() {
+                    std::panic::panic_any(ends);
+                }
+            }),
+        )
+        .unwrap();
+        let err = s.synchronize().unwrap_err();
+        let _ = done.send(err);
+    });
+    let err = finished
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("synchronize returned");
+    assert_eq!(err.status(), Status::HOST_CALLBACK_FAILED);
+    assert!(err.message().contains("non-string payload"), "{err}");
+}
