@@ -1,8 +1,8 @@
 //! The device's locks and condition variables, made of the standard
 //! library's locks and thread parking, which a forked child can use,
-//! behind the interface the device is written against (a lock without poisoning, a guard that can be unlocked
-//! for a stretch of user code, a condition variable waited on with a
-//! guard).
+//! behind the interface the device is written against (a lock without
+//! poisoning, a guard that can be unlocked for a stretch of user code, a
+//! condition variable waited on with a guard).
 //!
 //! Public for the software device's C library, whose locks follow the
 //! same rule.
@@ -83,7 +83,7 @@ thread_local! {
     /// `DEFERRED` may hold a thread: one word, so that taking and
     /// releasing a lock look at one thread-local each.
     static HELD: Cell<u32> = const { Cell::new(0) };
-    /// Threads notified while this thread held a lock, to unpark once it
+    /// Threads notified while this thread held a deferring lock, to unpark once it
     /// holds none.
     static DEFERRED: RefCell<Vec<Thread>> = const { RefCell::new(Vec::new()) };
 }
@@ -133,7 +133,7 @@ impl Held {
     }
 
     /// Unparks every thread whose wake-up waits for this thread's locks;
-    /// also called before the thread blocks, whatever it still holds (the
+    /// also called before the thread parks in [`Condvar::wait`], whatever it still holds (the
     /// threads it woke might be the ones to wake it). The list keeps its
     /// capacity for the next.
     fn unpark_deferred() {
@@ -253,12 +253,15 @@ impl<T> DerefMut for MutexGuard<'_, T> {
 /// variable, whichever comes first: woken at once it would only find the
 /// lock held (an engine that finishes an operation holds the scheduler
 /// lock on through taking its next one), yield and block on it again, and
-/// the wake-up call would lengthen the notifier's hold. So the device never
-/// blocks, other than in [`Condvar::wait`] (no spin, sleep or join), while
-/// it holds a deferring lock: it holds the scheduler lock only for
-/// bookkeeping, and runs host functions, completions and notifications
-/// without it (a `tracing` subscriber's events may be logged under it).
-/// A notifier holding only locks made with [`Mutex::new`] wakes at once.
+/// the wake-up call would lengthen the notifier's hold. So while the device
+/// holds a deferring lock it does not spin, sleep or join, and waits only
+/// in [`Condvar::wait`] or for its other locks (a stream's inbox, an
+/// event's latest record, a record's notifications, the memory's), which
+/// no holder keeps while it waits: it holds the scheduler lock for
+/// bookkeeping, and runs host functions, completions and notifications,
+/// and drops the caller's values (a completion's panic payload), without
+/// it (a `tracing` subscriber's events may be logged under it). A notifier
+/// holding no deferring lock wakes at once.
 ///
 /// A notification with no thread waiting costs one load. That is exact
 /// for the one use the device makes of it: a waiter looks at its condition
@@ -351,7 +354,7 @@ impl Condvar {
     /// thread whose timed wait has ended is passed over (it leaves the
     /// queue itself), so that it cannot take a notification another
     /// waiter needs. The woken are unparked after the queue's lock is
-    /// released, and after the caller's locks are ([`Held`]).
+    /// released, and after the caller's deferring locks are ([`Held`]).
     fn notify(&self, count: usize) {
         if self.waiting.load(Ordering::SeqCst) == 0 {
             return;
