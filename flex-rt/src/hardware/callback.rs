@@ -143,10 +143,11 @@ impl Payload {
     }
 
     /// Finishes the operation with `status`: releases the lease (so the
-    /// completion can read a D2H buffer), drops an unrun host callback, then
-    /// runs the caller's completion. May unwind if user code panics; the
-    /// trampoline catches it.
-    fn complete(self, status: sys::flex_status_t) {
+    /// completion can read a D2H buffer), drops an unrun host callback,
+    /// tells `stream` (its launching stream's cache) of a host callback's
+    /// panic, then runs the caller's completion. May unwind if user code
+    /// panics; the trampoline catches it.
+    fn complete(self, status: sys::flex_status_t, stream: Option<&PayloadCache<Payload>>) {
         let Payload {
             meta,
             completion,
@@ -158,6 +159,9 @@ impl Payload {
         // A host function that never ran (its stream failed before its turn)
         // is dropped without running, as the trait documents.
         drop(callback);
+        if let (Some(panic), Some(stream)) = (&panic, stream) {
+            stream.note_host_panic(panic);
+        }
         if let Some(completion) = completion {
             completion(completion_result(meta, status, panic));
         }
@@ -343,11 +347,12 @@ pub(super) unsafe extern "C" fn completion_trampoline(
     // any, has returned (or will never run): `flex.h` calls the completion
     // after the operation has finished. A cached block's cache is alive: its
     // stream is dropped only after its completions have returned (see
-    // `super::payload_cache`).
-    let payload = unsafe { Block::take(block) };
+    // `super::payload_cache`), so for the whole of this call; its `home` is
+    // read before `take` gives the block back.
+    let (stream, payload) = unsafe { (Block::home(block), Block::take(block)) };
     let meta = payload.meta;
     let _scope = CallbackScope::enter(meta.runtime);
-    if let Err(panic) = catch_unwind(AssertUnwindSafe(move || payload.complete(status))) {
+    if let Err(panic) = catch_unwind(AssertUnwindSafe(move || payload.complete(status, stream))) {
         tracing::error!(
             call = meta.call,
             stream = ?meta.stream_id,

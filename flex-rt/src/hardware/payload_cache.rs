@@ -22,6 +22,10 @@
 //! and it removes all of them: a push races only with other pushes and
 //! with the swap, so the stack has no ABA problem.
 //!
+//! The cache is also where a stream's completions leave what the stream
+//! must know afterwards and the library cannot tell it: the message of the
+//! first host callback that panicked ([`PayloadCache::note_host_panic`]).
+//!
 //! A stream keeps as many blocks as it ever had launches in flight at once
 //! (one [`Block`] each, about 150 bytes), until it is dropped. Its cache
 //! must outlive every completion of its launches, which holds because a
@@ -35,10 +39,10 @@
 
 use std::mem::MaybeUninit;
 use std::ptr::{self, NonNull};
-use std::sync::Arc;
 #[cfg(test)]
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::{Arc, OnceLock};
 
 /// The memory of one launch's payload.
 pub(super) struct Block<T> {
@@ -95,6 +99,21 @@ impl<T> Block<T> {
         unsafe { (&raw mut (*block.as_ptr()).payload).cast() }
     }
 
+    /// The cache `block` goes back to, if it has one; read before
+    /// [`Block::take`], after which the block is no longer the caller's.
+    ///
+    /// # Safety
+    /// `block` came from [`Block::fill`] and has not been taken yet; the
+    /// cache, if any, stays alive for `'a` (see the module documentation:
+    /// until the last completion of its stream's launches has returned).
+    pub(super) unsafe fn home<'a>(block: NonNull<Self>) -> Option<&'a PayloadCache<T>> {
+        // SAFETY: by the contract the block is live and filled, so its
+        // `home` field is initialized and not written by anyone (it is set
+        // once, when the block is made); the cache it points to, if not
+        // null, lives for `'a`.
+        unsafe { (*block.as_ptr()).home.as_ref() }
+    }
+
     /// Moves the payload out of `block` and gives the block back: to its
     /// stream's cache, or to the allocator.
     ///
@@ -127,6 +146,8 @@ pub(super) struct PayloadCache<T> {
     /// A stack of free blocks linked by [`Block::next`]; pushed by
     /// completions, emptied whole by [`FreeBlocks::pop`].
     returned: AtomicPtr<Block<T>>,
+    /// The message of the stream's first host callback that panicked.
+    host_panic: OnceLock<String>,
     /// Blocks allocated for this cache, for tests to see reuse.
     #[cfg(test)]
     made: AtomicUsize,
@@ -136,6 +157,7 @@ impl<T> PayloadCache<T> {
     pub(super) fn new() -> Self {
         Self {
             returned: AtomicPtr::new(ptr::null_mut()),
+            host_panic: OnceLock::new(),
             #[cfg(test)]
             made: AtomicUsize::new(0),
         }
@@ -145,6 +167,18 @@ impl<T> PayloadCache<T> {
     #[cfg(test)]
     pub(super) fn blocks_made(&self) -> usize {
         self.made.load(Ordering::SeqCst)
+    }
+
+    /// Keeps `message` as the stream's host callback panic, unless one was
+    /// kept before: a stream's first error is the one it keeps (`flex.h`),
+    /// and no host callback runs on a stream after it has failed.
+    pub(super) fn note_host_panic(&self, message: &str) {
+        self.host_panic.get_or_init(|| message.to_owned());
+    }
+
+    /// The message [`PayloadCache::note_host_panic`] kept, if any.
+    pub(super) fn host_panic(&self) -> Option<&str> {
+        self.host_panic.get().map(String::as_str)
     }
 
     /// Pushes a block whose payload has been taken.
@@ -328,6 +362,29 @@ mod tests {
             6,
             "every payload dropped once"
         );
+    }
+
+    #[test]
+    fn a_blocks_home_is_its_cache_and_keeps_the_first_host_panic() {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let cache = Arc::new(PayloadCache::new());
+        let mut free = FreeBlocks::new();
+        let cached = Block::fill(payload(&drops), Some((&cache, &mut free)));
+        let uncached = Block::fill(payload(&drops), None);
+        // SAFETY: both were filled above and not taken yet; `cache` lives
+        // to the end of the test.
+        let (home, none) = unsafe { (Block::home(cached), Block::home(uncached)) };
+        assert!(home.is_some_and(|home| ptr::eq(home, Arc::as_ptr(&cache))));
+        assert!(none.is_none(), "a block without a cache has no home");
+        assert_eq!(cache.host_panic(), None);
+        cache.note_host_panic("first");
+        cache.note_host_panic("second");
+        assert_eq!(cache.host_panic(), Some("first"), "the first is kept");
+        // SAFETY: each was filled above and is taken once.
+        unsafe {
+            drop(Block::take(cached));
+            drop(Block::take(uncached));
+        }
     }
 
     #[test]

@@ -59,7 +59,9 @@ use crate::types::{DataFormat, StreamPriority};
 ///
 /// No method panics. A panic in a completion or host callback is caught at
 /// the flex boundary: a host callback's panic fails the operation (and the
-/// stream) with [`Status::HOST_CALLBACK_FAILED`].
+/// stream) with [`Status::HOST_CALLBACK_FAILED`], and the stream's error
+/// from [`Stream::query`] and [`Stream::synchronize`] ends with the panic's
+/// message (that of the first such panic on the stream).
 pub struct HardwareStream {
     /// Keeps the library loaded; the context holds it too.
     lib: Arc<FlexLibrary>,
@@ -150,7 +152,29 @@ impl HardwareStream {
         // destroying anything). The callers have checked that this thread is
         // not running a callback of this runtime.
         let status = unsafe { self.lib.api().flex_stream_synchronize(self.handle.as_ptr()) };
-        check(&self.lib, status, "flex_stream_synchronize")
+        check(&self.lib, status, "flex_stream_synchronize").map_err(|err| self.with_host_panic(err))
+    }
+
+    /// `err` (the stream's error, from `flex_stream_query` or
+    /// `flex_stream_synchronize`) with the message of the host callback
+    /// panic that failed the stream, when it did: the library knows only
+    /// the status the host function returned. The in-process software
+    /// device's error carries the message too.
+    #[cold]
+    fn with_host_panic(&self, err: FlexError) -> FlexError {
+        match self.payloads.host_panic() {
+            Some(panic) if err.status() == Status::HOST_CALLBACK_FAILED => FlexError::new(
+                err.status(),
+                err.call(),
+                format!(
+                    "{}; the host callback launched by flex_launch_host_callback on stream {} \
+                     panicked: {panic}",
+                    err.message(),
+                    self.id
+                ),
+            ),
+            _ => err,
+        }
     }
 
     /// The payload of one operation on this stream.
@@ -248,6 +272,7 @@ impl Stream for HardwareStream {
         call::query_result(status, "flex_stream_query", || {
             self.lib.last_error_message()
         })
+        .map_err(|err| self.with_host_panic(err))
     }
 
     fn synchronize(&self) -> Result<()> {

@@ -858,19 +858,29 @@ pub fn completions_are_released_exactly_once(backend: &dyn Backend, _: &Profile)
 }
 
 /// A panic in a host callback is caught: the operation and the stream fail
-/// with `HOST_CALLBACK_FAILED` and the process goes on.
+/// with `HOST_CALLBACK_FAILED`, the stream's error (from `synchronize` and
+/// `query`) carries the panic's message, and the process goes on.
 pub fn host_callback_panic_is_an_error_not_an_abort(backend: &dyn Backend, _: &Profile) {
     let runtime = runtime(backend);
     let stream = new_stream(&*runtime, StreamPriority::Normal);
     let completions = Completions::new();
     stream
         .launch_host_callback(
-            Box::new(|| panic!("deliberate panic")),
+            Box::new(|| panic!("deliberate panic 17")),
             completions.options(),
         )
         .expect("launch");
     let err = stream.synchronize().unwrap_err();
     assert_eq!(err.status(), Status::HOST_CALLBACK_FAILED, "{err}");
+    assert!(err.message().contains("deliberate panic 17"), "{err}");
+    let again = stream.synchronize().unwrap_err();
+    assert_eq!(again, err, "the stream's error is sticky");
+    let queried = stream.query().unwrap_err();
+    assert_eq!(queried.status(), Status::HOST_CALLBACK_FAILED, "{queried}");
+    assert!(
+        queried.message().contains("deliberate panic 17"),
+        "{queried}"
+    );
     assert_eq!(
         completions.results(),
         vec![Err(Status::HOST_CALLBACK_FAILED)]
