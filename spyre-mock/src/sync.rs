@@ -363,7 +363,7 @@ impl Condvar {
         // else unparked once the queue's lock is released.
         let defer = Held::any();
         let mut woken = 0;
-        let mut unpark = Vec::new();
+        let mut unpark = Woken::default();
         {
             let mut queue = self.queue();
             let now = queue
@@ -389,9 +389,7 @@ impl Condvar {
             });
             self.waiting.fetch_sub(woken, Ordering::SeqCst);
         }
-        for thread in unpark {
-            thread.unpark();
-        }
+        unpark.unpark();
     }
 
     /// Wakes one waiting thread, if any.
@@ -402,6 +400,32 @@ impl Condvar {
     /// Wakes every waiting thread.
     pub fn notify_all(&self) {
         self.notify(usize::MAX);
+    }
+}
+
+/// The threads one [`Condvar::notify`] woke, to unpark once the queue's
+/// lock is released: the first without allocating (a `notify_one`, the
+/// launch path's wake-up of a parked engine, never allocates).
+#[derive(Default)]
+struct Woken {
+    first: Option<Thread>,
+    rest: Vec<Thread>,
+}
+
+impl Woken {
+    fn push(&mut self, thread: Thread) {
+        if self.first.is_none() {
+            self.first = Some(thread);
+        } else {
+            self.rest.push(thread);
+        }
+    }
+
+    fn unpark(self) {
+        self.first
+            .into_iter()
+            .chain(self.rest)
+            .for_each(|thread| thread.unpark());
     }
 }
 
@@ -502,33 +526,49 @@ mod tests {
         notifier.join().unwrap();
     }
 
+    /// A flag behind a mutex, and the condition variable to wait for it on.
+    type Flag = Arc<(Mutex<bool>, Condvar)>;
+
+    fn flag() -> Flag {
+        Arc::new((Mutex::new(false), Condvar::new()))
+    }
+
+    /// Spawns a thread that waits on `flag` until it is set, and returns
+    /// once the thread is queued on the condition variable (the thread
+    /// says so holding the mutex, which only its wait releases); the
+    /// receiver gets a message when the thread ends.
+    fn queued_waiter(flag: &Flag) -> std::sync::mpsc::Receiver<()> {
+        let (queued, waiting) = std::sync::mpsc::channel();
+        let (done, ended) = std::sync::mpsc::channel();
+        let flag = Arc::clone(flag);
+        std::thread::spawn(move || {
+            let (mutex, condvar) = &*flag;
+            let mut set = mutex.lock();
+            queued.send(()).unwrap();
+            while !*set {
+                condvar.wait(&mut set);
+            }
+            drop(set);
+            let _ = done.send(());
+        });
+        waiting.recv().unwrap();
+        ended
+    }
+
+    /// Whether the thread of `ended` ([`queued_waiter`]) ended within 10 s.
+    fn ended_in_time(ended: &std::sync::mpsc::Receiver<()>) -> bool {
+        ended.recv_timeout(Duration::from_secs(10)).is_ok()
+    }
+
     #[test]
     fn notify_all_wakes_every_waiter() {
-        let shared = Arc::new((Mutex::new(false), Condvar::new()));
-        let (started, all_started) = std::sync::mpsc::channel();
-        let waiters: Vec<_> = (0..4)
-            .map(|_| {
-                let (shared, started) = (Arc::clone(&shared), started.clone());
-                std::thread::spawn(move || {
-                    let (mutex, condvar) = &*shared;
-                    let mut go = mutex.lock();
-                    started.send(()).unwrap();
-                    while !*go {
-                        condvar.wait(&mut go);
-                    }
-                })
-            })
-            .collect();
-        for _ in 0..4 {
-            all_started.recv().unwrap();
+        let flag = flag();
+        let waiters: Vec<_> = (0..4).map(|_| queued_waiter(&flag)).collect();
+        *flag.0.lock() = true;
+        flag.1.notify_all();
+        for ended in &waiters {
+            assert!(ended_in_time(ended));
         }
-        *shared.0.lock() = true;
-        shared.1.notify_all();
-        assert!(ends_in_time(move || {
-            for waiter in waiters {
-                waiter.join().unwrap();
-            }
-        }));
     }
 
     /// A waiter notified while its notifier holds a deferring lock (here
@@ -539,37 +579,17 @@ mod tests {
     #[test]
     fn a_waiter_notified_under_a_lock_is_unparked_once_the_notifier_holds_none() {
         let deferred = || DEFERRED.with(|deferred| deferred.borrow().len());
-        let shared = Arc::new((Mutex::new(false), Condvar::new()));
-        let (queued, waiting) = std::sync::mpsc::channel();
-        let waiter = {
-            let shared = Arc::clone(&shared);
-            move || {
-                let (mutex, condvar) = &*shared;
-                let mut go = mutex.lock();
-                queued.send(()).unwrap();
-                while !*go {
-                    condvar.wait(&mut go);
-                }
-            }
-        };
-        let (done, ended) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            waiter();
-            let _ = done.send(());
-        });
-        waiting.recv().unwrap();
+        let flag = flag();
+        let waiter = queued_waiter(&flag);
         let other = Mutex::new_deferring(());
         let held = other.lock();
         // Taken once the waiter is queued and has released it.
-        *shared.0.lock() = true;
-        shared.1.notify_one();
+        *flag.0.lock() = true;
+        flag.1.notify_one();
         assert_eq!(deferred(), 1, "the unpark waits for `held`");
         drop(held);
         assert_eq!(deferred(), 0, "unparked on release");
-        assert!(
-            ended.recv_timeout(Duration::from_secs(10)).is_ok(),
-            "the waiter ran on"
-        );
+        assert!(ended_in_time(&waiter), "the waiter ran on");
     }
 
     /// Under a plain lock a notification wakes at once; under it and a
@@ -580,30 +600,18 @@ mod tests {
         let plain = Mutex::new(());
         let deferring = Mutex::new_deferring(());
         for with_deferring in [false, true] {
-            let shared = Arc::new((Mutex::new(false), Condvar::new()));
-            let (queued, waiting) = std::sync::mpsc::channel();
-            let waiter = {
-                let shared = Arc::clone(&shared);
-                std::thread::spawn(move || {
-                    let (mutex, condvar) = &*shared;
-                    let mut go = mutex.lock();
-                    queued.send(()).unwrap();
-                    while !*go {
-                        condvar.wait(&mut go);
-                    }
-                })
-            };
-            waiting.recv().unwrap();
-            *shared.0.lock() = true;
+            let flag = flag();
+            let waiter = queued_waiter(&flag);
+            *flag.0.lock() = true;
             let deferring_held = with_deferring.then(|| deferring.lock());
             let plain_held = plain.lock();
-            shared.1.notify_one();
+            flag.1.notify_one();
             assert_eq!(deferred(), usize::from(with_deferring));
             drop(plain_held);
             assert_eq!(deferred(), usize::from(with_deferring));
             drop(deferring_held);
             assert_eq!(deferred(), 0);
-            assert!(ends_in_time(move || waiter.join().unwrap()));
+            assert!(ended_in_time(&waiter));
         }
     }
 
@@ -652,7 +660,7 @@ mod tests {
     #[test]
     fn a_waiter_past_its_deadline_leaves_a_notification_to_the_next() {
         for _ in 0..if cfg!(miri) { 2 } else { 50 } {
-            let shared = Arc::new((Mutex::new(false), Condvar::new()));
+            let shared = flag();
             let deadline = Instant::now() + Duration::from_millis(2);
             let timed = {
                 let shared = Arc::clone(&shared);
@@ -661,31 +669,14 @@ mod tests {
                     condvar.wait_until(&mut mutex.lock(), deadline);
                 })
             };
-            let (queued, waiting) = std::sync::mpsc::channel();
-            let waiter = {
-                let shared = Arc::clone(&shared);
-                move || {
-                    let (mutex, condvar) = &*shared;
-                    let mut go = mutex.lock();
-                    queued.send(()).unwrap();
-                    while !*go {
-                        condvar.wait(&mut go);
-                    }
-                }
-            };
-            let (done, ended) = std::sync::mpsc::channel();
-            std::thread::spawn(move || {
-                waiter();
-                let _ = done.send(());
-            });
-            waiting.recv().unwrap();
+            let waiter = queued_waiter(&shared);
             while Instant::now() <= deadline {
                 std::hint::spin_loop();
             }
             *shared.0.lock() = true;
             shared.1.notify_one();
             assert!(
-                ended.recv_timeout(Duration::from_secs(10)).is_ok(),
+                ended_in_time(&waiter),
                 "the waiter still waiting was not woken"
             );
             timed.join().unwrap();
