@@ -1,8 +1,9 @@
 //! What the reliability tests (`stress.rs`, `faults.rs`, `bad_input.rs`)
 //! share: the seed of a run, a time-bounded runner that turns a hang into a
 //! test failure, counters for launches and completions, a mock backend that
-//! lets a test reach the runtime the process-wide pool runs on, and an
-//! independent reading of integers.
+//! lets a test reach the runtime the process-wide pool runs on, an
+//! independent reading of integers, and a panic hook that keeps deliberate
+//! panics quiet.
 
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -203,4 +204,23 @@ pub fn decimal(raw: &str) -> Option<(bool, u128)> {
         significant.parse().expect("at most 30 digits fit in u128")
     };
     Some((negative, magnitude))
+}
+
+/// Keeps the panics whose message starts with "deliberate" (the ones a
+/// test makes on purpose, in host callbacks and completions) out of the
+/// output: no message and no backtrace, which under valgrind takes seconds
+/// to print. Other panics go to the hook that was set before. For a test
+/// process of its own ([`crate::isolated!`]): the hook is process-wide.
+pub fn quiet_deliberate_panics() {
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| payload.downcast_ref::<String>().map(String::as_str));
+        if !message.is_some_and(|m| m.starts_with("deliberate")) {
+            default_hook(info);
+        }
+    }));
 }

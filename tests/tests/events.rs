@@ -300,9 +300,11 @@ fn a_failed_stream_fails_its_awaits_and_its_waiters() {
 
 /// A stream's future and an event's future of work that failed resolve
 /// with an error naming the stream's first error (as the event's query
-/// does), in process and through the flex library, whose notification
-/// carries only a status (before, its futures said only "the event's
-/// record awaited with flex_event_notify did not complete").
+/// does) and the host callback's panic that caused it, in process and
+/// through the flex library, whose notification carries only a status
+/// (before, its futures said only "the event's record awaited with
+/// flex_event_notify did not complete"; then, through the library, the
+/// first error without the panic).
 fn failed_awaits_name_the_first_error() {
     let failing = pool_stream();
     let gate = hold(failing);
@@ -323,6 +325,7 @@ fn failed_awaits_name_the_first_error() {
         let message = err.to_string();
         assert!(message.contains("HOST_CALLBACK_FAILED"), "{message}");
         assert!(message.contains("launch_host_callback"), "{message}");
+        assert!(message.contains("deliberate panic"), "{message}");
     }
 }
 

@@ -25,7 +25,9 @@ use spyre_stream::{
     device_state, runtime_info, set_backend, start_runtime, stream_from_pool, synchronize_device,
 };
 use spyre_tests::isolated;
-use spyre_tests::reliability::{DropCounter, SpyBackend, bounded, run_bounded};
+use spyre_tests::reliability::{
+    DropCounter, SpyBackend, bounded, quiet_deliberate_panics, run_bounded,
+};
 
 const RECV: Duration = Duration::from_secs(10);
 
@@ -433,17 +435,7 @@ fn a_stream_that_needs_shutdown_reports_it_and_the_others_are_fine() {
 #[test]
 fn a_panicking_host_callback_fails_only_its_stream() {
     isolated!(&[], || {
-        // Keep the expected panics out of the test output.
-        let default_hook = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            let deliberate = info
-                .payload()
-                .downcast_ref::<&str>()
-                .is_some_and(|m| m.starts_with("deliberate"));
-            if !deliberate {
-                default_hook(info);
-            }
-        }));
+        quiet_deliberate_panics();
         let backend = SpyBackend::new(MockSystem::default());
         set_backend(Box::new(backend.clone())).unwrap();
         let callback = stream_from_pool(Device::CURRENT, 0).unwrap();

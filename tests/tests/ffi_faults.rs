@@ -18,6 +18,7 @@ use flex_rt::{Backend, DataFormat, HostBuffer, LaunchOptions, Status, StreamMode
 use spyre_tests::conformance::{Completions, Gate};
 use spyre_tests::ffi::{backend, live_threads, settle_threads};
 use spyre_tests::isolated;
+use spyre_tests::reliability::quiet_deliberate_panics;
 
 /// Counts its drops; captured by a host callback to see when it goes.
 struct DropCount(Arc<AtomicUsize>);
@@ -316,6 +317,105 @@ fn a_runtime_whose_destroy_fails_keeps_what_its_late_callbacks_use() {
             assert_eq!(ran.load(Ordering::SeqCst), 3);
             assert_eq!(completions.results(), vec![Ok(()); 3]);
             assert_eq!((completions.calls(), completions.drops()), (3, 3));
+        },
+    );
+}
+
+/// A host callback's panic is named by every error its stream gives for it
+/// through the library, which knows only the status the host function
+/// returned: `query` as soon as the stream has failed (here long before
+/// any completion arrives: the note is made before the host function
+/// returns), launches refused afterwards, the completion of an operation
+/// that never ran (the panicking callback itself has none), `synchronize`,
+/// and the errors of events recorded behind it (with a completion and
+/// without). Another stream's errors do not name it. Before, only the
+/// panicking callback's own completion named it.
+#[test]
+fn every_error_after_a_host_callback_panic_names_it() {
+    // Long enough for the host function to run and fail under valgrind
+    // (`ci/valgrind.sh` runs these tests), where the failure must still be
+    // seen before any completion arrives.
+    const LATE: Duration = Duration::from_secs(5);
+    isolated!(mock_cdylib; &[("SPYRE_MOCK_LATE_COMPLETIONS_MS", "5000")],
+        || {
+            const PANIC: &str = "deliberate panic: weights file missing";
+            quiet_deliberate_panics();
+            let runtime = backend().create_runtime(0).expect("create_runtime");
+            let new_stream = || {
+                runtime
+                    .create_stream(StreamPriority::Normal, StreamMode::StrictOrdering, false)
+                    .expect("create_stream")
+            };
+            let (stream, other) = (new_stream(), new_stream());
+            let gate = Gate::new();
+            let waiter = Arc::clone(&gate);
+            stream
+                .launch_host_callback(Box::new(move || waiter.wait()), LaunchOptions::new())
+                .expect("launch the gate");
+            stream
+                .launch_host_callback(Box::new(|| panic!("{PANIC}")), LaunchOptions::new())
+                .expect("launch the panicking callback");
+            let (sender, completed) = std::sync::mpsc::channel();
+            stream
+                .launch_host_callback(
+                    Box::new(|| {}),
+                    LaunchOptions::new().on_complete(move |result| sender.send(result).unwrap()),
+                )
+                .expect("launch behind it");
+            let events = [
+                runtime.create_event(false).expect("create_event"),
+                runtime.create_event(false).expect("create_event"),
+            ];
+            stream.record_event(&*events[0], None).expect("record");
+            let (recorded, record_completed) = std::sync::mpsc::channel();
+            stream
+                .record_event(
+                    &*events[1],
+                    Some(Box::new(move |result| recorded.send(result).unwrap())),
+                )
+                .expect("record with a completion");
+            let failed_at = {
+                let start = Instant::now();
+                gate.open();
+                let error = loop {
+                    match stream.query() {
+                        Err(error) => break error,
+                        Ok(_) => {
+                            assert!(start.elapsed() < LATE, "the stream failed in time");
+                            std::thread::yield_now();
+                        }
+                    }
+                };
+                assert_eq!(error.status(), Status::HOST_CALLBACK_FAILED, "{error}");
+                assert!(error.message().contains(PANIC), "query: {error}");
+                start.elapsed()
+            };
+            assert!(failed_at < LATE, "seen before any completion was delivered");
+            let refused = stream
+                .launch_host_callback(Box::new(|| {}), LaunchOptions::new())
+                .unwrap_err();
+            assert_eq!(refused.status(), Status::STREAM_FAILED, "{refused}");
+            assert!(refused.message().contains(PANIC), "refused launch: {refused}");
+            let synchronized = stream.synchronize().unwrap_err();
+            assert_eq!(synchronized.status(), Status::HOST_CALLBACK_FAILED);
+            assert!(synchronized.message().contains(PANIC), "synchronize: {synchronized}");
+            let never_ran = completed.recv().unwrap().unwrap_err();
+            assert_eq!(never_ran.status(), Status::STREAM_FAILED, "{never_ran}");
+            assert!(never_ran.message().contains(PANIC), "completion: {never_ran}");
+            for event in &events {
+                for error in [event.query().unwrap_err(), event.synchronize().unwrap_err()] {
+                    assert_eq!(error.status(), Status::STREAM_FAILED, "{error}");
+                    assert!(error.message().contains(PANIC), "event: {error}");
+                }
+            }
+            let record_failed = record_completed.recv().unwrap().unwrap_err();
+            assert_eq!(record_failed.status(), Status::STREAM_FAILED);
+            assert!(record_failed.message().contains(PANIC), "record: {record_failed}");
+            // Another stream is unaffected, and its errors would be its own.
+            other
+                .launch_host_callback(Box::new(|| {}), LaunchOptions::new())
+                .expect("launch on another stream");
+            other.synchronize().expect("another stream");
         },
     );
 }

@@ -29,10 +29,11 @@
 //!
 //! # Why the host function and the completion do not alias
 //!
-//! The host function gets a pointer to the [`HostSlot`] field inside the
-//! payload, never to the payload itself, and only ever makes a shared
-//! reference to it (`&HostSlot`); everything it changes is behind the slot's
-//! mutex. The completion takes unique ownership of the whole payload. `flex.h`
+//! The host function gets a pointer to the payload's block, reads the
+//! block's `home` (written once, when the block was made) and makes a
+//! shared reference to the [`HostSlot`] field inside the payload, never to
+//! the payload itself (`&HostSlot`); everything it changes is behind the
+//! slot's mutex, or in the stream's cache (a `OnceLock`). The completion takes unique ownership of the whole payload. `flex.h`
 //! orders the two: the host function is part of the operation and the
 //! completion is called only "when the operation has finished", after the
 //! host function has returned (or when it will never be called). So the
@@ -143,10 +144,10 @@ impl Payload {
     }
 
     /// Finishes the operation with `status`: releases the lease (so the
-    /// completion can read a D2H buffer), drops an unrun host callback,
-    /// tells `stream` (its launching stream's cache) of a host callback's
-    /// panic, then runs the caller's completion. May unwind if user code
-    /// panics; the trampoline catches it.
+    /// completion can read a D2H buffer), drops an unrun host callback, then
+    /// runs the caller's completion; `stream` is its launching stream's
+    /// cache, for the host callback panic that failed the stream, if one
+    /// did. May unwind if user code panics; the trampoline catches it.
     fn complete(self, status: sys::flex_status_t, stream: Option<&PayloadCache<Payload>>) {
         let Payload {
             meta,
@@ -159,22 +160,23 @@ impl Payload {
         // A host function that never ran (its stream failed before its turn)
         // is dropped without running, as the trait documents.
         drop(callback);
-        if let (Some(panic), Some(stream)) = (&panic, stream) {
-            stream.note_host_panic(panic);
-        }
         if let Some(completion) = completion {
-            completion(completion_result(meta, status, panic));
+            let stream_panic = stream.and_then(PayloadCache::host_panic);
+            completion(completion_result(meta, status, panic, stream_panic));
         }
     }
 }
 
 /// What a completion is told for `status`: `Ok` for `FLEX_SUCCESS`, else an
 /// error with `status` (any value, defined by `flex.h` or not) and call
-/// `"completion"`.
+/// `"completion"`, naming the operation's own host callback panic
+/// (`host_panic`), or else the one that failed its stream
+/// (`stream_panic`, see [`stream_failure`]).
 fn completion_result(
     meta: OpMeta,
     status: sys::flex_status_t,
     host_panic: Option<String>,
+    stream_panic: Option<&str>,
 ) -> Result<(), FlexError> {
     if status == sys::FLEX_SUCCESS {
         return Ok(());
@@ -183,16 +185,50 @@ fn completion_result(
         call, stream_id, ..
     } = meta;
     let message = match (host_panic, stream_id) {
-        (Some(panic), Some(stream_id)) => {
-            format!("the host callback launched by {call} on stream {stream_id} panicked: {panic}")
-        }
+        (Some(panic), Some(stream_id)) => host_panic_message(stream_id, &panic),
         (Some(panic), None) => format!("the callback of {call} panicked: {panic}"),
-        (None, Some(stream_id)) => {
-            format!("the operation launched by {call} on stream {stream_id} did not complete")
-        }
+        (None, Some(stream_id)) => stream_failure(
+            Status(status),
+            format!("the operation launched by {call} on stream {stream_id} did not complete"),
+            stream_id,
+            stream_panic,
+        ),
         (None, None) => format!("the event's record awaited with {call} did not complete"),
     };
     Err(FlexError::new(Status(status), COMPLETION_CALL, message))
+}
+
+/// How a host callback's panic is named in errors: the library knows only
+/// the status the host function returned.
+fn host_panic_message(stream_id: u64, panic: &str) -> String {
+    format!(
+        "the host callback launched by flex_launch_host_callback on stream {stream_id} panicked: \
+         {panic}"
+    )
+}
+
+/// `message`, an error of stream `stream_id` with `status`, followed by the
+/// host callback panic that failed the stream (`panic`, from its cache's
+/// [`PayloadCache::host_panic`]) when the status is one a failed stream
+/// gives (`HOST_CALLBACK_FAILED`, its first error, or `STREAM_FAILED`,
+/// what it refuses and fails afterwards). A noted panic is the stream's
+/// first error: host functions run only on a stream that has not failed,
+/// one at a time in order, and a stream that needs shutdown gives
+/// `SHUTDOWN` instead (`flex.h`).
+pub(super) fn stream_failure(
+    status: Status,
+    message: String,
+    stream_id: u64,
+    panic: Option<&str>,
+) -> String {
+    match panic {
+        Some(panic)
+            if status == Status::HOST_CALLBACK_FAILED || status == Status::STREAM_FAILED =>
+        {
+            format!("{message}; {}", host_panic_message(stream_id, panic))
+        }
+        _ => message,
+    }
 }
 
 /// Owns a [`Payload`], in its block, as a raw pointer until the launch
@@ -245,13 +281,10 @@ impl Submission {
     }
 
     /// The `host_user_data` to pass to `flex_launch_host_callback`: the
-    /// address of the payload's [`HostSlot`].
+    /// address of the payload's block, whose [`HostSlot`] the host function
+    /// uses.
     pub(super) fn host_user_data(&self) -> *mut c_void {
-        // SAFETY: the block is filled, owned by `self` and not given back
-        // before `self` is dropped or handed over; `&raw mut` computes the
-        // field's address without creating a reference.
-        let slot = unsafe { &raw mut (*Block::payload(self.block)).host };
-        slot.cast()
+        self.block.as_ptr().cast()
     }
 
     /// The launch returned `FLEX_SUCCESS`: the library now owns the payload
@@ -368,9 +401,12 @@ pub(super) unsafe extern "C" fn completion_trampoline(
 /// Takes the closure out of the [`HostSlot`] and runs it under
 /// `catch_unwind`: `FLEX_SUCCESS` when it returns,
 /// `FLEX_ERROR_HOST_CALLBACK_FAILED` when it panics (the panic message is
-/// logged with `tracing::error!` and kept for the completion's error). The
-/// closure is consumed by running it, so it is dropped exactly once, here;
-/// a closure that is never run is dropped by the completion.
+/// logged with `tracing::error!`, kept for the completion's error, and
+/// noted in the stream's cache, [`PayloadCache::note_host_panic`], before
+/// the status is returned, so that every error the stream gives for the
+/// failure names it). The closure is consumed by running it, so it is
+/// dropped exactly once, here; a closure that is never run is dropped by
+/// the completion.
 ///
 /// # Safety
 ///
@@ -378,19 +414,22 @@ pub(super) unsafe extern "C" fn completion_trampoline(
 /// [`Submission::host_user_data`] of a submission that was handed over and
 /// whose completion has not been called yet.
 pub(super) unsafe extern "C" fn host_fn_trampoline(user_data: *mut c_void) -> sys::flex_status_t {
-    if user_data.is_null() {
+    let Some(block) = NonNull::new(user_data.cast::<Block<Payload>>()) else {
         tracing::error!(
             "flex called a host function with a null user_data; failing it (the library broke flex.h)"
         );
         return sys::FLEX_ERROR_HOST_CALLBACK_FAILED;
-    }
-    // SAFETY: by this function's contract `user_data` points to the
-    // `HostSlot` field of a live payload whose completion has not run, so the
-    // allocation is valid for the whole call. Only a shared reference is made,
-    // and all mutation goes through the slot's mutex; the completion, which
-    // takes ownership, runs only after this function has returned (see the
-    // module documentation).
-    let slot = unsafe { &*user_data.cast::<HostSlot>() };
+    };
+    // SAFETY: by this function's contract `user_data` is the block of a
+    // live, filled payload whose completion has not run, so the block and
+    // its cache (if it has one: a stream's cache outlives the completions
+    // of its launches, `super::payload_cache`) are valid for the whole call.
+    // Only shared references are made, to the block's `home` (written once,
+    // when the block was made) and to the `HostSlot` field, and all mutation
+    // goes through the slot's mutex and the cache's `OnceLock`; the
+    // completion, which takes ownership, runs only after this function has
+    // returned (see the module documentation).
+    let (home, slot) = unsafe { (Block::home(block), &(*Block::payload(block)).host) };
     let _scope = CallbackScope::enter(slot.runtime);
     // A second call before the completion finds the slot empty. (A call
     // after the completion, which flex.h rules out as well, may find the
@@ -411,6 +450,9 @@ pub(super) unsafe extern "C" fn host_fn_trampoline(user_data: *mut c_void) -> sy
                 "a host callback panicked: {message}; the panic was stopped at the flex boundary \
                  and the operation fails with FLEX_ERROR_HOST_CALLBACK_FAILED"
             );
+            if let Some(stream) = home {
+                stream.note_host_panic(&message);
+            }
             slot.state.lock().panic = Some(message);
             drop_panic(panic);
             sys::FLEX_ERROR_HOST_CALLBACK_FAILED
@@ -811,6 +853,81 @@ mod tests {
         );
         assert_eq!(drops.load(Ordering::SeqCst), 1);
         assert_eq!(host_drops.load(Ordering::SeqCst), 1);
+    }
+
+    /// The panic is noted in the stream's cache by the host function,
+    /// before it returns the failed status (the library fails the stream
+    /// then, and its query may be called before any completion), and an
+    /// operation of the stream that never ran names it in its completion.
+    #[test]
+    fn a_host_function_panic_is_noted_for_its_stream_before_it_returns() {
+        let cache = Arc::new(PayloadCache::new());
+        let mut free = FreeBlocks::new();
+        let results = Arc::default();
+        let drops = Arc::new(AtomicUsize::new(0));
+        let payload = |host: Option<HostCallback>| {
+            Payload::new(
+                meta("flex_launch_host_callback"),
+                Some(recording_completion(&results, &drops)),
+                Lease::None,
+                host,
+            )
+        };
+        // SAFETY: `cache` outlives both submissions and their completions,
+        // and `free` holds only its blocks.
+        let (panicking, behind) = unsafe {
+            (
+                Submission::cached(
+                    payload(Some(Box::new(|| panic!("no weights")))),
+                    &cache,
+                    &mut free,
+                ),
+                Submission::cached(payload(Some(Box::new(|| {}))), &cache, &mut free),
+            )
+        };
+        assert_eq!(
+            run_host_fn(&panicking),
+            sys::FLEX_ERROR_HOST_CALLBACK_FAILED
+        );
+        assert_eq!(cache.host_panic(), Some("no weights"), "noted on return");
+        launch_then_complete(panicking, sys::FLEX_ERROR_HOST_CALLBACK_FAILED);
+        launch_then_complete(behind, sys::FLEX_ERROR_STREAM_FAILED);
+        let results = results.lock();
+        let messages: Vec<&str> = results
+            .iter()
+            .map(|result| result.as_ref().unwrap_err().message())
+            .collect();
+        assert_eq!(
+            messages,
+            [
+                "the host callback launched by flex_launch_host_callback on stream 7 panicked: \
+                 no weights",
+                "the operation launched by flex_launch_host_callback on stream 7 did not \
+                 complete; the host callback launched by flex_launch_host_callback on stream 7 \
+                 panicked: no weights",
+            ]
+        );
+    }
+
+    /// A noted panic is named after the errors of a failed stream only
+    /// (its first error, `HOST_CALLBACK_FAILED`, and what it fails
+    /// afterwards, `STREAM_FAILED`), not after a shutdown's or another
+    /// failure's.
+    #[test]
+    fn only_a_failed_streams_errors_name_its_host_panic() {
+        let failure = |status, panic| stream_failure(status, "m".to_owned(), 3, panic);
+        let named = "m; the host callback launched by flex_launch_host_callback on stream 3 \
+                     panicked: p";
+        assert_eq!(failure(Status::HOST_CALLBACK_FAILED, Some("p")), named);
+        assert_eq!(failure(Status::STREAM_FAILED, Some("p")), named);
+        for status in [
+            Status::SHUTDOWN,
+            Status::EXECUTION_FAILED,
+            Status::INVALID_HANDLE,
+        ] {
+            assert_eq!(failure(status, Some("p")), "m", "{status}");
+        }
+        assert_eq!(failure(Status::STREAM_FAILED, None), "m");
     }
 
     #[test]

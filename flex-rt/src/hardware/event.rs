@@ -4,14 +4,16 @@ use std::any::Any;
 use std::fmt;
 use std::ptr::{self, NonNull};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use flex_sys::FlexLibrary;
 use flex_sys::bindings as sys;
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 
 use super::call::{self, check};
 use super::callback::{self, Lease, OpMeta, Payload, Submission};
 use super::handle::RuntimeHandle;
+use super::payload_cache::PayloadCache;
 use crate::error::{FlexError, Result};
 use crate::event::{Capabilities, Event};
 use crate::launch::Completion;
@@ -65,6 +67,12 @@ pub(super) fn read_capabilities(lib: &FlexLibrary, runtime: RuntimeHandle) -> Re
 /// [`Status::RUNTIME_FAILED`] naming fork and drop does nothing (the event
 /// is the parent's).
 ///
+/// When the stream of the event's latest record failed by a host
+/// callback's panic, the event's errors (`STREAM_FAILED` from
+/// [`Event::query`] and [`Event::synchronize`]) end with the panic's
+/// message, as the in-process software device's do (the library knows
+/// only the status the host function returned).
+///
 /// Thread-safety: `Send + Sync`; flex.h lets every event function be called
 /// from any thread, and serializes concurrent records of one event.
 pub struct HardwareEvent {
@@ -75,6 +83,16 @@ pub struct HardwareEvent {
     logical_device: u32,
     timing: bool,
     device_side_wait: bool,
+    /// The stream of the latest record made through flex-rt: its id and
+    /// its payload cache, where a host callback panic that failed it is
+    /// noted, to name in the event's errors (the library knows only the
+    /// status the host function returned). Held across each record call,
+    /// so it pairs with the library's latest record.
+    latest: Mutex<Option<(u64, Arc<PayloadCache<Payload>>)>>,
+    /// How many records were made through flex-rt: moved under `latest`
+    /// after each; an error is matched to `latest` only if no record was
+    /// made between the call that gave it and the read of `latest`.
+    records: AtomicU64,
 }
 
 // SAFETY: the event handle is an opaque token passed back to the library;
@@ -119,7 +137,51 @@ impl HardwareEvent {
             logical_device,
             timing,
             device_side_wait: capabilities.device_side_wait,
+            latest: Mutex::new(None),
+            records: AtomicU64::new(0),
         })
+    }
+
+    /// Makes a record of the event on stream `stream_id` (whose payload
+    /// cache is `cache`) with `record`, the library call, which returns
+    /// its status: the stream is kept as the latest record's if the call
+    /// succeeded (see [`HardwareEvent::name_host_panic`]). Called under
+    /// the stream's submission lock; runs no user code.
+    pub(super) fn record_on(
+        &self,
+        stream_id: u64,
+        cache: &Arc<PayloadCache<Payload>>,
+        record: impl FnOnce() -> sys::flex_status_t,
+    ) -> sys::flex_status_t {
+        let mut latest = self.latest.lock();
+        let status = record();
+        if status == sys::FLEX_SUCCESS {
+            *latest = Some((stream_id, Arc::clone(cache)));
+            self.records.fetch_add(1, Ordering::Release);
+        }
+        status
+    }
+
+    /// `err`, the error of a call made when [`HardwareEvent::records`]
+    /// was `records`, naming the host callback panic that failed the
+    /// stream of the event's latest record, if one did and no record has
+    /// been made since (else the error may be about another record).
+    #[cold]
+    fn name_host_panic(&self, records: u64, err: FlexError) -> FlexError {
+        let latest = self.latest.lock();
+        let Some((stream_id, cache)) = latest.as_ref() else {
+            return err;
+        };
+        if self.records.load(Ordering::Acquire) != records {
+            return err;
+        }
+        let message = callback::stream_failure(
+            err.status(),
+            err.message().to_owned(),
+            *stream_id,
+            cache.host_panic(),
+        );
+        FlexError::new(err.status(), err.call(), message)
     }
 
     /// Runs `f` with the event's handle while the runtime is known alive.
@@ -202,6 +264,7 @@ impl Event for HardwareEvent {
 
     fn query(&self) -> Result<bool> {
         const CALL: &str = "flex_event_query";
+        let records = self.records.load(Ordering::Acquire);
         self.with_handle(CALL, |event| {
             // SAFETY: the event is alive (not destroyed: `self` exists, and
             // the runtime is alive under the read lock); the symbol is
@@ -209,6 +272,7 @@ impl Event for HardwareEvent {
             let status = unsafe { self.lib.api().flex_event_query(event) };
             call::query_result(status, CALL, || self.lib.last_error_message())
         })
+        .map_err(|err| self.name_host_panic(records, err))
     }
 
     fn notify(&self, completion: Completion) -> Result<bool> {
@@ -256,12 +320,14 @@ impl Event for HardwareEvent {
                 "synchronize was called from a completion or host callback of the event's runtime; it would wait for itself",
             ));
         }
+        let records = self.records.load(Ordering::Acquire);
         self.with_handle(CALL, |event| {
             // SAFETY: as in `query`; this thread runs no callback of the
             // runtime (checked above), as flex.h requires for a blocking call.
             let status = unsafe { self.lib.api().flex_event_synchronize(event) };
             check(&self.lib, status, CALL)
         })
+        .map_err(|err| self.name_host_panic(records, err))
     }
 
     fn elapsed_nanos(&self, end: &dyn Event) -> Result<i64> {

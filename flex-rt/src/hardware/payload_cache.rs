@@ -171,7 +171,10 @@ impl<T> PayloadCache<T> {
 
     /// Keeps `message` as the stream's host callback panic, unless one was
     /// kept before: a stream's first error is the one it keeps (`flex.h`),
-    /// and no host callback runs on a stream after it has failed.
+    /// and no host callback starts on a stream after it has failed. (One
+    /// may still be running when a shutdown fails its stream; the stream's
+    /// error is then `SHUTDOWN`, which the errors naming the panic leave
+    /// alone: see the callback module's `stream_failure`.)
     pub(super) fn note_host_panic(&self, message: &str) {
         self.host_panic.get_or_init(|| message.to_owned());
     }

@@ -59,9 +59,11 @@ use crate::types::{DataFormat, StreamPriority};
 ///
 /// No method panics. A panic in a completion or host callback is caught at
 /// the flex boundary: a host callback's panic fails the operation (and the
-/// stream) with [`Status::HOST_CALLBACK_FAILED`], and the stream's error
-/// from [`Stream::query`] and [`Stream::synchronize`] ends with the panic's
-/// message (that of the first such panic on the stream).
+/// stream) with [`Status::HOST_CALLBACK_FAILED`]; the stream's errors
+/// after it (from [`Stream::query`] and [`Stream::synchronize`], launches
+/// refused with [`Status::STREAM_FAILED`], and the completions of
+/// operations that did not run) end with the panic's message, as the
+/// in-process software device's do.
 pub struct HardwareStream {
     /// Keeps the library loaded; the context holds it too.
     lib: Arc<FlexLibrary>,
@@ -155,26 +157,18 @@ impl HardwareStream {
         check(&self.lib, status, "flex_stream_synchronize").map_err(|err| self.with_host_panic(err))
     }
 
-    /// `err` (the stream's error, from `flex_stream_query` or
-    /// `flex_stream_synchronize`) with the message of the host callback
-    /// panic that failed the stream, when it did: the library knows only
-    /// the status the host function returned. The in-process software
-    /// device's error carries the message too.
+    /// `err`, an error of this stream, naming the host callback panic
+    /// that failed the stream, if one did ([`callback::stream_failure`]):
+    /// the library knows only the status the host function returned. The
+    /// in-process software device's errors name it too.
     #[cold]
     fn with_host_panic(&self, err: FlexError) -> FlexError {
-        match self.payloads.host_panic() {
-            Some(panic) if err.status() == Status::HOST_CALLBACK_FAILED => FlexError::new(
-                err.status(),
-                err.call(),
-                format!(
-                    "{}; the host callback launched by flex_launch_host_callback on stream {} \
-                     panicked: {panic}",
-                    err.message(),
-                    self.id
-                ),
-            ),
-            _ => err,
-        }
+        let Some(panic) = self.payloads.host_panic() else {
+            return err;
+        };
+        let message =
+            callback::stream_failure(err.status(), err.message().to_owned(), self.id, Some(panic));
+        FlexError::new(err.status(), err.call(), message)
     }
 
     /// The payload of one operation on this stream.
@@ -228,7 +222,7 @@ impl HardwareStream {
         // drop runs user code, which could make other flex calls.
         let error = call::failure(Status(status), call, self.lib.last_error_message());
         drop(submission);
-        Err(error)
+        Err(self.with_host_panic(error))
     }
 }
 
@@ -453,7 +447,7 @@ impl Stream for HardwareStream {
                 // alive and of the same live runtime (`use_for_stream`
                 // checked both, holding the runtime's liveness lock). A null
                 // completion function is "none" (flex.h).
-                let status = unsafe {
+                let status = event.record_on(self.id, &self.payloads, || unsafe {
                     self.lib.api().flex_event_record(
                         raw_event,
                         self.handle.as_ptr(),
@@ -462,8 +456,8 @@ impl Stream for HardwareStream {
                             user_data: std::ptr::null_mut(),
                         },
                     )
-                };
-                check(&self.lib, status, CALL)
+                });
+                check(&self.lib, status, CALL).map_err(|err| self.with_host_panic(err))
             });
         };
         let options = LaunchOptions {
@@ -478,13 +472,13 @@ impl Stream for HardwareStream {
                 // same live runtime (`use_for_stream` checked both, holding
                 // the runtime's liveness lock). The completion takes the
                 // payload only on FLEX_SUCCESS (see `submit`).
-                unsafe {
+                event.record_on(self.id, &self.payloads, || unsafe {
                     self.lib.api().flex_event_record(
                         raw_event,
                         self.handle.as_ptr(),
                         submission.completion(),
                     )
-                }
+                })
             })
         })
     }
