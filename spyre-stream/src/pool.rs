@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::atomic::Ordering;
 
 use crossbeam_utils::CachePadded;
-use flex_rt::{Runtime, Stream, StreamMode, StreamPriority};
+use flex_rt::{FlexError, Runtime, Status, Stream, StreamMode, StreamPriority};
 
 use crate::error::{Error, Result};
 use crate::id::{
@@ -538,12 +538,24 @@ impl<'rt> StreamPool<'rt> {
     /// still synchronized. An uninitialized pool has nothing to synchronize.
     ///
     /// # Errors
-    /// [`Error::DeviceSynchronize`] with the id and error of the first stream that failed.
+    /// [`Error::DeviceSynchronize`] with the id and error of the first
+    /// stream that failed; [`Error::Flex`] with [`Status::UNSUPPORTED`]
+    /// (call `synchronize_device`) from a completion or host callback of the
+    /// device's runtime, where every stream's synchronize is refused (it
+    /// would wait for itself): no stream failed then.
     pub fn synchronize_device(&self) -> Result<()> {
         let snapshot = self.snapshot();
         let mut first_error = None;
         for (id, handle) in snapshot {
             if let Err(source) = handle.synchronize() {
+                if source.status() == Status::UNSUPPORTED && source.call() == "synchronize" {
+                    // The calling thread's refusal, the same on every stream.
+                    return Err(Error::Flex(FlexError::new(
+                        Status::UNSUPPORTED,
+                        "synchronize_device",
+                        source.message(),
+                    )));
+                }
                 tracing::warn!(stream = id.get(), error = %source, "synchronize_device: stream failed");
                 first_error.get_or_insert(Error::DeviceSynchronize { id, source });
             }

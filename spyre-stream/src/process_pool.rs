@@ -69,7 +69,9 @@ pub fn host_compute_stream_by_id(id: i64, device: Device) -> Result<SpyreStream>
 /// # Errors
 /// [`Error::OtherDevice`] for a device other than the process's;
 /// [`Error::ForkedProcess`] in a forked child;
-/// [`Error::DeviceSynchronize`] naming the first stream that failed.
+/// [`Error::DeviceSynchronize`] naming the first stream that failed;
+/// [`Error::Flex`] with `UNSUPPORTED` from a completion or host callback of
+/// the device's runtime (it would wait for itself).
 pub fn synchronize_device(device: Device) -> Result<()> {
     match runtime::started_pool_for(device) {
         Ok(pool) => pool.synchronize_device(),

@@ -587,3 +587,35 @@ fn an_undefined_status_code_is_an_error_naming_it_and_the_pool_goes_on() {
         },
     );
 }
+
+/// `synchronize_device` from a host callback of the device's runtime is
+/// refused as a whole, naming the call: every stream's `synchronize` would
+/// wait for the callback itself. Before, the refusal read as a failure of
+/// stream 0, which had not failed.
+#[test]
+fn synchronize_device_from_a_host_callback_is_refused_not_blamed_on_a_stream() {
+    isolated!(&[], || {
+        set_backend(Box::new(SpyBackend::new(MockSystem::default()))).unwrap();
+        let stream = stream_from_pool(Device::CURRENT, 0).unwrap();
+        let (tx, result) = mpsc::channel();
+        stream
+            .launch_host_callback(
+                move || tx.send(synchronize_device(Device::CURRENT)).unwrap(),
+                LaunchOptions::new(),
+            )
+            .unwrap();
+        match result.recv_timeout(RECV).unwrap().unwrap_err() {
+            Error::Flex(refused) => {
+                assert_eq!(refused.status(), Status::UNSUPPORTED, "{refused}");
+                assert_eq!(refused.call(), "synchronize_device", "{refused}");
+                assert!(
+                    refused.message().contains("would wait for itself"),
+                    "{refused}"
+                );
+            }
+            other => panic!("expected the refusal, got {other:?}"),
+        }
+        stream.synchronize().expect("nothing failed");
+        assert_eq!(device_state(), DeviceState::Ok);
+    });
+}
