@@ -9,6 +9,7 @@ use flex_sys::bindings::{
 };
 use flex_sys::make_api_version;
 use spyre_mock::MockConfig;
+use spyre_mock::config::ENV_CHECK_REUSE;
 
 use crate::boundary::Failure;
 
@@ -169,9 +170,23 @@ pub(super) fn abi_version(mut lookup: impl FnMut(&str) -> Option<String>) -> Res
 /// [`MockConfig::from_lookup`].
 ///
 /// # Errors
-/// Its message, naming the variable and value.
-pub(super) fn config(lookup: impl FnMut(&str) -> Option<String>) -> Result<MockConfig, String> {
-    MockConfig::from_lookup(lookup).map_err(|err| err.message().to_owned())
+/// Its message, naming the variable and value; and a refusal of the
+/// use-after-free detector (`SPYRE_MOCK_CHECK_REUSE` true), which needs
+/// to be told when an allocator hands memory out again
+/// (`flex_rt::Runtime::note_reuse`), a call flex.h does not have: through
+/// the library it would check nothing.
+pub(super) fn config(mut lookup: impl FnMut(&str) -> Option<String>) -> Result<MockConfig, String> {
+    let config = MockConfig::from_lookup(&mut lookup).map_err(|err| err.message().to_owned())?;
+    if config.check_reuse() {
+        let raw = lookup(ENV_CHECK_REUSE).unwrap_or_default();
+        return Err(format!(
+            "{ENV_CHECK_REUSE}={raw:?} cannot work through the flex library: the use-after-free \
+             detector must be told when an allocator hands memory out again, and flex.h has no \
+             such call; unset it here, and use the in-process software device \
+             (SPYRE_BACKEND=mock) to detect use after free"
+        ));
+    }
+    Ok(config)
 }
 
 /// Reads a variable of the process environment (`None` when unset; a value

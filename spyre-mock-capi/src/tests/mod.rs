@@ -306,6 +306,29 @@ fn api_version_is_the_header_version_or_the_switch() {
     }
 }
 
+/// The use-after-free detector needs to be told when memory is handed out
+/// again (`Runtime::note_reuse`), which flex.h has no call for: asked for
+/// through the library, the device is refused, naming the variable and
+/// where the detector works, rather than run without it.
+#[test]
+fn the_use_after_free_detector_is_refused_through_the_library() {
+    let config = |value: &str| {
+        let value = value.to_owned();
+        environment::config(move |name| (name == "SPYRE_MOCK_CHECK_REUSE").then(|| value.clone()))
+    };
+    let refused = config("1").unwrap_err();
+    assert!(
+        refused.starts_with("SPYRE_MOCK_CHECK_REUSE=\"1\" cannot work through the flex library"),
+        "{refused}"
+    );
+    assert!(refused.contains("in-process software device"), "{refused}");
+    assert!(!config("0").unwrap().check_reuse());
+    assert!(
+        config("2").unwrap_err().contains("SPYRE_MOCK_CHECK_REUSE"),
+        "malformed"
+    );
+}
+
 #[test]
 fn switches_parse_and_name_bad_values() {
     let parse = |pairs: &[(&str, &str)]| {
