@@ -7,7 +7,11 @@ use crate::error::FlexError;
 /// Called exactly once when an enqueued operation has finished (`Ok`) or
 /// failed (`Err` with the operation's error). Runs on a runtime thread; the
 /// stream does not advance while it runs, so keep it short, and never
-/// synchronize a stream of the same runtime inside it.
+/// synchronize a stream of the same runtime inside it. A panic inside it
+/// never unwinds into the runtime: it is caught, and after an operation
+/// that succeeded it fails the stream with
+/// [`crate::Status::HOST_CALLBACK_FAILED`] naming the panic (through a
+/// flex library, on flex-rt's side: see the hardware backend's stream).
 pub type Completion = Box<dyn FnOnce(Result<(), FlexError>) + Send + 'static>;
 
 /// A host function run in stream order by `launch_host_callback`: it starts

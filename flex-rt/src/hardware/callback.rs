@@ -354,7 +354,9 @@ impl Drop for CallbackScope {
 /// stream's cache, or to the allocator), releases the lease and runs the
 /// caller's completion with `Ok(())` for `FLEX_SUCCESS` or the error for
 /// any other status. A panic in user code is caught and logged with
-/// `tracing::error!`; the payload is dropped either way.
+/// `tracing::error!`; after an operation that succeeded it also fails the
+/// stream on flex-rt's side ([`PayloadCache::note_completion_panic`]). The
+/// payload is dropped either way.
 ///
 /// # Safety
 ///
@@ -386,12 +388,23 @@ pub(super) unsafe extern "C" fn completion_trampoline(
     let meta = payload.meta;
     let _scope = CallbackScope::enter(meta.runtime);
     if let Err(panic) = catch_unwind(AssertUnwindSafe(move || payload.complete(status, stream))) {
+        let message = panic_message(&*panic);
         tracing::error!(
             call = meta.call,
             stream = ?meta.stream_id,
-            "a completion callback panicked: {}; the panic was stopped at the flex boundary",
-            panic_message(&*panic)
+            "a completion callback panicked: {message}; the panic was stopped at the flex boundary"
         );
+        // After an operation that succeeded, the panic is the stream's
+        // first error (after one that failed, the library has the first).
+        if status == sys::FLEX_SUCCESS
+            && let (Some(stream), Some(stream_id)) = (stream, meta.stream_id)
+        {
+            stream.note_completion_panic(format!(
+                "the completion callback of the operation launched by {} on stream {stream_id} \
+                 panicked: {message}",
+                meta.call
+            ));
+        }
         drop_panic(panic);
     }
 }
@@ -907,6 +920,39 @@ mod tests {
                  panicked: no weights",
             ]
         );
+    }
+
+    /// A completion that panics after its operation succeeded fails its
+    /// stream on flex-rt's side (noted in the cache); after an operation
+    /// that failed, the library's error is the stream's first, and nothing
+    /// is noted.
+    #[test]
+    fn a_completion_panic_after_success_is_noted_for_its_stream() {
+        for (status, noted) in [
+            (sys::FLEX_ERROR_EXECUTION_FAILED, None),
+            (
+                sys::FLEX_SUCCESS,
+                Some(
+                    "the completion callback of the operation launched by flex_launch_fill on \
+                     stream 7 panicked: completion boom",
+                ),
+            ),
+        ] {
+            let cache = Arc::new(PayloadCache::new());
+            let mut free = FreeBlocks::new();
+            let payload = Payload::new(
+                meta("flex_launch_fill"),
+                Some(Box::new(|_| panic!("completion boom"))),
+                Lease::None,
+                None,
+            );
+            // SAFETY: `cache` outlives the submission and its completion,
+            // and `free` holds only its blocks.
+            let submission = unsafe { Submission::cached(payload, &cache, &mut free) };
+            launch_then_complete(submission, status);
+            assert_eq!(cache.completion_panic(), noted, "status {status}");
+            assert_eq!(cache.host_panic(), None);
+        }
     }
 
     /// A noted panic is named after the errors of a failed stream only

@@ -22,9 +22,11 @@
 //! and it removes all of them: a push races only with other pushes and
 //! with the swap, so the stack has no ABA problem.
 //!
-//! The cache is also where a stream's completions leave what the stream
+//! The cache is also where a stream's callbacks leave what the stream
 //! must know afterwards and the library cannot tell it: the message of the
-//! first host callback that panicked ([`PayloadCache::note_host_panic`]).
+//! first host callback that panicked ([`PayloadCache::note_host_panic`]),
+//! and of the first completion that panicked after its operation
+//! succeeded ([`PayloadCache::note_completion_panic`]).
 //!
 //! A stream keeps as many blocks as it ever had launches in flight at once
 //! (one [`Block`] each, about 150 bytes), until it is dropped. Its cache
@@ -148,6 +150,9 @@ pub(super) struct PayloadCache<T> {
     returned: AtomicPtr<Block<T>>,
     /// The message of the stream's first host callback that panicked.
     host_panic: OnceLock<String>,
+    /// The error message of the stream's first completion that panicked
+    /// after its operation succeeded.
+    completion_panic: OnceLock<String>,
     /// Blocks allocated for this cache, for tests to see reuse.
     #[cfg(test)]
     made: AtomicUsize,
@@ -158,6 +163,7 @@ impl<T> PayloadCache<T> {
         Self {
             returned: AtomicPtr::new(ptr::null_mut()),
             host_panic: OnceLock::new(),
+            completion_panic: OnceLock::new(),
             #[cfg(test)]
             made: AtomicUsize::new(0),
         }
@@ -182,6 +188,19 @@ impl<T> PayloadCache<T> {
     /// The message [`PayloadCache::note_host_panic`] kept, if any.
     pub(super) fn host_panic(&self) -> Option<&str> {
         self.host_panic.get().map(String::as_str)
+    }
+
+    /// Keeps `message` as the error of a completion that panicked after its
+    /// operation succeeded, unless one was kept before. The library does
+    /// not know of it (a completion returns nothing), so the stream fails
+    /// on flex-rt's side: see `HardwareStream`.
+    pub(super) fn note_completion_panic(&self, message: String) {
+        let _first = self.completion_panic.set(message);
+    }
+
+    /// The message [`PayloadCache::note_completion_panic`] kept, if any.
+    pub(super) fn completion_panic(&self) -> Option<&str> {
+        self.completion_panic.get().map(String::as_str)
     }
 
     /// Pushes a block whose payload has been taken.

@@ -485,7 +485,14 @@ impl Runtime for HardwareRuntime {
                 .flex_runtime_has_stream_error(self.handle.as_ptr(), &raw mut has_error)
         };
         check(&self.lib, status, "flex_runtime_has_stream_error")?;
-        Ok(call::bool_from_raw(has_error))
+        // Or a stream failed on flex-rt's side (`HardwareStream`: a
+        // completion's panic, which the library cannot be told of).
+        Ok(call::bool_from_raw(has_error)
+            || self.default.completion_panicked()
+            || self
+                .streams
+                .iter()
+                .any(|(_, stream)| stream.completion_panicked()))
     }
 
     fn allocate(&self, size: u64) -> Result<CompositeAddress> {

@@ -63,7 +63,14 @@ use crate::types::{DataFormat, StreamPriority};
 /// after it (from [`Stream::query`] and [`Stream::synchronize`], launches
 /// refused with [`Status::STREAM_FAILED`], and the completions of
 /// operations that did not run) end with the panic's message, as the
-/// in-process software device's do.
+/// in-process software device's do. A completion's panic after its
+/// operation succeeded fails the stream too, on flex-rt's side (the
+/// library cannot be told: a completion returns nothing): from then on
+/// `query` and `synchronize` return [`Status::HOST_CALLBACK_FAILED`] naming
+/// it, and launches, records and waits are refused with
+/// [`Status::STREAM_FAILED`]; unlike on the in-process device, work the
+/// library had queued behind it still runs, and events recorded behind it
+/// still complete.
 pub struct HardwareStream {
     /// Keeps the library loaded; the context holds it too.
     lib: Arc<FlexLibrary>,
@@ -154,7 +161,43 @@ impl HardwareStream {
         // destroying anything). The callers have checked that this thread is
         // not running a callback of this runtime.
         let status = unsafe { self.lib.api().flex_stream_synchronize(self.handle.as_ptr()) };
-        check(&self.lib, status, "flex_stream_synchronize").map_err(|err| self.with_host_panic(err))
+        const CALL: &str = "flex_stream_synchronize";
+        self.check_completions(CALL)?;
+        check(&self.lib, status, CALL).map_err(|err| self.with_host_panic(err))
+    }
+
+    /// Whether a completion of this stream panicked after its operation
+    /// succeeded, which fails the stream on flex-rt's side
+    /// ([`PayloadCache::note_completion_panic`]).
+    pub(super) fn completion_panicked(&self) -> bool {
+        self.payloads.completion_panic().is_some()
+    }
+
+    /// `Err(HOST_CALLBACK_FAILED)` from `call` (`flex_stream_query` or
+    /// `flex_stream_synchronize`) once a completion of this stream
+    /// panicked after its operation succeeded: the stream's first error,
+    /// which the library does not know. One load.
+    #[inline]
+    fn check_completions(&self, call: &'static str) -> Result<()> {
+        match self.payloads.completion_panic() {
+            None => Ok(()),
+            Some(message) => Err(FlexError::new(Status::HOST_CALLBACK_FAILED, call, message)),
+        }
+    }
+
+    /// `Err(STREAM_FAILED)` for work enqueued with `call` once a completion
+    /// of this stream panicked after its operation succeeded: the stream
+    /// refuses work from then on, as a failed stream does. One load.
+    #[inline]
+    fn check_accepts_work(&self, call: &'static str) -> Result<()> {
+        match self.payloads.completion_panic() {
+            None => Ok(()),
+            Some(message) => Err(FlexError::new(
+                Status::STREAM_FAILED,
+                call,
+                format!("the stream has failed ({message}); nothing was enqueued"),
+            )),
+        }
     }
 
     /// `err`, an error of this stream, naming the host callback panic
@@ -203,6 +246,7 @@ impl HardwareStream {
         // the launch unwinds: its drop runs user code, which may launch on
         // this stream.
         self.runtime.check_not_forked(call)?;
+        self.check_accepts_work(call)?;
         let submission;
         let status = {
             let mut free = self.submit.lock();
@@ -263,10 +307,10 @@ impl Stream for HardwareStream {
         // the borrow). `flex_stream_query` does not block and may be called
         // from any thread, callbacks included.
         let status = unsafe { self.lib.api().flex_stream_query(self.handle.as_ptr()) };
-        call::query_result(status, "flex_stream_query", || {
-            self.lib.last_error_message()
-        })
-        .map_err(|err| self.with_host_panic(err))
+        const CALL: &str = "flex_stream_query";
+        self.check_completions(CALL)?;
+        call::query_result(status, CALL, || self.lib.last_error_message())
+            .map_err(|err| self.with_host_panic(err))
     }
 
     fn synchronize(&self) -> Result<()> {
@@ -441,6 +485,7 @@ impl Stream for HardwareStream {
             // the library must run to call it, which work of other streams
             // (of higher priority) can delay, and with it the event.
             return event.use_for_stream(self.runtime, CALL, |raw_event| {
+                self.check_accepts_work(CALL)?;
                 // Enqueued like a launch: serialized with them.
                 let _serialized = self.submit.lock();
                 // SAFETY: the stream is alive while `&self` is; the event is
@@ -494,6 +539,7 @@ impl Stream for HardwareStream {
             ));
         }
         event.use_for_stream(self.runtime, CALL, |raw_event| {
+            self.check_accepts_work(CALL)?;
             let wait = || {
                 // SAFETY: the stream is alive while `&self` is; the event is
                 // alive and of the same live runtime (checked by

@@ -145,6 +145,7 @@ macro_rules! with_conformance_cases {
                 memory_info_counts_live_allocations,
                 completions_are_released_exactly_once,
                 host_callback_panic_is_an_error_not_an_abort,
+                a_completion_panic_fails_the_stream,
                 dropping_the_runtime_completes_pending_work,
                 launches_from_several_threads_are_serialized,
             ];
@@ -898,6 +899,56 @@ pub fn host_callback_panic_is_an_error_not_an_abort(backend: &dyn Backend, _: &P
         .expect("launch");
     other.synchronize().expect("synchronize");
     assert!(ran.load(Ordering::SeqCst));
+}
+
+/// A panic in the completion of an operation that succeeded is caught and
+/// fails the stream, as a host callback's does: `synchronize` and `query`
+/// return `HOST_CALLBACK_FAILED` naming the panic, later launches are
+/// refused with `STREAM_FAILED` naming it, the runtime reports a stream
+/// error, and its other streams go on.
+pub fn a_completion_panic_fails_the_stream(backend: &dyn Backend, _: &Profile) {
+    let runtime = runtime(backend);
+    let stream = new_stream(&*runtime, StreamPriority::Normal);
+    stream
+        .launch_host_callback(
+            Box::new(|| {}),
+            LaunchOptions::new().on_complete(|_| panic!("deliberate completion panic 23")),
+        )
+        .expect("launch");
+    let err = stream.synchronize().unwrap_err();
+    assert_eq!(err.status(), Status::HOST_CALLBACK_FAILED, "{err}");
+    assert!(
+        err.message().contains("deliberate completion panic 23"),
+        "{err}"
+    );
+    assert_eq!(stream.synchronize().unwrap_err(), err, "sticky");
+    let queried = stream.query().unwrap_err();
+    assert_eq!(queried.status(), Status::HOST_CALLBACK_FAILED, "{queried}");
+    assert!(
+        queried.message().contains("deliberate completion panic 23"),
+        "{queried}"
+    );
+    let completions = Completions::new();
+    let refused = stream
+        .launch_host_callback(Box::new(|| {}), completions.options())
+        .unwrap_err();
+    assert_eq!(refused.status(), Status::STREAM_FAILED, "{refused}");
+    assert!(
+        refused.message().contains("deliberate completion panic 23"),
+        "{refused}"
+    );
+    assert_eq!(
+        completions.results(),
+        vec![],
+        "a refused launch never completes"
+    );
+    assert_eq!(completions.drops(), 1);
+    assert_eq!(runtime.has_stream_error(), Ok(true));
+    let other = new_stream(&*runtime, StreamPriority::Normal);
+    other
+        .launch_host_callback(Box::new(|| {}), LaunchOptions::new())
+        .expect("launch on another stream");
+    other.synchronize().expect("another stream goes on");
 }
 
 /// Dropping the runtime with work still queued lets it all run and every
