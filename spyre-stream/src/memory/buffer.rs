@@ -70,9 +70,12 @@ impl<T: DeviceElement> DeviceBuffer<T> {
     ///
     /// # Errors
     /// [`Error::Flex`] (`INVALID_ARGUMENT`) for `len` 0 or a byte size
-    /// that overflows; as [`SpyreStream::query`] for `stream`;
+    /// that overflows; [`Error::NoHandle`], [`Error::WrongDevice`] or
+    /// [`Error::ForkedProcess`] for `stream`, as [`SpyreStream::query`];
     /// [`Error::RuntimeReset`] after [`crate::free_runtime`];
-    /// [`Error::OutOfMemory`] when the device cannot give the memory.
+    /// [`Error::OutOfMemory`] when the device cannot give the memory. A
+    /// stream that has failed is not looked at (as PyTorch's caching
+    /// allocator does not): the buffer's first copy or fill on it fails.
     pub fn new(stream: SpyreStream, len: usize) -> Result<Self> {
         if len == 0 {
             return Err(FlexError::invalid_argument(
