@@ -318,6 +318,10 @@ impl SpyreEvent {
     /// say) should keep one future and poll it again. A runtime error while asking resolves the future with it; in a
     /// child forked after the start the future resolves with
     /// [`Error::ForkedProcess`] (nothing is asked of the parent's runtime).
+    /// Blocking a thread on it (`block_on`) inside a completion or host
+    /// callback of the device's runtime never returns when the record is
+    /// behind that callback (the blocking [`SpyreEvent::synchronize`]
+    /// refuses there instead); hand it to a task.
     pub fn synchronize_async(&self) -> SynchronizeFuture {
         let awaited = self.awaited();
         SynchronizeFuture {
@@ -565,7 +569,11 @@ impl SpyreStream {
     /// has completed: the awaitable form of [`SpyreStream::synchronize`],
     /// driven by the device's completion callback (no thread blocks, no
     /// polling). Resolves with an error naming the stream's first error if
-    /// that work fails.
+    /// that work fails. Blocking a thread on it (`block_on`) inside a
+    /// completion or host callback of the device's runtime never returns
+    /// when the work it waits for is behind that callback (the blocking
+    /// [`SpyreStream::synchronize`] refuses there instead); hand it to a
+    /// task.
     /// Records a marker event, as [`SpyreStream::wait_stream`] does, lent to
     /// the future until it is dropped.
     ///
