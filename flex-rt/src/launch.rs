@@ -8,10 +8,12 @@ use crate::error::FlexError;
 /// failed (`Err` with the operation's error). Runs on a runtime thread; the
 /// stream does not advance while it runs, so keep it short, and never
 /// synchronize a stream of the same runtime inside it. A panic inside it
-/// never unwinds into the runtime: it is caught, and after an operation
-/// that succeeded it fails the stream with
+/// never unwinds into the runtime: it is caught, and the completion of a
+/// launch that panics after its operation succeeded fails the stream with
 /// [`crate::Status::HOST_CALLBACK_FAILED`] naming the panic (through a
-/// flex library, on flex-rt's side: see the hardware backend's stream).
+/// flex library, on flex-rt's side: see the hardware backend's stream); a
+/// panic in an event's notification ([`crate::Event::notify`]) is logged
+/// and fails nothing.
 pub type Completion = Box<dyn FnOnce(Result<(), FlexError>) + Send + 'static>;
 
 /// A host function run in stream order by `launch_host_callback`: it starts

@@ -411,11 +411,65 @@ fn every_error_after_a_host_callback_panic_names_it() {
             let record_failed = record_completed.recv().unwrap().unwrap_err();
             assert_eq!(record_failed.status(), Status::STREAM_FAILED);
             assert!(record_failed.message().contains(PANIC), "record: {record_failed}");
-            // Another stream is unaffected, and its errors would be its own.
+            // Another stream is unaffected; failed by a bad program, its
+            // errors are its own.
             other
                 .launch_host_callback(Box::new(|| {}), LaunchOptions::new())
                 .expect("launch on another stream");
             other.synchronize().expect("another stream");
+            let bad = runtime.allocate(128).expect("allocate");
+            other
+                .launch_fill(&bad, 0.0, DataFormat::Uint8, LaunchOptions::new())
+                .expect("launch_fill");
+            other
+                .launch_compute(&bad, LaunchOptions::new())
+                .expect("launch_compute");
+            let own = other.synchronize().unwrap_err();
+            assert_eq!(own.status(), Status::EXECUTION_FAILED, "{own}");
+            let refused = other
+                .launch_host_callback(Box::new(|| {}), LaunchOptions::new())
+                .unwrap_err();
+            assert_eq!(refused.status(), Status::STREAM_FAILED, "{refused}");
+            for error in [own, refused] {
+                assert!(!error.message().contains(PANIC), "another stream's: {error}");
+            }
+        },
+    );
+}
+
+/// A completion that panics after its operation succeeded fails the stream
+/// only if the library has not failed it already: with completions
+/// delivered late, the stream ran on meanwhile and a host callback behind
+/// the operation failed it first, so that failure stays the stream's error.
+/// Before, the late completion's panic replaced it.
+#[test]
+fn a_late_completion_panic_does_not_replace_the_first_error() {
+    isolated!(mock_cdylib; &[("SPYRE_MOCK_LATE_COMPLETIONS_MS", "2000")],
+        || {
+            quiet_deliberate_panics();
+            let runtime = backend().create_runtime(0).expect("create_runtime");
+            let stream = runtime
+                .create_stream(StreamPriority::Normal, StreamMode::StrictOrdering, false)
+                .expect("create_stream");
+            stream
+                .launch_host_callback(
+                    Box::new(|| {}),
+                    LaunchOptions::new()
+                        .on_complete(|_| panic!("deliberate panic in a late completion")),
+                )
+                .expect("launch");
+            stream
+                .launch_host_callback(
+                    Box::new(|| panic!("deliberate panic in a host callback")),
+                    LaunchOptions::new(),
+                )
+                .expect("launch");
+            let errors = [stream.synchronize().unwrap_err(), stream.query().unwrap_err()];
+            for error in errors {
+                assert_eq!(error.status(), Status::HOST_CALLBACK_FAILED, "{error}");
+                assert!(error.message().contains("in a host callback"), "{error}");
+                assert!(!error.message().contains("late completion"), "{error}");
+            }
         },
     );
 }

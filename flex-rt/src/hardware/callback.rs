@@ -211,10 +211,12 @@ fn host_panic_message(stream_id: u64, panic: &str) -> String {
 /// host callback panic that failed the stream (`panic`, from its cache's
 /// [`PayloadCache::host_panic`]) when the status is one a failed stream
 /// gives (`HOST_CALLBACK_FAILED`, its first error, or `STREAM_FAILED`,
-/// what it refuses and fails afterwards). A noted panic is the stream's
-/// first error: host functions run only on a stream that has not failed,
-/// one at a time in order, and a stream that needs shutdown gives
-/// `SHUTDOWN` instead (`flex.h`).
+/// what it refuses and fails afterwards). A noted panic is the first error
+/// the library has for the stream: host functions run only on a stream the
+/// library has not failed, one at a time in order, and a stream that needs
+/// shutdown gives `SHUTDOWN` instead (`flex.h`). (A completion's panic,
+/// which fails the stream on flex-rt's side only, comes first where there
+/// is one: `HardwareStream` reports it before asking the library.)
 pub(super) fn stream_failure(
     status: Status,
     message: String,

@@ -46,6 +46,11 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Arc, OnceLock};
 
+/// Whether the library reports a stream failed (`flex_stream_query`
+/// returns an error); called only from a completion of the stream's
+/// launches.
+pub(super) type FailureProbe = Box<dyn Fn() -> bool + Send + Sync>;
+
 /// The memory of one launch's payload.
 pub(super) struct Block<T> {
     /// The next block of the free list the block is on; meaningful only
@@ -153,6 +158,9 @@ pub(super) struct PayloadCache<T> {
     /// The error message of the stream's first completion that panicked
     /// after its operation succeeded.
     completion_panic: OnceLock<String>,
+    /// Whether the library reports the stream failed (`None` in tests:
+    /// never).
+    failed: Option<FailureProbe>,
     /// Blocks allocated for this cache, for tests to see reuse.
     #[cfg(test)]
     made: AtomicUsize,
@@ -164,6 +172,7 @@ impl<T> PayloadCache<T> {
             returned: AtomicPtr::new(ptr::null_mut()),
             host_panic: OnceLock::new(),
             completion_panic: OnceLock::new(),
+            failed: None,
             #[cfg(test)]
             made: AtomicUsize::new(0),
         }
@@ -190,11 +199,26 @@ impl<T> PayloadCache<T> {
         self.host_panic.get().map(String::as_str)
     }
 
+    /// A cache whose stream's failure in the library `failed` tells (see
+    /// [`PayloadCache::note_completion_panic`]).
+    pub(super) fn with_failure_probe(failed: FailureProbe) -> Self {
+        let mut cache = Self::new();
+        cache.failed = Some(failed);
+        cache
+    }
+
     /// Keeps `message` as the error of a completion that panicked after its
-    /// operation succeeded, unless one was kept before. The library does
-    /// not know of it (a completion returns nothing), so the stream fails
-    /// on flex-rt's side: see `HardwareStream`.
+    /// operation succeeded, unless one was kept before, or the library
+    /// reports the stream failed already: then its error is the stream's
+    /// first (`flex.h` holds the stream while a completion runs, but a
+    /// library that delivers completions late may have run, and failed,
+    /// later work meanwhile). The library does not know of the panic (a
+    /// completion returns nothing), so the stream fails on flex-rt's side:
+    /// see `HardwareStream`. Called from a completion of the stream.
     pub(super) fn note_completion_panic(&self, message: String) {
+        if self.failed.as_ref().is_some_and(|failed| failed()) {
+            return;
+        }
         let _first = self.completion_panic.set(message);
     }
 

@@ -12,7 +12,7 @@ use super::call::{self, check};
 use super::callback::{self, Lease, OpMeta, Payload, Submission};
 use super::event::HardwareEvent;
 use super::handle::{RuntimeHandle, StreamHandle};
-use super::payload_cache::{FreeBlocks, PayloadCache};
+use super::payload_cache::{FailureProbe, FreeBlocks, PayloadCache};
 use crate::address::CompositeAddress;
 use crate::buffer::HostBuffer;
 use crate::error::{FlexError, Result};
@@ -69,8 +69,11 @@ use crate::types::{DataFormat, StreamPriority};
 /// `query` and `synchronize` return [`Status::HOST_CALLBACK_FAILED`] naming
 /// it, and launches, records and waits are refused with
 /// [`Status::STREAM_FAILED`]; unlike on the in-process device, work the
-/// library had queued behind it still runs, and events recorded behind it
-/// still complete.
+/// library had queued behind it still runs (a launch made while the
+/// completion runs may still be enqueued), and events recorded behind it
+/// still complete. Another stream that waited on an event of a stream
+/// failed by a host callback's panic fails with the library's message,
+/// which does not name the panic.
 pub struct HardwareStream {
     /// Keeps the library loaded; the context holds it too.
     lib: Arc<FlexLibrary>,
@@ -123,6 +126,9 @@ impl HardwareStream {
                 format!("returned FLEX_SUCCESS with priority {raw_priority}, which flex.h does not define"),
             )
         })?;
+        let payloads = Arc::new(PayloadCache::with_failure_probe(failure_probe(
+            &lib, handle,
+        )));
         Ok(Self {
             lib,
             runtime,
@@ -131,7 +137,7 @@ impl HardwareStream {
             priority,
             is_default,
             submit: Mutex::new(FreeBlocks::new()),
-            payloads: Arc::new(PayloadCache::new()),
+            payloads,
         })
     }
 
@@ -564,9 +570,24 @@ impl Stream for HardwareStream {
                 // runs no callback of the runtime (checked above).
                 wait()
             };
-            check(&self.lib, status, CALL)
+            check(&self.lib, status, CALL).map_err(|err| self.with_host_panic(err))
         })
     }
+}
+
+/// Whether the library reports stream `handle` failed, for its payload
+/// cache ([`PayloadCache::note_completion_panic`]).
+fn failure_probe(lib: &Arc<FlexLibrary>, handle: StreamHandle) -> FailureProbe {
+    let lib = Arc::clone(lib);
+    Box::new(move || {
+        // SAFETY: the probe is called only from a completion of the
+        // stream's launches, and the library calls those before
+        // `flex_stream_destroy` or `flex_runtime_destroy` returns (both wait
+        // for them), so the handle is live; `flex_stream_query` never blocks
+        // and may be called from a callback (flex.h).
+        let status = unsafe { lib.api().flex_stream_query(handle.as_ptr()) };
+        status != sys::FLEX_SUCCESS && status != sys::FLEX_NOT_READY
+    })
 }
 
 impl fmt::Debug for HardwareStream {
