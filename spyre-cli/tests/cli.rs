@@ -439,8 +439,34 @@ fn bad_sizes_exit_2_naming_the_value() {
             "--threads 1 and --in-flight 3 (--mode per-iteration) keeps 3 iterations' memory on the device",
             "3 blocks of 104857600 bytes",
             "which hold at most 2 of them at once",
+            "lower --in-flight to at most 2 (or --threads or --size)",
         ],
     );
+    // 300 MiB fits two iterations: the advice names only what would fit
+    // (with more threads than that, fewer in flight cannot help).
+    let too_many = "even one iteration per thread does not fit: lower --threads to at most 2";
+    let one_each =
+        "--mode per-iteration --in-flight 1 (one iteration's memory per thread) would fit";
+    for (threads, mode, advice) in [
+        ("3", "per-iteration", &[too_many][..]),
+        (
+            "3",
+            "pipelined",
+            &["one pipelined thread fits", too_many][..],
+        ),
+        ("2", "pipelined", &[one_each][..]),
+    ] {
+        let args = [
+            "run",
+            "--size",
+            "300MiB",
+            "--threads",
+            threads,
+            "--mode",
+            mode,
+        ];
+        refused(&args, &[], advice);
+    }
     // Fits once, but not four times over two threads.
     refused(
         &["run", "--size", "1MiB"],
