@@ -158,15 +158,16 @@ pub(crate) struct RunArgs {
     /// event format (open it in Perfetto or chrome://tracing): one track
     /// per stream, each operation from its start to its finish on the
     /// device, waits on events as arrows from the records they waited for.
-    /// FILE is prepared before the run (a path that cannot be written exits
-    /// 2 at once) and replaced whole when the run ends, after a failure
-    /// too; an interrupted run (Ctrl-C) leaves it as it was. The trace is
-    /// built in memory until then (about 55 KB per iteration).
+    /// FILE is opened before the run (a path that cannot be written exits
+    /// 2 at once) and written when the run ends, after a failure too; an
+    /// interrupted run (Ctrl-C) leaves a FILE that existed as it was. The
+    /// trace is built in memory until then (about 55 KB per iteration).
     #[arg(long, value_name = "FILE")]
     pub(crate) trace: Option<std::path::PathBuf>,
     /// Draw the same trace as a timeline into FILE (SVG: a name ending in
     /// .svg): one row per stream, each operation a bar coloured by kind,
-    /// with a legend and a time axis. Created before the run, as --trace.
+    /// with a legend and a time axis. Opened before the run and written at
+    /// its end, as --trace.
     #[arg(long, value_name = "FILE.svg")]
     pub(crate) timeline: Option<std::path::PathBuf>,
 }

@@ -445,16 +445,23 @@ fn bad_sizes_exit_2_naming_the_value() {
     // 300 MiB fits two iterations: the advice names only what would fit
     // (with more threads than that, fewer in flight cannot help).
     let too_many = "even one iteration per thread does not fit: lower --threads to at most 2";
+    let pipelined = "a pipelined thread keeps 2 iterations' memory however many are in flight: lower --threads to at most 1";
     let one_each =
-        "--mode per-iteration --in-flight 1 (one iteration's memory per thread) would fit";
-    for (threads, mode, advice) in [
-        ("3", "per-iteration", &[too_many][..]),
+        "or use --mode per-iteration --in-flight 1 (one iteration's memory per thread), which fits";
+    let one_each_fewer = "or use --mode per-iteration --in-flight 1 with --threads at most 2";
+    for (threads, mode, iterations, advice) in [
+        ("3", "per-iteration", "100", &[too_many][..]),
+        ("3", "pipelined", "100", &[pipelined, one_each_fewer][..]),
+        ("2", "pipelined", "100", &[pipelined, one_each][..]),
+        // One iteration each: a pipelined thread keeps one.
         (
             "3",
             "pipelined",
-            &["one pipelined thread fits", too_many][..],
+            "1",
+            &[
+                "keeps one iteration's memory however many are in flight: lower --threads to at most 2",
+            ][..],
         ),
-        ("2", "pipelined", &[one_each][..]),
     ] {
         let args = [
             "run",
@@ -464,6 +471,8 @@ fn bad_sizes_exit_2_naming_the_value() {
             threads,
             "--mode",
             mode,
+            "--iterations",
+            iterations,
         ];
         refused(&args, &[], advice);
     }

@@ -64,7 +64,7 @@ pub(super) fn check_capacity(
     };
     let in_flight = (args.threads as u64).saturating_mul(per_thread);
     if in_flight > iterations_held {
-        let advice = capacity_advice(args.mode, args.threads as u64, iterations_held);
+        let advice = capacity_advice(args.mode, args.threads as u64, per_thread, iterations_held);
         return Err(CliError::Usage(format!(
             "--size {} with --threads {} and --in-flight {} (--mode {}) keeps {in_flight} iterations' memory on the device, each in {BLOCKS_PER_ITERATION} blocks of {block} bytes that must each lie in one memory region, but the device has {memory} bytes ({}) in regions of {region} bytes, which hold at most {iterations_held} of them at once; {advice}",
             args.size,
@@ -77,36 +77,39 @@ pub(super) fn check_capacity(
     Ok(())
 }
 
-/// What to change when `threads` threads of `mode` keep more iterations'
-/// memory than the device holds (`iterations_held`, at least 1): only
-/// changes that would fit are named.
-fn capacity_advice(mode: ModeArg, threads: u64, iterations_held: u64) -> String {
-    let one_each = if threads <= iterations_held {
-        "--mode per-iteration --in-flight 1 (one iteration's memory per thread) would fit"
-            .to_owned()
-    } else {
-        format!(
-            "even one iteration per thread does not fit: lower --threads to at most {iterations_held} or use a smaller --size"
-        )
-    };
+/// What to change when `threads` threads of `mode`, each keeping
+/// `per_thread` iterations' memory, keep more than the device holds
+/// (`iterations_held`, at least 1): only changes that would fit are named.
+fn capacity_advice(mode: ModeArg, threads: u64, per_thread: u64, iterations_held: u64) -> String {
     match mode {
         ModeArg::Pipelined => {
-            let pipelined_threads = iterations_held / 2;
-            let fewer = if pipelined_threads == 0 {
-                "no pipelined thread fits".to_owned()
-            } else if pipelined_threads == 1 {
-                "one pipelined thread fits".to_owned()
+            let holds = if per_thread == 1 {
+                "one iteration's".to_owned()
             } else {
-                format!("at most {pipelined_threads} pipelined threads fit")
+                format!("{per_thread} iterations'")
+            };
+            let pipelined = match iterations_held / per_thread {
+                0 => "no pipelined thread fits".to_owned(),
+                fit => format!("lower --threads to at most {fit}"),
+            };
+            let one_each = if threads <= iterations_held {
+                "use --mode per-iteration --in-flight 1 (one iteration's memory per thread), which fits"
+                    .to_owned()
+            } else {
+                format!(
+                    "use --mode per-iteration --in-flight 1 with --threads at most {iterations_held}"
+                )
             };
             format!(
-                "a pipelined thread holds two iterations' memory however many are in flight, and {fewer}; {one_each}"
+                "a pipelined thread keeps {holds} memory however many are in flight: {pipelined}, or {one_each}, or use a smaller --size"
             )
         }
         ModeArg::PerIteration | ModeArg::Serialized if threads <= iterations_held => format!(
             "lower --in-flight to at most {} (or --threads or --size)",
             iterations_held / threads
         ),
-        ModeArg::PerIteration | ModeArg::Serialized => one_each,
+        ModeArg::PerIteration | ModeArg::Serialized => format!(
+            "even one iteration per thread does not fit: lower --threads to at most {iterations_held} or use a smaller --size"
+        ),
     }
 }

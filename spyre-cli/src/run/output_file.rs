@@ -1,14 +1,13 @@
 //! A file `spyre run` writes when the run ends (`--trace`, `--timeline`),
-//! prepared once every check has passed and before the work starts: a path
+//! opened once every check has passed and before the work starts: a path
 //! that cannot be written is refused before any work, as a bad argument,
 //! not after minutes of it, and a refused run leaves no file behind.
 //!
-//! The contents go to a new file beside the target, which replaces the
-//! target only once it is written whole: a run that is interrupted (Ctrl-C,
-//! a kill) leaves the target as it was, never empty or half written (and
-//! an empty hidden `.NAME.PID.part` beside it, which nothing reads). A
-//! target that is not a regular file (`/dev/null`, a pipe) is written in
-//! place; a symbolic link is followed, and the file it names is replaced.
+//! The file is opened without truncating it, and emptied only when its
+//! contents are written: a run that is interrupted (Ctrl-C, a kill) leaves
+//! a file that existed as it was (a file the run created stays empty). It
+//! is written in place, so its mode, owner and links are kept, and a
+//! device or a pipe (`/dev/null`, `/dev/stdout`) takes the write too.
 
 use std::fs::File;
 use std::io::Write;
@@ -16,31 +15,23 @@ use std::path::{Path, PathBuf};
 
 use crate::error::CliError;
 
-/// An output file prepared before the run, written once after it.
+/// An output file opened before the run, written once after it.
 #[derive(Debug)]
 pub(crate) struct OutputFile {
-    /// The path as given, for messages.
     path: PathBuf,
     file: File,
-    /// Where `file` was made, when it replaces `target` once written.
-    staged: Option<Staged>,
-}
-
-/// A file written beside its target, then renamed over it.
-#[derive(Debug)]
-struct Staged {
-    part: PathBuf,
-    target: PathBuf,
+    /// Whether this run created the file (it did not exist before).
+    created: bool,
 }
 
 impl OutputFile {
-    /// Prepares the file at `path`, given with `flag`: makes the new file
-    /// beside it (or opens a target that is not a regular file).
+    /// Opens (or creates) the file at `path`, given with `flag`, without
+    /// truncating it.
     ///
     /// # Errors
     /// [`CliError::Usage`] naming the flag, the path and the reason when
-    /// the file cannot be made (a directory that does not exist or that
-    /// may not be written, a directory at that path).
+    /// the file cannot be opened for writing (a directory that does not
+    /// exist, no permission, a directory at that path).
     pub(crate) fn create(flag: &str, path: &Path) -> Result<Self, CliError> {
         let refused = |reason: String| {
             CliError::Usage(format!(
@@ -48,30 +39,20 @@ impl OutputFile {
                 path.display()
             ))
         };
-        let target = resolve(path).map_err(|e| refused(e.to_string()))?;
-        match std::fs::metadata(&target) {
-            Ok(meta) if meta.is_dir() => return Err(refused("it is a directory".to_owned())),
-            Ok(meta) if !meta.is_file() => {
-                let file = File::create(&target).map_err(|e| refused(e.to_string()))?;
-                return Ok(Self {
-                    path: path.to_owned(),
-                    file,
-                    staged: None,
-                });
-            }
-            _ => {}
+        if path.is_dir() {
+            return Err(refused("it is a directory".to_owned()));
         }
-        let name = target.file_name().unwrap_or_default().to_string_lossy();
-        let part = target.with_file_name(format!(".{name}.{}.part", std::process::id()));
+        let created = !path.exists();
         let file = File::options()
             .write(true)
-            .create_new(true)
-            .open(&part)
+            .create(true)
+            .truncate(false)
+            .open(path)
             .map_err(|e| refused(e.to_string()))?;
         Ok(Self {
             path: path.to_owned(),
             file,
-            staged: Some(Staged { part, target }),
+            created,
         })
     }
 
@@ -80,38 +61,36 @@ impl OutputFile {
         &self.path
     }
 
-    /// Writes `contents`, `what` the file holds, closes the file and puts
-    /// it in the target's place.
+    /// Empties the file (a regular one), writes `contents`, `what` the
+    /// file holds, and closes it.
     ///
     /// # Errors
-    /// [`CliError::Failed`] naming `what` and the path when the write or
-    /// the replacement fails (a full disk, say); the target is then left
-    /// as it was, and the new file removed.
+    /// [`CliError::Failed`] naming `what` and the path when the write fails
+    /// (a full disk, say).
     pub(crate) fn write(mut self, what: &str, contents: &[u8]) -> Result<(), CliError> {
-        let failed = |e: std::io::Error| {
-            CliError::Failed(format!(
-                "cannot write the {what} to {}: {e}",
-                self.path.display()
-            ))
+        let regular = self.file.metadata().is_ok_and(|meta| meta.is_file());
+        let emptied = if regular {
+            self.file.set_len(0)
+        } else {
+            Ok(())
         };
-        let written = self.file.write_all(contents);
-        let Some(staged) = &self.staged else {
-            return written.map_err(failed);
-        };
-        let placed = written.and_then(|()| std::fs::rename(&staged.part, &staged.target));
-        if let Err(e) = placed {
-            let _ = std::fs::remove_file(&staged.part);
-            return Err(failed(e));
-        }
-        Ok(())
+        emptied
+            .and_then(|()| self.file.write_all(contents))
+            .map_err(|e| {
+                CliError::Failed(format!(
+                    "cannot write the {what} to {}: {e}",
+                    self.path.display()
+                ))
+            })
     }
 
-    /// Removes the new file (a run refused after preparing it leaves
-    /// nothing behind, and the target as it was).
+    /// Removes the file again if this run created it (a run refused after
+    /// opening it leaves nothing behind); a file that existed stays as it
+    /// was.
     pub(crate) fn discard(self) {
-        if let Some(staged) = self.staged {
+        if self.created {
             drop(self.file);
-            let _ = std::fs::remove_file(&staged.part);
+            let _ = std::fs::remove_file(&self.path);
         }
     }
 }
@@ -134,7 +113,7 @@ fn resolve(path: &Path) -> std::io::Result<PathBuf> {
 
 /// Refuses the same file given to `--trace` and `--timeline` (as written,
 /// or once both paths are resolved: `..`, `.` and symbolic links): the
-/// second write would replace the first.
+/// second write would land on the first.
 ///
 /// # Errors
 /// [`CliError::Usage`] naming the path.
@@ -155,8 +134,6 @@ pub(crate) fn check_distinct(trace: &Path, timeline: &Path) -> Result<(), CliErr
 
 #[cfg(test)]
 mod tests {
-    use std::os::unix::fs::FileTypeExt;
-
     use super::*;
 
     fn scratch(name: &str) -> PathBuf {
@@ -175,62 +152,42 @@ mod tests {
     }
 
     #[test]
-    fn the_target_is_replaced_whole_at_the_end_and_untouched_before() {
+    fn the_file_is_left_as_it_was_until_the_end_then_written_whole() {
         let path = scratch("written.json");
-        std::fs::write(&path, b"old").unwrap();
+        std::fs::write(&path, b"old contents, longer than the new").unwrap();
         let file = OutputFile::create("--trace", &path).unwrap();
         assert_eq!(
             std::fs::read(&path).unwrap(),
-            b"old",
+            b"old contents, longer than the new",
             "untouched until the end"
         );
         file.write("trace", b"{}").unwrap();
-        assert_eq!(std::fs::read(&path).unwrap(), b"{}");
-        let fresh = scratch("fresh-written.json");
-        OutputFile::create("--trace", &fresh)
-            .unwrap()
-            .write("trace", b"[]")
-            .unwrap();
-        assert_eq!(std::fs::read(&fresh).unwrap(), b"[]");
-        for path in [path, fresh] {
-            let leftovers = std::fs::read_dir(path.parent().unwrap())
-                .unwrap()
-                .filter_map(|entry| entry.ok())
-                .filter(|entry| {
-                    let name = entry.file_name().to_string_lossy().into_owned();
-                    name.ends_with(".part")
-                        && name.contains(&*path.file_name().unwrap().to_string_lossy())
-                })
-                .count();
-            assert_eq!(leftovers, 0, "no new file left beside {}", path.display());
-            std::fs::remove_file(&path).unwrap();
-        }
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            b"{}",
+            "emptied, then written"
+        );
+        std::fs::remove_file(&path).unwrap();
     }
 
+    #[cfg(unix)]
     #[test]
-    fn a_device_that_cannot_sync_takes_the_write() {
+    fn a_device_that_cannot_be_emptied_takes_the_write() {
         OutputFile::create("--trace", Path::new("/dev/null"))
             .unwrap()
             .write("trace", b"{}")
             .unwrap();
-        assert!(
-            std::fs::metadata("/dev/null")
-                .unwrap()
-                .file_type()
-                .is_char_device(),
-            "written in place, not replaced"
-        );
     }
 
     #[test]
-    fn a_discarded_file_leaves_nothing_and_the_target_as_it_was() {
+    fn a_discarded_file_is_removed_only_if_the_run_created_it() {
         let fresh = scratch("fresh.json");
         OutputFile::create("--trace", &fresh).unwrap().discard();
         assert!(!fresh.exists());
         let old = scratch("old.json");
         std::fs::write(&old, b"old").unwrap();
         OutputFile::create("--trace", &old).unwrap().discard();
-        assert_eq!(std::fs::read(&old).unwrap(), b"old");
+        assert_eq!(std::fs::read(&old).unwrap(), b"old", "as it was");
         std::fs::remove_file(&old).unwrap();
     }
 
@@ -257,13 +214,16 @@ mod tests {
                 .starts_with("--trace and --timeline both name"),
             "{err}"
         );
-        let link = dir.join("link.svg");
-        std::fs::write(dir.join("same.svg"), b"").unwrap();
-        std::os::unix::fs::symlink(dir.join("same.svg"), &link).unwrap();
-        assert!(
-            check_distinct(&link, &dir.join("same.svg")).is_err(),
-            "a link to it"
-        );
+        #[cfg(unix)]
+        {
+            let link = dir.join("link.svg");
+            std::fs::write(dir.join("same.svg"), b"").unwrap();
+            std::os::unix::fs::symlink(dir.join("same.svg"), &link).unwrap();
+            assert!(
+                check_distinct(&link, &dir.join("same.svg")).is_err(),
+                "a link to it"
+            );
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
