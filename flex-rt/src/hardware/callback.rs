@@ -33,7 +33,8 @@
 //! block's `home` (written once, when the block was made) and makes a
 //! shared reference to the [`HostSlot`] field inside the payload, never to
 //! the payload itself (`&HostSlot`); everything it changes is behind the
-//! slot's mutex, or in the stream's cache (a `OnceLock`). The completion takes unique ownership of the whole payload. `flex.h`
+//! slot's mutex, or in the stream's cache (a `OnceLock`). The completion
+//! takes unique ownership of the whole payload. `flex.h`
 //! orders the two: the host function is part of the operation and the
 //! completion is called only "when the operation has finished", after the
 //! host function has returned (or when it will never be called). So the
@@ -198,6 +199,23 @@ fn completion_result(
     Err(FlexError::new(Status(status), COMPLETION_CALL, message))
 }
 
+/// `err`, an error of stream `stream_id`, naming the host callback panic
+/// that failed the stream (`panic`) as [`stream_failure`] says: the
+/// stream's and its events' errors.
+#[cold]
+pub(super) fn name_stream_panic(err: FlexError, stream_id: u64, panic: Option<&str>) -> FlexError {
+    let Some(panic) = panic else {
+        return err;
+    };
+    let message = stream_failure(
+        err.status(),
+        err.message().to_owned(),
+        stream_id,
+        Some(panic),
+    );
+    FlexError::new(err.status(), err.call(), message)
+}
+
 /// How a host callback's panic is named in errors: the library knows only
 /// the status the host function returned.
 fn host_panic_message(stream_id: u64, panic: &str) -> String {
@@ -217,12 +235,7 @@ fn host_panic_message(stream_id: u64, panic: &str) -> String {
 /// shutdown gives `SHUTDOWN` instead (`flex.h`). (A completion's panic,
 /// which fails the stream on flex-rt's side only, comes first where there
 /// is one: `HardwareStream` reports it before asking the library.)
-pub(super) fn stream_failure(
-    status: Status,
-    message: String,
-    stream_id: u64,
-    panic: Option<&str>,
-) -> String {
+fn stream_failure(status: Status, message: String, stream_id: u64, panic: Option<&str>) -> String {
     match panic {
         Some(panic)
             if status == Status::HOST_CALLBACK_FAILED || status == Status::STREAM_FAILED =>

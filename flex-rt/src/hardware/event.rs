@@ -175,13 +175,7 @@ impl HardwareEvent {
         if self.records.load(Ordering::Acquire) != records {
             return err;
         }
-        let message = callback::stream_failure(
-            err.status(),
-            err.message().to_owned(),
-            *stream_id,
-            cache.host_panic(),
-        );
-        FlexError::new(err.status(), err.call(), message)
+        callback::name_stream_panic(err, *stream_id, cache.host_panic())
     }
 
     /// Runs `f` with the event's handle while the runtime is known alive.

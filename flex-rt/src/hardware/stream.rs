@@ -207,17 +207,11 @@ impl HardwareStream {
     }
 
     /// `err`, an error of this stream, naming the host callback panic
-    /// that failed the stream, if one did ([`callback::stream_failure`]):
+    /// that failed the stream, if one did ([`callback::name_stream_panic`]):
     /// the library knows only the status the host function returned. The
     /// in-process software device's errors name it too.
-    #[cold]
     fn with_host_panic(&self, err: FlexError) -> FlexError {
-        let Some(panic) = self.payloads.host_panic() else {
-            return err;
-        };
-        let message =
-            callback::stream_failure(err.status(), err.message().to_owned(), self.id, Some(panic));
-        FlexError::new(err.status(), err.call(), message)
+        callback::name_stream_panic(err, self.id, self.payloads.host_panic())
     }
 
     /// The payload of one operation on this stream.
