@@ -10,7 +10,7 @@
 //! device or a pipe (`/dev/null`, `/dev/stdout`) takes the write too.
 
 use std::fs::File;
-use std::io::Write;
+use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use crate::error::CliError;
@@ -67,19 +67,34 @@ impl OutputFile {
     /// # Errors
     /// [`CliError::Failed`] naming `what` and the path when the write fails
     /// (a full disk, say).
-    pub(crate) fn write(mut self, what: &str, contents: &[u8]) -> Result<(), CliError> {
-        let regular = self.file.metadata().is_ok_and(|meta| meta.is_file());
-        let emptied = if regular {
-            self.file.set_len(0)
-        } else {
-            Ok(())
-        };
+    pub(crate) fn write(self, what: &str, contents: &[u8]) -> Result<(), CliError> {
+        self.write_with(what, |out| out.write_all(contents))
+    }
+
+    /// Empties the file (a regular one), lets `contents` write into it
+    /// through a buffer, so that nothing needs to be built whole in memory
+    /// first, and closes it; returns what `contents` returned. `what`
+    /// names what the file holds.
+    ///
+    /// # Errors
+    /// [`CliError::Failed`] naming `what` and the path when the write fails
+    /// (a full disk, say).
+    pub(crate) fn write_with<T>(
+        self,
+        what: &str,
+        contents: impl FnOnce(&mut dyn Write) -> std::io::Result<T>,
+    ) -> Result<T, CliError> {
+        let Self { path, file, .. } = self;
+        let regular = file.metadata().is_ok_and(|meta| meta.is_file());
+        let emptied = if regular { file.set_len(0) } else { Ok(()) };
+        let mut out = BufWriter::new(file);
         emptied
-            .and_then(|()| self.file.write_all(contents))
+            .and_then(|()| contents(&mut out))
+            .and_then(|written| out.flush().map(|()| written))
             .map_err(|e| {
                 CliError::Failed(format!(
                     "cannot write the {what} to {}: {e}",
-                    self.path.display()
+                    path.display()
                 ))
             })
     }
@@ -177,6 +192,34 @@ mod tests {
             .unwrap()
             .write("trace", b"{}")
             .unwrap();
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_write_that_fails_only_when_flushed_is_an_error_naming_the_path() {
+        // `/dev/full` takes no byte: the buffered write fails at its flush.
+        let err = OutputFile::create("--trace", Path::new("/dev/full"))
+            .unwrap()
+            .write_with("trace", |out| out.write_all(b"{}"))
+            .unwrap_err();
+        assert!(matches!(err, CliError::Failed(_)), "{err:?}");
+        assert!(
+            err.to_string()
+                .starts_with("cannot write the trace to /dev/full: "),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn what_the_writer_returns_is_returned() {
+        let path = scratch("returned.json");
+        let written = OutputFile::create("--trace", &path)
+            .unwrap()
+            .write_with("trace", |out| out.write_all(b"[1]").map(|()| 3))
+            .unwrap();
+        assert_eq!(written, 3);
+        assert_eq!(std::fs::read(&path).unwrap(), b"[1]");
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]

@@ -4,10 +4,11 @@
 //! its finish on the device; every wait on an event a flow arrow from the
 //! record it waited for (flow events bound to the slices by `bind_id`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
 
 use serde_json::{Value, json};
-use spyre_stream::{OperationKind, Trace, TraceEntry};
+use spyre_stream::{OperationKind, Trace};
 
 use super::output_file::OutputFile;
 use crate::error::CliError;
@@ -29,16 +30,40 @@ fn micros(time: std::time::Duration) -> f64 {
     time.as_secs_f64() * 1e6
 }
 
-/// The trace as Chrome trace events.
-pub(crate) fn chrome_trace(trace: &Trace) -> (Value, TraceSummary) {
-    let mut events = Vec::new();
-    let mut streams = BTreeMap::new();
-    let records: BTreeMap<u64, &TraceEntry> = trace
+/// Writes Chrome trace events one at a time, as the elements of the
+/// document's `traceEvents` array.
+struct EventWriter<'a> {
+    out: &'a mut dyn Write,
+    written: usize,
+}
+
+impl EventWriter<'_> {
+    fn event(&mut self, event: &Value) -> std::io::Result<()> {
+        if self.written > 0 {
+            self.out.write_all(b",")?;
+        }
+        self.written += 1;
+        serde_json::to_writer(&mut *self.out, event)?;
+        Ok(())
+    }
+}
+
+/// Writes `trace` to `out` as a Chrome trace document, one event at a
+/// time: what is held in memory meanwhile is one event, the streams seen
+/// and the records waited for, not the document.
+///
+/// # Errors
+/// The writer's.
+fn write_events(out: &mut dyn Write, trace: &Trace) -> std::io::Result<TraceSummary> {
+    let records: BTreeSet<u64> = trace
         .entries
         .iter()
         .filter(|e| e.kind == OperationKind::EventRecord)
-        .filter_map(|e| Some((e.link?, e)))
+        .filter_map(|e| e.link)
         .collect();
+    out.write_all(br#"{"displayTimeUnit":"ms","traceEvents":["#)?;
+    let mut events = EventWriter { out, written: 0 };
+    let mut streams = BTreeMap::new();
     let mut operations = 0;
     for entry in &trace.entries {
         let (Some(started), Some(finished)) = (entry.started, entry.finished) else {
@@ -76,13 +101,13 @@ pub(crate) fn chrome_trace(trace: &Trace) -> (Value, TraceSummary) {
                 slice["bind_id"] = json!(link);
                 slice["flow_out"] = json!(true);
             }
-            (OperationKind::EventWait, Some(link)) if records.contains_key(&link) => {
+            (OperationKind::EventWait, Some(link)) if records.contains(&link) => {
                 slice["bind_id"] = json!(link);
                 slice["flow_in"] = json!(true);
             }
             _ => {}
         }
-        events.push(slice);
+        events.event(&slice)?;
     }
     for (&tid, &priority) in &streams {
         let pool = if priority < 0 {
@@ -90,28 +115,26 @@ pub(crate) fn chrome_trace(trace: &Trace) -> (Value, TraceSummary) {
         } else {
             "normal priority"
         };
-        events.push(
-            json!({"name": "thread_name", "ph": "M", "pid": PID, "tid": tid,
+        events.event(
+            &json!({"name": "thread_name", "ph": "M", "pid": PID, "tid": tid,
             "args": {"name": format!("stream {tid} ({pool})")}}),
-        );
-        events.push(
-            json!({"name": "thread_sort_index", "ph": "M", "pid": PID, "tid": tid,
+        )?;
+        events.event(
+            &json!({"name": "thread_sort_index", "ph": "M", "pid": PID, "tid": tid,
             "args": {"sort_index": tid}}),
-        );
+        )?;
     }
-    events.push(json!({"name": "process_name", "ph": "M", "pid": PID,
-        "args": {"name": "Spyre device"}}));
-    let summary = TraceSummary {
+    events.event(&json!({"name": "process_name", "ph": "M", "pid": PID,
+        "args": {"name": "Spyre device"}}))?;
+    out.write_all(b"]}")?;
+    Ok(TraceSummary {
         operations,
         streams: streams.len(),
-    };
-    (
-        json!({"displayTimeUnit": "ms", "traceEvents": events}),
-        summary,
-    )
+    })
 }
 
-/// Writes `trace` to `file` in the Chrome trace event format.
+/// Writes `trace` to `file` in the Chrome trace event format, streamed
+/// (see [`write_events`]).
 ///
 /// # Errors
 /// [`CliError::Failed`] naming the path when it cannot be written.
@@ -119,7 +142,5 @@ pub(crate) fn write_chrome_trace(
     file: OutputFile,
     trace: &Trace,
 ) -> Result<TraceSummary, CliError> {
-    let (value, summary) = chrome_trace(trace);
-    file.write("trace", value.to_string().as_bytes())?;
-    Ok(summary)
+    file.write_with("trace", |out| write_events(out, trace))
 }
