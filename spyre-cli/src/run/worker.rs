@@ -103,6 +103,13 @@ struct Pending {
     launches: Vec<(SpyreStream, u64)>,
     /// Its own device buffers; `None` in the pipelined mode (slots).
     memory: Option<IterationBuffers>,
+    /// Per-iteration mode: the iteration's stream, synchronized before the
+    /// memory is dropped. The D2H's completion is called before its stream
+    /// counts the operation done, and a full device gets back only the
+    /// cached memory of idle streams: dropped while the stream still ran
+    /// the completion, the memory could stay cached for it while the next
+    /// iteration, on another stream, found the device full.
+    idle_before_free: Option<SpyreStream>,
     /// Pipelined mode: its stage events.
     stages: Option<Arc<StageEvents>>,
     output: HostBuffer,
@@ -320,7 +327,7 @@ impl Shared<'_> {
             let _ = tx.send(result);
         });
 
-        let (launches, memory, stages) = match lane {
+        let (launches, memory, idle_before_free, stages) = match lane {
             Lane::PerIteration | Lane::Serialized(_) => {
                 let stream = match lane {
                     Lane::Serialized(stream) => *stream,
@@ -344,7 +351,9 @@ impl Shared<'_> {
                         kind: FailureKind::Device { step, source },
                     });
                 }
-                (vec![(stream, 5)], Some(memory), None)
+                // The serialized lane's stream takes its memory back itself.
+                let own = matches!(lane, Lane::PerIteration).then_some(stream);
+                (vec![(stream, 5)], Some(memory), own, None)
             }
             Lane::Pipelined(pipeline) => {
                 let streams = [
@@ -393,7 +402,7 @@ impl Shared<'_> {
                     .zip([2, 2, 1])
                     .map(|(s, n)| (*s, n))
                     .collect();
-                (launches, None, Some(stages))
+                (launches, None, None, Some(stages))
             }
         };
 
@@ -409,6 +418,7 @@ impl Shared<'_> {
             place,
             launches,
             memory,
+            idle_before_free,
             stages,
             output,
             expected,
@@ -571,6 +581,7 @@ impl Shared<'_> {
             place,
             launches,
             memory,
+            idle_before_free,
             stages,
             output,
             expected,
@@ -601,6 +612,12 @@ impl Shared<'_> {
                 )),
             };
             return Err(device_error("running the iteration", source));
+        }
+        if let Some(stream) = idle_before_free
+            && let Err(source) = stream.synchronize()
+        {
+            drop(memory);
+            return Err(device_error("waiting for the iteration's stream", source));
         }
         drop(memory);
         verify::check_bitwise(&expected, &output.read()).map_err(|mismatch| IterationFailure {
