@@ -212,7 +212,8 @@ pub enum Error {
     },
     /// The device could not give the memory a [`crate::DeviceBuffer`] asked
     /// for, even after the caching allocator returned its cached memory to
-    /// the device and tried again (boxed: the details are large).
+    /// the device (waiting for the streams that held it) and tried again
+    /// (boxed: the details are large).
     #[error(transparent)]
     OutOfMemory(Box<OutOfMemory>),
     /// A copy between a [`crate::DeviceBuffer`] and host memory of another
@@ -239,7 +240,7 @@ pub enum Error {
 /// the memory is.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error(
-    "out of device memory: cannot allocate {requested} bytes; the device has {} free, the allocator caches {cached} bytes (largest cached block {largest_cached} bytes, for other streams or in use by pending work); drop buffers no longer needed or allocate less: {source}",
+    "out of device memory: cannot allocate {requested} bytes; the device has {} free, the allocator caches {cached} bytes (largest cached block {largest_cached} bytes: free blocks in segments that buffers still use, or memory of streams that could not be waited for); drop buffers no longer needed or allocate less: {source}",
     match device_free { Some(free) => format!("{free} bytes"), None => "an unknown amount (flex ABI 1.0)".to_owned() }
 )]
 #[non_exhaustive]
@@ -249,7 +250,11 @@ pub struct OutOfMemory {
     /// Free device memory, from the runtime (`None` with a flex library of
     /// ABI 1.0, which cannot tell).
     pub device_free: Option<u64>,
-    /// Bytes the allocator still holds but no buffer uses.
+    /// Bytes the allocator still holds but no buffer uses, after the
+    /// retry: free blocks in segments that live buffers share (a segment
+    /// goes back to the device only whole), and memory of streams that
+    /// could not be waited for (from a host callback of the device) or had
+    /// new work by the time it would have gone back.
     pub cached: u64,
     /// The largest block among them.
     pub largest_cached: u64,

@@ -24,10 +24,10 @@
 //! - **Other streams.** A block used on other streams
 //!   ([`crate::DeviceBuffer::record_stream`]) is freed in their order: an
 //!   event (a marker event, reused) is recorded on each when the buffer is
-//!   dropped, and the block is
-//!   cached again only when all have completed (looked at on every
-//!   allocation, never waited for). Without events (a flex library of ABI
-//!   1.0) the block waits until each of those streams is idle instead.
+//!   dropped, and the block is cached again only when all have completed
+//!   (looked at on every allocation; waited for only by `empty_cache` and
+//!   a full device). Without events (a flex library of ABI 1.0) the block
+//!   waits until each of those streams is idle instead.
 //! - **Split and merge.** A free block larger than a request is split when
 //!   the rest is worth keeping ([`MIN_BLOCK`] or more for small requests,
 //!   more than [`SMALL_REQUEST`] for large ones); a block that goes back to
@@ -45,7 +45,13 @@
 //!   smaller ones it is the request's rounded size.
 //! - **Out of memory.** When the device is full the allocator returns the
 //!   whole free segments of streams that are idle or whose operation
-//!   failed to the device (waiting for no stream) and tries once more, then takes a cached block in
+//!   failed to the device (waiting for no stream) and tries again; if that
+//!   was not enough, it waits for the streams that hold whole free
+//!   segments and those that blocks freed in other streams' order wait
+//!   for, returns what they held, and tries once more (PyTorch's retry
+//!   also waits: `cudaFree` synchronizes the device). A stream that cannot
+//!   be waited for from the calling thread (from a host callback of the
+//!   same device) keeps its segments. Then it takes a cached block in
 //!   several chunks if one fits (it serves copies and fills, not kernel
 //!   operands); then it fails with [`Error::OutOfMemory`].
 //! - **Failed streams.** A stream whose operation failed runs nothing
@@ -141,9 +147,12 @@ pub(crate) struct Block {
 /// What must happen before a block freed by a buffer that other streams
 /// used is cached again: one per such stream.
 enum Fence {
-    /// A marker event recorded on the stream when the buffer was dropped;
-    /// it goes back to the idle markers with the fence.
-    Event(RuntimeEvent),
+    /// A marker event recorded on `stream` when the buffer was dropped; it
+    /// goes back to the idle markers with the fence.
+    Event {
+        event: RuntimeEvent,
+        stream: SpyreStream,
+    },
     /// No event could be made: the stream must be idle.
     Idle(SpyreStream),
 }
@@ -162,7 +171,7 @@ impl Fence {
     /// synchronize saw its work end.)
     fn passed(&self) -> bool {
         match self {
-            Fence::Event(event) => match event.query() {
+            Fence::Event { event, .. } => match event.query() {
                 Ok(complete) => complete,
                 Err(error) => is_stream_failure(&error),
             },
@@ -182,6 +191,10 @@ struct Deferred {
 struct Segment {
     address: CompositeAddress,
     stream: i64,
+    /// The allocator's free count ([`State::frees_made`]) at the latest
+    /// free of one of its blocks (0: none yet): work that used a block was
+    /// enqueued before that free.
+    last_free: u64,
     /// Every block of the segment by offset: its size and whether it is free
     /// (and cached).
     blocks: BTreeMap<u64, Span>,
@@ -265,6 +278,8 @@ struct State {
     /// in their segments: cached, but not yet merged.
     recent: VecDeque<Block>,
     deferred: Vec<Deferred>,
+    /// Blocks freed by buffers so far: the clock of [`Segment::last_free`].
+    frees_made: u64,
     stats: MemoryStats,
     /// Segments between the device and `segments`: allocated and not yet
     /// added, or taken out to go back to the device and not yet freed (or
@@ -312,14 +327,15 @@ enum Pieces {
     Accept,
 }
 
-/// How [`CachingAllocator::empty_cache`] treats segments whose stream has
-/// work left.
+/// How [`CachingAllocator::release_cached`] treats segments whose stream
+/// has work left.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Waiting {
-    /// Waits for the streams first (`torch.cuda.empty_cache`).
+    /// Waits for the streams first (`torch.cuda.empty_cache`, and the
+    /// second step of the retry of a full device).
     Wait,
-    /// Keeps them cached: the retry of a full device does not wait for
-    /// streams the caller did not name.
+    /// Keeps them cached (the first step of the retry of a full device,
+    /// which may need no wait at all).
     IdleOnly,
 }
 
@@ -452,9 +468,8 @@ impl CachingAllocator {
         let segment = match self.allocate_segment(rounded, Pieces::Refuse) {
             Ok(segment) => segment,
             Err(error) if error.status() == Status::OUT_OF_MEMORY => {
-                self.release_cached(Waiting::IdleOnly);
                 self.state.lock().stats.alloc_retries += 1;
-                match self.allocate_segment(rounded, Pieces::Accept) {
+                match self.retry_segment(rounded) {
                     Ok(segment) => segment,
                     Err(error) if error.status() == Status::OUT_OF_MEMORY => {
                         // Last, a cached block in several chunks: it still
@@ -478,6 +493,24 @@ impl CachingAllocator {
         state.arrived(&segment);
         let whole = state.add_segment(segment, key);
         state.take(whole, rounded, bytes)
+    }
+
+    /// A segment for `rounded` bytes once the device was found full: the
+    /// cache goes back to the device and the segment is asked for again.
+    /// First the cached memory of streams that have finished their work,
+    /// waiting for none; if that is not enough, the cached memory of every
+    /// stream, after waiting for those that hold some, and for the streams
+    /// whose blocks wait for them (PyTorch's retry waits likewise, through
+    /// `cudaFree`'s synchronization). Only then is a segment in several
+    /// chunks accepted.
+    fn retry_segment(&self, rounded: u64) -> std::result::Result<CompositeAddress, FlexError> {
+        self.release_cached(Waiting::IdleOnly);
+        match self.allocate_segment(rounded, Pieces::Refuse) {
+            Err(error) if error.status() == Status::OUT_OF_MEMORY => {}
+            other => return other,
+        }
+        self.release_cached(Waiting::Wait);
+        self.allocate_segment(rounded, Pieces::Accept)
     }
 
     /// A segment for `rounded` bytes from the device: the standard segment
@@ -566,6 +599,11 @@ impl CachingAllocator {
         state.stats.allocated_bytes -= block.size;
         state.stats.requested_bytes -= block.requested;
         state.stats.frees += 1;
+        state.frees_made += 1;
+        let now = state.frees_made;
+        if let Some(segment) = state.segments.get_mut(block.segment) {
+            segment.last_free = now;
+        }
         if fences.is_empty() {
             state.keep_recent(block);
         } else {
@@ -588,14 +626,15 @@ impl CachingAllocator {
             Some(event)
         })();
         match recorded {
-            Some(event) => Fence::Event(event),
+            Some(event) => Fence::Event { event, stream },
             None => Fence::Idle(stream),
         }
     }
 
     /// Returns every cached segment that is wholly free to the device
-    /// (`torch.cuda.empty_cache`). Blocks until the streams that own them
-    /// have finished their work (a segment's blocks may be in use by work
+    /// (`torch.cuda.empty_cache`). Blocks until the streams that own them,
+    /// and those that blocks freed in other streams' order wait for, have
+    /// finished their work (a segment's blocks may be in use by work
     /// still enqueued on its stream); a segment whose stream cannot be waited
     /// for from here (from a host callback of that stream), or has work
     /// enqueued again by the time its segments go back, stays cached.
@@ -612,24 +651,39 @@ impl CachingAllocator {
         // Streams a synchronize found failed: everything they ran has
         // ended, and they take no more work.
         let mut failed_and_done = BTreeSet::new();
+        // Streams a synchronize waited for, and the free count before it:
+        // a segment of theirs whose blocks were all freed by then was used
+        // only by work enqueued before the wait, which has ended, whatever
+        // the stream was given since.
+        let mut waited = BTreeSet::new();
+        let mut frees_before_waiting = 0;
         if waiting == Waiting::Wait {
             let streams = {
                 let mut state = self.state.lock();
                 state.collect_deferred();
+                frees_before_waiting = state.frees_made;
                 let mut streams = state.free_segment_owners();
-                streams.extend(state.idle_fence_streams());
+                streams.extend(state.fence_streams());
                 streams
             };
             for id in streams {
-                // Refused from a host callback of the stream: its
+                // Refused from a host callback of the device: its
                 // segments then stay cached (below). A failure covers
                 // only the work enqueued before the call (the stream may
                 // have failed, needing shutdown, while later work ran):
                 // a second synchronize, made once it had failed and so
                 // could take no more work, covers all of it.
                 let stream = self.stream(id);
-                if synchronize_finds_failed(stream) && synchronize_finds_failed(stream) {
-                    failed_and_done.insert(id);
+                match stream.synchronize() {
+                    Ok(()) => {
+                        waited.insert(id);
+                    }
+                    Err(Error::Flex(error))
+                        if is_stream_failure(&error) && synchronize_finds_failed(stream) =>
+                    {
+                        failed_and_done.insert(id);
+                    }
+                    Err(_) => {}
                 }
             }
             // Blocks waiting for such a stream to be idle (it never will
@@ -651,14 +705,21 @@ impl CachingAllocator {
         }
         let mut returned = 0;
         for (stream_id, segments) in by_stream {
-            if !failed_and_done.contains(&stream_id) && !has_finished_now(self.stream(stream_id)) {
+            let finished =
+                failed_and_done.contains(&stream_id) || has_finished_now(self.stream(stream_id));
+            let (returning, keeping): (Vec<_>, Vec<_>) =
+                segments.into_iter().partition(|(_, segment)| {
+                    finished
+                        || (waited.contains(&stream_id)
+                            && segment.last_free <= frees_before_waiting)
+                });
+            if !keeping.is_empty() {
                 let mut state = self.state.lock();
-                for (id, segment) in segments {
+                for (id, segment) in keeping {
                     state.restore_segment(id, segment);
                 }
-                continue;
             }
-            for (_, segment) in segments {
+            for (_, segment) in returning {
                 let size = segment.address.total_size();
                 let _transit = self.transit.lock();
                 let freed = self.runtime.free(&segment.address);
@@ -925,14 +986,14 @@ impl State {
         free.chain(deferred).max().unwrap_or(0)
     }
 
-    /// The streams deferred blocks wait to be idle ([`Fence::Idle`]).
-    fn idle_fence_streams(&self) -> BTreeSet<i64> {
+    /// The streams deferred blocks wait for (to pass their event, or to
+    /// be idle).
+    fn fence_streams(&self) -> BTreeSet<i64> {
         self.deferred
             .iter()
             .flat_map(|entry| &entry.fences)
-            .filter_map(|fence| match fence {
-                Fence::Idle(stream) => Some(stream.id().get()),
-                Fence::Event(_) => None,
+            .map(|fence| match fence {
+                Fence::Event { stream, .. } | Fence::Idle(stream) => stream.id().get(),
             })
             .collect()
     }
@@ -1020,6 +1081,7 @@ impl State {
         let id = self.segments.push(Segment {
             address,
             stream,
+            last_free: 0,
             blocks: BTreeMap::from([(0, Span { size, free: true })]),
         });
         let whole = FreeKey {
@@ -1130,6 +1192,7 @@ mod tests {
                 size: MIN_BLOCK,
             }])
             .expect("one aligned chunk"),
+            last_free: 0,
             stream: 1,
             blocks: BTreeMap::new(),
         }

@@ -47,7 +47,7 @@ use crate::stream::SpyreStream;
 /// earlier). If other streams used it, an event is recorded on each, and
 /// the memory is reused only after all have completed. Device memory goes
 /// back to the device only by [`crate::empty_cache`], or when the device
-/// is full.
+/// is full (see [`DeviceBuffer::new`]).
 ///
 /// Thread-safety: `Send + Sync`. Methods that write to the buffer take
 /// `&mut self`; the device orders the work itself only within a stream.
@@ -76,6 +76,13 @@ impl<T: DeviceElement> DeviceBuffer<T> {
     /// [`Error::OutOfMemory`] when the device cannot give the memory. A
     /// stream that has failed is not looked at (as PyTorch's caching
     /// allocator does not): the buffer's first copy or fill on it fails.
+    ///
+    /// Blocking: when the device is full and the cached memory of idle
+    /// streams is not enough, blocks until the streams holding cached
+    /// memory have finished their work, then returns it to the device and
+    /// tries again (as PyTorch's allocator does). Called from a completion
+    /// or host callback of the device, it waits for no stream (the device
+    /// refuses that wait) and may fail instead.
     pub fn new(stream: SpyreStream, len: usize) -> Result<Self> {
         if len == 0 {
             return Err(FlexError::invalid_argument(
