@@ -4,6 +4,7 @@
 //! so the statistics each test asserts are its own.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use half::f16;
 use spyre_mock::MockSystem;
@@ -458,6 +459,34 @@ fn the_device_reports_memory_reused_while_another_stream_still_reads_it() {
 }
 
 #[test]
+fn the_device_reports_raw_memory_handed_out_again_under_a_queued_read() {
+    isolated!(&[MOCK, ("SPYRE_MOCK_CHECK_REUSE", "1")], || {
+        let (reader, writer) = (pool_stream(), pool_stream());
+        let size = 256 << 10;
+        let first = spyre_stream::allocate(Device::CURRENT, size).unwrap();
+        let gate = hold(reader);
+        let host = HostBuffer::zeroed(size as usize);
+        reader
+            .launch_d2h(&first, &host, LaunchOptions::new())
+            .unwrap();
+        // Freed while the D2H is queued: the caller's mistake.
+        spyre_stream::free(Device::CURRENT, &first).unwrap();
+        let second = spyre_stream::allocate(Device::CURRENT, size).unwrap();
+        assert_eq!(second, first, "the same memory handed out again");
+        writer
+            .launch_fill(&second, 1.0, DataFormat::Fp32, LaunchOptions::new())
+            .unwrap();
+        let error = writer.synchronize().unwrap_err().to_string();
+        assert!(
+            error.contains("use after free: launch_fill") && error.contains("while launch_d2h"),
+            "{error}"
+        );
+        gate.open();
+        reader.synchronize().unwrap();
+    });
+}
+
+#[test]
 fn a_declared_use_defers_the_reuse_and_the_device_finds_nothing() {
     isolated!(&[MOCK, ("SPYRE_MOCK_CHECK_REUSE", "1")], || {
         let (outcome, reused, _) = reuse_behind_an_undeclared_read(true);
@@ -557,28 +586,166 @@ fn empty_cache_returns_blocks_whose_other_streams_have_passed() {
     });
 }
 
+/// Opens `gate` from another thread after `delay`, setting `opened` first:
+/// what a test checks the allocation waited for.
+fn open_later(
+    gate: Arc<Gate>,
+    delay: std::time::Duration,
+) -> (Arc<AtomicBool>, std::thread::JoinHandle<()>) {
+    let opened = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&opened);
+    let opener = std::thread::spawn(move || {
+        std::thread::sleep(delay);
+        flag.store(true, Ordering::SeqCst);
+        gate.open();
+    });
+    (opened, opener)
+}
+
 #[test]
-fn a_full_device_does_not_wait_for_a_busy_stream_it_was_not_asked_about() {
+fn a_full_device_waits_for_a_busy_stream_whose_cached_memory_it_needs() {
     isolated!(&FOUR_MIB_DEVICE, || {
         let (a, b) = (pool_stream(), pool_stream());
         drop(DeviceBuffer::<u8>::new(a, 3 << 20).unwrap());
-        // `a` is busy (held until the gate opens, or 20 s): its cached
-        // segment cannot go back to the device without waiting for it.
-        let gate = hold(a);
-        let started = std::time::Instant::now();
-        let error = DeviceBuffer::<u8>::new(b, 2 << 20).unwrap_err();
+        // `a` is busy: its cached segment can go back to the device only
+        // once its work has ended, and only that makes room for `b`.
+        let (opened, opener) = open_later(hold(a), std::time::Duration::from_millis(200));
+        let on_b = DeviceBuffer::<u8>::new(b, 2 << 20).unwrap();
         assert!(
-            started.elapsed() < std::time::Duration::from_secs(10),
-            "the allocation waited for `a`"
+            opened.load(Ordering::SeqCst),
+            "`a`'s memory went back to the device while `a` was still busy"
         );
-        let Error::OutOfMemory(details) = &error else {
-            panic!("expected OutOfMemory, got {error:?}");
+        let s = stats();
+        assert_eq!((s.alloc_retries, s.device_frees), (1, 1));
+        assert_eq!(s.reserved_bytes, 2 * MIB);
+        drop(on_b);
+        opener.join().unwrap();
+    });
+}
+
+#[test]
+fn memory_freed_before_the_wait_goes_back_though_the_stream_was_given_more_work() {
+    isolated!(&FOUR_MIB_DEVICE, || {
+        let (a, b) = (pool_stream(), pool_stream());
+        drop(DeviceBuffer::<u8>::new(a, 3 << 20).unwrap());
+        let first = hold(a);
+        // While the allocation below waits for `a`, `a` is given more work
+        // (held again) before its first hold ends: `a` is never idle, but
+        // its segment was freed before the wait began, so nothing after
+        // the wait can use it.
+        let opener = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            let second = hold(a);
+            first.open();
+            second
+        });
+        let on_b = DeviceBuffer::<u8>::new(b, 2 << 20).unwrap();
+        let second = opener.join().unwrap();
+        assert!(!a.query().unwrap(), "`a` still runs its second hold");
+        assert_eq!(stats().device_frees, 1);
+        second.open();
+        drop(on_b);
+    });
+}
+
+#[test]
+fn a_full_device_gives_back_the_callers_own_busy_streams_cache() {
+    // The attack's case: the caller's only stream still has copies queued
+    // behind a host callback; the buffers are dropped (cached for it) and
+    // a larger buffer is asked for on the same stream.
+    isolated!(&FOUR_MIB_DEVICE, || {
+        let stream = pool_stream();
+        let (opened, opener) = open_later(hold(stream), std::time::Duration::from_millis(200));
+        let hosts: Vec<HostBuffer> = (0..3).map(|_| HostBuffer::zeroed(1 << 20)).collect();
+        {
+            let buffers: Vec<DeviceBuffer<u8>> = (0..3)
+                .map(|_| DeviceBuffer::<u8>::new(stream, 1 << 20).unwrap())
+                .collect();
+            for (buffer, host) in buffers.iter().zip(&hosts) {
+                buffer.copy_to_host_buffer(stream, host).unwrap();
+            }
+        }
+        assert_eq!(stats().reserved_bytes, 3 * MIB);
+        let large = DeviceBuffer::<u8>::new(stream, (3 << 20) + 1).unwrap();
+        assert!(opened.load(Ordering::SeqCst), "returned while busy");
+        assert_eq!(large.address().chunks().len(), 1, "one chunk, an operand");
+        assert_eq!(stats().device_frees, 3);
+        drop(large);
+        opener.join().unwrap();
+    });
+}
+
+#[test]
+fn a_full_device_does_not_wait_when_idle_streams_give_back_enough() {
+    isolated!(&FOUR_MIB_DEVICE, || {
+        let (busy, idle, b) = (pool_stream(), pool_stream(), pool_stream());
+        drop(DeviceBuffer::<u8>::new(busy, 2 << 20).unwrap());
+        drop(DeviceBuffer::<u8>::new(idle, 2 << 20).unwrap());
+        idle.synchronize().unwrap();
+        let gate = hold(busy);
+        // The idle stream's 2 MiB is enough: `busy` (held until the gate
+        // opens, or 20 s) is not waited for and keeps its segment.
+        let on_b = DeviceBuffer::<u8>::new(b, 2 << 20).unwrap();
+        let s = stats();
+        assert_eq!((s.alloc_retries, s.device_frees), (1, 1));
+        assert_eq!(s.reserved_bytes, 4 * MIB, "`busy`'s 2 MiB and `b`'s 2 MiB");
+        gate.open();
+        drop(on_b);
+        assert_eq!(empty_cache(Device::CURRENT).unwrap(), 4 * MIB);
+    });
+}
+
+#[test]
+fn a_full_device_waits_for_the_streams_a_pending_free_waits_for() {
+    isolated!(&FOUR_MIB_DEVICE, || {
+        let (a, user, b) = (pool_stream(), pool_stream(), pool_stream());
+        let buffer = DeviceBuffer::<u8>::new(a, 3 << 20).unwrap();
+        a.synchronize().unwrap();
+        // Used on `user`, which is then held: the block is cached again
+        // only once `user` passes the point of the drop.
+        buffer.record_stream(user).unwrap();
+        let (opened, opener) = open_later(hold(user), std::time::Duration::from_millis(200));
+        drop(buffer);
+        assert_eq!(stats().pending_frees, 1);
+        let on_b = DeviceBuffer::<u8>::new(b, 2 << 20).unwrap();
+        assert!(
+            opened.load(Ordering::SeqCst),
+            "returned before `user` passed the drop"
+        );
+        let s = stats();
+        assert_eq!(
+            (s.pending_frees, s.device_frees, s.reserved_bytes),
+            (0, 1, 2 * MIB)
+        );
+        drop(on_b);
+        opener.join().unwrap();
+    });
+}
+
+#[test]
+fn a_full_device_from_a_host_callback_fails_instead_of_waiting_for_itself() {
+    isolated!(&FOUR_MIB_DEVICE, || {
+        let (a, b) = (pool_stream(), pool_stream());
+        drop(DeviceBuffer::<u8>::new(a, 3 << 20).unwrap());
+        // Inside `a`'s host callback `a` is busy until the callback returns:
+        // its cache cannot be waited for, and the device refuses the wait.
+        let (tx, rx) = std::sync::mpsc::channel();
+        a.launch_host_callback(
+            move || {
+                let _ = tx.send(DeviceBuffer::<u8>::new(b, 2 << 20).map(drop));
+            },
+            LaunchOptions::new(),
+        )
+        .unwrap();
+        let result = rx
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .expect("the allocation returned");
+        let Err(Error::OutOfMemory(details)) = &result else {
+            panic!("expected OutOfMemory, got {result:?}");
         };
         assert_eq!((details.cached, details.largest_cached), (3 * MIB, 3 * MIB));
-        assert_eq!(stats().alloc_retries, 1);
-        gate.open();
-        // Named explicitly, the cache waits for `a` and is returned.
-        assert_eq!(empty_cache(Device::CURRENT).unwrap(), 3 * MIB);
+        a.synchronize().unwrap();
+        // From an ordinary thread the same allocation waits and succeeds.
         drop(DeviceBuffer::<u8>::new(b, 2 << 20).unwrap());
     });
 }
@@ -814,23 +981,6 @@ fn a_small_buffer_is_never_carved_across_regions() {
 /// The out-of-memory error's largest cached block counts blocks waiting
 /// for other streams, as its cached bytes do. Before, 3 MiB were "cached"
 /// with the largest cached block 0 bytes.
-#[test]
-fn out_of_memory_names_the_largest_block_waiting_for_other_streams() {
-    isolated!(&FOUR_MIB_DEVICE, || {
-        let (a, b) = (pool_stream(), pool_stream());
-        let buffer = DeviceBuffer::<u8>::new(a, 3 << 20).unwrap();
-        let gate = hold(b);
-        buffer.record_stream(b).unwrap();
-        drop(buffer);
-        let error = DeviceBuffer::<u8>::new(a, 2 << 20).unwrap_err();
-        let Error::OutOfMemory(details) = &error else {
-            panic!("expected OutOfMemory, got {error:?}");
-        };
-        assert_eq!((details.cached, details.largest_cached), (3 * MIB, 3 * MIB));
-        gate.open();
-    });
-}
-
 /// On a fragmented device (1 MiB holes), a buffer that fits a hole gets a
 /// segment of its own size in one piece rather than a standard segment in
 /// pieces: each lies in one chunk and is an operand, and the allocator
@@ -965,24 +1115,30 @@ fn a_stream_that_needs_shutdown_keeps_its_memory_until_its_operation_ends() {
         drop(release_b);
 
         // `a`'s 3 MiB segment, cached while `a` runs and needs shutdown:
-        // the full device's retry leaves it, and the allocation fails.
+        // the full device's retry waits for that operation to end before
+        // the segment goes back to the device.
         drop(DeviceBuffer::<u8>::new(a, 3 << 20).unwrap());
         let (release_a, a_running) = hold_running(a);
         needs_shutdown(a);
-        let on_a_segment = DeviceBuffer::<u8>::new(c, 2 << 20);
-        assert!(a_running.load(std::sync::atomic::Ordering::SeqCst));
+        let releaser = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            drop(release_a);
+        });
+        let on_a_segment = DeviceBuffer::<u8>::new(c, 2 << 20).unwrap();
         assert!(
-            matches!(on_a_segment, Err(Error::OutOfMemory(_))),
-            "given `a`'s segment while its operation ran: {on_a_segment:?}"
+            !a_running.load(std::sync::atomic::Ordering::SeqCst),
+            "given `a`'s segment while its operation ran"
         );
-        drop(release_a);
-        // Once both operations ended, `empty_cache` sees it: the block
-        // used on `b` is cached again, and `a`'s segment and `c`'s (1/32 of
-        // the device) go back to the device.
+        releaser.join().unwrap();
+        drop(on_a_segment);
+        // Both operations have ended: the block used on `b` is cached
+        // again, and `empty_cache` returns `c`'s two segments (2 MiB, and
+        // 1/32 of the device); `a`'s went back in the retry.
         drop(next);
+        assert_eq!(stats().device_frees, 1, "`a`'s segment");
         assert_eq!(
             empty_cache(Device::CURRENT).unwrap(),
-            3 * MIB + 4 * MIB / 32
+            2 * MIB + 4 * MIB / 32
         );
         let s = stats();
         assert_eq!((s.pending_frees, s.reserved_bytes), (0, 0));

@@ -13,7 +13,11 @@ use crate::runtime;
 /// Allocates `bytes` (> 0) of device memory on `device`, starting the
 /// runtime if needed. The chunks of the result are 128-byte aligned and add
 /// up to `bytes`; the memory is not initialized. Free it with [`free`] once
-/// no stream uses it.
+/// no stream uses it (the software device's use-after-free detector,
+/// `SPYRE_MOCK_CHECK_REUSE`, reports work on memory freed too early and
+/// allocated again, as for buffers). Memory the caching allocator holds
+/// for buffers is not returned for it: call [`crate::empty_cache`] first
+/// when the device is full.
 ///
 /// Thread-safety: may be called from any thread.
 ///
@@ -31,7 +35,13 @@ pub fn allocate(device: Device, bytes: u64) -> Result<CompositeAddress> {
         )
         .into());
     }
-    Ok(runtime::pool_for(device)?.runtime().allocate(bytes)?)
+    let runtime = runtime::pool_for(device)?.runtime();
+    let address = runtime.allocate(bytes)?;
+    // Work enqueued from now on is the new owner's: a checking device
+    // (`SPYRE_MOCK_CHECK_REUSE`) tells it from work on memory freed here
+    // while still in use, as it does for buffers.
+    runtime.note_reuse(&address);
+    Ok(address)
 }
 
 /// Frees memory returned by [`allocate`], given the same address.
