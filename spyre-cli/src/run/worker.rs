@@ -103,13 +103,6 @@ struct Pending {
     launches: Vec<(SpyreStream, u64)>,
     /// Its own device buffers; `None` in the pipelined mode (slots).
     memory: Option<IterationBuffers>,
-    /// Per-iteration mode: the iteration's stream, synchronized before the
-    /// memory is dropped. The D2H's completion is called before its stream
-    /// counts the operation done, and a full device gets back only the
-    /// cached memory of idle streams: dropped while the stream still ran
-    /// the completion, the memory could stay cached for it while the next
-    /// iteration, on another stream, found the device full.
-    idle_before_free: Option<SpyreStream>,
     /// Pipelined mode: its stage events.
     stages: Option<Arc<StageEvents>>,
     output: HostBuffer,
@@ -327,7 +320,7 @@ impl Shared<'_> {
             let _ = tx.send(result);
         });
 
-        let (launches, memory, idle_before_free, stages) = match lane {
+        let (launches, memory, stages) = match lane {
             Lane::PerIteration | Lane::Serialized(_) => {
                 let stream = match lane {
                     Lane::Serialized(stream) => *stream,
@@ -351,9 +344,7 @@ impl Shared<'_> {
                         kind: FailureKind::Device { step, source },
                     });
                 }
-                // The serialized lane's stream takes its memory back itself.
-                let own = matches!(lane, Lane::PerIteration).then_some(stream);
-                (vec![(stream, 5)], Some(memory), own, None)
+                (vec![(stream, 5)], Some(memory), None)
             }
             Lane::Pipelined(pipeline) => {
                 let streams = [
@@ -402,7 +393,7 @@ impl Shared<'_> {
                     .zip([2, 2, 1])
                     .map(|(s, n)| (*s, n))
                     .collect();
-                (launches, None, None, Some(stages))
+                (launches, None, Some(stages))
             }
         };
 
@@ -418,7 +409,6 @@ impl Shared<'_> {
             place,
             launches,
             memory,
-            idle_before_free,
             stages,
             output,
             expected,
@@ -581,7 +571,6 @@ impl Shared<'_> {
             place,
             launches,
             memory,
-            idle_before_free,
             stages,
             output,
             expected,
@@ -612,12 +601,6 @@ impl Shared<'_> {
                 )),
             };
             return Err(device_error("running the iteration", source));
-        }
-        if let Some(stream) = idle_before_free
-            && let Err(source) = stream.synchronize()
-        {
-            drop(memory);
-            return Err(device_error("waiting for the iteration's stream", source));
         }
         drop(memory);
         verify::check_bitwise(&expected, &output.read()).map_err(|mismatch| IterationFailure {
