@@ -634,7 +634,8 @@ fn memory_freed_before_the_wait_goes_back_though_the_stream_was_given_more_work(
         // its segment was freed before the wait began, so nothing after
         // the wait can use it.
         let opener = std::thread::spawn(move || {
-            std::thread::sleep(std::time::Duration::from_millis(200));
+            // Long enough for the allocation to be waiting by then.
+            std::thread::sleep(std::time::Duration::from_millis(500));
             let second = hold(a);
             first.open();
             second
@@ -700,10 +701,11 @@ fn a_full_device_waits_for_the_streams_a_pending_free_waits_for() {
     isolated!(&FOUR_MIB_DEVICE, || {
         let (a, user, b) = (pool_stream(), pool_stream(), pool_stream());
         let buffer = DeviceBuffer::<u8>::new(a, 3 << 20).unwrap();
-        a.synchronize().unwrap();
-        // Used on `user`, which is then held: the block is cached again
-        // only once `user` passes the point of the drop.
+        // Used on `user`, and both held: the block is cached again only
+        // once `user` passes the point of the drop, and its segment goes
+        // back only once its own stream `a` has ended its work too.
         buffer.record_stream(user).unwrap();
+        let (a_opened, a_opener) = open_later(hold(a), std::time::Duration::from_millis(200));
         let (opened, opener) = open_later(hold(user), std::time::Duration::from_millis(200));
         drop(buffer);
         assert_eq!(stats().pending_frees, 1);
@@ -712,6 +714,11 @@ fn a_full_device_waits_for_the_streams_a_pending_free_waits_for() {
             opened.load(Ordering::SeqCst),
             "returned before `user` passed the drop"
         );
+        assert!(
+            a_opened.load(Ordering::SeqCst),
+            "returned while `a` was busy"
+        );
+        a_opener.join().unwrap();
         let s = stats();
         assert_eq!(
             (s.pending_frees, s.device_frees, s.reserved_bytes),
@@ -978,9 +985,6 @@ fn a_small_buffer_is_never_carved_across_regions() {
     });
 }
 
-/// The out-of-memory error's largest cached block counts blocks waiting
-/// for other streams, as its cached bytes do. Before, 3 MiB were "cached"
-/// with the largest cached block 0 bytes.
 /// On a fragmented device (1 MiB holes), a buffer that fits a hole gets a
 /// segment of its own size in one piece rather than a standard segment in
 /// pieces: each lies in one chunk and is an operand, and the allocator

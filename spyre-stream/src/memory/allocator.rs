@@ -58,7 +58,8 @@
 //!   more: its segments go back to the device like an idle stream's, and a
 //!   block used on it is cached again at once. A stream that needs shutdown
 //!   may still be running the operation it was in: its memory, and blocks
-//!   used on it, wait until a synchronize (`empty_cache`) has seen it end.
+//!   used on it, wait until a synchronize (`empty_cache`, or the retry of a
+//!   full device) has seen it end.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -636,17 +637,18 @@ impl CachingAllocator {
     /// and those that blocks freed in other streams' order wait for, have
     /// finished their work (a segment's blocks may be in use by work
     /// still enqueued on its stream); a segment whose stream cannot be waited
-    /// for from here (from a host callback of that stream), or has work
-    /// enqueued again by the time its segments go back, stays cached.
-    /// Returns the bytes returned to the device.
+    /// for from here (from a host callback of the device), or whose last
+    /// block was freed only after the wait began while its stream still has
+    /// work, stays cached. Returns the bytes returned to the device.
     pub(crate) fn empty_cache(&self) -> u64 {
         self.release_cached(Waiting::Wait)
     }
 
     /// Returns the wholly free segments to the device: those of streams
-    /// that have finished their work ([`has_finished_now`]), after waiting
-    /// for them, holding no lock, when `waiting` says so. One return at a
-    /// time.
+    /// that have finished their work ([`has_finished_now`]), and, when
+    /// `waiting` says so, those of the streams waited for (holding no
+    /// lock) whose blocks were all freed before the wait began. One return
+    /// at a time.
     fn release_cached(&self, waiting: Waiting) -> u64 {
         // Streams a synchronize found failed: everything they ran has
         // ended, and they take no more work.
@@ -663,7 +665,7 @@ impl CachingAllocator {
                 state.collect_deferred();
                 frees_before_waiting = state.frees_made;
                 let mut streams = state.free_segment_owners();
-                streams.extend(state.fence_streams());
+                streams.extend(state.pending_free_streams());
                 streams
             };
             for id in streams {
@@ -987,15 +989,20 @@ impl State {
     }
 
     /// The streams deferred blocks wait for (to pass their event, or to
-    /// be idle).
-    fn fence_streams(&self) -> BTreeSet<i64> {
-        self.deferred
+    /// be idle), and the streams owning their segments.
+    fn pending_free_streams(&self) -> BTreeSet<i64> {
+        let fences =
+            self.deferred
+                .iter()
+                .flat_map(|entry| &entry.fences)
+                .map(|fence| match fence {
+                    Fence::Event { stream, .. } | Fence::Idle(stream) => stream.id().get(),
+                });
+        let owners = self
+            .deferred
             .iter()
-            .flat_map(|entry| &entry.fences)
-            .map(|fence| match fence {
-                Fence::Event { stream, .. } | Fence::Idle(stream) => stream.id().get(),
-            })
-            .collect()
+            .filter_map(|entry| Some(self.segments.get(entry.segment)?.stream));
+        fences.chain(owners).collect()
     }
 
     /// Drops the idle fences on the streams in `done` (failed, and seen

@@ -70,12 +70,13 @@ pub fn reset_peak_memory_stats(device: Device) -> Result<()> {
 /// Returns the cached memory of `device` that no buffer uses to the device
 /// (`torch.cuda.empty_cache`), and the bytes returned. Blocks until the
 /// streams that own that memory, and the streams that memory waiting to be
-/// cached again was used on, have finished their work. Memory stays cached
-/// where its stream cannot be waited for from here (called from one of its
-/// host callbacks), or has work by the time the memory would go back (work
-/// launched meanwhile, or still running on a stream that was not waited
-/// for because its memory became free only during the call). Does nothing
-/// before the start.
+/// cached again was used on, have finished their work (the work enqueued
+/// before the call). Memory stays cached where its stream cannot be waited
+/// for from here (called from a completion or host callback of the
+/// device), or where it was freed only after the wait began while its
+/// stream still has work. Does nothing before the start. A full device
+/// does the same before it fails an allocation
+/// ([`crate::DeviceBuffer::new`]).
 ///
 /// # Errors
 /// As [`memory_stats`].
