@@ -192,9 +192,9 @@ struct Deferred {
 struct Segment {
     address: CompositeAddress,
     stream: i64,
-    /// The allocator's free count ([`State::frees_made`]) at the latest
-    /// free of one of its blocks (0: none yet): work that used a block was
-    /// enqueued before that free.
+    /// The allocator's free count ([`MemoryStats::frees`], which only
+    /// grows) at the latest free of one of its blocks (0: none yet): work
+    /// that used a block was enqueued before that free.
     last_free: u64,
     /// Every block of the segment by offset: its size and whether it is free
     /// (and cached).
@@ -279,8 +279,6 @@ struct State {
     /// in their segments: cached, but not yet merged.
     recent: VecDeque<Block>,
     deferred: Vec<Deferred>,
-    /// Blocks freed by buffers so far: the clock of [`Segment::last_free`].
-    frees_made: u64,
     stats: MemoryStats,
     /// Segments between the device and `segments`: allocated and not yet
     /// added, or taken out to go back to the device and not yet freed (or
@@ -600,8 +598,7 @@ impl CachingAllocator {
         state.stats.allocated_bytes -= block.size;
         state.stats.requested_bytes -= block.requested;
         state.stats.frees += 1;
-        state.frees_made += 1;
-        let now = state.frees_made;
+        let now = state.stats.frees;
         if let Some(segment) = state.segments.get_mut(block.segment) {
             segment.last_free = now;
         }
@@ -663,7 +660,7 @@ impl CachingAllocator {
             let streams = {
                 let mut state = self.state.lock();
                 state.collect_deferred();
-                frees_before_waiting = state.frees_made;
+                frees_before_waiting = state.stats.frees;
                 let mut streams = state.free_segment_owners();
                 streams.extend(state.pending_free_streams());
                 streams
