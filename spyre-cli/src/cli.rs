@@ -20,7 +20,8 @@ pub(crate) const MAX_IN_FLIGHT: usize = 1024;
         hardware backend loads the flex library named by FLEX_RUNTIME_LIB. \
         Log output goes to stderr and follows RUST_LOG (default: warn).\n\n\
         Exit codes: 0 success; 1 the work failed (device error or a result that \
-        differs from the host reference); 2 bad arguments or environment."
+        differs from the host reference); 2 bad arguments or environment, \
+        including a run that asks for more device memory than the device has."
 )]
 pub(crate) struct Cli {
     /// What to do.

@@ -209,12 +209,21 @@ impl InfoReport {
             "devices           {}",
             self.device_count.map_or_else(unknown, |c| c.to_string())
         );
-        let _ = writeln!(
-            out,
-            "this process      device {} (from {})",
-            self.device.map_or_else(unknown, |d| d.to_string()),
-            self.device_source_detail.unwrap_or("unknown")
-        );
+        match self.device {
+            Some(device) => {
+                let _ = writeln!(
+                    out,
+                    "this process      device {device} (from {})",
+                    self.device_source_detail.unwrap_or("unknown")
+                );
+            }
+            None => {
+                let _ = writeln!(
+                    out,
+                    "this process      no device (the runtime did not start: see error)"
+                );
+            }
+        }
         if let Some(pool) = &self.pool {
             let _ = writeln!(out, "pool layout");
             let _ = writeln!(out, "  {:<16}{}", "default stream", pool.default_stream);

@@ -715,6 +715,19 @@ fn info_still_reports_when_the_runtime_cannot_start() {
 }
 
 #[test]
+fn info_text_says_no_device_was_chosen_when_the_runtime_cannot_start() {
+    let output = spyre(&["info"], &[("LOCAL_RANK", "5")]);
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    let text = stdout(&output);
+    assert!(
+        text.contains("this process      no device (the runtime did not start: see error)"),
+        "{text}"
+    );
+    assert!(!text.contains("(from unknown)"), "{text}");
+    assert!(text.contains("logical_device_id=5"), "{text}");
+}
+
+#[test]
 fn json_failures_print_one_json_line_naming_the_error() {
     // A bad environment: exit 2 (the invocation is wrong).
     for args in [
