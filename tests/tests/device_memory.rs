@@ -603,6 +603,43 @@ fn open_later(
 }
 
 #[test]
+fn threads_retrying_on_a_full_device_at_once_each_get_the_memory_they_return() {
+    // Seven threads each keep four buffers live, each on the next pool
+    // stream: 28 segments of the device's 32 (a segment is 1/32 of the
+    // device, 128 KiB, and holds one buffer), the rest cached for idle
+    // streams. Every new segment needs the retry; memory one thread
+    // returns must not go to another thread's new segment before its own
+    // request, or both can fail although four segments' worth is spare.
+    isolated!(&FOUR_MIB_DEVICE, || {
+        const THREADS: usize = 7;
+        const LIVE: usize = 4;
+        const ROUNDS: usize = 400;
+        let workers: Vec<_> = (0..THREADS)
+            .map(|thread| {
+                std::thread::spawn(move || {
+                    let mut live = std::collections::VecDeque::new();
+                    for round in 0..ROUNDS {
+                        if live.len() == LIVE {
+                            live.pop_front();
+                        }
+                        match DeviceBuffer::<u8>::new(pool_stream(), 100 << 10) {
+                            Ok(buffer) => live.push_back(buffer),
+                            Err(error) => panic!("thread {thread}, round {round}: {error}"),
+                        }
+                    }
+                })
+            })
+            .collect();
+        for worker in workers {
+            worker.join().expect("no allocation failed");
+        }
+        let s = stats();
+        assert_eq!(s.out_of_memory, 0);
+        assert!(s.alloc_retries > 0, "the device was full: {s:?}");
+    });
+}
+
+#[test]
 fn a_full_device_waits_for_a_busy_stream_whose_cached_memory_it_needs() {
     isolated!(&FOUR_MIB_DEVICE, || {
         let (a, b) = (pool_stream(), pool_stream());

@@ -64,7 +64,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use flex_rt::{CompositeAddress, FlexError, Runtime, Status};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 
 use crate::error::{Error, OutOfMemory, Result};
 use crate::marker::{MarkerEvents, RuntimeEvent};
@@ -301,18 +301,22 @@ pub(crate) struct CachingAllocator {
     /// The device's region size, where the runtime tells it.
     region: Option<u64>,
     state: Mutex<State>,
-    /// Held while segments are returned to the device, so that an
+    /// Held while segments are returned to the device (and, in the retry
+    /// of a full device, across the request that follows), so that an
     /// allocation retrying after a full device waits for a return already
     /// under way instead of failing beside it. Never held across a wait for
     /// a stream: a host callback of that stream may itself empty the cache
-    /// or allocate on a full device.
+    /// or allocate on a full device. Taken before `transit`.
     emptying: Mutex<()>,
     /// Held across every device call that moves a segment between the
     /// device and the allocator (an allocation and its entry in
     /// `State::in_transit`, a free and its leaving it) and across a raw
     /// free with its look at the segments ([`CachingAllocator::free_raw`]):
     /// so the look never sees an address the device has already handed
-    /// back or out without the allocator knowing. Taken before `state`.
+    /// back or out without the allocator knowing. A return of cached
+    /// segments holds it throughout, and the retry of a full device holds
+    /// it from its return to its request, so that no other thread's new
+    /// segment takes the memory returned for it. Taken before `state`.
     transit: Mutex<()>,
 }
 
@@ -336,6 +340,23 @@ enum Waiting {
     /// Keeps them cached (the first step of the retry of a full device,
     /// which may need no wait at all).
     IdleOnly,
+}
+
+/// What [`CachingAllocator::wait_for_streams`] found: the streams whose
+/// wholly free segments may go back to the device although they are not
+/// idle now.
+#[derive(Default)]
+struct Finished {
+    /// Streams a synchronize found failed: everything they ran has ended,
+    /// and they take no more work.
+    failed_and_done: BTreeSet<i64>,
+    /// Streams a synchronize waited for: a segment of theirs whose blocks
+    /// were all freed by [`Finished::frees_before_waiting`] was used only
+    /// by work enqueued before the wait, which has ended, whatever the
+    /// stream was given since.
+    waited: BTreeSet<i64>,
+    /// The free count ([`MemoryStats::frees`]) before the wait began.
+    frees_before_waiting: u64,
 }
 
 impl std::fmt::Debug for CachingAllocator {
@@ -502,14 +523,28 @@ impl CachingAllocator {
     /// whose blocks wait for them (PyTorch's retry waits likewise, through
     /// `cudaFree`'s synchronization). Only then is a segment in several
     /// chunks accepted.
+    ///
+    /// Each step returns the cache and asks for the segment under one hold
+    /// of the transit lock, so that memory it returned cannot be taken by
+    /// another thread's new segment before its own request: with several
+    /// threads retrying at once, each would otherwise give back what the
+    /// next took, and all could fail.
     fn retry_segment(&self, rounded: u64) -> std::result::Result<CompositeAddress, FlexError> {
-        self.release_cached(Waiting::IdleOnly);
-        match self.allocate_segment(rounded, Pieces::Refuse) {
-            Err(error) if error.status() == Status::OUT_OF_MEMORY => {}
-            other => return other,
+        let finished = self.wait_for_streams(Waiting::IdleOnly);
+        {
+            let _one_at_a_time = self.emptying.lock();
+            let transit = self.transit.lock();
+            self.return_segments(&finished, &transit);
+            match self.allocate_segment_in_transit(rounded, Pieces::Refuse, &transit) {
+                Err(error) if error.status() == Status::OUT_OF_MEMORY => {}
+                other => return other,
+            }
         }
-        self.release_cached(Waiting::Wait);
-        self.allocate_segment(rounded, Pieces::Accept)
+        let finished = self.wait_for_streams(Waiting::Wait);
+        let _one_at_a_time = self.emptying.lock();
+        let transit = self.transit.lock();
+        self.return_segments(&finished, &transit);
+        self.allocate_segment_in_transit(rounded, Pieces::Accept, &transit)
     }
 
     /// A segment for `rounded` bytes from the device: the standard segment
@@ -524,8 +559,19 @@ impl CachingAllocator {
         rounded: u64,
         pieces: Pieces,
     ) -> std::result::Result<CompositeAddress, FlexError> {
+        let transit = self.transit.lock();
+        self.allocate_segment_in_transit(rounded, pieces, &transit)
+    }
+
+    /// [`CachingAllocator::allocate_segment`] with the transit lock held
+    /// by the caller (`_transit` is its guard).
+    fn allocate_segment_in_transit(
+        &self,
+        rounded: u64,
+        pieces: Pieces,
+        _transit: &MutexGuard<'_, ()>,
+    ) -> std::result::Result<CompositeAddress, FlexError> {
         let standard = segment_size(rounded, self.segment_cap);
-        let _transit = self.transit.lock();
         let mut size = standard;
         loop {
             // After the standard size, the request's own.
@@ -647,49 +693,62 @@ impl CachingAllocator {
     /// lock) whose blocks were all freed before the wait began. One return
     /// at a time.
     fn release_cached(&self, waiting: Waiting) -> u64 {
-        // Streams a synchronize found failed: everything they ran has
-        // ended, and they take no more work.
-        let mut failed_and_done = BTreeSet::new();
-        // Streams a synchronize waited for, and the free count before it:
-        // a segment of theirs whose blocks were all freed by then was used
-        // only by work enqueued before the wait, which has ended, whatever
-        // the stream was given since.
-        let mut waited = BTreeSet::new();
-        let mut frees_before_waiting = 0;
-        if waiting == Waiting::Wait {
-            let streams = {
-                let mut state = self.state.lock();
-                state.collect_deferred();
-                frees_before_waiting = state.stats.frees;
-                let mut streams = state.free_segment_owners();
-                streams.extend(state.pending_free_streams());
-                streams
-            };
-            for id in streams {
-                // Refused from a host callback of the device: its
-                // segments then stay cached (below). A failure covers
-                // only the work enqueued before the call (the stream may
-                // have failed, needing shutdown, while later work ran):
-                // a second synchronize, made once it had failed and so
-                // could take no more work, covers all of it.
-                let stream = self.stream(id);
-                match stream.synchronize() {
-                    Ok(()) => {
-                        waited.insert(id);
-                    }
-                    Err(Error::Flex(error))
-                        if is_stream_failure(&error) && synchronize_finds_failed(stream) =>
-                    {
-                        failed_and_done.insert(id);
-                    }
-                    Err(_) => {}
-                }
-            }
-            // Blocks waiting for such a stream to be idle (it never will
-            // be, failed) are free of it now.
-            self.state.lock().pass_idle_fences(&failed_and_done);
-        }
+        let finished = self.wait_for_streams(waiting);
         let _one_at_a_time = self.emptying.lock();
+        let transit = self.transit.lock();
+        self.return_segments(&finished, &transit)
+    }
+
+    /// With [`Waiting::Wait`], synchronizes every stream that holds a
+    /// wholly free segment, that a pending free waits for, or that owns a
+    /// block of such a free, holding no lock, and tells which finished;
+    /// with [`Waiting::IdleOnly`], waits for none.
+    fn wait_for_streams(&self, waiting: Waiting) -> Finished {
+        let mut finished = Finished::default();
+        if waiting == Waiting::IdleOnly {
+            return finished;
+        }
+        let streams = {
+            let mut state = self.state.lock();
+            state.collect_deferred();
+            finished.frees_before_waiting = state.stats.frees;
+            let mut streams = state.free_segment_owners();
+            streams.extend(state.pending_free_streams());
+            streams
+        };
+        for id in streams {
+            // Refused from a host callback of the device: its segments
+            // then stay cached. A failure covers only the work enqueued
+            // before the call (the stream may have failed, needing
+            // shutdown, while later work ran): a second synchronize, made
+            // once it had failed and so could take no more work, covers
+            // all of it.
+            let stream = self.stream(id);
+            match stream.synchronize() {
+                Ok(()) => {
+                    finished.waited.insert(id);
+                }
+                Err(Error::Flex(error))
+                    if is_stream_failure(&error) && synchronize_finds_failed(stream) =>
+                {
+                    finished.failed_and_done.insert(id);
+                }
+                Err(_) => {}
+            }
+        }
+        // Blocks waiting for such a stream to be idle (it never will be,
+        // failed) are free of it now.
+        self.state
+            .lock()
+            .pass_idle_fences(&finished.failed_and_done);
+        finished
+    }
+
+    /// Returns to the device the wholly free segments of the streams that
+    /// have finished their work: [`has_finished_now`], or as `finished`
+    /// tells. Called with `emptying` and the transit lock (`_transit`)
+    /// held. Returns the bytes returned.
+    fn return_segments(&self, finished: &Finished, _transit: &MutexGuard<'_, ()>) -> u64 {
         let released = {
             let mut state = self.state.lock();
             state.collect_deferred();
@@ -704,13 +763,12 @@ impl CachingAllocator {
         }
         let mut returned = 0;
         for (stream_id, segments) in by_stream {
-            let finished =
-                failed_and_done.contains(&stream_id) || has_finished_now(self.stream(stream_id));
+            let done = finished.failed_and_done.contains(&stream_id)
+                || has_finished_now(self.stream(stream_id));
             let (returning, keeping): (Vec<_>, Vec<_>) =
                 segments.into_iter().partition(|(_, segment)| {
-                    finished
-                        || (waited.contains(&stream_id)
-                            && segment.last_free <= frees_before_waiting)
+                    done || (finished.waited.contains(&stream_id)
+                        && segment.last_free <= finished.frees_before_waiting)
                 });
             if !keeping.is_empty() {
                 let mut state = self.state.lock();
@@ -720,7 +778,6 @@ impl CachingAllocator {
             }
             for (_, segment) in returning {
                 let size = segment.address.total_size();
-                let _transit = self.transit.lock();
                 let freed = self.runtime.free(&segment.address);
                 let mut state = self.state.lock();
                 state.arrived(&segment.address);
