@@ -605,11 +605,14 @@ fn open_later(
 #[test]
 fn threads_retrying_on_a_full_device_at_once_each_get_the_memory_they_return() {
     // Seven threads each keep four buffers live, each on the next pool
-    // stream: 28 segments of the device's 32 (a segment is 1/32 of the
-    // device, 128 KiB, and holds one buffer), the rest cached for idle
-    // streams. Every new segment needs the retry; memory one thread
-    // returns must not go to another thread's new segment before its own
-    // request, or both can fail although four segments' worth is spare.
+    // stream of both priorities in turn (64 streams): 28 segments of the
+    // device's 32 (a segment is 1/32 of the device, 128 KiB, and holds one
+    // buffer), the rest cached for idle streams. With 64 streams taking
+    // turns, a stream's cached segment is mostly gone by its next turn, so
+    // new segments need the retry whatever the threads' timing. Memory one
+    // thread returns must not go to another thread's new segment before
+    // its own request, or both can fail although four segments' worth is
+    // spare.
     isolated!(&FOUR_MIB_DEVICE, || {
         const THREADS: usize = 7;
         const LIVE: usize = 4;
@@ -622,7 +625,9 @@ fn threads_retrying_on_a_full_device_at_once_each_get_the_memory_they_return() {
                         if live.len() == LIVE {
                             live.pop_front();
                         }
-                        match DeviceBuffer::<u8>::new(pool_stream(), 100 << 10) {
+                        let priority = -i32::from(round % 2 == 1);
+                        let stream = stream_from_pool(Device::CURRENT, priority).unwrap();
+                        match DeviceBuffer::<u8>::new(stream, 100 << 10) {
                             Ok(buffer) => live.push_back(buffer),
                             Err(error) => panic!("thread {thread}, round {round}: {error}"),
                         }

@@ -289,9 +289,13 @@ struct State {
 /// The caching allocator of the process's device.
 ///
 /// Thread-safety: every method may be called from any thread; the state
-/// is behind one mutex, never held across a call into the runtime. A
-/// second, `transit`, is held across the runtime calls that allocate and
-/// free segments (and a raw free), never across a wait for a stream.
+/// is behind one mutex, never held across a call into the runtime. Two
+/// more order the moves of segments between the device and the cache:
+/// `emptying`, held by one return of cached segments at a time, and
+/// `transit`, held across the runtime calls that allocate and free
+/// segments, a raw free, a whole return (with its streams' queries), and
+/// in the retry of a full device from its return to its request. Neither
+/// is held across a wait for a stream.
 pub(crate) struct CachingAllocator {
     runtime: &'static dyn Runtime,
     /// Where the fences' events come from.
@@ -330,8 +334,8 @@ enum Pieces {
     Accept,
 }
 
-/// How [`CachingAllocator::release_cached`] treats segments whose stream
-/// has work left.
+/// Whether [`CachingAllocator::wait_for_streams`] waits for the streams
+/// whose cached segments may still be in use by their work.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Waiting {
     /// Waits for the streams first (`torch.cuda.empty_cache`, and the
@@ -684,16 +688,7 @@ impl CachingAllocator {
     /// block was freed only after the wait began while its stream still has
     /// work, stays cached. Returns the bytes returned to the device.
     pub(crate) fn empty_cache(&self) -> u64 {
-        self.release_cached(Waiting::Wait)
-    }
-
-    /// Returns the wholly free segments to the device: those of streams
-    /// that have finished their work ([`has_finished_now`]), and, when
-    /// `waiting` says so, those of the streams waited for (holding no
-    /// lock) whose blocks were all freed before the wait began. One return
-    /// at a time.
-    fn release_cached(&self, waiting: Waiting) -> u64 {
-        let finished = self.wait_for_streams(waiting);
+        let finished = self.wait_for_streams(Waiting::Wait);
         let _one_at_a_time = self.emptying.lock();
         let transit = self.transit.lock();
         self.return_segments(&finished, &transit)
