@@ -106,6 +106,16 @@ pub trait Runtime: Send + Sync + fmt::Debug {
         let _ = address;
     }
 
+    /// Whether the calling thread is running a host function or a
+    /// completion of this runtime (where `flex.h` forbids waiting for the
+    /// runtime's streams, and the backends refuse it): a layer above that
+    /// would otherwise wait, there, for work that may be waiting for the
+    /// calling thread (the caching allocator's retry of a full device)
+    /// does not. The default returns `false`.
+    fn in_host_callback(&self) -> bool {
+        false
+    }
+
     /// The layout of this runtime's device memory, or `None` when the
     /// backend cannot tell (flex.h 1.0 has no call for it, so the hardware backend
     /// returns `None`). The default implementation returns `None`.
@@ -175,6 +185,10 @@ impl<R: Runtime + ?Sized> Runtime for &R {
 
     fn note_reuse(&self, address: &CompositeAddress) {
         (**self).note_reuse(address)
+    }
+
+    fn in_host_callback(&self) -> bool {
+        (**self).in_host_callback()
     }
 
     fn memory_layout(&self) -> Option<MemoryLayout> {

@@ -617,30 +617,70 @@ fn threads_retrying_on_a_full_device_at_once_each_get_the_memory_they_return() {
         const THREADS: usize = 7;
         const LIVE: usize = 4;
         const ROUNDS: usize = 400;
-        let workers: Vec<_> = (0..THREADS)
-            .map(|thread| {
-                std::thread::spawn(move || {
-                    let mut live = std::collections::VecDeque::new();
-                    for round in 0..ROUNDS {
-                        if live.len() == LIVE {
-                            live.pop_front();
-                        }
-                        let priority = -i32::from(round % 2 == 1);
-                        let stream = stream_from_pool(Device::CURRENT, priority).unwrap();
-                        match DeviceBuffer::<u8>::new(stream, 100 << 10) {
-                            Ok(buffer) => live.push_back(buffer),
-                            Err(error) => panic!("thread {thread}, round {round}: {error}"),
-                        }
-                    }
-                })
-            })
-            .collect();
-        for worker in workers {
-            worker.join().expect("no allocation failed");
-        }
-        let s = stats();
-        assert_eq!(s.out_of_memory, 0);
-        assert!(s.alloc_retries > 0, "the device was full: {s:?}");
+        on_threads_no_allocation_fails(THREADS, |thread| {
+            let mut live = std::collections::VecDeque::new();
+            for round in 0..ROUNDS {
+                if live.len() == LIVE {
+                    live.pop_front();
+                }
+                let priority = -i32::from(round % 2 == 1);
+                let stream = stream_from_pool(Device::CURRENT, priority).unwrap();
+                match DeviceBuffer::<u8>::new(stream, 100 << 10) {
+                    Ok(buffer) => live.push_back(buffer),
+                    Err(error) => panic!("thread {thread}, round {round}: {error}"),
+                }
+            }
+        });
+    });
+}
+
+/// Runs `work(thread)` on `threads` threads at once, then checks that the
+/// device was full at some point (the allocator retried) and that no
+/// allocation failed.
+fn on_threads_no_allocation_fails(threads: usize, work: fn(usize)) {
+    let workers: Vec<_> = (0..threads)
+        .map(|thread| std::thread::spawn(move || work(thread)))
+        .collect();
+    for worker in workers {
+        worker.join().expect("no allocation failed");
+    }
+    let s = stats();
+    assert_eq!(s.out_of_memory, 0);
+    assert!(s.alloc_retries > 0, "the device was full: {s:?}");
+}
+
+#[test]
+fn a_waiting_retry_gets_the_memory_its_wait_frees_while_other_threads_allocate() {
+    // Four threads each hold one 3 MiB buffer at a time on a 16 MiB device
+    // (five 3 MiB segments fit), each iteration on the next pool stream,
+    // dropping the buffer behind 300 µs of queued work (a host callback):
+    // the cache is then
+    // mostly segments of busy streams, and a full device's retry must wait
+    // for them. At most 12 MiB is ever in use, so no allocation may fail;
+    // before, the memory one retry's wait freed went to other threads'
+    // retries meanwhile, and their buffers, dropped on busy streams again,
+    // left it nothing.
+    let device = [MOCK, ("SPYRE_MOCK_MEMORY_BYTES", "16777216")];
+    isolated!(&device, || {
+        const THREADS: usize = 4;
+        const ROUNDS: usize = 60;
+        on_threads_no_allocation_fails(THREADS, |thread| {
+            for round in 0..ROUNDS {
+                let priority = -i32::from((thread + round) % 2 == 1);
+                let stream = stream_from_pool(Device::CURRENT, priority).unwrap();
+                let buffer = match DeviceBuffer::<u8>::new(stream, 3 << 20) {
+                    Ok(buffer) => buffer,
+                    Err(error) => panic!("thread {thread}, round {round}: {error}"),
+                };
+                stream
+                    .launch_host_callback(
+                        || std::thread::sleep(std::time::Duration::from_micros(300)),
+                        LaunchOptions::new(),
+                    )
+                    .unwrap();
+                drop(buffer);
+            }
+        });
     });
 }
 

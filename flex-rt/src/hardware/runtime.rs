@@ -413,6 +413,12 @@ impl Runtime for HardwareRuntime {
         self.logical_device
     }
 
+    /// Whether the calling thread is inside a completion or host function
+    /// of this runtime, called through this crate's trampolines.
+    fn in_host_callback(&self) -> bool {
+        callback::in_callback_of(self.handle.key())
+    }
+
     fn capabilities(&self) -> Result<Capabilities> {
         self.capabilities.clone()
     }

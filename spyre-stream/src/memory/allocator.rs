@@ -49,9 +49,14 @@
 //!   was not enough, it waits for the streams that hold whole free
 //!   segments and those that blocks freed in other streams' order wait
 //!   for, returns what they held, and tries once more (PyTorch's retry
-//!   also waits: `cudaFree` synchronizes the device). A stream that cannot
-//!   be waited for from the calling thread (from a host callback of the
-//!   same device) keeps its segments. Then it takes a cached block in
+//!   also waits: `cudaFree` synchronizes the device). Retries that wait do
+//!   so one at a time, and each keeps the segments it waits for from
+//!   every other thread (their own streams included) until it has
+//!   returned them and taken its own, as PyTorch's retry does under its
+//!   allocator's lock; if memory freed on busy streams during the wait
+//!   would have been enough, it waits again (up to three rounds). From a
+//!   host callback of the same device nothing is waited for (the device
+//!   refuses the wait) and busy streams keep their segments. Then it takes a cached block in
 //!   several chunks if one fits (it serves copies and fills, not kernel
 //!   operands); then it fails with [`Error::OutOfMemory`].
 //! - **Failed streams.** A stream whose operation failed runs nothing
@@ -322,6 +327,12 @@ pub(crate) struct CachingAllocator {
     /// it from its return to its request, so that no other thread's new
     /// segment takes the memory returned for it. Taken before `state`.
     transit: Mutex<()>,
+    /// Held by the waiting step of a retry of a full device, from its wait
+    /// to its request, so that retries that wait do so one at a time: each
+    /// takes the cache it waits for out of reach of the others. Never
+    /// taken from a host callback of the device (which may not wait).
+    /// Taken before `emptying`.
+    retrying: Mutex<()>,
 }
 
 /// Whether [`CachingAllocator::allocate_segment`] takes a segment that
@@ -362,6 +373,21 @@ struct Finished {
     /// The free count ([`MemoryStats::frees`]) before the wait began.
     frees_before_waiting: u64,
 }
+
+/// What [`CachingAllocator::return_segments`] did.
+#[derive(Default)]
+struct Returned {
+    /// The bytes returned to the device.
+    bytes: u64,
+    /// Whether it kept wholly free segments because their streams may
+    /// still use them (a further wait could return them).
+    kept_busy: bool,
+}
+
+/// Rounds of the waiting step of a retry of a full device at most: the
+/// first, and more while memory freed on busy streams during the previous
+/// wait was kept.
+const WAIT_ROUNDS: u32 = 3;
 
 impl std::fmt::Debug for CachingAllocator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -449,6 +475,7 @@ impl CachingAllocator {
             state: Mutex::new(State::default()),
             emptying: Mutex::new(()),
             transit: Mutex::new(()),
+            retrying: Mutex::new(()),
         }
     }
 
@@ -532,23 +559,51 @@ impl CachingAllocator {
     /// of the transit lock, so that memory it returned cannot be taken by
     /// another thread's new segment before its own request: with several
     /// threads retrying at once, each would otherwise give back what the
-    /// next took, and all could fail.
+    /// next took, and all could fail. The waiting step runs one at a time
+    /// (`retrying`) and takes the wholly free segments out of the cache
+    /// before it waits for their streams, so that no other thread's retry
+    /// returns them, nor their own stream reuses them, meanwhile (as
+    /// PyTorch's retry holds its allocator's lock throughout); if memory
+    /// freed during its wait, on streams that were still busy, would have
+    /// covered the request, it waits again, up to [`WAIT_ROUNDS`] times.
+    /// From a host callback of the device nothing is waited for.
     fn retry_segment(&self, rounded: u64) -> std::result::Result<CompositeAddress, FlexError> {
-        let finished = self.wait_for_streams(Waiting::IdleOnly);
+        let idle = self.wait_for_streams(Waiting::IdleOnly);
         {
             let _one_at_a_time = self.emptying.lock();
             let transit = self.transit.lock();
-            self.return_segments(&finished, &transit);
+            self.return_segments(&idle, Vec::new(), &transit);
             match self.allocate_segment_in_transit(rounded, Pieces::Refuse, &transit) {
                 Err(error) if error.status() == Status::OUT_OF_MEMORY => {}
                 other => return other,
             }
         }
-        let finished = self.wait_for_streams(Waiting::Wait);
-        let _one_at_a_time = self.emptying.lock();
-        let transit = self.transit.lock();
-        self.return_segments(&finished, &transit);
-        self.allocate_segment_in_transit(rounded, Pieces::Accept, &transit)
+        if self.runtime.in_host_callback() {
+            // The device refuses the wait, and a waiting retry may be
+            // waiting for this very callback: what has finished, once more.
+            let _one_at_a_time = self.emptying.lock();
+            let transit = self.transit.lock();
+            self.return_segments(&idle, Vec::new(), &transit);
+            return self.allocate_segment_in_transit(rounded, Pieces::Accept, &transit);
+        }
+        let _one_waiting_retry = self.retrying.lock();
+        let mut round = 1;
+        loop {
+            let (finished, held) = self.wait_for_streams_holding();
+            let _one_at_a_time = self.emptying.lock();
+            let transit = self.transit.lock();
+            let returned = self.return_segments(&finished, held, &transit);
+            match self.allocate_segment_in_transit(rounded, Pieces::Accept, &transit) {
+                Err(error)
+                    if error.status() == Status::OUT_OF_MEMORY
+                        && returned.kept_busy
+                        && round < WAIT_ROUNDS =>
+                {
+                    round += 1;
+                }
+                other => return other,
+            }
+        }
     }
 
     /// A segment for `rounded` bytes from the device: the standard segment
@@ -691,7 +746,7 @@ impl CachingAllocator {
         let finished = self.wait_for_streams(Waiting::Wait);
         let _one_at_a_time = self.emptying.lock();
         let transit = self.transit.lock();
-        self.return_segments(&finished, &transit)
+        self.return_segments(&finished, Vec::new(), &transit).bytes
     }
 
     /// With [`Waiting::Wait`], synchronizes every stream that holds a
@@ -699,15 +754,35 @@ impl CachingAllocator {
     /// block of such a free, holding no lock, and tells which finished;
     /// with [`Waiting::IdleOnly`], waits for none.
     fn wait_for_streams(&self, waiting: Waiting) -> Finished {
-        let mut finished = Finished::default();
         if waiting == Waiting::IdleOnly {
-            return finished;
+            return Finished::default();
         }
+        self.wait(|state| state.free_segment_owners())
+    }
+
+    /// [`CachingAllocator::wait_for_streams`] with [`Waiting::Wait`] for
+    /// the waiting step of a retry: the wholly free segments are first
+    /// taken out of the cache (on their way back to the device, for
+    /// [`CachingAllocator::owns`]) and returned with what was found, for
+    /// [`CachingAllocator::return_segments`].
+    fn wait_for_streams_holding(&self) -> (Finished, Vec<(u64, Segment)>) {
+        let mut held = Vec::new();
+        let finished = self.wait(|state| {
+            held = state.take_free_segments();
+            held.iter().map(|(_, segment)| segment.stream).collect()
+        });
+        (finished, held)
+    }
+
+    /// Waits for the streams `owners` names (called under the state lock,
+    /// after the free count is read) and those pending frees wait for.
+    fn wait(&self, owners: impl FnOnce(&mut State) -> BTreeSet<i64>) -> Finished {
+        let mut finished = Finished::default();
         let streams = {
             let mut state = self.state.lock();
             state.collect_deferred();
             finished.frees_before_waiting = state.stats.frees;
-            let mut streams = state.free_segment_owners();
+            let mut streams = owners(&mut state);
             streams.extend(state.pending_free_streams());
             streams
         };
@@ -741,13 +816,21 @@ impl CachingAllocator {
 
     /// Returns to the device the wholly free segments of the streams that
     /// have finished their work: [`has_finished_now`], or as `finished`
-    /// tells. Called with `emptying` and the transit lock (`_transit`)
-    /// held. Returns the bytes returned.
-    fn return_segments(&self, finished: &Finished, _transit: &MutexGuard<'_, ()>) -> u64 {
+    /// tells; `held` are segments already taken out of the cache
+    /// ([`CachingAllocator::wait_for_streams_holding`]), which go back to
+    /// the cache if they are not returned. Called with `emptying` and the
+    /// transit lock (`_transit`) held.
+    fn return_segments(
+        &self,
+        finished: &Finished,
+        mut held: Vec<(u64, Segment)>,
+        _transit: &MutexGuard<'_, ()>,
+    ) -> Returned {
         let released = {
             let mut state = self.state.lock();
             state.collect_deferred();
-            state.take_free_segments()
+            held.extend(state.take_free_segments());
+            held
         };
         let mut by_stream: BTreeMap<i64, Vec<(u64, Segment)>> = BTreeMap::new();
         for (id, segment) in released {
@@ -756,7 +839,7 @@ impl CachingAllocator {
                 .or_default()
                 .push((id, segment));
         }
-        let mut returned = 0;
+        let mut returned = Returned::default();
         for (stream_id, segments) in by_stream {
             let done = finished.failed_and_done.contains(&stream_id)
                 || has_finished_now(self.stream(stream_id));
@@ -766,6 +849,7 @@ impl CachingAllocator {
                         && segment.last_free <= finished.frees_before_waiting)
                 });
             if !keeping.is_empty() {
+                returned.kept_busy = true;
                 let mut state = self.state.lock();
                 for (id, segment) in keeping {
                     state.restore_segment(id, segment);
@@ -779,7 +863,7 @@ impl CachingAllocator {
                 state.stats.reserved_bytes -= size;
                 match freed {
                     Ok(()) => {
-                        returned += size;
+                        returned.bytes += size;
                         state.stats.device_frees += 1;
                     }
                     Err(error) => {

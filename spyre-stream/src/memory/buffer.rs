@@ -80,9 +80,11 @@ impl<T: DeviceElement> DeviceBuffer<T> {
     /// Blocking: when the device is full and the cached memory of idle
     /// streams is not enough, blocks until the streams holding cached
     /// memory have finished their work, then returns it to the device and
-    /// tries again (as PyTorch's allocator does). Called from a completion
-    /// or host callback of the device, it waits for no stream (the device
-    /// refuses that wait) and may fail instead.
+    /// tries again (as PyTorch's allocator does); such waits run one at a
+    /// time, so it may also wait for another thread's. Called from a
+    /// completion or host callback of the device, it waits for no stream
+    /// (the device refuses that wait) nor for another thread, and may fail
+    /// instead.
     pub fn new(stream: SpyreStream, len: usize) -> Result<Self> {
         if len == 0 {
             return Err(FlexError::invalid_argument(

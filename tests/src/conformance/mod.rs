@@ -146,6 +146,7 @@ macro_rules! with_conformance_cases {
                 completions_are_released_exactly_once,
                 host_callback_panic_is_an_error_not_an_abort,
                 a_completion_panic_fails_the_stream,
+                in_host_callback_only_inside_the_runtimes_callbacks,
                 dropping_the_runtime_completes_pending_work,
                 launches_from_several_threads_are_serialized,
             ];
@@ -856,6 +857,48 @@ pub fn completions_are_released_exactly_once(backend: &dyn Backend, _: &Profile)
         9,
         "7 called + 2 refused, each dropped once"
     );
+}
+
+/// `Runtime::in_host_callback` is true in a host function and a completion
+/// of the runtime, and false on the caller's thread and in another
+/// runtime's callbacks.
+pub fn in_host_callback_only_inside_the_runtimes_callbacks(backend: &dyn Backend, _: &Profile) {
+    let runtime: Arc<dyn Runtime> = Arc::from(runtime(backend));
+    let other: Arc<dyn Runtime> = Arc::from(self::runtime(backend));
+    assert!(!runtime.in_host_callback(), "on the caller's thread");
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let probe = |what: &'static str| {
+        let (runtime, other, seen) = (
+            Arc::downgrade(&runtime),
+            Arc::downgrade(&other),
+            Arc::clone(&seen),
+        );
+        move || {
+            let runtime = runtime.upgrade().expect("the runtime outlives its work");
+            let other = other
+                .upgrade()
+                .expect("the other runtime outlives the work");
+            seen.lock()
+                .unwrap()
+                .push((what, runtime.in_host_callback(), other.in_host_callback()));
+        }
+    };
+    let stream = new_stream(&*runtime, StreamPriority::Normal);
+    let in_completion = probe("completion");
+    stream
+        .launch_host_callback(
+            Box::new(probe("host function")),
+            LaunchOptions::new().on_complete(move |_| in_completion()),
+        )
+        .expect("launch");
+    stream.synchronize().expect("synchronize");
+    let mut seen = seen.lock().unwrap().clone();
+    seen.sort_unstable();
+    assert_eq!(
+        seen,
+        [("completion", true, false), ("host function", true, false)]
+    );
+    assert!(!runtime.in_host_callback(), "on the caller's thread after");
 }
 
 /// A panic in a host callback is caught: the operation and the stream fail
