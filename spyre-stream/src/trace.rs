@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 use flex_rt::{Completion, FlexError, LaunchOptions};
 use parking_lot::Mutex;
 
-use crate::instrument;
 use crate::stream::SpyreStream;
+use crate::{instrument, runtime};
 
 /// What an operation was.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -140,7 +140,15 @@ pub(crate) fn is_on() -> bool {
 ///
 /// Thread-safety: any thread; launches racing the start may or may not be
 /// traced.
+///
+/// In a child forked after the runtime started, where nothing can be
+/// launched ([`crate::Error::ForkedProcess`]), it does nothing: it does not
+/// touch the parent's trace, whose lock a parent thread may have held at
+/// the fork.
 pub fn start_trace() {
+    if runtime::check_not_forked().is_err() {
+        return;
+    }
     let mut slot = log_slot().lock();
     *slot = Arc::new(Mutex::new(Log::new()));
     instrument::set(instrument::TRACE, true);
@@ -149,7 +157,15 @@ pub fn start_trace() {
 /// Stops tracing and returns what was recorded. Operations still in flight
 /// have no finish time; wait for them (synchronize) before stopping to
 /// have all of them.
+///
+/// In a child forked after the runtime started it returns an empty trace
+/// and stops nothing of the parent's (see [`start_trace`]).
 pub fn stop_trace() -> Trace {
+    if runtime::check_not_forked().is_err() {
+        return Trace {
+            entries: Vec::new(),
+        };
+    }
     instrument::set(instrument::TRACE, false);
     let log = Arc::clone(&log_slot().lock());
     let (mut entries, finish_order) = {

@@ -506,6 +506,30 @@ fn forked_from(parent: u32) -> impl Fn(spyre_stream::Result<()>, &str) {
 }
 
 #[test]
+fn a_forked_child_neither_reads_nor_touches_the_parents_trace() {
+    // A parent thread may hold the trace's lock at the fork (a launch or a
+    // completion appending): the child, which can launch nothing, must not
+    // take it. Shown here by what the child sees: not the parent's entry.
+    isolated!(&[MOCK], || {
+        let stream = stream_from_pool(Device::CURRENT, 0).unwrap();
+        spyre_stream::start_trace();
+        stream
+            .launch_host_callback(|| {}, LaunchOptions::new())
+            .unwrap();
+        stream.synchronize().unwrap();
+
+        let outcome = fork_and_wait(Duration::from_secs(30), || {
+            assert_eq!(spyre_stream::stop_trace().entries.len(), 0);
+            spyre_stream::start_trace();
+            assert_eq!(spyre_stream::stop_trace().entries.len(), 0);
+        });
+        assert_eq!(outcome, ForkOutcome::Exited(0));
+        let parents = spyre_stream::stop_trace();
+        assert_eq!(parents.entries.len(), 1, "the parent's trace is whole");
+    });
+}
+
+#[test]
 fn a_forked_child_gets_a_clear_error_from_every_entry_point_never_a_hang() {
     isolated!(&[MOCK], || {
         let stream = stream_from_pool(Device::CURRENT, 0).unwrap();
