@@ -90,6 +90,7 @@ fn is_configuration_error(error: &spyre_stream::Error) -> bool {
         error,
         Error::InvalidEnv { .. }
             | Error::BackendConfig(_)
+            | Error::BackendFromParent { .. }
             | Error::Load(_)
             | Error::BackendUnavailable(_)
             | Error::DeviceOutOfRange { .. }

@@ -66,6 +66,21 @@ pub enum Error {
         current: u32,
     },
 
+    /// The process is a child of `fork()` of a process that installed a
+    /// backend with [`crate::set_backend`] and had not started the runtime:
+    /// the child does not use that backend (a library it loaded, and any
+    /// state it holds, are the parent's), and refuses to start on another
+    /// one in its place. Call `set_backend` again in the child.
+    #[error(
+        "the backend installed with set_backend in process {installed_in} is not used in this process ({current}), a fork() of it, as its state is the parent's: call set_backend again in the child before the runtime starts there"
+    )]
+    BackendFromParent {
+        /// The process id `set_backend` was called in.
+        installed_in: u32,
+        /// This process's id.
+        current: u32,
+    },
+
     /// The fork watcher (`pthread_atfork`) could not be registered, so the
     /// runtime was not started.
     #[error("cannot start the Spyre runtime: registering its fork() watcher failed: {0}")]

@@ -82,7 +82,11 @@
 //!   nothing. Detected by a `pthread_atfork` handler at the cost of one
 //!   relaxed atomic load per call, checked before any lock: never the
 //!   parent's streams. A backend created before a fork is not used in the
-//!   child, which makes its own. (A fork while another thread is inside
+//!   child: one the environment chose is made afresh there; one installed
+//!   with [`set_backend`] makes the child's start fail with
+//!   [`Error::BackendFromParent`] until the child installs its own. In a
+//!   child forked after the start, [`start_trace`] and [`stop_trace`] do
+//!   nothing. (A fork while another thread is inside
 //!   [`start_runtime`] leaves that start's lock held in the child; fork
 //!   before starting threads that start the runtime, or after the start.)
 //! - **The runtime starts once.** A failed start leaves nothing behind and can

@@ -127,6 +127,20 @@ struct Slot {
     /// The fork generation it was created in: a child of `fork()` does not
     /// use its parent's backend (a loaded, maybe initialized, library).
     generation: ForkGeneration,
+    /// The process it was created in.
+    process: u32,
+}
+
+impl Slot {
+    /// `backend`, created in this process now.
+    fn new(backend: Box<dyn Backend>, installed: bool) -> Self {
+        Self {
+            backend,
+            installed,
+            generation: ForkGeneration::current(),
+            process: std::process::id(),
+        }
+    }
 }
 
 /// `Ok` unless the runtime was started in another process (this one is a
@@ -142,6 +156,10 @@ pub(crate) fn check_not_forked() -> Result<()> {
 /// by features and `SPYRE_BACKEND` (for example a software device with
 /// custom settings, or a library opened from a known path).
 ///
+/// A backend installed before a `fork()` is not used in the child, which
+/// must install its own (until it does, its start fails with
+/// [`Error::BackendFromParent`]).
+///
 /// # Errors
 /// [`Error::ForkedProcess`] in a child forked after the start;
 /// [`Error::RuntimeAlreadyStarted`] once the runtime has started;
@@ -155,12 +173,18 @@ pub fn set_backend(backend: Box<dyn Backend>) -> Result<()> {
     if RUNNING.get().is_some() {
         return Err(Error::RuntimeAlreadyStarted);
     }
-    *slot = Some(Slot {
-        backend,
-        installed: true,
-        generation: ForkGeneration::current(),
-    });
+    forget_inherited(&mut slot);
+    *slot = Some(Slot::new(backend, true));
     Ok(())
+}
+
+/// Leaves a backend created before a `fork()` to the parent: never
+/// dropped in the child, where its library's state is the parent's.
+fn forget_inherited(slot: &mut Option<Slot>) {
+    if let Some(inherited) = slot.take_if(|s| !s.generation.is_current()) {
+        tracing::debug!("the backend was created before fork(); this child makes its own");
+        std::mem::forget(inherited);
+    }
 }
 
 /// Registers the fork watcher (once per process).
@@ -178,21 +202,25 @@ fn check_not_freed() -> Result<()> {
 
 /// The backend to start on: the installed one, else the one the features and
 /// `SPYRE_BACKEND` select (created and kept for later calls). A backend
-/// created before a `fork()` is left to the parent (never dropped in the
-/// child, where its library's state is the parent's) and made afresh.
+/// created before a `fork()` is left to the parent ([`forget_inherited`]):
+/// one made from the environment is made afresh; one installed with
+/// [`set_backend`] is an error ([`Error::BackendFromParent`]) until the
+/// child installs its own, rather than silently another backend.
 fn backend_slot(slot: &mut Option<Slot>) -> Result<&dyn Backend> {
-    if let Some(inherited) = slot.take_if(|s| !s.generation.is_current()) {
-        tracing::debug!("the backend was created before fork(); this child makes its own");
-        std::mem::forget(inherited);
+    if let Some(inherited) = slot.as_ref()
+        && inherited.installed
+        && !inherited.generation.is_current()
+    {
+        return Err(Error::BackendFromParent {
+            installed_in: inherited.process,
+            current: std::process::id(),
+        });
     }
+    forget_inherited(slot);
     if slot.is_none() {
         watch_forks()?;
         let kind = backend::parse_backend(env::var(env::BACKEND).as_deref())?;
-        *slot = Some(Slot {
-            backend: backend::create(kind)?,
-            installed: false,
-            generation: ForkGeneration::current(),
-        });
+        *slot = Some(Slot::new(backend::create(kind)?, false));
     }
     Ok(slot
         .as_ref()

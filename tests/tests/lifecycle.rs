@@ -506,6 +506,37 @@ fn forked_from(parent: u32) -> impl Fn(spyre_stream::Result<()>, &str) {
 }
 
 #[test]
+fn a_child_forked_before_the_start_must_install_its_own_backend() {
+    // The parent installs a software device of three devices and forks
+    // before starting: the child must not start silently on the backend
+    // the environment names (one device here) in its place.
+    isolated!(&[MOCK], || {
+        let three = MockSystem::builder().devices(3).build().unwrap();
+        spyre_stream::set_backend(Box::new(three)).unwrap();
+        let parent = std::process::id();
+
+        let outcome = fork_and_wait(Duration::from_secs(30), move || {
+            let child = std::process::id();
+            for result in [spyre_stream::device_count().map(drop), start_runtime()] {
+                match result {
+                    Err(Error::BackendFromParent {
+                        installed_in,
+                        current,
+                    }) => assert_eq!((installed_in, current), (parent, child)),
+                    other => panic!("expected BackendFromParent, got {other:?}"),
+                }
+            }
+            let two = MockSystem::builder().devices(2).build().unwrap();
+            spyre_stream::set_backend(Box::new(two)).unwrap();
+            assert_eq!(spyre_stream::device_count().unwrap(), 2);
+            start_runtime().unwrap();
+        });
+        assert_eq!(outcome, ForkOutcome::Exited(0));
+        assert_eq!(spyre_stream::device_count().unwrap(), 3, "the parent's");
+    });
+}
+
+#[test]
 fn a_forked_child_neither_reads_nor_touches_the_parents_trace() {
     // A parent thread may hold the trace's lock at the fork (a launch or a
     // completion appending): the child, which can launch nothing, must not
