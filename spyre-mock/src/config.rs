@@ -277,10 +277,16 @@ impl MockConfig {
             if value.is_empty() {
                 continue;
             }
-            let number = value.parse::<u64>().map_err(|_| {
+            let number = value.parse::<u64>().map_err(|error| {
+                let expected = match error.kind() {
+                    std::num::IntErrorKind::PosOverflow => {
+                        format!("it must be at most {}", u64::MAX)
+                    }
+                    _ => "expected a decimal whole number".to_string(),
+                };
                 FlexError::invalid_argument(
                     CALL,
-                    format!("{name}={raw:?} is not valid: expected a decimal whole number"),
+                    format!("{name}={raw:?} is not valid: {expected}"),
                 )
             })?;
             let narrow = |number: u64| {
@@ -701,6 +707,11 @@ mod tests {
             (ENV_DEVICES, "two", "SPYRE_MOCK_DEVICES=\"two\""),
             (ENV_ENGINES, "-1", "SPYRE_MOCK_ENGINES=\"-1\""),
             (ENV_ENGINES, "99999999999", "at most 4294967295"),
+            (
+                ENV_MEMORY_BYTES,
+                "99999999999999999999",
+                "SPYRE_MOCK_MEMORY_BYTES=\"99999999999999999999\" is not valid: it must be at most 18446744073709551615",
+            ),
             (ENV_MEMORY_BYTES, "1GiB", "SPYRE_MOCK_MEMORY_BYTES=\"1GiB\""),
             (ENV_OP_LATENCY_US, "1.5", "SPYRE_MOCK_OP_LATENCY_US=\"1.5\""),
         ] {
