@@ -233,15 +233,15 @@ impl Runtime for MockRuntime {
         self.device.memory.free(address)
     }
 
-    /// Feeds the use-after-free detector
-    /// ([`MockConfig::check_reuse`](crate::MockConfig::check_reuse)); one
-    /// branch when it is off.
     /// Whether the calling thread is one of this device's engines (running
     /// a host function or a completion).
     fn in_host_callback(&self) -> bool {
         self.device.is_engine_thread()
     }
 
+    /// Feeds the use-after-free detector
+    /// ([`MockConfig::check_reuse`](crate::MockConfig::check_reuse)); one
+    /// branch when it is off.
     fn note_reuse(&self, address: &CompositeAddress) {
         if self.device.check_reuse {
             self.device.scheduler.lock().note_reuse(address);

@@ -685,6 +685,55 @@ fn a_waiting_retry_gets_the_memory_its_wait_frees_while_other_threads_allocate()
 }
 
 #[test]
+fn a_host_callback_allocating_while_a_retry_waits_for_its_stream_neither_blocks_nor_loses_its_cache()
+ {
+    isolated!(&FOUR_MIB_DEVICE, || {
+        let (s, x, t, u) = (pool_stream(), pool_stream(), pool_stream(), pool_stream());
+        // The device is full: 2 MiB live on `x`, 2 MiB cached for `s`.
+        let live = DeviceBuffer::<u8>::new(x, 2 << 20).unwrap();
+        drop(DeviceBuffer::<u8>::new(s, 2 << 20).unwrap());
+        let gate = hold(s);
+        let results = Arc::new(std::sync::Mutex::new(Vec::new()));
+        for (name, on) in [("own stream", s), ("other stream", u)] {
+            let results = Arc::clone(&results);
+            s.launch_host_callback(
+                move || {
+                    let outcome = DeviceBuffer::<u8>::new(on, 1 << 20).map(drop);
+                    results.lock().unwrap().push((name, outcome));
+                },
+                LaunchOptions::new(),
+            )
+            .unwrap();
+        }
+        // A retry on `t` finds `s` busy and waits for it, holding its
+        // cached segment.
+        let (done, finished) = std::sync::mpsc::channel();
+        let retry = std::thread::spawn(move || {
+            let outcome = DeviceBuffer::<u8>::new(t, 2 << 20).map(drop);
+            done.send(outcome).unwrap();
+        });
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        gate.open();
+        let outcome = finished
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .expect("the retry ends: no callback waits for it");
+        assert!(outcome.is_ok(), "{outcome:?}");
+        retry.join().unwrap();
+        let results = results.lock().unwrap();
+        assert_eq!(results.len(), 2);
+        assert_eq!(results[0].0, "own stream");
+        assert!(results[0].1.is_ok(), "{:?}", results[0].1);
+        assert_eq!(results[1].0, "other stream");
+        assert!(
+            matches!(results[1].1, Err(Error::OutOfMemory(_))),
+            "{:?}",
+            results[1].1
+        );
+        drop(live);
+    });
+}
+
+#[test]
 fn a_full_device_waits_for_a_busy_stream_whose_cached_memory_it_needs() {
     isolated!(&FOUR_MIB_DEVICE, || {
         let (a, b) = (pool_stream(), pool_stream());

@@ -50,12 +50,12 @@
 //!   segments and those that blocks freed in other streams' order wait
 //!   for, returns what they held, and tries once more (PyTorch's retry
 //!   also waits: `cudaFree` synchronizes the device). Retries that wait do
-//!   so one at a time, and each keeps the segments it waits for from
-//!   every other thread (their own streams included) until it has
-//!   returned them and taken its own, as PyTorch's retry does under its
-//!   allocator's lock; if memory freed on busy streams during the wait
-//!   would have been enough, it waits again (up to three rounds). From a
-//!   host callback of the same device nothing is waited for (the device
+//!   so one at a time, and each holds the segments it waits for against
+//!   other threads' returns (their own streams may still use them) until
+//!   it has returned them and taken its own, as PyTorch's retry does under
+//!   its allocator's lock; if it had to keep segments freed during the
+//!   wait on streams still busy, it waits again (up to three rounds). From
+//!   a host callback of the same device nothing is waited for (the device
 //!   refuses the wait) and busy streams keep their segments. Then it takes a cached block in
 //!   several chunks if one fits (it serves copies and fills, not kernel
 //!   operands); then it fails with [`Error::OutOfMemory`].
@@ -201,6 +201,10 @@ struct Segment {
     /// grows) at the latest free of one of its blocks (0: none yet): work
     /// that used a block was enqueued before that free.
     last_free: u64,
+    /// Kept for the waiting retry under way, wholly free when it began to
+    /// wait ([`CachingAllocator::retry_segment`]): no other return gives it
+    /// back to the device meanwhile; its own stream may still use it.
+    held: bool,
     /// Every block of the segment by offset: its size and whether it is free
     /// (and cached).
     blocks: BTreeMap<u64, Span>,
@@ -269,6 +273,26 @@ impl Segments {
         self.by_id.iter().map(|(&id, segment)| (id, segment))
     }
 
+    /// Marks every wholly free segment held ([`Segment::held`]); merge the
+    /// recent blocks first. Returns their streams.
+    fn hold_wholly_free(&mut self) -> BTreeSet<i64> {
+        self.by_id
+            .values_mut()
+            .filter(|segment| segment.is_wholly_free())
+            .map(|segment| {
+                segment.held = true;
+                segment.stream
+            })
+            .collect()
+    }
+
+    /// Ends every hold ([`Segment::held`]).
+    fn release_held(&mut self) {
+        for segment in self.by_id.values_mut() {
+            segment.held = false;
+        }
+    }
+
     /// How many segments are held.
     #[cfg(test)]
     fn len(&self) -> usize {
@@ -287,7 +311,7 @@ struct State {
     stats: MemoryStats,
     /// Segments between the device and `segments`: allocated and not yet
     /// added, or taken out to go back to the device and not yet freed (or
-    /// put back). Still the allocator's for [`CachingAllocator::owns`].
+    /// put back). Still the allocator's for [`CachingAllocator::free_raw`].
     in_transit: Vec<CompositeAddress>,
 }
 
@@ -300,7 +324,9 @@ struct State {
 /// `transit`, held across the runtime calls that allocate and free
 /// segments, a raw free, a whole return (with its streams' queries), and
 /// in the retry of a full device from its return to its request. Neither
-/// is held across a wait for a stream.
+/// is held across a wait for a stream. A third, `retrying`, is held by
+/// the waiting step of a retry across its waits, never by a host callback
+/// of the device.
 pub(crate) struct CachingAllocator {
     runtime: &'static dyn Runtime,
     /// Where the fences' events come from.
@@ -349,8 +375,9 @@ enum Pieces {
 /// whose cached segments may still be in use by their work.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Waiting {
-    /// Waits for the streams first (`torch.cuda.empty_cache`, and the
-    /// second step of the retry of a full device).
+    /// Waits for the streams first (`torch.cuda.empty_cache`; the waiting
+    /// step of the retry of a full device holds the segments too,
+    /// [`CachingAllocator::wait_for_streams_holding`]).
     Wait,
     /// Keeps them cached (the first step of the retry of a full device,
     /// which may need no wait at all).
@@ -372,6 +399,20 @@ struct Finished {
     waited: BTreeSet<i64>,
     /// The free count ([`MemoryStats::frees`]) before the wait began.
     frees_before_waiting: u64,
+    /// Whether it is the waiting retry's, which may return the segments
+    /// held for it ([`Segment::held`]).
+    include_held: bool,
+}
+
+/// The hold of the waiting retry on the segments wholly free when it began
+/// to wait ([`Segment::held`]), ended when dropped (also if the retry
+/// unwinds). One at a time: the retry holds `retrying`.
+struct Hold<'a>(&'a CachingAllocator);
+
+impl Drop for Hold<'_> {
+    fn drop(&mut self) {
+        self.0.state.lock().segments.release_held();
+    }
 }
 
 /// What [`CachingAllocator::return_segments`] did.
@@ -560,19 +601,19 @@ impl CachingAllocator {
     /// another thread's new segment before its own request: with several
     /// threads retrying at once, each would otherwise give back what the
     /// next took, and all could fail. The waiting step runs one at a time
-    /// (`retrying`) and takes the wholly free segments out of the cache
+    /// (`retrying`) and holds the wholly free segments ([`Segment::held`])
     /// before it waits for their streams, so that no other thread's retry
-    /// returns them, nor their own stream reuses them, meanwhile (as
-    /// PyTorch's retry holds its allocator's lock throughout); if memory
-    /// freed during its wait, on streams that were still busy, would have
-    /// covered the request, it waits again, up to [`WAIT_ROUNDS`] times.
-    /// From a host callback of the device nothing is waited for.
+    /// returns them meanwhile (as PyTorch's retry holds its allocator's
+    /// lock throughout; their own streams, and so their host callbacks,
+    /// may still use them); if it kept segments freed during its wait on
+    /// streams that were still busy, it waits again, up to [`WAIT_ROUNDS`]
+    /// times. From a host callback of the device nothing is waited for.
     fn retry_segment(&self, rounded: u64) -> std::result::Result<CompositeAddress, FlexError> {
         let idle = self.wait_for_streams(Waiting::IdleOnly);
         {
             let _one_at_a_time = self.emptying.lock();
             let transit = self.transit.lock();
-            self.return_segments(&idle, Vec::new(), &transit);
+            self.return_segments(&idle, &transit);
             match self.allocate_segment_in_transit(rounded, Pieces::Refuse, &transit) {
                 Err(error) if error.status() == Status::OUT_OF_MEMORY => {}
                 other => return other,
@@ -583,16 +624,16 @@ impl CachingAllocator {
             // waiting for this very callback: what has finished, once more.
             let _one_at_a_time = self.emptying.lock();
             let transit = self.transit.lock();
-            self.return_segments(&idle, Vec::new(), &transit);
+            self.return_segments(&idle, &transit);
             return self.allocate_segment_in_transit(rounded, Pieces::Accept, &transit);
         }
         let _one_waiting_retry = self.retrying.lock();
         let mut round = 1;
         loop {
-            let (finished, held) = self.wait_for_streams_holding();
+            let (finished, _hold) = self.wait_for_streams_holding();
             let _one_at_a_time = self.emptying.lock();
             let transit = self.transit.lock();
-            let returned = self.return_segments(&finished, held, &transit);
+            let returned = self.return_segments(&finished, &transit);
             match self.allocate_segment_in_transit(rounded, Pieces::Accept, &transit) {
                 Err(error)
                     if error.status() == Status::OUT_OF_MEMORY
@@ -739,14 +780,16 @@ impl CachingAllocator {
     /// and those that blocks freed in other streams' order wait for, have
     /// finished their work (a segment's blocks may be in use by work
     /// still enqueued on its stream); a segment whose stream cannot be waited
-    /// for from here (from a host callback of the device), or whose last
-    /// block was freed only after the wait began while its stream still has
-    /// work, stays cached. Returns the bytes returned to the device.
+    /// for from here (from a host callback of the device), whose last block
+    /// was freed only after the wait began while its stream still has work,
+    /// or that a full device's retry holds for itself meanwhile, stays
+    /// cached (the retry returns it). Returns the bytes returned to the
+    /// device.
     pub(crate) fn empty_cache(&self) -> u64 {
         let finished = self.wait_for_streams(Waiting::Wait);
         let _one_at_a_time = self.emptying.lock();
         let transit = self.transit.lock();
-        self.return_segments(&finished, Vec::new(), &transit).bytes
+        self.return_segments(&finished, &transit).bytes
     }
 
     /// With [`Waiting::Wait`], synchronizes every stream that holds a
@@ -762,16 +805,17 @@ impl CachingAllocator {
 
     /// [`CachingAllocator::wait_for_streams`] with [`Waiting::Wait`] for
     /// the waiting step of a retry: the wholly free segments are first
-    /// taken out of the cache (on their way back to the device, for
-    /// [`CachingAllocator::owns`]) and returned with what was found, for
-    /// [`CachingAllocator::return_segments`].
-    fn wait_for_streams_holding(&self) -> (Finished, Vec<(u64, Segment)>) {
-        let mut held = Vec::new();
-        let finished = self.wait(|state| {
-            held = state.take_free_segments();
-            held.iter().map(|(_, segment)| segment.stream).collect()
+    /// held for it ([`Segment::held`]) until the returned [`Hold`] is
+    /// dropped, and the [`Finished`] lets
+    /// [`CachingAllocator::return_segments`] return them.
+    fn wait_for_streams_holding(&self) -> (Finished, Hold<'_>) {
+        let hold = Hold(self);
+        let mut finished = self.wait(|state| {
+            state.merge_recent(None);
+            state.segments.hold_wholly_free()
         });
-        (finished, held)
+        finished.include_held = true;
+        (finished, hold)
     }
 
     /// Waits for the streams `owners` names (called under the state lock,
@@ -816,21 +860,14 @@ impl CachingAllocator {
 
     /// Returns to the device the wholly free segments of the streams that
     /// have finished their work: [`has_finished_now`], or as `finished`
-    /// tells; `held` are segments already taken out of the cache
-    /// ([`CachingAllocator::wait_for_streams_holding`]), which go back to
-    /// the cache if they are not returned. Called with `emptying` and the
-    /// transit lock (`_transit`) held.
-    fn return_segments(
-        &self,
-        finished: &Finished,
-        mut held: Vec<(u64, Segment)>,
-        _transit: &MutexGuard<'_, ()>,
-    ) -> Returned {
+    /// tells; segments held for the waiting retry ([`Segment::held`])
+    /// only for that retry (`finished.include_held`). Called with
+    /// `emptying` and the transit lock (`_transit`) held.
+    fn return_segments(&self, finished: &Finished, _transit: &MutexGuard<'_, ()>) -> Returned {
         let released = {
             let mut state = self.state.lock();
             state.collect_deferred();
-            held.extend(state.take_free_segments());
-            held
+            state.take_free_segments(finished.include_held)
         };
         let mut by_stream: BTreeMap<i64, Vec<(u64, Segment)>> = BTreeMap::new();
         for (id, segment) in released {
@@ -1222,6 +1259,7 @@ impl State {
             address,
             stream,
             last_free: 0,
+            held: false,
             blocks: BTreeMap::from([(0, Span { size, free: true })]),
         });
         let whole = FreeKey {
@@ -1281,12 +1319,12 @@ impl State {
 
     /// Removes every segment that is one free block, for the device; each
     /// is in transit until it is freed or put back.
-    fn take_free_segments(&mut self) -> Vec<(u64, Segment)> {
+    fn take_free_segments(&mut self, include_held: bool) -> Vec<(u64, Segment)> {
         self.merge_recent(None);
         let whole: Vec<u64> = self
             .segments
             .iter()
-            .filter(|(_, segment)| segment.is_wholly_free())
+            .filter(|(_, segment)| segment.is_wholly_free() && (include_held || !segment.held))
             .map(|(id, _)| id)
             .collect();
         whole
@@ -1333,6 +1371,7 @@ mod tests {
             }])
             .expect("one aligned chunk"),
             last_free: 0,
+            held: false,
             stream: 1,
             blocks: BTreeMap::new(),
         }
