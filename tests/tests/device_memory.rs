@@ -712,7 +712,16 @@ fn a_host_callback_allocating_while_a_retry_waits_for_its_stream_neither_blocks_
             let outcome = DeviceBuffer::<u8>::new(t, 2 << 20).map(drop);
             done.send(outcome).unwrap();
         });
-        std::thread::sleep(std::time::Duration::from_millis(300));
+        // The retry has begun (it counts itself first) and, `s` held
+        // busy, can only be waiting for `s` when the gate opens.
+        while stats().alloc_retries == 0 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert!(
+            finished.try_recv().is_err(),
+            "the retry ended before `s` was released"
+        );
         gate.open();
         let outcome = finished
             .recv_timeout(std::time::Duration::from_secs(20))

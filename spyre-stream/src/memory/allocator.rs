@@ -54,11 +54,14 @@
 //!   other threads' returns (their own streams may still use them) until
 //!   it has returned them and taken its own, as PyTorch's retry does under
 //!   its allocator's lock; if it had to keep segments freed during the
-//!   wait on streams still busy, it waits again (up to three rounds). From
-//!   a host callback of the same device nothing is waited for (the device
-//!   refuses the wait) and busy streams keep their segments. Then it takes a cached block in
-//!   several chunks if one fits (it serves copies and fills, not kernel
-//!   operands); then it fails with [`Error::OutOfMemory`].
+//!   wait on streams still busy, it waits again (up to three rounds).
+//!   Meanwhile other threads' retries wait for it, and segments it holds
+//!   (idle streams' too) serve only their own streams. From a host
+//!   callback of the same device nothing is waited for (the device refuses
+//!   the wait): busy streams, and those a retry holds, keep their
+//!   segments. Then it takes a cached block in several chunks if one fits
+//!   (it serves copies and fills, not kernel operands); then it fails with
+//!   [`Error::OutOfMemory`].
 //! - **Failed streams.** A stream whose operation failed runs nothing
 //!   more: its segments go back to the device like an idle stream's, and a
 //!   block used on it is cached again at once. A stream that needs shutdown
@@ -355,8 +358,9 @@ pub(crate) struct CachingAllocator {
     transit: Mutex<()>,
     /// Held by the waiting step of a retry of a full device, from its wait
     /// to its request, so that retries that wait do so one at a time: each
-    /// takes the cache it waits for out of reach of the others. Never
-    /// taken from a host callback of the device (which may not wait).
+    /// holds the wholly free segments ([`Segment::held`]) against the
+    /// others' returns. Never taken from a host callback of the device
+    /// (which may not wait).
     /// Taken before `emptying`.
     retrying: Mutex<()>,
 }
@@ -782,9 +786,9 @@ impl CachingAllocator {
     /// still enqueued on its stream); a segment whose stream cannot be waited
     /// for from here (from a host callback of the device), whose last block
     /// was freed only after the wait began while its stream still has work,
-    /// or that a full device's retry holds for itself meanwhile, stays
-    /// cached (the retry returns it). Returns the bytes returned to the
-    /// device.
+    /// or that a full device's retry holds for itself meanwhile (the retry
+    /// returns it once its stream has finished), stays cached. Returns the
+    /// bytes returned to the device.
     pub(crate) fn empty_cache(&self) -> u64 {
         let finished = self.wait_for_streams(Waiting::Wait);
         let _one_at_a_time = self.emptying.lock();
