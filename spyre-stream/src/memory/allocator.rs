@@ -375,22 +375,10 @@ enum Pieces {
     Accept,
 }
 
-/// Whether [`CachingAllocator::wait_for_streams`] waits for the streams
-/// whose cached segments may still be in use by their work.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Waiting {
-    /// Waits for the streams first (`torch.cuda.empty_cache`; the waiting
-    /// step of the retry of a full device holds the segments too,
-    /// [`CachingAllocator::wait_for_streams_holding`]).
-    Wait,
-    /// Keeps them cached (the first step of the retry of a full device,
-    /// which may need no wait at all).
-    IdleOnly,
-}
-
 /// What [`CachingAllocator::wait_for_streams`] found: the streams whose
 /// wholly free segments may go back to the device although they are not
-/// idle now.
+/// idle now. The default is no wait: only streams idle now
+/// ([`has_finished_now`]) have their segments returned.
 #[derive(Default)]
 struct Finished {
     /// Streams a synchronize found failed: everything they ran has ended,
@@ -613,32 +601,23 @@ impl CachingAllocator {
     /// streams that were still busy, it waits again, up to [`WAIT_ROUNDS`]
     /// times. From a host callback of the device nothing is waited for.
     fn retry_segment(&self, rounded: u64) -> std::result::Result<CompositeAddress, FlexError> {
-        let idle = self.wait_for_streams(Waiting::IdleOnly);
-        {
-            let _one_at_a_time = self.emptying.lock();
-            let transit = self.transit.lock();
-            self.return_segments(&idle, &transit);
-            match self.allocate_segment_in_transit(rounded, Pieces::Refuse, &transit) {
-                Err(error) if error.status() == Status::OUT_OF_MEMORY => {}
-                other => return other,
-            }
+        // No wait: the streams that are idle now.
+        let idle = Finished::default();
+        match self.return_and_allocate(&idle, rounded, Pieces::Refuse).1 {
+            Err(error) if error.status() == Status::OUT_OF_MEMORY => {}
+            other => return other,
         }
         if self.runtime.in_host_callback() {
             // The device refuses the wait, and a waiting retry may be
             // waiting for this very callback: what has finished, once more.
-            let _one_at_a_time = self.emptying.lock();
-            let transit = self.transit.lock();
-            self.return_segments(&idle, &transit);
-            return self.allocate_segment_in_transit(rounded, Pieces::Accept, &transit);
+            return self.return_and_allocate(&idle, rounded, Pieces::Accept).1;
         }
         let _one_waiting_retry = self.retrying.lock();
         let mut round = 1;
         loop {
             let (finished, _hold) = self.wait_for_streams_holding();
-            let _one_at_a_time = self.emptying.lock();
-            let transit = self.transit.lock();
-            let returned = self.return_segments(&finished, &transit);
-            match self.allocate_segment_in_transit(rounded, Pieces::Accept, &transit) {
+            let (returned, segment) = self.return_and_allocate(&finished, rounded, Pieces::Accept);
+            match segment {
                 Err(error)
                     if error.status() == Status::OUT_OF_MEMORY
                         && returned.kept_busy
@@ -649,6 +628,24 @@ impl CachingAllocator {
                 other => return other,
             }
         }
+    }
+
+    /// Returns the segments `finished` allows
+    /// ([`CachingAllocator::return_segments`]) and asks the device for a
+    /// segment for `rounded` bytes ([`CachingAllocator::allocate_segment`]
+    /// with `pieces`) under one hold of `emptying` and the transit lock, so
+    /// that no other thread's segment takes the memory returned in between.
+    fn return_and_allocate(
+        &self,
+        finished: &Finished,
+        rounded: u64,
+        pieces: Pieces,
+    ) -> (Returned, std::result::Result<CompositeAddress, FlexError>) {
+        let _one_at_a_time = self.emptying.lock();
+        let transit = self.transit.lock();
+        let returned = self.return_segments(finished, &transit);
+        let segment = self.allocate_segment_in_transit(rounded, pieces, &transit);
+        (returned, segment)
     }
 
     /// A segment for `rounded` bytes from the device: the standard segment
@@ -790,25 +787,22 @@ impl CachingAllocator {
     /// returns it once its stream has finished), stays cached. Returns the
     /// bytes returned to the device.
     pub(crate) fn empty_cache(&self) -> u64 {
-        let finished = self.wait_for_streams(Waiting::Wait);
+        let finished = self.wait_for_streams();
         let _one_at_a_time = self.emptying.lock();
         let transit = self.transit.lock();
         self.return_segments(&finished, &transit).bytes
     }
 
-    /// With [`Waiting::Wait`], synchronizes every stream that holds a
-    /// wholly free segment, that a pending free waits for, or that owns a
-    /// block of such a free, holding no lock, and tells which finished;
-    /// with [`Waiting::IdleOnly`], waits for none.
-    fn wait_for_streams(&self, waiting: Waiting) -> Finished {
-        if waiting == Waiting::IdleOnly {
-            return Finished::default();
-        }
+    /// Synchronizes every stream that holds a wholly free segment, that a
+    /// pending free waits for, or that owns a block of such a free, holding
+    /// no lock, and tells which finished (`torch.cuda.empty_cache`; the
+    /// waiting step of the retry of a full device holds the segments too,
+    /// [`CachingAllocator::wait_for_streams_holding`]).
+    fn wait_for_streams(&self) -> Finished {
         self.wait(|state| state.free_segment_owners())
     }
 
-    /// [`CachingAllocator::wait_for_streams`] with [`Waiting::Wait`] for
-    /// the waiting step of a retry: the wholly free segments are first
+    /// [`CachingAllocator::wait_for_streams`] for the waiting step of a retry: the wholly free segments are first
     /// held for it ([`Segment::held`]) until the returned [`Hold`] is
     /// dropped, and the [`Finished`] lets
     /// [`CachingAllocator::return_segments`] return them.
