@@ -40,9 +40,41 @@ pub fn parse_bool(raw: &str) -> Option<bool> {
     }
 }
 
+/// Parses a whole-number variable's value: a decimal `u64`. The error says
+/// what was expected, to follow `NAME="raw" is not valid: `: "it must be
+/// at most 18446744073709551615" for a number too large for 64 bits,
+/// "expected a decimal whole number" for anything else (a sign, a
+/// fraction, a word).
+///
+/// # Errors
+/// As above, when `raw` is not such a number.
+pub fn parse_u64(raw: &str) -> Result<u64, String> {
+    raw.parse::<u64>().map_err(|error| match error.kind() {
+        std::num::IntErrorKind::PosOverflow => format!("it must be at most {}", u64::MAX),
+        _ => "expected a decimal whole number".to_owned(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn whole_numbers_name_what_was_expected() {
+        assert_eq!(parse_u64("0"), Ok(0));
+        assert_eq!(parse_u64("18446744073709551615"), Ok(u64::MAX));
+        assert_eq!(
+            parse_u64("18446744073709551616"),
+            Err("it must be at most 18446744073709551615".to_owned())
+        );
+        for bad in ["", "-1", "1.5", "two", "0x10"] {
+            assert_eq!(
+                parse_u64(bad),
+                Err("expected a decimal whole number".to_owned()),
+                "{bad:?}"
+            );
+        }
+    }
 
     #[test]
     fn booleans_accept_the_usual_spellings_in_any_case() {

@@ -75,8 +75,8 @@ impl Switches {
             }
         }
         if let Some(raw) = value(ENV_FAIL_LAUNCH) {
-            let n: u64 = raw.parse().map_err(|_| {
-                format!("{ENV_FAIL_LAUNCH}={raw:?} is not valid: expected a decimal whole number (1 = the first launch of each stream, 0 = off)")
+            let n = flex_rt::env::parse_u64(&raw).map_err(|expected| {
+                format!("{ENV_FAIL_LAUNCH}={raw:?} is not valid: {expected} (1 = the first launch of each stream, 0 = off)")
             })?;
             switches.fail_launch = (n > 0).then_some(n);
         }

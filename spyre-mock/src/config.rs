@@ -277,13 +277,7 @@ impl MockConfig {
             if value.is_empty() {
                 continue;
             }
-            let number = value.parse::<u64>().map_err(|error| {
-                let expected = match error.kind() {
-                    std::num::IntErrorKind::PosOverflow => {
-                        format!("it must be at most {}", u64::MAX)
-                    }
-                    _ => "expected a decimal whole number".to_string(),
-                };
+            let number = flex_rt::env::parse_u64(value).map_err(|expected| {
                 FlexError::invalid_argument(
                     CALL,
                     format!("{name}={raw:?} is not valid: {expected}"),

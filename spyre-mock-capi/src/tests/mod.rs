@@ -388,7 +388,16 @@ fn switches_parse_and_name_bad_values() {
             "flex_bogus",
             "SPYRE_MOCK_UNDEFINED_STATUS=\"flex_bogus\"",
         ),
-        (ENV_FAIL_LAUNCH, "two", "SPYRE_MOCK_FAIL_LAUNCH=\"two\""),
+        (
+            ENV_FAIL_LAUNCH,
+            "two",
+            "SPYRE_MOCK_FAIL_LAUNCH=\"two\" is not valid: expected a decimal whole number",
+        ),
+        (
+            ENV_FAIL_LAUNCH,
+            "18446744073709551616",
+            "SPYRE_MOCK_FAIL_LAUNCH=\"18446744073709551616\" is not valid: it must be at most 18446744073709551615",
+        ),
         (
             ENV_LATE_COMPLETIONS_MS,
             "-5",
