@@ -167,7 +167,7 @@
 //! times ([`Trace`]); `spyre run --trace FILE` writes it for Perfetto. Off,
 //! it costs one relaxed atomic load per launch.
 //!
-//! [`enable_counters`] and [`counters`] count, per stream and for the
+//! [`enable_counters`] and [`counters()`] count, per stream and for the
 //! device, operations launched, completed and failed, bytes each way (of
 //! copies that completed) and operations in flight; off (the default), one
 //! relaxed atomic load per launch.

@@ -94,7 +94,7 @@ pub fn test_name(marker: &'static str) -> &'static str {
         .map_or(without_marker, |(_, path)| path)
 }
 
-/// [`isolated()`](crate::isolated::isolated) (or [`isolated_each`](crate::isolated::isolated_each)) with the enclosing test's own name,
+/// [`isolated()`] (or [`isolated_each`]) with the enclosing test's own name,
 /// so a test does not repeat it:
 ///
 /// ```ignore

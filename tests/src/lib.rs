@@ -3,7 +3,7 @@
 //! - [`isolated!`] / [`isolated()`]: runs a test body in a fresh child process with its own
 //!   environment, for tests of process-global state (the runtime starts once
 //!   per process) and of environment variables.
-//! - [`mock_cdylib`]: the path of the software device's flex library
+//! - [`mock_cdylib()`]: the path of the software device's flex library
 //!   (`libspyre_mock_capi.so`, crate `spyre-mock-capi`), built on first use,
 //!   so that the FFI path runs in every `cargo test`.
 //! - [`process`]: forking a child with a bounded wait, and changing the
