@@ -43,8 +43,8 @@ pub fn parse_bool(raw: &str) -> Option<bool> {
 /// Parses a whole-number variable's value: a decimal `u64`. The error says
 /// what was expected, to follow `NAME="raw" is not valid: `: "it must be
 /// at most 18446744073709551615" for a number too large for 64 bits,
-/// "expected a decimal whole number" for anything else (a sign, a
-/// fraction, a word).
+/// "expected a decimal whole number" for anything else (a minus sign,
+/// a fraction, a word). A leading `+` is accepted, as `str::parse` does.
 ///
 /// # Errors
 /// As above, when `raw` is not such a number.
@@ -62,6 +62,7 @@ mod tests {
     #[test]
     fn whole_numbers_name_what_was_expected() {
         assert_eq!(parse_u64("0"), Ok(0));
+        assert_eq!(parse_u64("+1"), Ok(1));
         assert_eq!(parse_u64("18446744073709551615"), Ok(u64::MAX));
         assert_eq!(
             parse_u64("18446744073709551616"),

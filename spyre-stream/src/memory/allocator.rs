@@ -802,10 +802,10 @@ impl CachingAllocator {
         self.wait(|state| state.free_segment_owners())
     }
 
-    /// [`CachingAllocator::wait_for_streams`] for the waiting step of a retry: the wholly free segments are first
-    /// held for it ([`Segment::held`]) until the returned [`Hold`] is
-    /// dropped, and the [`Finished`] lets
-    /// [`CachingAllocator::return_segments`] return them.
+    /// [`CachingAllocator::wait_for_streams`] for the waiting step of a
+    /// retry: the wholly free segments are first held for it
+    /// ([`Segment::held`]) until the returned [`Hold`] is dropped, and the
+    /// [`Finished`] lets [`CachingAllocator::return_segments`] return them.
     fn wait_for_streams_holding(&self) -> (Finished, Hold<'_>) {
         let hold = Hold(self);
         let mut finished = self.wait(|state| {
