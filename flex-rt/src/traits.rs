@@ -117,8 +117,9 @@ pub trait Runtime: Send + Sync + fmt::Debug {
     }
 
     /// The layout of this runtime's device memory, or `None` when the
-    /// backend cannot tell (flex.h 1.0 has no call for it, so the hardware backend
-    /// returns `None`). The default implementation returns `None`.
+    /// backend cannot tell (flex.h, 1.0 and 1.1, has no call for the region
+    /// size, so the hardware backend returns `None`). The default
+    /// implementation returns `None`.
     fn memory_layout(&self) -> Option<MemoryLayout> {
         None
     }

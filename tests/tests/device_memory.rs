@@ -73,6 +73,38 @@ fn every_format_round_trips_and_fills() {
     });
 }
 
+/// Through a flex library, which does not tell the region size, buffers
+/// that fit one region still lie in one chunk each (kernel operands), as
+/// on the in-process device: 3 MiB buffers on 4 MiB regions, where a
+/// standard 20 MiB segment crosses regions' ends.
+#[test]
+fn through_a_flex_library_buffers_that_fit_a_region_are_operands() {
+    let library = spyre_tests::mock_cdylib().to_str().unwrap().to_owned();
+    isolated!(
+        &[
+            ("SPYRE_BACKEND", "hardware"),
+            ("FLEX_RUNTIME_LIB", &library),
+            ("SPYRE_MOCK_REGION_BYTES", "4194304"),
+        ],
+        || {
+            assert_eq!(
+                spyre_stream::memory_layout(Device::CURRENT).unwrap(),
+                None,
+                "the library does not tell the region size"
+            );
+            let stream = pool_stream();
+            let elements = (3 * MIB / 4) as usize;
+            let buffers: Vec<_> = (0..6)
+                .map(|_| DeviceBuffer::<f32>::new(stream, elements).unwrap())
+                .collect();
+            for (i, buffer) in buffers.iter().enumerate() {
+                assert_eq!(buffer.address().chunks().len(), 1, "buffer {i}");
+                buffer.operand().unwrap();
+            }
+        }
+    );
+}
+
 #[test]
 fn statistics_follow_allocations_and_drops() {
     isolated!(&[MOCK], || {

@@ -12,7 +12,13 @@
 //!   must) or than 1/[`SEGMENTS_PER_DEVICE`] of the device's memory, where
 //!   the runtime tells them, unless the request itself is. When the
 //!   device cannot give a whole segment, or only in several chunks where
-//!   it would fit a region, the request's own size is tried.
+//!   it would fit a region, the request's own size is tried. Where the
+//!   runtime does not tell the region size (a flex library: flex.h has no
+//!   call for it), a standard segment that comes back in several chunks
+//!   (it crossed a region's end, or the memory is fragmented) goes back
+//!   too, and the request's own size is taken in whatever chunks the
+//!   device gives: a segment shared by several blocks is then always in
+//!   one chunk.
 //!   A request that fits one region is served from a cached block only
 //!   where its bytes lie in one chunk of the block's segment (a segment
 //!   larger than a region, made for a larger request, is not cut across
@@ -654,7 +660,9 @@ impl CachingAllocator {
     /// in several chunks (the memory is fragmented) goes back to the device,
     /// the request's own size is tried in one piece, and failing that the
     /// call fails with `OUT_OF_MEMORY`, so that the caller can return its
-    /// cache and try again.
+    /// cache and try again. Where the runtime does not tell the region
+    /// size, a standard segment in several chunks goes back and the
+    /// request's own size is taken as the device gives it.
     fn allocate_segment(
         &self,
         rounded: u64,
@@ -687,10 +695,15 @@ impl CachingAllocator {
             let mut state = self.state.lock();
             state.stats.device_allocations += 1;
             state.in_transit.push(segment.clone());
-            let fits_a_region = self
-                .region
-                .is_some_and(|region| segment.total_size() <= region);
-            if pieces == Pieces::Refuse && fits_a_region && segment.chunks().len() > 1 {
+            // Whether one piece could come: where the region size is known,
+            // for a segment that fits a region; where it is not (through a
+            // flex library), for the request's own size after the standard
+            // one (taken then in whatever chunks the device gives).
+            let one_piece_possible = match self.region {
+                Some(region) => segment.total_size() <= region,
+                None => fall_back,
+            };
+            if pieces == Pieces::Refuse && one_piece_possible && segment.chunks().len() > 1 {
                 drop(state);
                 let chunks = segment.chunks().len();
                 let freed = self.runtime.free(&segment);

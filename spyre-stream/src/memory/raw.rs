@@ -58,8 +58,8 @@ pub fn free(device: Device, address: &CompositeAddress) -> Result<()> {
 }
 
 /// The layout of `device`'s memory (size and region size), or `None` when
-/// the backend cannot tell (a flex library of ABI 1.0). Starts the runtime if
-/// needed.
+/// the backend cannot tell (the hardware backend: flex.h has no call for
+/// the region size, in any ABI version). Starts the runtime if needed.
 ///
 /// # Errors
 /// As [`crate::stream_from_pool`] for the device.
