@@ -62,7 +62,11 @@ use crate::trace::{self, OperationKind};
 ///   (`STREAM_FAILED`, its message naming the stream's first error), and a
 ///   stream that waits on it fails too instead of waiting forever; its
 ///   error names the event's stream by its runtime id
-///   ([`flex_rt::Stream::id`] of [`crate::StreamPool::resolve`]).
+///   ([`flex_rt::Stream::id`] of [`crate::StreamPool::resolve`]). One
+///   exception, through a flex library: where the stream failed because
+///   an operation's completion (`on_complete`) panicked, which the library
+///   is not told, the event fails but a stream that waits on it does not
+///   (its work runs).
 /// - Waiting on an event recorded on the same stream is a no-op.
 /// - Dropping an event never blocks: records and waits already made are
 ///   honoured, and its resources are freed when they are done.

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use flex_rt::HardwareBackend;
 use spyre_stream::{
-    Device, Error, EventRole, LaunchOptions, SpyreEvent, SpyreStream, Status, capabilities,
-    set_backend, stream_from_pool,
+    Device, Error, EventRole, LaunchOptions, SpyreEvent, SpyreStream, Status, SynchronizeFuture,
+    capabilities, set_backend, stream_from_pool,
 };
 use spyre_tests::conformance::Gate;
 use spyre_tests::{isolated, mock_cdylib};
@@ -311,22 +311,52 @@ fn failed_awaits_name_the_first_error() {
     failing
         .launch_host_callback(|| panic!("deliberate panic"), LaunchOptions::new())
         .unwrap();
-    let stream_future = failing.synchronize_async().unwrap();
-    let event = SpyreEvent::new().unwrap();
-    event.record(failing).unwrap();
-    let event_future = event.synchronize_async();
+    let futures = futures_of(failing);
     gate.open();
-    for future in [stream_future, event_future] {
+    futures_fail_naming(
+        futures,
+        &[
+            "HOST_CALLBACK_FAILED",
+            "launch_host_callback",
+            "deliberate panic",
+        ],
+    );
+}
+
+/// The future of `stream` and that of an event recorded on it, both made
+/// now (the future keeps what it awaits after the event is dropped).
+fn futures_of(stream: SpyreStream) -> [SynchronizeFuture; 2] {
+    let stream_future = stream.synchronize_async().unwrap();
+    let event = SpyreEvent::new().unwrap();
+    event.record(stream).unwrap();
+    [stream_future, event.synchronize_async()]
+}
+
+/// Each of `futures` resolves with `STREAM_FAILED`, its message naming
+/// each of `needles`.
+fn futures_fail_naming(futures: [SynchronizeFuture; 2], needles: &[&str]) {
+    for future in futures {
         let err = futures_executor::block_on(future).unwrap_err();
         assert!(
             matches!(&err, Error::Flex(e) if e.status() == Status::STREAM_FAILED),
             "{err:?}"
         );
         let message = err.to_string();
-        assert!(message.contains("HOST_CALLBACK_FAILED"), "{message}");
-        assert!(message.contains("launch_host_callback"), "{message}");
-        assert!(message.contains("deliberate panic"), "{message}");
+        for needle in needles {
+            assert!(message.contains(needle), "{needle:?} not in {message}");
+        }
     }
+}
+
+/// Runs `body` in a fresh process on the software device through its flex
+/// library.
+macro_rules! through_the_ffi_path {
+    ($body:expr) => {
+        isolated!(mock_cdylib; &[], || {
+            set_backend(Box::new(HardwareBackend::open(mock_cdylib()).unwrap())).unwrap();
+            $body();
+        })
+    };
 }
 
 #[test]
@@ -336,10 +366,42 @@ fn a_failed_await_names_the_first_error() {
 
 #[test]
 fn a_failed_await_names_the_first_error_through_the_ffi_path() {
-    isolated!(mock_cdylib; &[], || {
-        set_backend(Box::new(HardwareBackend::open(mock_cdylib()).unwrap())).unwrap();
-        failed_awaits_name_the_first_error();
-    });
+    through_the_ffi_path!(failed_awaits_name_the_first_error);
+}
+
+/// A stream failed by an operation's completion that panicked after the
+/// operation succeeded: its future and an event's, both made before the
+/// panic, resolve with `STREAM_FAILED` naming the panic, as its
+/// synchronize fails naming it, in process and through the flex library,
+/// which is not told of such a panic (through it, both futures resolved
+/// with `Ok` while synchronize failed).
+fn awaits_fail_behind_a_completion_panic() {
+    let failing = pool_stream();
+    let gate = hold(failing);
+    failing
+        .launch_host_callback(
+            || {},
+            LaunchOptions::new().on_complete(|_| panic!("deliberate completion panic")),
+        )
+        .unwrap();
+    let futures = futures_of(failing);
+    gate.open();
+    let err = failing.synchronize().unwrap_err();
+    assert!(
+        err.to_string().contains("deliberate completion panic"),
+        "{err}"
+    );
+    futures_fail_naming(futures, &["deliberate completion panic"]);
+}
+
+#[test]
+fn awaits_fail_behind_a_completion_panic_in_process() {
+    isolated!(&[MOCK], awaits_fail_behind_a_completion_panic);
+}
+
+#[test]
+fn awaits_fail_behind_a_completion_panic_through_the_ffi_path() {
+    through_the_ffi_path!(awaits_fail_behind_a_completion_panic);
 }
 
 /// Work on `waiter` fails (at launch or on the device) with an error naming

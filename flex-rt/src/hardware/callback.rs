@@ -400,6 +400,7 @@ pub(super) unsafe extern "C" fn completion_trampoline(
     // `super::payload_cache`), so for the whole of this call; its `home` is
     // read before `take` gives the block back.
     let (stream, payload) = unsafe { (Block::home(block), Block::take(block)) };
+    let place = stream.map(PayloadCache::begin_completion);
     let meta = payload.meta;
     let _scope = CallbackScope::enter(meta.runtime);
     if let Err(panic) = catch_unwind(AssertUnwindSafe(move || payload.complete(status, stream))) {
@@ -412,13 +413,16 @@ pub(super) unsafe extern "C" fn completion_trampoline(
         // After an operation that succeeded, the panic is the stream's
         // first error (after one that failed, the library has the first).
         if status == sys::FLEX_SUCCESS
-            && let (Some(stream), Some(stream_id)) = (stream, meta.stream_id)
+            && let (Some(stream), Some(stream_id), Some(place)) = (stream, meta.stream_id, place)
         {
-            stream.note_completion_panic(format!(
-                "the completion callback of the operation launched by {} on stream {stream_id} \
+            stream.note_completion_panic(
+                place,
+                format!(
+                    "the completion callback of the operation launched by {} on stream {stream_id} \
                  panicked: {message}",
-                meta.call
-            ));
+                    meta.call
+                ),
+            );
         }
         drop_panic(panic);
     }

@@ -13,7 +13,7 @@ use parking_lot::{Mutex, RwLock};
 use super::call::{self, check};
 use super::callback::{self, Lease, OpMeta, Payload, Submission};
 use super::handle::RuntimeHandle;
-use super::payload_cache::PayloadCache;
+use super::payload_cache::{self, PayloadCache};
 use crate::error::{FlexError, Result};
 use crate::event::{Capabilities, Event};
 use crate::launch::Completion;
@@ -71,7 +71,14 @@ pub(super) fn read_capabilities(lib: &FlexLibrary, runtime: RuntimeHandle) -> Re
 /// callback's panic, the event's errors (`STREAM_FAILED` from
 /// [`Event::query`] and [`Event::synchronize`]) end with the panic's
 /// message, as the in-process software device's do (the library knows
-/// only the status the host function returned).
+/// only the status the host function returned). When a completion of an
+/// operation enqueued before the record panicked after the operation
+/// succeeded, which fails the stream on flex-rt's side only (see
+/// `HardwareStream`), the event fails too: its query, synchronize and
+/// notification give `STREAM_FAILED` naming the panic, as on the
+/// in-process device, although the library completed the record. A wait
+/// on it enqueued in the library still passes (the library cannot be
+/// told).
 ///
 /// Thread-safety: `Send + Sync`; flex.h lets every event function be called
 /// from any thread, and serializes concurrent records of one event.
@@ -83,16 +90,46 @@ pub struct HardwareEvent {
     logical_device: u32,
     timing: bool,
     device_side_wait: bool,
-    /// The stream of the latest record made through flex-rt: its id and
-    /// its payload cache, where a host callback panic that failed it is
-    /// noted, to name in the event's errors (the library knows only the
-    /// status the host function returned). Held across each record call,
-    /// so it pairs with the library's latest record.
-    latest: Mutex<Option<(u64, Arc<PayloadCache<Payload>>)>>,
+    /// The latest record made through flex-rt. Held across each record
+    /// call, so it pairs with the library's latest record.
+    latest: Mutex<Option<Recorded>>,
     /// How many records were made through flex-rt: moved under `latest`
     /// after each; an error is matched to `latest` only if no record was
     /// made between the call that gave it and the read of `latest`.
     records: AtomicU64,
+}
+
+/// Where an event was recorded through flex-rt.
+#[derive(Clone)]
+struct Recorded {
+    /// The id of the stream.
+    stream_id: u64,
+    /// The stream's payload cache, where the panics of its callbacks are
+    /// noted: a host callback's, to name in the event's errors (the
+    /// library knows only the status the host function returned), and a
+    /// completion's, which fails the event if it came before the record.
+    cache: Arc<PayloadCache<Payload>>,
+    /// The stream's launches before the record
+    /// (`HardwareStream` counts them).
+    launched: u64,
+}
+
+impl Recorded {
+    /// `Err(STREAM_FAILED)` for `call` if a completion of a launch before
+    /// the record panicked after its operation succeeded.
+    fn check_completions(&self, call: &'static str) -> Result<()> {
+        match self.cache.completion_panic_before(self.launched) {
+            None => Ok(()),
+            Some(message) => Err(FlexError::new(
+                Status::STREAM_FAILED,
+                call,
+                format!(
+                    "the event was recorded on stream {} behind work whose completion failed the stream: {message}",
+                    self.stream_id
+                ),
+            )),
+        }
+    }
 }
 
 // SAFETY: the event handle is an opaque token passed back to the library;
@@ -143,20 +180,27 @@ impl HardwareEvent {
     }
 
     /// Makes a record of the event on stream `stream_id` (whose payload
-    /// cache is `cache`) with `record`, the library call, which returns
-    /// its status: the stream is kept as the latest record's if the call
-    /// succeeded (see [`HardwareEvent::name_host_panic`]). Called under
-    /// the stream's submission lock; runs no user code.
+    /// cache is `cache`, and which had `launched` launches with flex-rt's
+    /// completions before it) with `record`, the library call, which
+    /// returns its status: the stream is kept as the latest record's if the
+    /// call succeeded (see [`HardwareEvent::name_host_panic`] and
+    /// [`Recorded::check_completions`]). Called under the stream's
+    /// submission lock; runs no user code.
     pub(super) fn record_on(
         &self,
         stream_id: u64,
         cache: &Arc<PayloadCache<Payload>>,
+        launched: u64,
         record: impl FnOnce() -> sys::flex_status_t,
     ) -> sys::flex_status_t {
         let mut latest = self.latest.lock();
         let status = record();
         if status == sys::FLEX_SUCCESS {
-            *latest = Some((stream_id, Arc::clone(cache)));
+            *latest = Some(Recorded {
+                stream_id,
+                cache: Arc::clone(cache),
+                launched,
+            });
             self.records.fetch_add(1, Ordering::Release);
         }
         status
@@ -169,13 +213,38 @@ impl HardwareEvent {
     #[cold]
     fn name_host_panic(&self, records: u64, err: FlexError) -> FlexError {
         let latest = self.latest.lock();
-        let Some((stream_id, cache)) = latest.as_ref() else {
+        let Some(recorded) = latest.as_ref() else {
             return err;
         };
         if self.records.load(Ordering::Acquire) != records {
             return err;
         }
-        callback::name_stream_panic(err, *stream_id, cache.host_panic())
+        callback::name_stream_panic(err, recorded.stream_id, recorded.cache.host_panic())
+    }
+
+    /// The latest record as of `records` ([`HardwareEvent::records`] read
+    /// before the call whose outcome it qualifies), if it was made through
+    /// flex-rt and none has been made since.
+    fn recorded_as_of(&self, records: u64) -> Option<parking_lot::MappedMutexGuard<'_, Recorded>> {
+        let latest = self.latest.lock();
+        if self.records.load(Ordering::Acquire) != records {
+            return None;
+        }
+        parking_lot::MutexGuard::try_map(latest, Option::as_mut).ok()
+    }
+
+    /// `outcome`, a success of `call` for the latest record as of
+    /// `records`, unless a completion of its stream panicked before it
+    /// (see [`Recorded::check_completions`]).
+    #[inline]
+    fn check_completions<T>(&self, records: u64, call: &'static str, outcome: T) -> Result<T> {
+        if !payload_cache::any_completion_panic() {
+            return Ok(outcome);
+        }
+        match self.recorded_as_of(records) {
+            Some(recorded) => recorded.check_completions(call).map(|()| outcome),
+            None => Ok(outcome),
+        }
     }
 
     /// Runs `f` with the event's handle while the runtime is known alive.
@@ -267,6 +336,10 @@ impl Event for HardwareEvent {
             call::query_result(status, CALL, || self.lib.last_error_message())
         })
         .map_err(|err| self.name_host_panic(records, err))
+        .and_then(|complete| match complete {
+            true => self.check_completions(records, CALL, true),
+            false => Ok(false),
+        })
     }
 
     fn notify(&self, completion: Completion) -> Result<bool> {
@@ -275,6 +348,18 @@ impl Event for HardwareEvent {
             call: CALL,
             stream_id: None,
             runtime: self.runtime.key(),
+        };
+        // The record notified about is the latest now: its outcome is the
+        // library's unless a completion before it panicked.
+        let records = self.records.load(Ordering::Acquire);
+        let completion = match self.recorded_as_of(records) {
+            Some(recorded) => {
+                let recorded = recorded.clone();
+                Box::new(move |outcome: Result<()>| {
+                    completion(outcome.and_then(|()| recorded.check_completions(CALL)));
+                })
+            }
+            None => completion,
         };
         let submission = Submission::new(Payload::new(meta, Some(completion), Lease::None, None));
         let mut complete = 0i32;
@@ -322,6 +407,7 @@ impl Event for HardwareEvent {
             check(&self.lib, status, CALL)
         })
         .map_err(|err| self.name_host_panic(records, err))
+        .and_then(|()| self.check_completions(records, CALL, ()))
     }
 
     fn elapsed_nanos(&self, end: &dyn Event) -> Result<i64> {

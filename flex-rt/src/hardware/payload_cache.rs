@@ -26,7 +26,8 @@
 //! must know afterwards and the library cannot tell it: the message of the
 //! first host callback that panicked ([`PayloadCache::note_host_panic`]),
 //! and of the first completion that panicked after its operation
-//! succeeded ([`PayloadCache::note_completion_panic`]).
+//! succeeded ([`PayloadCache::note_completion_panic`]), with its place
+//! among the stream's launches, so that an event recorded behind it fails.
 //!
 //! A stream keeps as many blocks as it ever had launches in flight at once
 //! (one [`Block`] each, about 150 bytes), until it is dropped. Its cache
@@ -43,8 +44,19 @@ use std::mem::MaybeUninit;
 use std::ptr::{self, NonNull};
 #[cfg(test)]
 use std::sync::atomic::AtomicUsize;
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
+
+/// Whether a completion panic was ever noted in this process
+/// ([`PayloadCache::note_completion_panic`]): until then, an event's
+/// outcome needs no look at its stream's cache.
+static ANY_COMPLETION_PANIC: AtomicBool = AtomicBool::new(false);
+
+/// Whether a completion panic was ever noted in this process: one load.
+#[inline]
+pub(super) fn any_completion_panic() -> bool {
+    ANY_COMPLETION_PANIC.load(Ordering::Acquire)
+}
 
 /// Whether the library reports a stream failed (`flex_stream_query`
 /// returns an error); called only from a completion of the stream's
@@ -156,8 +168,13 @@ pub(super) struct PayloadCache<T> {
     /// The message of the stream's first host callback that panicked.
     host_panic: OnceLock<String>,
     /// The error message of the stream's first completion that panicked
-    /// after its operation succeeded.
-    completion_panic: OnceLock<String>,
+    /// after its operation succeeded, and that operation's place among the
+    /// stream's launches (0-based).
+    completion_panic: OnceLock<(u64, String)>,
+    /// Completions of the stream's launches begun so far (flex.h calls a
+    /// stream's completions in submission order, so the next one's place
+    /// among its launches: see `HardwareStream`'s count of them).
+    completions_begun: AtomicU64,
     /// Whether the library reports the stream failed (`None` in tests:
     /// never).
     failed: Option<FailureProbe>,
@@ -172,6 +189,7 @@ impl<T> PayloadCache<T> {
             returned: AtomicPtr::new(ptr::null_mut()),
             host_panic: OnceLock::new(),
             completion_panic: OnceLock::new(),
+            completions_begun: AtomicU64::new(0),
             failed: None,
             #[cfg(test)]
             made: AtomicUsize::new(0),
@@ -214,17 +232,43 @@ impl<T> PayloadCache<T> {
     /// library that delivers completions late may have run, and failed,
     /// later work meanwhile). The library does not know of the panic (a
     /// completion returns nothing), so the stream fails on flex-rt's side:
-    /// see `HardwareStream`. Called from a completion of the stream.
-    pub(super) fn note_completion_panic(&self, message: String) {
+    /// see `HardwareStream`. Called from the completion of the stream's
+    /// launch at `place` ([`PayloadCache::begin_completion`]).
+    pub(super) fn note_completion_panic(&self, place: u64, message: String) {
         if self.failed.as_ref().is_some_and(|failed| failed()) {
             return;
         }
-        let _first = self.completion_panic.set(message);
+        if self.completion_panic.set((place, message)).is_ok() {
+            // Release: with the note, before the library moves the stream on.
+            ANY_COMPLETION_PANIC.store(true, Ordering::Release);
+        }
     }
 
     /// The message [`PayloadCache::note_completion_panic`] kept, if any.
     pub(super) fn completion_panic(&self) -> Option<&str> {
-        self.completion_panic.get().map(String::as_str)
+        self.completion_panic
+            .get()
+            .map(|(_, message)| message.as_str())
+    }
+
+    /// The message [`PayloadCache::note_completion_panic`] kept for one of
+    /// the stream's first `launched` launches, if any: an event recorded
+    /// after them fails with it. One load while no completion has ever
+    /// panicked.
+    pub(super) fn completion_panic_before(&self, launched: u64) -> Option<&str> {
+        if !any_completion_panic() {
+            return None;
+        }
+        self.completion_panic
+            .get()
+            .filter(|(place, _)| *place < launched)
+            .map(|(_, message)| message.as_str())
+    }
+
+    /// The place among the stream's launches of the completion beginning
+    /// now; call once at the start of each completion of the stream.
+    pub(super) fn begin_completion(&self) -> u64 {
+        self.completions_begun.fetch_add(1, Ordering::Relaxed)
     }
 
     /// Pushes a block whose payload has been taken.

@@ -3,6 +3,7 @@
 use std::ffi::c_void;
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use flex_sys::FlexLibrary;
 use flex_sys::bindings as sys;
@@ -70,8 +71,10 @@ use crate::types::{DataFormat, StreamPriority};
 /// it, and launches, records and waits are refused with
 /// [`Status::STREAM_FAILED`]; unlike on the in-process device, work the
 /// library had queued behind it still runs (a launch made while the
-/// completion runs may still be enqueued), and events recorded behind it
-/// still complete. Another stream that waited on an event of a stream
+/// completion runs may still be enqueued). Events recorded behind it fail
+/// on flex-rt's side, as on the in-process device (see `HardwareEvent`),
+/// but a wait on one enqueued in the library passes, and the waiting
+/// stream's work runs. Another stream that waited on an event of a stream
 /// failed by a host callback's panic fails with the library's message,
 /// which does not name the panic.
 pub struct HardwareStream {
@@ -89,6 +92,12 @@ pub struct HardwareStream {
     /// Held across every launch call: serializes submissions to this
     /// stream, and holds the payload blocks its launches take first.
     submit: Mutex<FreeBlocks<Payload>>,
+    /// Launches the library took whose completions are flex-rt's (every
+    /// launch, and every record with a completion): the place of each
+    /// among them is the order of its completion (flex.h calls a stream's
+    /// completions in submission order). Written under `submit`, beside
+    /// it: not on the line the completions write.
+    launched: AtomicU64,
     /// The payload blocks its completions give back (see
     /// [`super::payload_cache`]).
     payloads: Arc<PayloadCache<Payload>>,
@@ -137,6 +146,7 @@ impl HardwareStream {
             priority,
             is_default,
             submit: Mutex::new(FreeBlocks::new()),
+            launched: AtomicU64::new(0),
             payloads,
         })
     }
@@ -256,7 +266,13 @@ impl HardwareStream {
             // and the submission (dropped in this call); `free` is this
             // stream's own list, which holds blocks of this cache only.
             submission = unsafe { Submission::cached(payload, &self.payloads, &mut free) };
-            launch(&submission)
+            let status = launch(&submission);
+            if status == sys::FLEX_SUCCESS {
+                // Under the lock: a load and a store, no read-modify-write.
+                let launched = self.launched.load(Ordering::Relaxed);
+                self.launched.store(launched + 1, Ordering::Relaxed);
+            }
+            status
         };
         if status == sys::FLEX_SUCCESS {
             submission.hand_over();
@@ -488,11 +504,12 @@ impl Stream for HardwareStream {
                 self.check_accepts_work(CALL)?;
                 // Enqueued like a launch: serialized with them.
                 let _serialized = self.submit.lock();
+                let launched = self.launched.load(Ordering::Relaxed);
                 // SAFETY: the stream is alive while `&self` is; the event is
                 // alive and of the same live runtime (`use_for_stream`
                 // checked both, holding the runtime's liveness lock). A null
                 // completion function is "none" (flex.h).
-                let status = event.record_on(self.id, &self.payloads, || unsafe {
+                let status = event.record_on(self.id, &self.payloads, launched, || unsafe {
                     self.lib.api().flex_event_record(
                         raw_event,
                         self.handle.as_ptr(),
@@ -512,12 +529,14 @@ impl Stream for HardwareStream {
         let (payload, _) = self.payload(CALL, options, Lease::None, None);
         event.use_for_stream(self.runtime, CALL, |raw_event| {
             self.submit(CALL, payload, |submission| {
+                // Under the submission lock: the launches before the record.
+                let launched = self.launched.load(Ordering::Relaxed);
                 // SAFETY: the stream is alive while `&self` is, and the
                 // submission lock is held; the event is alive and of the
                 // same live runtime (`use_for_stream` checked both, holding
                 // the runtime's liveness lock). The completion takes the
                 // payload only on FLEX_SUCCESS (see `submit`).
-                event.record_on(self.id, &self.payloads, || unsafe {
+                event.record_on(self.id, &self.payloads, launched, || unsafe {
                     self.lib.api().flex_event_record(
                         raw_event,
                         self.handle.as_ptr(),

@@ -419,6 +419,54 @@ pub fn waiting_on_the_same_stream_is_a_no_op(backend: &dyn Backend, _: &Profile)
     assert_eq!(own.query(), Ok(true));
 }
 
+/// A completion that panics after its operation succeeded fails its
+/// stream (see `a_completion_panic_fails_the_stream`) at that operation:
+/// an event recorded behind it, before the panic, fails with
+/// `STREAM_FAILED` naming the panic (query, synchronize and a pending
+/// notification), while one recorded before it completes.
+pub fn a_completion_panic_fails_the_events_recorded_behind_it(backend: &dyn Backend, _: &Profile) {
+    let runtime = runtime(backend);
+    let Some(_) = capabilities(&*runtime) else {
+        return;
+    };
+    let stream = new_stream(&*runtime, StreamPriority::Normal);
+    let before = event(&*runtime, false);
+    stream.record_event(&*before, None).expect("record");
+    let gate = hold(stream);
+    stream
+        .launch_host_callback(
+            Box::new(|| {}),
+            LaunchOptions::new().on_complete(|_| panic!("deliberate completion panic 29")),
+        )
+        .expect("launch");
+    let behind = event(&*runtime, false);
+    stream
+        .record_event(&*behind, None)
+        .expect("record is accepted; the stream fails later");
+    let notified = Completions::new();
+    let ready = behind
+        .notify(notified.options().completion.expect("a completion"))
+        .expect("notify");
+    assert!(!ready, "the record is held");
+    gate.open();
+    let named = |err: &flex_rt::FlexError| {
+        assert_eq!(err.status(), Status::STREAM_FAILED, "{err}");
+        assert!(
+            err.message().contains("deliberate completion panic 29"),
+            "{err}"
+        );
+    };
+    named(&behind.synchronize().unwrap_err());
+    named(&behind.query().unwrap_err());
+    assert_eq!(
+        stream.synchronize().unwrap_err().status(),
+        Status::HOST_CALLBACK_FAILED
+    );
+    assert_eq!(notified.results(), vec![Err(Status::STREAM_FAILED)]);
+    assert_eq!(before.query(), Ok(true), "recorded before the panic");
+    before.synchronize().expect("recorded before the panic");
+}
+
 /// A record whose stream fails before reaching it poisons the event: query
 /// and synchronize return the stream's error, never "not ready" forever,
 /// and a stream that waits on it fails with an error naming the event's

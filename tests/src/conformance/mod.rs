@@ -159,6 +159,7 @@ macro_rules! with_conformance_cases {
                 re_recording_moves_the_event_but_not_an_earlier_wait,
                 waiting_on_the_same_stream_is_a_no_op,
                 a_failed_record_poisons_the_event_and_its_waiters,
+                a_completion_panic_fails_the_events_recorded_behind_it,
                 a_callback_may_launch_on_a_stream_that_waits_for_it,
                 dropping_an_event_with_pending_work_keeps_its_waits,
                 elapsed_time_is_device_time_with_named_preconditions,
