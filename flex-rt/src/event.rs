@@ -42,7 +42,11 @@ pub struct Capabilities {
 ///   waits on it fails too (its error names the event's stream) instead of
 ///   waiting forever;
 /// - dropping the event never blocks: pending records and waits are still
-///   honoured and its resources are freed when they are done.
+///   honoured and its resources are freed when they are done;
+/// - the event dies with its runtime (`flex_runtime_destroy` destroys the
+///   runtime's events): once the runtime has been dropped, every call fails
+///   with [`Status::INVALID_HANDLE`](crate::Status::INVALID_HANDLE), and
+///   dropping the event is harmless.
 ///
 /// Thread-safety: `Send + Sync`; concurrent records of one event are
 /// serialized by the backend.

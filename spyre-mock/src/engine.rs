@@ -35,7 +35,7 @@ use std::cell::Cell;
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -140,6 +140,10 @@ pub(crate) struct Device {
     /// Events of the runtime made and not dropped yet
     /// ([`crate::MockRuntime::live_events`]).
     pub(crate) live_events: AtomicUsize,
+    /// Set once the runtime has been dropped and its work has drained: its
+    /// events are destroyed with it, as `flex.h`'s are
+    /// ([`crate::MockEvent`]'s calls fail from then on).
+    pub(crate) closed: AtomicBool,
 }
 
 impl Device {
@@ -161,6 +165,7 @@ impl Device {
             check_reuse: config.check_reuse(),
             work_epoch: CachePadded::new(AtomicU64::new(0)),
             live_events: AtomicUsize::new(0),
+            closed: AtomicBool::new(false),
         }
     }
 

@@ -23,6 +23,10 @@ use crate::record::Record;
 /// record); a query, a notification or a synchronize reads it under its own
 /// small lock only (a synchronize of a pending record then waits as the
 /// stream's synchronize does).
+///
+/// Once its runtime has been dropped (and its work has drained), the event
+/// is destroyed with it, as `flex.h` destroys a runtime's events: its
+/// calls fail with [`Status::INVALID_HANDLE`]; dropping it is harmless.
 pub struct MockEvent {
     pub(crate) device: Arc<Device>,
     timing: bool,
@@ -37,6 +41,19 @@ impl MockEvent {
             timing,
             latest: Mutex::new(None),
         }
+    }
+
+    /// `Err(INVALID_HANDLE)` for `call` once the event's runtime has been
+    /// dropped, which destroyed the event.
+    fn check_alive(&self, call: &'static str) -> Result<()> {
+        if self.device.closed.load(Ordering::Acquire) {
+            return Err(FlexError::new(
+                Status::INVALID_HANDLE,
+                call,
+                "the event's runtime was closed, which destroyed the event",
+            ));
+        }
+        Ok(())
     }
 
     /// Recognises a mock event of `device` among `dyn Event`s.
@@ -94,6 +111,7 @@ impl Event for MockEvent {
     }
 
     fn query(&self) -> Result<bool> {
+        self.check_alive("event_query")?;
         match self.latest().as_deref().map(Record::outcome) {
             None => Ok(true),
             Some(None) => Ok(false),
@@ -103,6 +121,7 @@ impl Event for MockEvent {
     }
 
     fn notify(&self, completion: Completion) -> Result<bool> {
+        self.check_alive("event_notify")?;
         let Some(record) = self.latest() else {
             return Ok(true);
         };
@@ -114,6 +133,7 @@ impl Event for MockEvent {
     }
 
     fn synchronize(&self) -> Result<()> {
+        self.check_alive("event_synchronize")?;
         let Some(record) = self.latest() else {
             return Ok(());
         };
@@ -122,6 +142,7 @@ impl Event for MockEvent {
 
     fn elapsed_nanos(&self, end: &dyn Event) -> Result<i64> {
         const CALL: &str = "elapsed_time";
+        self.check_alive(CALL)?;
         let end: &MockEvent = end.as_any().downcast_ref().ok_or_else(|| {
             FlexError::invalid_argument(
                 CALL,

@@ -290,6 +290,8 @@ impl Drop for MockRuntime {
                 tracing::error!(device = self.device.index, "a mock engine thread panicked");
             }
         }
+        // Its events die with it (flex.h), once every record has settled.
+        self.device.closed.store(true, Ordering::Release);
         tracing::debug!(device = self.device.index, "mock runtime stopped");
     }
 }

@@ -467,6 +467,33 @@ pub fn a_completion_panic_fails_the_events_recorded_behind_it(backend: &dyn Back
     before.synchronize().expect("recorded before the panic");
 }
 
+/// Dropping the runtime destroys its events (flex.h): an event that
+/// outlives it fails every call with `INVALID_HANDLE`, and dropping it
+/// afterwards is harmless.
+pub fn an_event_dies_with_its_runtime(backend: &dyn Backend, _: &Profile) {
+    let runtime = runtime(backend);
+    let Some(_) = capabilities(&*runtime) else {
+        return;
+    };
+    let event = event(&*runtime, false);
+    let stream = new_stream(&*runtime, StreamPriority::Normal);
+    stream.record_event(&*event, None).expect("record");
+    event.synchronize().expect("synchronize");
+    drop(runtime);
+    let never = Completions::new();
+    for err in [
+        event.query().unwrap_err(),
+        event.synchronize().unwrap_err(),
+        event
+            .notify(never.options().completion.expect("a completion"))
+            .unwrap_err(),
+    ] {
+        assert_eq!(err.status(), Status::INVALID_HANDLE, "{err}");
+    }
+    assert_eq!((never.calls(), never.drops()), (0, 1));
+    drop(event);
+}
+
 /// A record whose stream fails before reaching it poisons the event: query
 /// and synchronize return the stream's error, never "not ready" forever,
 /// and a stream that waits on it fails with an error naming the event's

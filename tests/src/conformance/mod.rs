@@ -164,6 +164,7 @@ macro_rules! with_conformance_cases {
                 dropping_an_event_with_pending_work_keeps_its_waits,
                 elapsed_time_is_device_time_with_named_preconditions,
                 an_event_of_another_runtime_is_refused,
+                an_event_dies_with_its_runtime,
                 concurrent_records_are_serialized,
             ];
             software_device: [
