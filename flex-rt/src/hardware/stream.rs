@@ -211,7 +211,9 @@ impl HardwareStream {
             Some(message) => Err(FlexError::new(
                 Status::STREAM_FAILED,
                 call,
-                format!("the stream has failed ({message}); nothing was enqueued"),
+                format!(
+                    "the stream has failed and accepts no more work; its first error: {message}"
+                ),
             )),
         }
     }

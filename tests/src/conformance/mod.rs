@@ -982,6 +982,13 @@ pub fn a_completion_panic_fails_the_stream(backend: &dyn Backend, _: &Profile) {
         refused.message().contains("deliberate completion panic 23"),
         "{refused}"
     );
+    // Worded as every backend words a launch on a failed stream.
+    assert!(
+        refused
+            .message()
+            .starts_with("the stream has failed and accepts no more work; its first error: "),
+        "{refused}"
+    );
     assert_eq!(
         completions.results(),
         vec![],
