@@ -198,6 +198,44 @@ fn a_refused_launch_is_launch_failed_and_released_once() {
     );
 }
 
+/// A launch the library refuses takes no place among the stream's
+/// launches whose completions flex-rt counts: an event recorded after it
+/// but before an operation whose completion panics stays complete, and one
+/// recorded behind that operation fails naming the panic.
+#[test]
+fn a_refused_launch_does_not_shift_a_completion_panic_onto_an_earlier_event() {
+    isolated!(mock_cdylib; &[("SPYRE_MOCK_FAIL_LAUNCH", "1")],
+        || {
+            quiet_deliberate_panics();
+            let runtime = backend().create_runtime(0).expect("create_runtime");
+            let stream = runtime.default_stream();
+            let address = runtime.allocate(32).expect("allocate");
+            let refused = stream
+                .launch_fill(&address, 1.0, DataFormat::Uint8, LaunchOptions::new())
+                .unwrap_err();
+            assert_eq!(refused.status(), Status::LAUNCH_FAILED, "{refused}");
+            let before = runtime.create_event(false).expect("create_event");
+            stream.record_event(&*before, None).expect("record");
+            let gate = Gate::new();
+            let waiting = Arc::clone(&gate);
+            stream
+                .launch_host_callback(
+                    Box::new(move || waiting.wait()),
+                    LaunchOptions::new().on_complete(|_| panic!("deliberate completion panic")),
+                )
+                .expect("launch");
+            let behind = runtime.create_event(false).expect("create_event");
+            stream.record_event(&*behind, None).expect("record");
+            gate.open();
+            let err = behind.synchronize().unwrap_err();
+            assert_eq!(err.status(), Status::STREAM_FAILED, "{err}");
+            assert!(err.message().contains("deliberate completion panic"), "{err}");
+            assert_eq!(before.query(), Ok(true), "recorded before the panicking operation");
+            runtime.free(&address).expect("free");
+        },
+    );
+}
+
 #[test]
 fn late_completions_arrive_once_and_never_after_the_runtime() {
     const DELAY: Duration = Duration::from_millis(150);

@@ -78,7 +78,11 @@ pub(super) fn read_capabilities(lib: &FlexLibrary, runtime: RuntimeHandle) -> Re
 /// notification give `STREAM_FAILED` naming the panic, as on the
 /// in-process device, although the library completed the record. A wait
 /// on it enqueued in the library still passes (the library cannot be
-/// told).
+/// told). This rests on flex.h's rule that a stream does not move on while
+/// a completion runs: with a library that calls completions late (after
+/// later work ran), an event may be seen complete before the panic is
+/// noted. A query or synchronize that a new record of the same event
+/// overtakes gives the library's outcome of the earlier record unchecked.
 ///
 /// Thread-safety: `Send + Sync`; flex.h lets every event function be called
 /// from any thread, and serializes concurrent records of one event.
@@ -349,31 +353,37 @@ impl Event for HardwareEvent {
             stream_id: None,
             runtime: self.runtime.key(),
         };
-        // The record notified about is the latest now: its outcome is the
-        // library's unless a completion before it panicked.
-        let records = self.records.load(Ordering::Acquire);
-        let completion = match self.recorded_as_of(records) {
-            Some(recorded) => {
-                let recorded = recorded.clone();
-                Box::new(move |outcome: Result<()>| {
-                    completion(outcome.and_then(|()| recorded.check_completions(CALL)));
-                })
-            }
-            None => completion,
-        };
-        let submission = Submission::new(Payload::new(meta, Some(completion), Lease::None, None));
         let mut complete = 0i32;
-        let status = self.with_handle(CALL, |event| {
+        let (status, submission) = self.with_handle(CALL, |event| {
+            // The latest record is held across the call (as a record holds
+            // it across its own), so that the record whose outcome the
+            // completion checks is the one the library notifies about: the
+            // library's outcome, unless a completion before it panicked.
+            let latest = self.latest.lock();
+            let completion: Completion = match latest.as_ref() {
+                Some(recorded) => {
+                    let recorded = recorded.clone();
+                    Box::new(move |outcome: Result<()>| {
+                        completion(outcome.and_then(|()| recorded.check_completions(CALL)));
+                    })
+                }
+                None => completion,
+            };
+            let submission =
+                Submission::new(Payload::new(meta, Some(completion), Lease::None, None));
             // SAFETY: the event is alive and its runtime too (read lock
             // held); `complete` is a valid `int32_t` out pointer. The
             // library takes the payload only on FLEX_SUCCESS with
-            // `*complete_out == 0` (flex.h); in every other case it never
-            // calls the completion and the payload is reclaimed below.
-            Ok(unsafe {
+            // `*complete_out == 0` (flex.h), and never calls the completion
+            // inside the call; in every other case it never calls it and
+            // the payload is reclaimed below, with no lock held.
+            let status = unsafe {
                 self.lib
                     .api()
                     .flex_event_notify(event, submission.completion(), &raw mut complete)
-            })
+            };
+            drop(latest);
+            Ok((status, submission))
         })?;
         if status != sys::FLEX_SUCCESS {
             // Read the thread's message before the payload's drop runs user code.

@@ -17,8 +17,8 @@
 //!   call for it), a standard segment that comes back in several chunks
 //!   (it crossed a region's end, or the memory is fragmented) goes back
 //!   too, and the request's own size is taken in whatever chunks the
-//!   device gives: a segment shared by several blocks is then always in
-//!   one chunk.
+//!   device gives: a standard segment is kept only in one chunk (but for
+//!   the retry of a full device, which takes what the device gives).
 //!   A request that fits one region is served from a cached block only
 //!   where its bytes lie in one chunk of the block's segment (a segment
 //!   larger than a region, made for a larger request, is not cut across

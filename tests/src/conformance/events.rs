@@ -12,7 +12,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use flex_rt::{
-    Backend, Capabilities, Event, LaunchOptions, Runtime, Status, Stream, StreamPriority,
+    Backend, Capabilities, Event, HostBuffer, LaunchOptions, Runtime, Status, Stream,
+    StreamPriority,
 };
 
 use super::{
@@ -423,7 +424,9 @@ pub fn waiting_on_the_same_stream_is_a_no_op(backend: &dyn Backend, _: &Profile)
 /// stream (see `a_completion_panic_fails_the_stream`) at that operation:
 /// an event recorded behind it, before the panic, fails with
 /// `STREAM_FAILED` naming the panic (query, synchronize and a pending
-/// notification), while one recorded before it completes.
+/// notification), while one recorded before it completes, with a record
+/// carrying a completion and a refused launch between the two (neither
+/// may shift the operation's place).
 pub fn a_completion_panic_fails_the_events_recorded_behind_it(backend: &dyn Backend, _: &Profile) {
     let runtime = runtime(backend);
     let Some(_) = capabilities(&*runtime) else {
@@ -431,7 +434,16 @@ pub fn a_completion_panic_fails_the_events_recorded_behind_it(backend: &dyn Back
     };
     let stream = new_stream(&*runtime, StreamPriority::Normal);
     let before = event(&*runtime, false);
-    stream.record_event(&*before, None).expect("record");
+    let recorded = Completions::new();
+    stream
+        .record_event(&*before, recorded.options().completion)
+        .expect("record");
+    let empty = HostBuffer::zeroed(0);
+    let address = runtime.allocate(128).expect("allocate");
+    let refused = stream
+        .launch_h2d(&empty, &address, LaunchOptions::new())
+        .unwrap_err();
+    assert_eq!(refused.status(), Status::INVALID_ARGUMENT, "{refused}");
     let gate = hold(stream);
     stream
         .launch_host_callback(
@@ -465,6 +477,8 @@ pub fn a_completion_panic_fails_the_events_recorded_behind_it(backend: &dyn Back
     assert_eq!(notified.results(), vec![Err(Status::STREAM_FAILED)]);
     assert_eq!(before.query(), Ok(true), "recorded before the panic");
     before.synchronize().expect("recorded before the panic");
+    assert_eq!(recorded.results(), vec![Ok(())]);
+    runtime.free(&address).expect("free");
 }
 
 /// Dropping the runtime destroys its events (flex.h): an event that
