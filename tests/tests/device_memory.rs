@@ -868,6 +868,81 @@ fn a_full_device_does_not_wait_when_idle_streams_give_back_enough() {
     });
 }
 
+/// On the 4 MiB device: `owner`'s 128 KiB segment holds a live 64 KiB
+/// buffer and a cached 64 KiB block (returned as its address), and a
+/// buffer on `filler` takes the rest of the device.
+fn a_full_device_with_a_block_cached_for(
+    owner: SpyreStream,
+    filler: SpyreStream,
+) -> (
+    DeviceBuffer<u8>,
+    DeviceBuffer<u8>,
+    flex_rt::CompositeAddress,
+) {
+    let live = DeviceBuffer::<u8>::new(owner, 64 << 10).unwrap();
+    let cached = DeviceBuffer::<u8>::new(owner, 64 << 10).unwrap();
+    let address = cached.address().clone();
+    drop(cached);
+    let rest = DeviceBuffer::<u8>::new(filler, (4 << 20) - (128 << 10)).unwrap();
+    let s = stats();
+    assert_eq!(s.reserved_bytes, 4 * MIB, "the device is full: {s:?}");
+    assert_eq!(s.device_allocations, 2, "{s:?}");
+    (live, rest, address)
+}
+
+#[test]
+fn a_full_device_lends_a_finished_streams_cached_block_to_another_stream() {
+    isolated!(&FOUR_MIB_DEVICE, || {
+        let (owner, filler, borrower) = (pool_stream(), pool_stream(), pool_stream());
+        let (live, rest, address) = a_full_device_with_a_block_cached_for(owner, filler);
+        // While `owner` has work queued, its cached block may still be
+        // read by it: not lent.
+        let gate = hold(owner);
+        let error = DeviceBuffer::<u8>::new(borrower, 64 << 10).unwrap_err();
+        assert!(matches!(error, Error::OutOfMemory(_)), "{error:?}");
+        gate.open();
+        owner.synchronize().unwrap();
+        // `owner` has finished: its cached block serves `borrower`, with
+        // no device call.
+        let lent = DeviceBuffer::<u8>::new(borrower, 64 << 10).unwrap();
+        assert_eq!(lent.address(), &address);
+        let s = stats();
+        assert_eq!((s.device_allocations, s.out_of_memory), (2, 1), "{s:?}");
+        assert_eq!(
+            s.allocated_bytes,
+            4 * MIB,
+            "every byte of the device in a buffer"
+        );
+        drop((lent, live, rest));
+    });
+}
+
+#[test]
+fn a_lent_block_goes_back_to_its_owner_only_once_the_borrower_passes_the_drop() {
+    isolated!(&FOUR_MIB_DEVICE, || {
+        let (owner, filler, borrower) = (pool_stream(), pool_stream(), pool_stream());
+        let (live, rest, address) = a_full_device_with_a_block_cached_for(owner, filler);
+        owner.synchronize().unwrap();
+        let lent = DeviceBuffer::<u8>::new(borrower, 64 << 10).unwrap();
+        assert_eq!(lent.address(), &address);
+        // Dropped while `borrower` may still use it: the block waits for
+        // `borrower`, and `owner`'s next allocation, finding the device
+        // full, waits for it too before it takes the block back.
+        let (opened, opener) = open_later(hold(borrower), std::time::Duration::from_millis(200));
+        drop(lent);
+        assert_eq!(stats().pending_frees, 1, "waits for `borrower`");
+        let again = DeviceBuffer::<u8>::new(owner, 64 << 10).unwrap();
+        assert!(
+            opened.load(Ordering::SeqCst),
+            "the block went back to `owner` while `borrower` was busy"
+        );
+        assert_eq!(again.address(), &address);
+        assert_eq!(stats().pending_frees, 0);
+        drop((again, live, rest));
+        opener.join().unwrap();
+    });
+}
+
 #[test]
 fn a_full_device_waits_for_the_streams_a_pending_free_waits_for() {
     isolated!(&FOUR_MIB_DEVICE, || {

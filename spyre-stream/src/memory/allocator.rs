@@ -24,9 +24,10 @@
 //!   larger than a region, made for a larger request, is not cut across
 //!   its regions for it).
 //! - **Per stream.** A segment, and every block in it, belongs to the stream
-//!   it was allocated for. A free block is reused only for that stream, with
-//!   no synchronization: work enqueued later on a stream runs after work
-//!   enqueued earlier.
+//!   it was allocated for. A free block is reused for that stream with no
+//!   synchronization (work enqueued later on a stream runs after work
+//!   enqueued earlier); for another stream only as a full device's last
+//!   resort (lent, below).
 //! - **Other streams.** A block used on other streams
 //!   ([`crate::DeviceBuffer::record_stream`]) is freed in their order: an
 //!   event (a marker event, reused) is recorded on each when the buffer is
@@ -66,8 +67,25 @@
 //!   callback of the same device nothing is waited for (the device refuses
 //!   the wait): busy streams, and those a retry holds, keep their
 //!   segments. Then it takes a cached block in several chunks if one fits
-//!   (it serves copies and fills, not kernel operands); then it fails with
-//!   [`Error::OutOfMemory`].
+//!   (it serves copies and fills, not kernel operands); then it borrows a
+//!   cached block of another stream that has finished its work now (below);
+//!   then it fails with [`Error::OutOfMemory`].
+//! - **Lent blocks.** A full device's last resort, before it fails, is a
+//!   cached block in a segment of another stream, lent if that stream is
+//!   seen idle (or failed) once the block is set aside: every use of a
+//!   cached block was enqueued before its free, so none can still touch
+//!   it. (CUDA's stream-ordered pools reuse memory freed on another stream
+//!   opportunistically by default, once that free's own event has
+//!   completed; PyTorch's allocator fails instead.) A block in one chunk
+//!   is lent first where the request fits a region; streams with work
+//!   left (or that need shutdown, or cannot be queried) are passed over,
+//!   as are the segments a waiting retry holds; nothing is waited for.
+//!   The block stays in its segment: when its buffer is dropped it waits
+//!   for the borrowing stream, as for a stream that used it, before it is
+//!   cached again for its segment's stream. Without it, streams that each
+//!   keep a partly used segment could fill the device while most of its
+//!   memory lies cached (a new pool stream per iteration, cycling through
+//!   the 64 pool streams).
 //! - **Failed streams.** A stream whose operation failed runs nothing
 //!   more: its segments go back to the device like an idle stream's, and a
 //!   block used on it is cached again at once. A stream that needs shutdown
@@ -157,6 +175,9 @@ pub(crate) struct Block {
     size: u64,
     /// Bytes asked for.
     requested: u64,
+    /// The stream the block was lent to, when it is not the segment's own
+    /// ([`CachingAllocator::lend_block`]): its free waits for that stream.
+    lent_to: Option<SpyreStream>,
 }
 
 /// What must happen before a block freed by a buffer that other streams
@@ -278,6 +299,13 @@ impl Segments {
         self.by_id.insert(id, segment);
     }
 
+    /// Whether the `len` bytes at `offset` of segment `id` lie in one of its
+    /// chunks (`false` for a segment not in the table).
+    fn lie_in_one_chunk(&self, id: u64, offset: u64, len: u64) -> bool {
+        self.get(id)
+            .is_some_and(|segment| lies_in_one_chunk(&segment.address, offset, len))
+    }
+
     fn iter(&self) -> impl Iterator<Item = (u64, &Segment)> {
         self.by_id.iter().map(|(&id, segment)| (id, segment))
     }
@@ -371,8 +399,10 @@ pub(crate) struct CachingAllocator {
     retrying: Mutex<()>,
 }
 
-/// Whether [`CachingAllocator::allocate_segment`] takes a segment that
-/// fits one region in several chunks.
+/// Whether a block or segment that fits one region is taken in several
+/// chunks: by [`CachingAllocator::allocate_segment`] and
+/// [`State::take_cached`]; [`State::lendable`] prefers one chunk with
+/// [`Pieces::Refuse`] but still lends one in several.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Pieces {
     /// No: the cache is returned first (its segments fragment the memory).
@@ -572,6 +602,9 @@ impl CachingAllocator {
                             return Ok(block);
                         }
                         drop(state);
+                        if let Some(block) = self.lend_block(stream, rounded, bytes, pieces)? {
+                            return Ok(block);
+                        }
                         return Err(self.out_of_memory(bytes, error));
                     }
                     Err(error) => return Err(error.into()),
@@ -633,6 +666,55 @@ impl CachingAllocator {
                 }
                 other => return other,
             }
+        }
+    }
+
+    /// The last resort of a full device: a cached block of another stream
+    /// that has finished its work now ([`has_finished_now`]), lent to
+    /// `stream` for `rounded` bytes (CUDA's opportunistic reuse of a
+    /// stream-ordered pool; PyTorch's caching allocator never lends). Every
+    /// use of a cached block was enqueued before its free (uses on other
+    /// streams are fenced before it is cached again), so once its stream
+    /// is seen finished after the block was set aside, no work can touch
+    /// it. The best fit is lent, one lying in one chunk first where
+    /// `pieces` refuses several; a stream found busy is passed over, as are
+    /// the segments a waiting retry holds. The block stays in its segment:
+    /// when freed, it waits for `stream` (and its other users) before it
+    /// is cached again for the segment's stream. Nothing is waited for.
+    ///
+    /// # Errors
+    /// As [`State::take`].
+    fn lend_block(
+        &self,
+        stream: SpyreStream,
+        rounded: u64,
+        requested: u64,
+        pieces: Pieces,
+    ) -> Result<Option<Block>> {
+        let borrower = stream.id().get();
+        let mut busy = BTreeSet::new();
+        loop {
+            // Set aside under the lock: neither its stream's allocations
+            // nor a return of cached memory take it while its stream is
+            // looked at.
+            let candidate = {
+                let mut state = self.state.lock();
+                state.merge_recent(None);
+                let Some(found) = state.lendable(borrower, rounded, pieces, &busy) else {
+                    return Ok(None);
+                };
+                state.set_aside(found);
+                found
+            };
+            let owner_finished = has_finished_now(self.stream(candidate.stream));
+            let mut state = self.state.lock();
+            if owner_finished {
+                let mut block = state.hand_out(candidate, rounded, requested)?;
+                block.lent_to = Some(stream);
+                return Ok(Some(block));
+            }
+            state.release(candidate.segment, candidate.offset);
+            busy.insert(candidate.stream);
         }
     }
 
@@ -752,8 +834,14 @@ impl CachingAllocator {
     /// Returns `block` to the cache. With `users` (streams other than the
     /// block's own that used it), the block waits for the work enqueued on
     /// them so far first. Never blocks.
+    /// A block lent to a stream other than its segment's
+    /// ([`CachingAllocator::lend_block`]) waits for that stream as well.
     pub(crate) fn free(&self, block: Block, users: &[SpyreStream]) {
-        let fences: Vec<Fence> = users.iter().map(|&stream| self.fence(stream)).collect();
+        let fences: Vec<Fence> = users
+            .iter()
+            .chain(block.lent_to.as_ref())
+            .map(|&stream| self.fence(stream))
+            .collect();
         let mut state = self.state.lock();
         state.stats.allocated_bytes -= block.size;
         state.stats.requested_bytes -= block.requested;
@@ -1070,9 +1158,7 @@ impl State {
                 && block.size >= rounded
                 && !should_split(rounded, block.size - rounded)
                 && (pieces == Pieces::Accept
-                    || segments.get(block.segment).is_some_and(|segment| {
-                        lies_in_one_chunk(&segment.address, block.offset, rounded)
-                    }))
+                    || segments.lie_in_one_chunk(block.segment, block.offset, rounded))
         }) else {
             return Ok(None);
         };
@@ -1149,14 +1235,64 @@ impl State {
             .take_while(|key| key.stream == stream)
             .find(|key| {
                 pieces == Pieces::Accept
-                    || self.segments.get(key.segment).is_some_and(|segment| {
-                        lies_in_one_chunk(&segment.address, key.offset, rounded)
-                    })
+                    || self
+                        .segments
+                        .lie_in_one_chunk(key.segment, key.offset, rounded)
             })
             .copied();
         found
             .map(|found| self.take(found, rounded, requested))
             .transpose()
+    }
+
+    /// The cached block [`CachingAllocator::lend_block`] would lend for
+    /// `rounded` bytes to stream `borrower`: the smallest one large enough
+    /// of a stream other than `borrower` and those in `busy`, outside the
+    /// segments held for a waiting retry; one whose front `rounded` bytes
+    /// lie in one chunk first, where `pieces` refuses several.
+    fn lendable(
+        &self,
+        borrower: i64,
+        rounded: u64,
+        pieces: Pieces,
+        busy: &BTreeSet<i64>,
+    ) -> Option<FreeKey> {
+        self.free
+            .iter()
+            .filter(|key| {
+                key.stream != borrower && key.size >= rounded && !busy.contains(&key.stream)
+            })
+            .filter(|key| {
+                self.segments
+                    .get(key.segment)
+                    .is_some_and(|segment| !segment.held)
+            })
+            .map(|key| {
+                let pieced = pieces == Pieces::Refuse
+                    && !self
+                        .segments
+                        .lie_in_one_chunk(key.segment, key.offset, rounded);
+                (pieced, key.size, *key)
+            })
+            .min()
+            .map(|(_, _, key)| key)
+    }
+
+    /// Takes the cached block `found` out of the cache, whole, marked in
+    /// use in its segment: no allocation takes it and no free merges with
+    /// it until [`State::hand_out`] hands it out or [`State::release`]
+    /// caches it again.
+    fn set_aside(&mut self, found: FreeKey) {
+        self.free.remove(&found);
+        if let Some(segment) = self.segments.get_mut(found.segment) {
+            segment.blocks.insert(
+                found.offset,
+                Span {
+                    size: found.size,
+                    free: false,
+                },
+            );
+        }
     }
 
     /// The largest cached block: free, or waiting for other streams.
@@ -1214,31 +1350,35 @@ impl State {
     /// Hands out the cached block `found` for `rounded` bytes, split if
     /// the rest is worth keeping.
     fn take(&mut self, found: FreeKey, rounded: u64, requested: u64) -> Result<Block> {
-        self.free.remove(&found);
-        let segment = self
-            .segments
-            .get_mut(found.segment)
-            .expect("a cached block's segment exists");
+        self.set_aside(found);
+        self.hand_out(found, rounded, requested)
+    }
+
+    /// Hands out the block `found`, set aside ([`State::set_aside`]), for
+    /// `rounded` bytes, split if the rest is worth keeping: the rest is
+    /// cached again, merged with a free block after it (one freed while
+    /// the block was set aside; the block handed out is not merged with
+    /// anything).
+    fn hand_out(&mut self, found: FreeKey, rounded: u64, requested: u64) -> Result<Block> {
         let mut size = found.size;
         if should_split(rounded, found.size - rounded) {
-            let rest = FreeKey {
-                size: found.size - rounded,
-                offset: found.offset + rounded,
-                ..found
-            };
-            segment.blocks.insert(
-                rest.offset,
-                Span {
-                    size: rest.size,
-                    free: true,
-                },
-            );
-            self.free.insert(rest);
+            let segment = self
+                .segments
+                .get_mut(found.segment)
+                .expect("a set-aside block's segment exists");
             size = rounded;
+            for (offset, size) in [
+                (found.offset, rounded),
+                (found.offset + rounded, found.size - rounded),
+            ] {
+                segment.blocks.insert(offset, Span { size, free: false });
+            }
+            self.release(found.segment, found.offset + rounded);
         }
-        segment
-            .blocks
-            .insert(found.offset, Span { size, free: false });
+        let segment = self
+            .segments
+            .get(found.segment)
+            .expect("a set-aside block's segment exists");
         // Fails only for a backend whose chunks are not multiples of
         // MIN_BLOCK (flex.h promises aligned starts, not sizes): the block
         // is then kept out of the cache, so that no later request picks it.
@@ -1251,6 +1391,7 @@ impl State {
             offset: found.offset,
             size,
             requested,
+            lent_to: None,
         })
     }
 
@@ -1403,6 +1544,72 @@ mod tests {
         assert!(!lies_in_one_chunk(&two, 512, 1024), "cut at 1024");
         assert!(!lies_in_one_chunk(&two, 1024, 1536), "past the end");
         assert!(!lies_in_one_chunk(&two, 2048, 512), "outside");
+    }
+
+    /// A state with one segment of `blocks` (offset, size, free) in units
+    /// of [`MIN_BLOCK`], the free ones cached.
+    fn state_with(blocks: &[(u64, u64, bool)]) -> (State, u64) {
+        let total: u64 = blocks.iter().map(|&(_, size, _)| size).sum();
+        let mut segment = segment();
+        segment.address = CompositeAddress::new(vec![flex_rt::AddressChunk {
+            address: flex_rt::LogicalAddress {
+                region_id: 0,
+                offset: 0,
+            },
+            size: total * MIN_BLOCK,
+        }])
+        .expect("one aligned chunk");
+        let stream = segment.stream;
+        let mut state = State::default();
+        let id = state.segments.push(segment);
+        for &(offset, size, free) in blocks {
+            let (offset, size) = (offset * MIN_BLOCK, size * MIN_BLOCK);
+            let segment = state.segments.get_mut(id).expect("pushed");
+            segment.blocks.insert(offset, Span { size, free });
+            if free {
+                state.free.insert(FreeKey {
+                    stream,
+                    size,
+                    segment: id,
+                    offset,
+                });
+            }
+        }
+        (state, id)
+    }
+
+    #[test]
+    fn the_rest_of_a_set_aside_block_merges_with_a_block_freed_meanwhile() {
+        // In MIN_BLOCK units: a free block of 8 at 0, a block in use at 8.
+        let (mut state, id) = state_with(&[(0, 8, true), (8, 8, false)]);
+        let stream = state.segments.get(id).unwrap().stream;
+        let found = *state.free.first().unwrap();
+        state.set_aside(found);
+        // While it is set aside (its stream being looked at), the block
+        // after it is freed: it cannot merge with the set-aside one.
+        state.release(id, 8 * MIN_BLOCK);
+        let block = state.hand_out(found, 2 * MIN_BLOCK, 1).unwrap();
+        assert_eq!((block.offset, block.size), (0, 2 * MIN_BLOCK));
+        // The rest (6 at 2) and the block freed meanwhile (8 at 8) are one
+        // free block of 14, as everywhere else in the cache.
+        let free: Vec<_> = state.free.iter().map(|k| (k.offset, k.size)).collect();
+        assert_eq!(free, [(2 * MIN_BLOCK, 14 * MIN_BLOCK)]);
+        let spans: Vec<_> = state
+            .segments
+            .get(id)
+            .unwrap()
+            .blocks
+            .iter()
+            .map(|(&offset, span)| (offset, span.size, span.free))
+            .collect();
+        assert_eq!(
+            spans,
+            [
+                (0, 2 * MIN_BLOCK, false),
+                (2 * MIN_BLOCK, 14 * MIN_BLOCK, true)
+            ]
+        );
+        assert_eq!(block.stream, stream);
     }
 
     #[test]

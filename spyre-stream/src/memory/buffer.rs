@@ -42,12 +42,15 @@ use crate::stream::SpyreStream;
 /// must be declared with [`DeviceBuffer::record_stream`].
 ///
 /// Dropping a buffer never blocks. Its memory goes back to the allocator's
-/// cache for its stream, where the next allocation on that stream may take
+/// cache for its stream (unless it was lent, below), where the next allocation on that stream may take
 /// it at once (work enqueued later on a stream runs after work enqueued
 /// earlier). If other streams used it, an event is recorded on each, and
 /// the memory is reused only after all have completed. Device memory goes
 /// back to the device only by [`crate::empty_cache`], or when the device
-/// is full (see [`DeviceBuffer::new`]).
+/// is full (see [`DeviceBuffer::new`]). On a full device, a buffer may be
+/// given memory cached for another stream that has finished its work;
+/// when dropped, that memory waits for the buffer's stream before the
+/// stream it was cached for reuses it.
 ///
 /// Thread-safety: `Send + Sync`. Methods that write to the buffer take
 /// `&mut self`; the device orders the work itself only within a stream.
@@ -81,7 +84,10 @@ impl<T: DeviceElement> DeviceBuffer<T> {
     /// streams is not enough, blocks until the streams holding cached
     /// memory have finished their work, then returns it to the device and
     /// tries again (as PyTorch's allocator does); such waits run one at a
-    /// time, so it may also wait for another thread's. Called from a
+    /// time, so it may also wait for another thread's. If that is still not
+    /// enough, a block cached for another stream that has finished its
+    /// work now is lent (as CUDA's stream-ordered pools reuse memory
+    /// opportunistically), waiting for nothing. Called from a
     /// completion or host callback of the device, it waits for no stream
     /// (the device refuses that wait) nor for another thread, and may fail
     /// instead.
