@@ -255,7 +255,7 @@ pub enum Error {
 /// the memory is.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error(
-    "out of device memory: cannot allocate {requested} bytes; the device has {} free, the allocator caches {cached} bytes (largest cached block {largest_cached} bytes: free blocks in segments that buffers still use, memory freed during the retry, or memory of streams that could not be waited for); drop buffers no longer needed or allocate less: {source}",
+    "out of device memory: cannot allocate {requested} bytes; the device has {} free, the allocator caches {cached} bytes (largest cached block {largest_cached} bytes: free blocks in segments that buffers still use, of streams that had work left (only a stream that has finished its work lends its cached blocks), memory freed during the retry, or memory of streams that could not be waited for); drop buffers no longer needed or allocate less: {source}",
     match device_free { Some(free) => format!("{free} bytes"), None => "an unknown amount (flex ABI 1.0)".to_owned() }
 )]
 #[non_exhaustive]
@@ -267,7 +267,8 @@ pub struct OutOfMemory {
     pub device_free: Option<u64>,
     /// Bytes the allocator still holds but no buffer uses, after the
     /// retry: free blocks in segments that live buffers share (a segment
-    /// goes back to the device only whole), memory of streams that could
+    /// goes back to the device only whole), of streams that had work left
+    /// or too small to lend for the request, memory of streams that could
     /// not be waited for (from a host callback of the device), and memory
     /// freed only after the retry's wait began on a stream still busy.
     pub cached: u64,
