@@ -253,12 +253,9 @@ impl<T> PayloadCache<T> {
 
     /// The message [`PayloadCache::note_completion_panic`] kept for one of
     /// the stream's first `launched` launches, if any: an event recorded
-    /// after them fails with it. One load while no completion has ever
-    /// panicked.
+    /// after them fails with it. One load while the stream's completions
+    /// have not panicked.
     pub(super) fn completion_panic_before(&self, launched: u64) -> Option<&str> {
-        if !any_completion_panic() {
-            return None;
-        }
         self.completion_panic
             .get()
             .filter(|(place, _)| *place < launched)

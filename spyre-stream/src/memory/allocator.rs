@@ -416,7 +416,7 @@ enum Pieces {
 /// idle now. The default is no wait: only streams idle now
 /// ([`has_finished_now`]) have their segments returned.
 #[derive(Default)]
-struct Finished {
+struct Finished<'a> {
     /// Streams a synchronize found failed: everything they ran has ended,
     /// and they take no more work.
     failed_and_done: BTreeSet<i64>,
@@ -427,9 +427,10 @@ struct Finished {
     waited: BTreeSet<i64>,
     /// The free count ([`MemoryStats::frees`]) before the wait began.
     frees_before_waiting: u64,
-    /// Whether it is the waiting retry's, which may return the segments
-    /// held for it ([`Segment::held`]).
-    include_held: bool,
+    /// The waiting retry's hold on the segments held for it
+    /// ([`Segment::held`]), which it may return; `None` for every other
+    /// return.
+    hold: Option<Hold<'a>>,
 }
 
 /// The hold of the waiting retry on the segments wholly free when it began
@@ -654,7 +655,7 @@ impl CachingAllocator {
         let _one_waiting_retry = self.retrying.lock();
         let mut round = 1;
         loop {
-            let (finished, _hold) = self.wait_for_streams_holding();
+            let finished = self.wait_for_streams_holding();
             let (returned, segment) = self.return_and_allocate(&finished, rounded, Pieces::Accept);
             match segment {
                 Err(error)
@@ -725,7 +726,7 @@ impl CachingAllocator {
     /// that no other thread's segment takes the memory returned in between.
     fn return_and_allocate(
         &self,
-        finished: &Finished,
+        finished: &Finished<'_>,
         rounded: u64,
         pieces: Pieces,
     ) -> (Returned, std::result::Result<CompositeAddress, FlexError>) {
@@ -899,27 +900,27 @@ impl CachingAllocator {
     /// no lock, and tells which finished (`torch.cuda.empty_cache`; the
     /// waiting step of the retry of a full device holds the segments too,
     /// [`CachingAllocator::wait_for_streams_holding`]).
-    fn wait_for_streams(&self) -> Finished {
+    fn wait_for_streams(&self) -> Finished<'_> {
         self.wait(|state| state.free_segment_owners())
     }
 
     /// [`CachingAllocator::wait_for_streams`] for the waiting step of a
     /// retry: the wholly free segments are first held for it
-    /// ([`Segment::held`]) until the returned [`Hold`] is dropped, and the
-    /// [`Finished`] lets [`CachingAllocator::return_segments`] return them.
-    fn wait_for_streams_holding(&self) -> (Finished, Hold<'_>) {
+    /// ([`Segment::held`]) until the returned [`Finished`] is dropped,
+    /// which lets [`CachingAllocator::return_segments`] return them.
+    fn wait_for_streams_holding(&self) -> Finished<'_> {
         let hold = Hold(self);
         let mut finished = self.wait(|state| {
             state.merge_recent(None);
             state.segments.hold_wholly_free()
         });
-        finished.include_held = true;
-        (finished, hold)
+        finished.hold = Some(hold);
+        finished
     }
 
     /// Waits for the streams `owners` names (called under the state lock,
     /// after the free count is read) and those pending frees wait for.
-    fn wait(&self, owners: impl FnOnce(&mut State) -> BTreeSet<i64>) -> Finished {
+    fn wait(&self, owners: impl FnOnce(&mut State) -> BTreeSet<i64>) -> Finished<'_> {
         let mut finished = Finished::default();
         let streams = {
             let mut state = self.state.lock();
@@ -960,13 +961,13 @@ impl CachingAllocator {
     /// Returns to the device the wholly free segments of the streams that
     /// have finished their work: [`has_finished_now`], or as `finished`
     /// tells; segments held for the waiting retry ([`Segment::held`])
-    /// only for that retry (`finished.include_held`). Called with
+    /// only for that retry (`finished.hold`). Called with
     /// `emptying` and the transit lock (`_transit`) held.
-    fn return_segments(&self, finished: &Finished, _transit: &MutexGuard<'_, ()>) -> Returned {
+    fn return_segments(&self, finished: &Finished<'_>, _transit: &MutexGuard<'_, ()>) -> Returned {
         let released = {
             let mut state = self.state.lock();
             state.collect_deferred();
-            state.take_free_segments(finished.include_held)
+            state.take_free_segments(finished.hold.is_some())
         };
         let mut by_stream: BTreeMap<i64, Vec<(u64, Segment)>> = BTreeMap::new();
         for (id, segment) in released {
