@@ -11,18 +11,19 @@
 //!
 //! Runtimes and streams, read by every call and changed only when one is
 //! created or destroyed, live in an immutable [`Handles`] snapshot behind
-//! an `ArcSwap`: a call takes the current snapshot ([`snapshot`]: no lock,
-//! no reference-count change on the shared `Arc` in the common case) and
-//! looks the handle up in it; a create or destroy publishes a changed copy.
-//! The snapshot a call holds keeps the runtime's state alive until the call
-//! returns, even if another thread breaks flex.h and destroys the runtime
-//! meanwhile. A snapshot holds every runtime, and `flex_runtime_destroy`
-//! waits until nothing else holds its runtime's state: so a call that
-//! blocks (`flex_stream_synchronize`, `flex_stream_destroy`, a host-side
+//! an [`Rcu`]: a call reads the current snapshot in a read section
+//! ([`snapshot`]: no lock, no read-modify-write, no reference count) and
+//! looks the handle up in it; a create or destroy publishes a changed copy
+//! and waits until no call can still read the old one before it drops it.
+//! The snapshot a call reads keeps the runtime's state alive until the
+//! call returns, even if another thread breaks flex.h and destroys the
+//! runtime meanwhile. A snapshot holds every runtime, and a change of the
+//! table waits for every open read section: so a call that blocks
+//! (`flex_stream_synchronize`, `flex_stream_destroy`, a host-side
 //! `flex_stream_wait_event`) takes one reference to its own runtime and
-//! lets the snapshot go ([`held_stream`]), and a destroy of another
-//! runtime does not wait for it. Events, created and destroyed far more
-//! often, are in a table behind a mutex and handed out as `Arc`s.
+//! ends its section ([`held_stream`]), and `flex_runtime_destroy` of
+//! another runtime does not wait for it. Events, created and destroyed far
+//! more often, are in a table behind a mutex and handed out as `Arc`s.
 //!
 //! A destroyed stream (`flex_stream_destroy`) leaves the table and is
 //! recorded as retired in its runtime; its memory lives until the runtime
@@ -32,10 +33,9 @@
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, PoisonError};
-
-use arc_swap::ArcSwap;
 
 use flex_rt::{Event, Stream};
 use flex_sys::bindings::{
@@ -49,6 +49,7 @@ use crate::boundary::Failure;
 use crate::environment::Switches;
 use crate::host_side::in_callback_of;
 use crate::late_completions::LateThread;
+use crate::rcu::{self, Rcu};
 
 /// Everything behind one runtime handle.
 ///
@@ -165,11 +166,12 @@ pub(super) struct RuntimeHandle {
     _state: Arc<RuntimeState>,
 }
 
-/// A live stream handle: its runtime and its id there, borrowed from the
-/// [`Snapshot`] the call holds.
+/// A live stream handle: its runtime, its id there and the device stream,
+/// borrowed from the [`Snapshot`] the call holds.
 pub(super) struct StreamRef<'a> {
     pub(super) state: &'a Arc<RuntimeState>,
     pub(super) id: u64,
+    mock: &'a MockStream,
 }
 
 /// A live stream handle whose runtime the call holds itself, not through
@@ -180,6 +182,8 @@ pub(super) struct StreamRef<'a> {
 pub(super) struct HeldStream {
     state: Arc<RuntimeState>,
     id: u64,
+    /// The device stream, which lives as long as `state` does.
+    mock: NonNull<MockStream>,
 }
 
 impl HeldStream {
@@ -188,6 +192,11 @@ impl HeldStream {
         StreamRef {
             state: &self.state,
             id: self.id,
+            // SAFETY: `mock` is the address of a stream of `state`'s
+            // runtime (`held_stream`), whose streams never move and live
+            // as long as it does; `self.state` keeps it alive for the
+            // borrow.
+            mock: unsafe { self.mock.as_ref() },
         }
     }
 }
@@ -202,19 +211,14 @@ pub(super) fn held_stream(handle: *mut flex_stream_t) -> Result<HeldStream, Fail
     Ok(HeldStream {
         state: Arc::clone(stream.state),
         id: stream.id,
+        mock: NonNull::from(stream.mock),
     })
 }
 
-impl StreamRef<'_> {
+impl<'a> StreamRef<'a> {
     /// The device stream.
-    ///
-    /// # Errors
-    /// `FLEX_ERROR_INTERNAL` if the runtime has no such stream (the table
-    /// is out of step with the device, which does not happen).
-    pub(super) fn mock(&self) -> Result<&MockStream, Failure> {
-        self.state.runtime.mock_stream(self.id).ok_or_else(|| {
-            Failure::internal(format!("stream {} is missing from its runtime", self.id))
-        })
+    pub(super) fn mock(&self) -> &'a MockStream {
+        self.mock
     }
 }
 
@@ -240,23 +244,15 @@ pub(super) struct Handles {
     streams: BTreeMap<usize, Entry>,
 }
 
-static HANDLES: LazyLock<ArcSwap<Handles>> = LazyLock::new(ArcSwap::default);
-
-/// Serializes the writers of [`HANDLES`] (each publishes a changed copy of
-/// the snapshot it read). A `std` mutex, as is [`EVENTS`]: released after a
-/// `fork()` in the child ([`keep_locks_across_fork`]), its unlock is an
-/// atomic swap and at most a futex wake, with no lock of its own.
-static HANDLE_WRITES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+/// The live runtimes and streams. Its writers' lock is a `std` mutex, as
+/// is [`EVENTS`]: released after a `fork()` in the child
+/// ([`keep_locks_across_fork`]), its unlock is an atomic swap and at most a
+/// futex wake, with no lock of its own.
+static HANDLES: LazyLock<Rcu<Handles>> = LazyLock::new(|| Rcu::new(Handles::default()));
 
 /// Event handle address (of the `EventEntry` inside the `Arc`) → event.
 static EVENTS: std::sync::Mutex<BTreeMap<usize, Arc<EventEntry>>> =
     std::sync::Mutex::new(BTreeMap::new());
-
-/// [`HANDLE_WRITES`]'s guard (a panic while holding it leaves nothing half
-/// done: the snapshot is published whole or not at all).
-fn handle_writes() -> std::sync::MutexGuard<'static, ()> {
-    HANDLE_WRITES.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 /// [`EVENTS`]'s guard (every change of the table is one map operation).
 fn events() -> std::sync::MutexGuard<'static, BTreeMap<usize, Arc<EventEntry>>> {
@@ -274,7 +270,7 @@ thread_local! {
     static HELD_ACROSS_FORK: RefCell<Option<HeldAcrossFork>> = const { RefCell::new(None) };
 }
 
-/// Keeps the library's process-wide locks ([`HANDLE_WRITES`], [`EVENTS`])
+/// Keeps the library's process-wide locks ([`HANDLES`]' writers', [`EVENTS`])
 /// usable in a forked child: `fork()` copies a lock that another thread
 /// holds as held, for ever, and the child's first call that takes it would
 /// block for ever. Registers `pthread_atfork` handlers once per process:
@@ -325,7 +321,7 @@ pub(super) fn keep_locks_across_fork() -> Result<(), Failure> {
 /// `pthread_atfork`'s prepare handler: takes both locks, in the parent,
 /// and keeps their guards on this thread for the fork.
 extern "C" fn lock_before_fork() {
-    let held = (handle_writes(), events());
+    let held = (HANDLES.lock_writers(), events());
     // (The thread-local is being destroyed only on a thread that is
     // exiting, which does not fork: then nothing is held.)
     let _ = HELD_ACROSS_FORK.try_with(|slot| *slot.borrow_mut() = Some(held));
@@ -337,22 +333,25 @@ extern "C" fn unlock_after_fork() {
     let _ = HELD_ACROSS_FORK.try_with(|slot| drop(slot.borrow_mut().take()));
 }
 
-/// The live runtimes and streams as a call sees them: held for the call
-/// (a call that blocks holds its stream instead, [`HeldStream`]).
-pub(super) struct Snapshot(arc_swap::Guard<Arc<Handles>>);
+/// The live runtimes and streams as a call sees them: read for the call
+/// (a call that blocks holds its stream instead, [`HeldStream`]). A change
+/// of the table waits until this is dropped: a call drops it before it
+/// changes the table.
+pub(super) struct Snapshot(rcu::Read<'static, Handles>);
 
 /// The current snapshot of the live runtimes and streams.
+#[inline]
 pub(super) fn snapshot() -> Snapshot {
-    Snapshot(HANDLES.load())
+    Snapshot(HANDLES.read())
 }
 
-/// Publishes `change` applied to a copy of the current snapshot.
+/// Publishes `change` applied to a copy of the current snapshot, once no
+/// call reads the old one.
+///
+/// # Panics
+/// If this thread holds a [`Snapshot`] (it would wait for itself).
 fn change_handles<T>(change: impl FnOnce(&mut Handles) -> T) -> T {
-    let _writer = handle_writes();
-    let mut next = Handles::clone(&HANDLES.load());
-    let result = change(&mut next);
-    HANDLES.store(Arc::new(next));
-    result
+    HANDLES.update(change)
 }
 
 /// Registers a new event; returns its handle (the address of the entry,
@@ -489,9 +488,16 @@ impl Snapshot {
             ))
         })?;
         entry.runtime.check_not_forked()?;
+        // SAFETY: only `register_runtime` and `register_stream` put a
+        // stream address in the table: `stream_handle` of a stream of
+        // `entry.runtime`, whose streams never move and live as long as
+        // it does (the device's streams are append-only). This snapshot
+        // holds that runtime's state for the borrow.
+        let mock = unsafe { &*handle.cast_const().cast::<MockStream>() };
         Ok(StreamRef {
             state: &entry.runtime,
             id: entry.id,
+            mock,
         })
     }
 }
@@ -534,7 +540,7 @@ pub(super) fn unregister_runtime(handle: *mut flex_runtime_t) -> Option<Arc<Runt
     // Removing it from the table (above, under the writers' lock, from the
     // latest snapshot) is the only way to get here, and a later snapshot
     // no longer has it, so this reclaims the box exactly once; no code
-    // dereferences handle addresses (older snapshots hold the state's
+    // dereferences runtime handle addresses (snapshots hold the state's
     // `Arc`, not the box).
     drop(unsafe { Box::from_raw(handle.cast::<RuntimeHandle>()) });
     Some(state)

@@ -66,8 +66,9 @@
 //!   streams or its events returns `FLEX_ERROR_RUNTIME_FAILED` (its engine
 //!   threads are not in the child), checked as the handle is looked up:
 //!   one relaxed atomic load per call. The library's process-wide locks
-//!   are held across `fork()` (`pthread_atfork`), so a call another thread
-//!   was making at the fork does not leave the child blocked on its lock,
+//!   are held across `fork()` (`pthread_atfork`), and the child forgets the
+//!   handle-table reads of the threads it does not have, so a call another
+//!   thread was making at the fork does not leave the child blocked on it,
 //!   and the device's locks and waits share no process-wide state
 //!   (`spyre_mock::sync`), so a runtime the child makes runs as any other.
 //! - **Panics** never cross the C boundary: each export runs under
@@ -123,6 +124,7 @@ mod late_completions;
 mod launch;
 mod library;
 mod memory;
+mod rcu;
 mod runtime;
 mod stream;
 

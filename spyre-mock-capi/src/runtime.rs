@@ -188,7 +188,7 @@ pub unsafe extern "C" fn flex_stream_destroy(
         }
         refuse_in_callback(&state, CALL)?;
         state.check_switch(CALL)?;
-        let mock = target.mock()?;
+        let mock = target.mock();
         mock.close();
         state.drain_stream(mock);
         if !handles::retire_stream(stream) {

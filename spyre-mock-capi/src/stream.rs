@@ -48,7 +48,7 @@ pub unsafe extern "C" fn flex_stream_get_priority(
         let stream = snapshot.stream(stream)?;
         stream.state.check_switch(CALL)?;
         let out = out_param(priority_out, "priority_out")?;
-        let priority = stream.mock()?.priority().to_raw();
+        let priority = stream.mock().priority().to_raw();
         // SAFETY: flex.h: `priority_out` points to a writable
         // `flex_stream_priority_t` when not NULL; checked non-null and
         // aligned.
@@ -70,7 +70,7 @@ pub unsafe extern "C" fn flex_stream_query(stream: *mut flex_stream_t) -> flex_s
         let snapshot = handles::snapshot();
         let stream = snapshot.stream(stream)?;
         stream.state.check_switch(CALL)?;
-        let done = stream.mock()?.query()?;
+        let done = stream.mock().query()?;
         let late_pending = stream
             .state
             .late
@@ -101,7 +101,7 @@ pub unsafe extern "C" fn flex_stream_synchronize(stream: *mut flex_stream_t) -> 
         let stream = held.get();
         refuse_in_callback(stream.state, CALL)?;
         stream.state.check_switch(CALL)?;
-        let device = stream.mock()?;
+        let device = stream.mock();
         let result = device.synchronize();
         if let Some(late) = &stream.state.late {
             late.queue().wait_idle(Some(stream.id));
@@ -126,7 +126,7 @@ pub unsafe extern "C" fn flex_stream_needs_shutdown(
         let stream = snapshot.stream(stream)?;
         stream.state.check_switch(CALL)?;
         let out = out_param(needs_shutdown_out, "needs_shutdown_out")?;
-        let needs = stream.mock()?.needs_shutdown()?;
+        let needs = stream.mock().needs_shutdown()?;
         // SAFETY: flex.h: `needs_shutdown_out` points to a writable
         // `int32_t` when not NULL; checked non-null and aligned.
         unsafe { out.write(i32::from(needs)) };

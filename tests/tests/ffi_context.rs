@@ -315,6 +315,38 @@ fn a_forked_child_gets_runtime_failed_from_the_parents_runtime_never_a_hang() {
     });
 }
 
+/// Forks 20 children, a few milliseconds apart, while each of `loops`
+/// runs again and again on a thread of its own (until it returns `false`
+/// or the forks are done); `child` makes each child's body in the parent,
+/// right before its fork. Asserts that every child exited with 0 within
+/// 10 s: none failed, none hung.
+fn fork_while_looping<B: FnOnce()>(
+    loops: &[&(dyn Fn() -> bool + Sync)],
+    pause: Duration,
+    mut child: impl FnMut() -> B,
+) {
+    use spyre_tests::process::{ForkOutcome, fork_and_wait};
+
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        for &body in loops {
+            let stop = &stop;
+            scope.spawn(move || while !stop.load(Ordering::Relaxed) && body() {});
+        }
+        let outcomes: Vec<ForkOutcome> = (0..20)
+            .map(|_| {
+                std::thread::sleep(pause);
+                fork_and_wait(Duration::from_secs(10), child())
+            })
+            .collect();
+        stop.store(true, Ordering::Relaxed);
+        assert!(
+            outcomes.iter().all(|o| *o == ForkOutcome::Exited(0)),
+            "{outcomes:?}"
+        );
+    });
+}
+
 /// A child forked while other threads of the parent are inside flex-rt,
 /// launching on a stream (its submission lock) and creating streams (the
 /// runtime's creation lock), never blocks on those locks, held in the
@@ -325,69 +357,93 @@ fn a_forked_child_gets_runtime_failed_from_the_parents_runtime_never_a_hang() {
 /// flex-rt checked fork itself, most of these children hung.
 #[test]
 fn a_forked_child_never_blocks_on_a_lock_the_parents_threads_held() {
-    use spyre_tests::process::{ForkOutcome, fork_and_wait};
-
     isolated!(mock_cdylib; &[], || {
         let parent = context();
         let stream = parent
             .create_stream(StreamPriority::Normal, StreamMode::StrictOrdering, false)
             .expect("create_stream");
-        let stop = AtomicBool::new(false);
-        std::thread::scope(|scope| {
-            scope.spawn(|| {
-                while !stop.load(Ordering::Relaxed) {
+        let launch = || {
+            stream
+                .launch_host_callback(Box::new(|| {}), LaunchOptions::new())
+                .expect("launch_host_callback");
+            true
+        };
+        let created = AtomicUsize::new(0);
+        let create = || {
+            parent
+                .create_stream(StreamPriority::High, StreamMode::StrictOrdering, false)
+                .expect("create_stream");
+            created.fetch_add(1, Ordering::Relaxed) + 1 < 2_000
+        };
+        fork_while_looping(&[&launch, &create], Duration::from_millis(2), || {
+            let event = parent.create_event(false).expect("create_event");
+            let other = context();
+            let stream = &stream;
+            let parent = &parent;
+            move || {
+                assert_forked(
                     stream
                         .launch_host_callback(Box::new(|| {}), LaunchOptions::new())
-                        .expect("launch_host_callback");
-                }
-            });
-            scope.spawn(|| {
-                for _ in 0..2_000 {
-                    if stop.load(Ordering::Relaxed) {
-                        break;
-                    }
+                        .map(drop),
+                    "launch",
+                );
+                assert_forked(
                     parent
-                        .create_stream(StreamPriority::High, StreamMode::StrictOrdering, false)
-                        .expect("create_stream");
-                }
-            });
-            let outcomes: Vec<ForkOutcome> = (0..20)
-                .map(|_| {
-                    std::thread::sleep(Duration::from_millis(2));
-                    let event = parent.create_event(false).expect("create_event");
-                    let other = context();
-                    fork_and_wait(Duration::from_secs(10), || {
-                        assert_forked(
-                            stream
-                                .launch_host_callback(Box::new(|| {}), LaunchOptions::new())
-                                .map(drop),
-                            "launch",
-                        );
-                        assert_forked(
-                            parent
-                                .create_stream(StreamPriority::Normal, StreamMode::StrictOrdering, false)
-                                .map(drop),
-                            "create_stream",
-                        );
-                        assert_forked(stream.record_event(&*event, None), "record_event");
-                        drop(event);
-                        // Nothing of the parent's runtime is synchronized or
-                        // destroyed: one step, the runtime left to the parent.
-                        let closed = other.close().expect_err("close in the child");
-                        let [left] = closed.errors() else {
-                            panic!("one failed step expected: {closed}");
-                        };
-                        assert_eq!(left.step(), TeardownStep::DestroyRuntime, "{closed}");
-                        assert_eq!(left.error().status(), Status::RUNTIME_FAILED, "{closed}");
-                        assert!(left.error().to_string().contains("fork()"), "{closed}");
-                    })
-                })
-                .collect();
-            stop.store(true, Ordering::Relaxed);
-            assert!(
-                outcomes.iter().all(|o| *o == ForkOutcome::Exited(0)),
-                "{outcomes:?}"
-            );
+                        .create_stream(StreamPriority::Normal, StreamMode::StrictOrdering, false)
+                        .map(drop),
+                    "create_stream",
+                );
+                assert_forked(stream.record_event(&*event, None), "record_event");
+                drop(event);
+                // Nothing of the parent's runtime is synchronized or
+                // destroyed: one step, the runtime left to the parent.
+                let closed = other.close().expect_err("close in the child");
+                let [left] = closed.errors() else {
+                    panic!("one failed step expected: {closed}");
+                };
+                assert_eq!(left.step(), TeardownStep::DestroyRuntime, "{closed}");
+                assert_eq!(left.error().status(), Status::RUNTIME_FAILED, "{closed}");
+                assert!(left.error().to_string().contains("fork()"), "{closed}");
+            }
+        });
+    });
+}
+
+/// A child forked while another thread of the parent is inside a call
+/// that reads the library's handle table makes, uses and destroys a
+/// runtime of its own, never waiting for that thread: the library's table
+/// is changed only once no call can still read the old one, and the
+/// child's table forgets the calls of threads it does not have. Checked
+/// to hang (most children timing out) when the child does not forget them.
+#[test]
+fn a_forked_child_makes_its_own_runtime_while_a_parent_thread_was_mid_call() {
+    isolated!(mock_cdylib; &[], || {
+        let parent = context();
+        let stream = parent
+            .create_stream(StreamPriority::Normal, StreamMode::StrictOrdering, false)
+            .expect("create_stream");
+        let query = || {
+            stream.query().expect("query");
+            true
+        };
+        fork_while_looping(&[&query], Duration::from_millis(1), || {
+            || {
+                let own = context();
+                let stream = own
+                    .create_stream(StreamPriority::Normal, StreamMode::StrictOrdering, false)
+                    .expect("create_stream in the child");
+                let ran = Arc::new(AtomicBool::new(false));
+                let flag = Arc::clone(&ran);
+                stream
+                    .launch_host_callback(
+                        Box::new(move || flag.store(true, Ordering::SeqCst)),
+                        LaunchOptions::new(),
+                    )
+                    .expect("launch in the child");
+                stream.synchronize().expect("synchronize in the child");
+                assert!(ran.load(Ordering::SeqCst));
+                own.close().expect("close in the child");
+            }
         });
     });
 }
