@@ -72,7 +72,9 @@ pub fn watch_forks() -> Result<(), std::io::Error> {
 }
 
 /// How many times this process's ancestry has forked since [`watch_forks`]
-/// was first called.
+/// was first called. One relaxed atomic load (inlined into callers in other
+/// crates: every flex call checks it).
+#[inline]
 pub fn fork_generation() -> u64 {
     GENERATION.load(Ordering::Relaxed)
 }
@@ -86,6 +88,7 @@ pub struct ForkGeneration(u64);
 impl ForkGeneration {
     /// The generation of the calling process. Meaningful only after
     /// [`watch_forks`] succeeded.
+    #[inline]
     pub fn current() -> Self {
         Self(fork_generation())
     }
