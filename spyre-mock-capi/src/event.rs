@@ -73,7 +73,7 @@ pub unsafe extern "C" fn flex_event_create(
         let handle = handles::register_event(EventEntry {
             state: Arc::clone(&state),
             event,
-        });
+        })?;
         // SAFETY: flex.h: `event_out` points to a writable `flex_event_t *`
         // when not NULL; checked non-null and aligned.
         unsafe { out.write(handle) };

@@ -35,7 +35,7 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, LazyLock, PoisonError};
+use std::sync::{Arc, PoisonError};
 
 use flex_rt::{Event, Stream};
 use flex_sys::bindings::{
@@ -63,6 +63,12 @@ pub(super) struct RuntimeState {
     pub(super) switches: Switches,
     /// Ids of streams destroyed with `flex_stream_destroy`.
     pub(super) retired: Mutex<BTreeSet<u64>>,
+    /// Set as `flex_runtime_destroy` takes the runtime out of the handle
+    /// table (under the table's writers' lock): a stream or event
+    /// registered by a call that found the runtime live before, racing
+    /// that destroy, is refused instead of being left in a table that no
+    /// longer has its runtime ([`register_stream`], [`register_event`]).
+    pub(super) destroyed: AtomicBool,
     /// The `fork()` generation the runtime was created in: a forked child
     /// has none of its engine threads, so every call on it there fails
     /// ([`RuntimeState::check_not_forked`]).
@@ -176,9 +182,9 @@ pub(super) struct StreamRef<'a> {
 
 /// A live stream handle whose runtime the call holds itself, not through
 /// a [`Snapshot`]: for calls that block. A snapshot held while blocked
-/// would keep every runtime of the library alive, and
-/// `flex_runtime_destroy` of any of them waits until no call holds its
-/// state.
+/// would hold up every change of the handle table (a create or destroy of
+/// any runtime or stream waits for every open snapshot), and with it
+/// `fork()` (whose handler takes the table's writers' lock).
 pub(super) struct HeldStream {
     state: Arc<RuntimeState>,
     id: u64,
@@ -236,7 +242,7 @@ pub(super) struct EventEntry {
 
 /// The live runtimes and streams: replaced as a whole, never changed in
 /// place.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub(super) struct Handles {
     /// Runtime handle address → state.
     runtimes: BTreeMap<usize, Arc<RuntimeState>>,
@@ -248,7 +254,10 @@ pub(super) struct Handles {
 /// is [`EVENTS`]: released after a `fork()` in the child
 /// ([`keep_locks_across_fork`]), its unlock is an atomic swap and at most a
 /// futex wake, with no lock of its own.
-static HANDLES: LazyLock<Rcu<Handles>> = LazyLock::new(|| Rcu::new(Handles::default()));
+static HANDLES: Rcu<Handles> = Rcu::new(Handles {
+    runtimes: BTreeMap::new(),
+    streams: BTreeMap::new(),
+});
 
 /// Event handle address (of the `EventEntry` inside the `Arc`) → event.
 static EVENTS: std::sync::Mutex<BTreeMap<usize, Arc<EventEntry>>> =
@@ -275,7 +284,9 @@ thread_local! {
 /// holds as held, for ever, and the child's first call that takes it would
 /// block for ever. Registers `pthread_atfork` handlers once per process:
 /// before a fork the forking thread takes both locks (code elsewhere never
-/// holds both, nor calls out while holding one) and keeps their guards in a
+/// holds both; a writer of the table holds its lock while it waits for
+/// the calls reading the table, and none of those waits for either lock
+/// but [`EVENTS`], which is never held while waiting) and keeps their guards in a
 /// thread-local; after it, in the parent and in the child (whose one thread
 /// is the forking thread's copy), it drops them. Dropping them allocates
 /// nothing and takes no other lock, as the child of a multi-threaded
@@ -356,11 +367,35 @@ fn change_handles<T>(change: impl FnOnce(&mut Handles) -> T) -> T {
 
 /// Registers a new event; returns its handle (the address of the entry,
 /// never dereferenced: only looked up).
-pub(super) fn register_event(entry: EventEntry) -> *mut flex_event_t {
+///
+/// # Errors
+/// `FLEX_ERROR_INVALID_HANDLE` if another thread destroyed the event's
+/// runtime since the call found it (flex.h forbids that; the event is
+/// dropped, and the destroy does not wait for it).
+pub(super) fn register_event(entry: EventEntry) -> Result<*mut flex_event_t, Failure> {
     let entry = Arc::new(entry);
     let handle = Arc::as_ptr(&entry).cast_mut().cast::<flex_event_t>();
-    events().insert(handle as usize, entry);
-    handle
+    let mut events = events();
+    // `unregister_runtime` sets the flag before it takes this lock to
+    // remove the runtime's events: seen clear here, under the lock, the
+    // event is removed with the others.
+    if entry.state.destroyed.load(Ordering::Relaxed) {
+        drop(events);
+        // Dropped outside the table's lock: dropping an event is device code.
+        drop(entry);
+        return Err(destroyed_meanwhile());
+    }
+    events.insert(handle as usize, entry);
+    Ok(handle)
+}
+
+/// The failure of a create whose runtime another thread destroyed while
+/// the call ran.
+#[cold]
+fn destroyed_meanwhile() -> Failure {
+    Failure::invalid_handle(
+        "the runtime was destroyed by another thread while this call ran (flex.h forbids destroying a runtime in use)",
+    )
 }
 
 /// The entry of a live event handle; the `Arc` keeps it alive for the call
@@ -434,21 +469,30 @@ pub(super) fn register_runtime(state: Arc<RuntimeState>) -> *mut flex_runtime_t 
 }
 
 /// Registers stream `id` of `state`; returns its handle.
+///
+/// # Errors
+/// `FLEX_ERROR_INVALID_HANDLE` if another thread destroyed the runtime
+/// since the call found it (flex.h forbids that; the stream stays with the
+/// runtime, unregistered).
 pub(super) fn register_stream(
     state: &Arc<RuntimeState>,
     stream: &MockStream,
-) -> *mut flex_stream_t {
+) -> Result<*mut flex_stream_t, Failure> {
     let handle = stream_handle(stream);
     change_handles(|handles| {
+        // Set under this lock by `unregister_runtime`.
+        if state.destroyed.load(Ordering::Relaxed) {
+            return Err(destroyed_meanwhile());
+        }
         handles.streams.insert(
             handle as usize,
             Entry {
                 runtime: Arc::clone(state),
                 id: stream.id(),
             },
-        )
-    });
-    handle
+        );
+        Ok(handle)
+    })
 }
 
 impl Snapshot {
@@ -529,6 +573,7 @@ pub(super) fn retire_stream(handle: *mut flex_stream_t) -> bool {
 pub(super) fn unregister_runtime(handle: *mut flex_runtime_t) -> Option<Arc<RuntimeState>> {
     let state = change_handles(|handles| {
         let state = handles.runtimes.remove(&(handle as usize))?;
+        state.destroyed.store(true, Ordering::Relaxed);
         handles
             .streams
             .retain(|_, entry| !Arc::ptr_eq(&entry.runtime, &state));

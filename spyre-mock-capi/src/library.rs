@@ -9,6 +9,25 @@ use crate::args::out_param;
 use crate::boundary::{Failure, boundary, last_error_ptr, status_name};
 use crate::environment::{self, env_config, env_switches, process_env};
 use crate::handles::{self};
+use crate::rcu;
+
+/// Runs when the library is loaded (`dlopen`, or the start of a program
+/// linking it), before any of its functions can be called: the one-time
+/// set-up that a call would otherwise do first, under a lock or a
+/// once-only cell that a `fork()` by another thread could leave held in
+/// the child for ever (the child's first call would then block): the
+/// handle table's membarrier registration and fork handler
+/// ([`rcu::prepare`]), the watch for `fork()` that marks a parent's
+/// runtimes as the parent's (`flex_sys::fork::watch_forks`), and the
+/// handlers that keep the library's locks usable across it
+/// ([`handles::keep_locks_across_fork`]). Each registration that fails
+/// here (`ENOMEM`) is tried again, and reported, by `flex_runtime_create`.
+#[ctor::ctor(unsafe)]
+fn at_load() {
+    rcu::prepare();
+    let _ = flex_sys::fork::watch_forks();
+    let _ = handles::keep_locks_across_fork();
+}
 
 /// `flex_get_api_version`: the header's version packed as
 /// `FLEX_MAKE_API_VERSION`, or `SPYRE_MOCK_ABI_VERSION` when set (see the

@@ -1,80 +1,91 @@
 //! Read-copy-update: a value that every call reads and few calls replace,
 //! read with no lock, no read-modify-write and no reference count.
 //!
-//! A reader opens a *read section* ([`Rcu::read`]): it raises its thread's
-//! section depth (a plain store to a slot only that thread writes), then
-//! loads the current value's address. A writer ([`Rcu::update`]) publishes
-//! a changed copy with one swap, then waits out a *grace period*: until
-//! every thread's depth has been seen at zero once. Only then does it free
-//! the old value. A section that began before the swap may have loaded the
-//! old address, and the writer waits for it; one that began after the swap
-//! loads the new one. Sections nest (a depth, not a flag).
+//! A reader opens a *read section* ([`Rcu::read`]): it makes its thread's
+//! section count odd (a plain store to a slot only that thread writes),
+//! then loads the current value's address; closing the section makes the
+//! count even again. A writer ([`Rcu::update`]) publishes a changed copy
+//! with one swap, then waits out a *grace period*: for every thread whose
+//! count it finds odd, until that count changes (the section it saw has
+//! ended; a later one loads the new value). Only then does it free the old
+//! value. Sections nest: only the outermost one moves the count.
 //!
-//! That argument needs a full barrier between a reader's depth store and
-//! its load of the address, and between the writer's swap and its scan of
-//! the depths (the store-buffering pattern). The reader's barrier is the
-//! cost every call would pay, so on Linux it is moved to the writer:
+//! That argument needs a full barrier between a reader's odd store and its
+//! load of the address, and between the writer's swap and its scan of the
+//! counts (the store-buffering pattern). The reader's barrier is the cost
+//! every call would pay, so on Linux it is moved to the writer:
 //! `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)` runs a full barrier on
 //! every running thread of the process before it returns (a thread that is
 //! not running passed one when it was switched out), and the reader needs
-//! only a compiler fence. Where membarrier is not available (another OS, a
-//! kernel or sandbox that refuses it, Miri), both sides use a `SeqCst`
-//! fence. Either way the writer's scan loads each depth with acquire and
-//! the reader lowers it with release, so everything a section read
-//! happens before the value is freed.
+//! only a compiler fence. The process registers for it when the library is
+//! loaded, before any call ([`prepare`]); where that fails (another OS, a kernel or
+//! sandbox that refuses it, Miri), both sides use a `SeqCst` fence. Either
+//! way the writer loads each count with acquire and a reader stores it
+//! with release, so everything a section read happens before the value is
+//! freed.
 //!
 //! A thread's slot is taken on its first section, from a process-wide
 //! append-only list (slots are never freed; a thread's slot is given back
-//! when the thread exits, for the next new thread). A writer waits for
-//! every slot, so a writer must not be inside a section itself: it would
-//! wait for itself (checked: it panics instead).
+//! when the thread exits, for the next new thread; a thread that calls
+//! while it exits, after its thread-locals' destructors began, gives its
+//! slot back as each outermost section ends). A writer waits for
+//! every other thread's open section, so a writer must not be inside a
+//! section itself: it would wait for itself, or for a thread that waits
+//! for it (checked first: it panics instead, having changed nothing).
 //!
 //! After `fork()` the child has one thread; the sections other threads had
 //! open are forgotten there (a `pthread_atfork` child handler, registered
-//! when the first slot is taken), or a writer in the child would wait for
+//! when the library is loaded), or a writer in the child would wait for
 //! threads that do not exist there.
 use std::cell::Cell;
 use std::marker::PhantomData;
 use std::ops::Deref;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering, compiler_fence, fence};
-use std::sync::{MutexGuard, OnceLock, PoisonError};
+use std::sync::atomic::{
+    AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering, compiler_fence, fence,
+};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// A value read in read sections and replaced whole by [`Rcu::update`].
 pub(super) struct Rcu<T> {
-    /// `Box::into_raw` of the current value; never null.
+    /// `Box::into_raw` of the current value; null while it is `initial`.
     current: AtomicPtr<T>,
+    /// The value until the first update (so that `new` is `const`, and a
+    /// static `Rcu` needs no lazy initialization, which a `fork()` could
+    /// interrupt).
+    initial: T,
     /// Serializes the writers (each copies the value it replaces).
-    writers: std::sync::Mutex<()>,
+    writers: Mutex<()>,
 }
 
 // SAFETY: the value is shared between threads by reference (readers) and
 // moved to the writer that frees it, as in an `Arc<T>`: `Send + Sync` of
 // `T` is what that needs.
 unsafe impl<T: Send + Sync> Sync for Rcu<T> {}
-// SAFETY: as above; the `Rcu` owns a `Box<T>`.
+// SAFETY: as above; the `Rcu` owns its values.
 unsafe impl<T: Send + Sync> Send for Rcu<T> {}
 
 impl<T> Rcu<T> {
-    /// An `Rcu` holding `value`.
-    pub(super) fn new(value: T) -> Self {
+    /// An `Rcu` holding `initial`.
+    pub(super) const fn new(initial: T) -> Self {
         Self {
-            current: AtomicPtr::new(Box::into_raw(Box::new(value))),
-            writers: std::sync::Mutex::new(()),
+            current: AtomicPtr::new(std::ptr::null_mut()),
+            initial,
+            writers: Mutex::new(()),
         }
     }
 
     /// The current value, for as long as the returned guard lives (a read
     /// section of this thread). Never blocks: one thread-local access, two
     /// plain stores and one load (plus, where membarrier is not available,
-    /// one fence).
+    /// one fence); the thread's first section also takes its slot.
     #[inline]
     pub(super) fn read(&self) -> Read<'_, T> {
         let section = Section::enter();
-        let current = self.current.load(Ordering::Acquire);
+        let current = NonNull::new(self.current.load(Ordering::Acquire))
+            .unwrap_or_else(|| NonNull::from(&self.initial));
         Read {
-            // The pointer is never null (`new`, `update`).
-            value: NonNull::new(current).unwrap_or_else(|| unreachable!()),
+            value: current,
             _section: section,
             _value: PhantomData,
         }
@@ -92,18 +103,23 @@ impl<T> Rcu<T> {
     /// it (after the writers' lock is released). Writers run one at a time.
     ///
     /// # Panics
-    /// If this thread is inside a read section (it would wait for itself);
-    /// a panic in `change` publishes nothing.
+    /// If this thread is inside a read section (it would wait for itself),
+    /// before anything is changed; a panic in `change` publishes nothing.
     pub(super) fn update<R>(&self, change: impl FnOnce(&mut T) -> R) -> R
     where
         T: Clone,
     {
+        assert!(
+            !in_section(),
+            "a writer of a read-copy-update value ran inside a read section of its own thread"
+        );
         let (old, result) = {
             let _writers = self.lock_writers();
             // SAFETY: only a writer frees a value, after replacing it, and
             // writers are serialized by the lock held here: the current
             // value stays alive until this writer replaces it.
-            let mut next = unsafe { &*self.current.load(Ordering::Acquire) }.clone();
+            let current = unsafe { self.current.load(Ordering::Acquire).as_ref() };
+            let mut next = current.unwrap_or(&self.initial).clone();
             let result = change(&mut next);
             let old = self
                 .current
@@ -111,20 +127,26 @@ impl<T> Rcu<T> {
             wait_for_readers();
             (old, result)
         };
-        // SAFETY: `old` came from `Box::into_raw` (`new` or an earlier
-        // update) and was swapped out exactly once, here; every read
-        // section that may have loaded it has ended (`wait_for_readers`),
-        // and a later one loads the new value.
-        drop(unsafe { Box::from_raw(old) });
+        if !old.is_null() {
+            // SAFETY: `old` came from `Box::into_raw` (an earlier update)
+            // and was swapped out exactly once, here; every read section
+            // that may have loaded it has ended (`wait_for_readers`), and a
+            // later one loads the new value.
+            drop(unsafe { Box::from_raw(old) });
+        }
         result
     }
 }
 
 impl<T> Drop for Rcu<T> {
     fn drop(&mut self) {
-        // SAFETY: `&mut self`: no read section borrows this `Rcu`, so no
-        // reader holds the current value, which came from `Box::into_raw`.
-        drop(unsafe { Box::from_raw(*self.current.get_mut()) });
+        let current = *self.current.get_mut();
+        if !current.is_null() {
+            // SAFETY: `&mut self`: no read section borrows this `Rcu`, so
+            // no reader holds the current value, which came from
+            // `Box::into_raw`.
+            drop(unsafe { Box::from_raw(current) });
+        }
     }
 }
 
@@ -141,20 +163,28 @@ impl<T> Deref for Read<'_, T> {
 
     #[inline]
     fn deref(&self) -> &T {
-        // SAFETY: the value was current when this section began, and a
-        // writer frees it only after every section that began before its
-        // swap has ended (module docs); this one ends when `self` drops.
+        // SAFETY: the value was current (or the `Rcu`'s own initial value,
+        // which lives as long as the borrow `'a`) when this section began,
+        // and a writer frees it only after every section open at its swap
+        // has ended (module docs); this one ends when `self` drops.
         unsafe { self.value.as_ref() }
     }
 }
 
-/// One thread's reader slot.
+/// One thread's reader slot. Written only by the thread that owns it
+/// (plain loads and stores, no read-modify-write), read by writers.
 struct Slot {
-    /// The thread's read-section depth; written only by the thread that
-    /// owns the slot, read by writers.
+    /// Odd while the thread is inside a read section: raised by one as
+    /// the outermost section opens and again as it closes.
+    count: AtomicU64,
+    /// How many sections of the thread are open (nested).
     depth: AtomicUsize,
     /// Whether a live thread owns the slot.
     owned: AtomicBool,
+    /// Whether the owner gives the slot back as its outermost section
+    /// ends: it took the slot while exiting, when it could no longer
+    /// register the give-back at its exit. Written by the owner only.
+    give_back_after_section: AtomicBool,
 }
 
 /// Every slot ever taken, in a list that only grows.
@@ -167,12 +197,16 @@ thread_local! {
     static GIVE_BACK: GiveBack = const { GiveBack };
 }
 
-/// Gives this thread's slot back on drop (at thread exit).
+/// Gives this thread's slot back on drop (at thread exit), unless a
+/// section of it is still open (one leaked: then the slot stays taken, and
+/// writers wait for it, as they would for the thread).
 struct GiveBack;
 
 impl Drop for GiveBack {
     fn drop(&mut self) {
-        if let Some(slot) = SLOT.with(Cell::take) {
+        if let Some(slot) = SLOT.with(Cell::take)
+            && slot.depth.load(Ordering::Relaxed) == 0
+        {
             slot.owned.store(false, Ordering::Release);
         }
     }
@@ -204,42 +238,31 @@ fn take_slot() -> &'static Slot {
         })
         .unwrap_or_else(|| {
             &SLOTS[SLOTS.push(Slot {
+                count: AtomicU64::new(0),
                 depth: AtomicUsize::new(0),
                 owned: AtomicBool::new(true),
+                give_back_after_section: AtomicBool::new(false),
             })]
         });
-    // A thread that is exiting cannot register the give-back: its slot
-    // stays taken, and unused, for good.
-    let _ = GIVE_BACK.try_with(|_| ());
-    forget_other_threads_after_fork();
+    // A thread whose thread-locals are being destroyed can no longer
+    // register the give-back at its exit: it gives the slot back after
+    // this section instead (else every such thread would keep a slot, for
+    // every writer to scan, for good).
+    let exiting = GIVE_BACK.try_with(|_| ()).is_err();
+    slot.give_back_after_section
+        .store(exiting, Ordering::Relaxed);
     slot
 }
 
-/// Registers [`forget_other_threads`] as a `pthread_atfork` child handler,
-/// once per process; if `pthread_atfork` fails (`ENOMEM`), the next slot
-/// taken tries again.
-fn forget_other_threads_after_fork() {
-    static REGISTERED: AtomicBool = AtomicBool::new(false);
-    extern "C" fn in_child() {
-        forget_other_threads();
-    }
-    if REGISTERED.swap(true, Ordering::AcqRel) {
-        return;
-    }
-    // SAFETY: `pthread_atfork` only stores the function pointer; the
-    // handler is a plain `extern "C" fn` with no arguments that lives for
-    // the whole program and touches only atomics and a thread-local
-    // (`forget_other_threads`).
-    if unsafe { libc::pthread_atfork(None, None, Some(in_child)) } != 0 {
-        REGISTERED.store(false, Ordering::Release);
-    }
+/// Whether this thread is inside a read section.
+fn in_section() -> bool {
+    SLOT.with(Cell::get)
+        .is_some_and(|slot| slot.depth.load(Ordering::Relaxed) != 0)
 }
 
 /// An open read section of this thread.
 struct Section {
     slot: &'static Slot,
-    /// The depth before this section.
-    outer: usize,
     /// A section belongs to its thread.
     _not_send: PhantomData<*const ()>,
 }
@@ -248,14 +271,15 @@ impl Section {
     #[inline]
     fn enter() -> Self {
         let slot = current_slot();
-        let outer = slot.depth.load(Ordering::Relaxed);
-        slot.depth.store(outer + 1, Ordering::Relaxed);
-        if outer == 0 {
+        let depth = slot.depth.load(Ordering::Relaxed);
+        slot.depth.store(depth + 1, Ordering::Relaxed);
+        if depth == 0 {
+            let count = slot.count.load(Ordering::Relaxed);
+            slot.count.store(count + 1, Ordering::Release);
             reader_barrier();
         }
         Self {
             slot,
-            outer,
             _not_send: PhantomData,
         }
     }
@@ -264,29 +288,38 @@ impl Section {
 impl Drop for Section {
     #[inline]
     fn drop(&mut self) {
-        self.slot.depth.store(self.outer, Ordering::Release);
+        // Sections of a thread may end in any order: only the count of
+        // open ones matters.
+        let depth = self.slot.depth.load(Ordering::Relaxed) - 1;
+        self.slot.depth.store(depth, Ordering::Relaxed);
+        if depth == 0 {
+            let count = self.slot.count.load(Ordering::Relaxed);
+            self.slot.count.store(count + 1, Ordering::Release);
+            if self.slot.give_back_after_section.load(Ordering::Relaxed) {
+                give_back_now(self.slot);
+            }
+        }
     }
 }
 
-/// Waits until every thread's section depth has been seen at zero once
-/// since the value was swapped.
-///
-/// # Panics
-/// If this thread is inside a read section.
+/// Gives back the slot of a thread that took it while exiting.
+#[cold]
+fn give_back_now(slot: &'static Slot) {
+    SLOT.with(|cell| cell.set(None));
+    slot.owned.store(false, Ordering::Release);
+}
+
+/// Waits until every section of another thread that was open when the
+/// value was swapped has ended (the caller is in none: `update`).
 fn wait_for_readers() {
     writer_barrier();
-    let own = SLOT.with(Cell::get);
     for (_, slot) in SLOTS.iter() {
-        if own.is_some_and(|own| std::ptr::eq(own, slot)) {
-            assert_eq!(
-                slot.depth.load(Ordering::Relaxed),
-                0,
-                "a handle-table writer ran inside a read section of its own thread"
-            );
+        let seen = slot.count.load(Ordering::Acquire);
+        if seen % 2 == 0 {
             continue;
         }
         let mut spins = 0u32;
-        while slot.depth.load(Ordering::Acquire) != 0 {
+        while slot.count.load(Ordering::Acquire) == seen {
             if spins < 64 {
                 spins += 1;
                 std::hint::spin_loop();
@@ -299,28 +332,48 @@ fn wait_for_readers() {
 
 /// Forgets the read sections of every thread but this one, and gives
 /// their slots back: for a forked child, which has none of those threads.
-/// Touches only atomics and this thread's local (no allocation, no lock),
-/// as a `pthread_atfork` child handler must.
+/// Takes no lock of this library and allocates nothing itself (the
+/// thread-local access may, on a thread's first, through the C library's
+/// own fork-safe allocator), as a `pthread_atfork` child handler must.
 fn forget_other_threads() {
     let own = SLOT.with(Cell::get);
     for (_, slot) in SLOTS.iter() {
         if !own.is_some_and(|own| std::ptr::eq(own, slot)) {
+            let count = slot.count.load(Ordering::Relaxed);
+            slot.count.store(count + count % 2, Ordering::Relaxed);
             slot.depth.store(0, Ordering::Relaxed);
             slot.owned.store(false, Ordering::Release);
         }
     }
 }
 
-/// Whether the reader's barrier is the writer's membarrier (decided once,
-/// by the first reader or writer).
-fn asymmetric() -> bool {
-    static ASYMMETRIC: OnceLock<bool> = OnceLock::new();
-    *ASYMMETRIC.get_or_init(membarrier::register)
+/// Whether the reader's barrier is the writer's membarrier: set once, when
+/// the library is loaded ([`prepare`]), before any call can read it.
+static ASYMMETRIC: AtomicBool = AtomicBool::new(false);
+
+/// Registers the process for membarrier, and [`forget_other_threads`] as a
+/// `pthread_atfork` child handler. Called once, when the library is loaded
+/// (`crate::library`), before any of its functions can be called: so no
+/// `fork()` can find a read section open and no handler to forget it, nor
+/// a decision half made. Without it (Miri), readers fence and a forked
+/// child is not handled.
+pub(super) fn prepare() {
+    extern "C" fn in_child() {
+        forget_other_threads();
+    }
+    ASYMMETRIC.store(membarrier::register(), Ordering::Relaxed);
+    // SAFETY: `pthread_atfork` only stores the function pointer; the
+    // handler is a plain `extern "C" fn` with no arguments that lives for
+    // the whole program and touches only atomics and a thread-local
+    // (`forget_other_threads`). If it fails (`ENOMEM`, at load), a child
+    // forked while another thread is inside a call may block on its first
+    // change of the handle table; nothing else is affected.
+    let _ = unsafe { libc::pthread_atfork(None, None, Some(in_child)) };
 }
 
 #[inline]
 fn reader_barrier() {
-    if asymmetric() {
+    if ASYMMETRIC.load(Ordering::Relaxed) {
         compiler_fence(Ordering::SeqCst);
     } else {
         fence(Ordering::SeqCst);
@@ -328,7 +381,7 @@ fn reader_barrier() {
 }
 
 fn writer_barrier() {
-    if asymmetric() {
+    if ASYMMETRIC.load(Ordering::Relaxed) {
         membarrier::barrier();
     } else {
         fence(Ordering::SeqCst);
@@ -367,7 +420,7 @@ mod membarrier {
     /// # Panics
     /// If the kernel refuses both the private and the global barrier after
     /// it accepted the registration (then no barrier reaches the readers,
-    /// and the old value must not be freed).
+    /// and the old value must not be freed; the new one stays published).
     pub(super) fn barrier() {
         let private = || call(CMD_PRIVATE_EXPEDITED);
         let done = private() || (register() && private()) || call(CMD_GLOBAL);
@@ -425,6 +478,14 @@ mod tests {
         }
     }
 
+    /// Sets both halves of the value to `n`.
+    fn set(rcu: &Rcu<Pair>, n: u64) {
+        rcu.update(|value| {
+            value.a = n;
+            value.b = n;
+        });
+    }
+
     #[test]
     fn an_update_is_seen_by_the_next_read_and_drops_the_old_value_once() {
         let drops = Arc::new(AtomicU64::new(0));
@@ -436,35 +497,66 @@ mod tests {
         });
         assert_eq!(result, "returned");
         assert_eq!((rcu.read().a, rcu.read().b), (7, 7));
-        // The clone's original, replaced by the update.
+        // The initial value stays in the `Rcu` until it drops.
+        assert_eq!(drops.load(Ordering::SeqCst), 0);
+        set(&rcu, 8);
+        assert_eq!((rcu.read().a, rcu.read().b), (8, 8));
+        // The first update's value, replaced by the second.
         assert_eq!(drops.load(Ordering::SeqCst), 1);
         drop(rcu);
-        assert_eq!(drops.load(Ordering::SeqCst), 2);
+        // The initial value and the current one.
+        assert_eq!(drops.load(Ordering::SeqCst), 3);
+    }
+
+    /// This thread's open sections, and whether its count is odd.
+    fn own_sections() -> (usize, u64) {
+        let slot = current_slot();
+        (
+            slot.depth.load(Ordering::Relaxed),
+            slot.count.load(Ordering::Relaxed) % 2,
+        )
     }
 
     #[test]
     fn nested_sections_end_with_the_outermost() {
         let rcu = Rcu::new(5u32);
         let outer = rcu.read();
-        let depth = || current_slot().depth.load(Ordering::Relaxed);
         {
             let inner = rcu.read();
             assert_eq!(*inner, 5);
-            assert_eq!(depth(), 2);
+            assert_eq!(own_sections(), (2, 1));
         }
         assert_eq!(
-            depth(),
-            1,
-            "the inner section's end left the outer one open"
+            own_sections(),
+            (1, 1),
+            "the inner section's end closed the outer one"
         );
         drop(outer);
-        assert_eq!(depth(), 0);
+        assert_eq!(own_sections(), (0, 0));
+    }
+
+    #[test]
+    fn sections_may_end_out_of_order() {
+        let rcu = Rcu::new(5u32);
+        let first = rcu.read();
+        let second = rcu.read();
+        drop(first);
+        assert_eq!(
+            own_sections(),
+            (1, 1),
+            "the first section's end closed the second one"
+        );
+        assert_eq!(*second, 5);
+        drop(second);
+        assert_eq!(own_sections(), (0, 0));
     }
 
     #[test]
     fn an_update_waits_for_a_section_open_on_another_thread() {
         let drops = Arc::new(AtomicU64::new(0));
         let rcu = &Rcu::new(pair(&drops));
+        // A value of an update, which the next update frees.
+        set(rcu, 1);
         let (opened, wait_opened) = mpsc::channel();
         let (close, wait_close) = mpsc::channel::<()>();
         let (updated, wait_updated) = mpsc::channel();
@@ -474,14 +566,11 @@ mod tests {
                 opened.send(()).unwrap();
                 wait_close.recv().unwrap();
                 // Still the old value, alive and whole.
-                assert_eq!((value.a, value.b), (0, 0));
+                assert_eq!((value.a, value.b), (1, 1));
             });
             wait_opened.recv().unwrap();
             scope.spawn(move || {
-                rcu.update(|value| {
-                    value.a = 1;
-                    value.b = 1;
-                });
+                set(rcu, 2);
                 updated.send(()).unwrap();
             });
             assert_eq!(
@@ -494,13 +583,16 @@ mod tests {
             wait_updated.recv().unwrap();
         });
         assert_eq!(drops.load(Ordering::SeqCst), 1);
-        assert_eq!(rcu.read().a, 1);
+        assert_eq!(rcu.read().a, 2);
     }
 
     #[test]
     fn readers_racing_writers_never_see_a_freed_value() {
-        let threads = if cfg!(miri) { 2 } else { 4 };
-        let updates = if cfg!(miri) { 20 } else { 2_000 };
+        // Readers that never rest hold up every writer of the test binary
+        // (the other tests' handle tables among them) while one of them is
+        // switched out inside a section: two, for a bounded time.
+        let threads = 2;
+        let updates = if cfg!(miri) { 20 } else { 1_000 };
         let drops = Arc::new(AtomicU64::new(0));
         let rcu = Rcu::new(pair(&drops));
         let done = AtomicBool::new(false);
@@ -521,21 +613,88 @@ mod tests {
             }
             start.wait();
             for n in 1..=updates {
-                rcu.update(|value| {
-                    value.a = n;
-                    value.b = n;
-                });
+                set(&rcu, n);
             }
             done.store(true, Ordering::Relaxed);
         });
-        assert_eq!(drops.load(Ordering::SeqCst), updates);
+        // Every update's value but the last (the initial one stays in the
+        // `Rcu` until it drops).
+        assert_eq!(drops.load(Ordering::SeqCst), updates - 1);
+    }
+
+    /// A thread-local whose destructor reads `EXIT_RCU` and reports the
+    /// value, whether the thread's give-back had already been destroyed,
+    /// and whether the thread still holds a slot after the read.
+    struct ReadsOnExit(std::sync::mpsc::Sender<(u8, bool, bool)>);
+
+    static EXIT_RCU: Rcu<u8> = Rcu::new(7);
+
+    impl Drop for ReadsOnExit {
+        fn drop(&mut self) {
+            let exiting = GIVE_BACK.try_with(|_| ()).is_err();
+            let value = *EXIT_RCU.read();
+            let kept = SLOT.with(Cell::get).is_some();
+            let _ = self.0.send((value, exiting, kept));
+        }
+    }
+
+    thread_local! {
+        static READS_ON_EXIT: std::cell::RefCell<Option<ReadsOnExit>> =
+            const { std::cell::RefCell::new(None) };
     }
 
     #[test]
-    #[should_panic(expected = "inside a read section of its own thread")]
-    fn a_writer_inside_its_own_section_panics_instead_of_waiting_for_ever() {
+    fn a_thread_that_reads_while_it_exits_gives_its_slot_back() {
+        let (report, reports) = mpsc::channel();
+        std::thread::spawn(move || {
+            // Registered before the slot's give-back, so destroyed after it
+            // (thread-locals are destroyed in the reverse order).
+            READS_ON_EXIT.with(|cell| *cell.borrow_mut() = Some(ReadsOnExit(report)));
+            drop(EXIT_RCU.read());
+        })
+        .join()
+        .unwrap();
+        assert_eq!(
+            reports.recv().unwrap(),
+            (7, true, false),
+            "(value, read after the give-back was destroyed, slot still held)"
+        );
+    }
+
+    #[test]
+    fn a_writer_inside_its_own_section_panics_before_changing_anything() {
         let rcu = Rcu::new(0u8);
-        let _section = rcu.read();
-        rcu.update(|value| *value = 1);
+        let section = rcu.read();
+        let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            rcu.update(|value| *value = 1);
+        }))
+        .expect_err("an update inside a section of its own thread");
+        assert_eq!(
+            spyre_mock::panic_message(panic.as_ref()),
+            "a writer of a read-copy-update value ran inside a read section of its own thread"
+        );
+        drop(section);
+        assert_eq!(*rcu.read(), 0, "the refused update published its value");
+    }
+
+    #[test]
+    fn a_section_open_the_whole_time_delays_an_update_only_until_it_ends() {
+        // A thread that opens sections back to back never lets its count
+        // rest at even for long: the writer waits for the section it saw,
+        // not for a moment with none open.
+        let rcu = Rcu::new(0u64);
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    let _outer = rcu.read();
+                    let _again = rcu.read();
+                }
+            });
+            for n in 1..=if cfg!(miri) { 5 } else { 200 } {
+                rcu.update(|value| *value = n);
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
     }
 }

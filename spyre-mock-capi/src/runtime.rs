@@ -2,6 +2,7 @@
 //! stream creation and destruction, and the stream-error roll-up.
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use flex_rt::{Runtime, Stream, StreamMode, StreamPriority};
@@ -145,7 +146,7 @@ pub unsafe extern "C" fn flex_runtime_create_stream(
         if let Some(n) = state.switches.fail_launch {
             stream.fail_nth_launch(n);
         }
-        let handle = handles::register_stream(&state, stream);
+        let handle = handles::register_stream(&state, stream)?;
         // SAFETY: flex.h: `stream_out` points to a writable
         // `flex_stream_t *` when not NULL; checked non-null and aligned.
         unsafe { out.write(handle) };
@@ -273,6 +274,7 @@ pub(crate) fn start_runtime(
         late,
         switches,
         retired: Default::default(),
+        destroyed: AtomicBool::new(false),
         fork,
     }))
 }
