@@ -33,6 +33,7 @@
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
+use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError};
@@ -275,8 +276,12 @@ type HeldAcrossFork = (
 
 thread_local! {
     /// The guards [`lock_before_fork`] took, on the forking thread, until
-    /// [`unlock_after_fork`] drops them.
-    static HELD_ACROSS_FORK: RefCell<Option<HeldAcrossFork>> = const { RefCell::new(None) };
+    /// [`unlock_after_fork`] drops them. `ManuallyDrop`, so that the
+    /// thread-local has no destructor to register: registering one takes
+    /// the dynamic loader's lock, which a thread in `dlopen` may hold while
+    /// it waits for the lock `fork()` holds around these handlers.
+    static HELD_ACROSS_FORK: RefCell<Option<ManuallyDrop<HeldAcrossFork>>> =
+        const { RefCell::new(None) };
 }
 
 /// Keeps the library's process-wide locks ([`HANDLES`]' writers', [`EVENTS`])
@@ -332,16 +337,16 @@ pub(super) fn keep_locks_across_fork() -> Result<(), Failure> {
 /// `pthread_atfork`'s prepare handler: takes both locks, in the parent,
 /// and keeps their guards on this thread for the fork.
 extern "C" fn lock_before_fork() {
-    let held = (HANDLES.lock_writers(), events());
-    // (The thread-local is being destroyed only on a thread that is
-    // exiting, which does not fork: then nothing is held.)
-    let _ = HELD_ACROSS_FORK.try_with(|slot| *slot.borrow_mut() = Some(held));
+    let held = ManuallyDrop::new((HANDLES.lock_writers(), events()));
+    HELD_ACROSS_FORK.with(|slot| *slot.borrow_mut() = Some(held));
 }
 
 /// `pthread_atfork`'s parent and child handler: drops the guards
 /// [`lock_before_fork`] kept, releasing both locks.
 extern "C" fn unlock_after_fork() {
-    let _ = HELD_ACROSS_FORK.try_with(|slot| drop(slot.borrow_mut().take()));
+    if let Some(held) = HELD_ACROSS_FORK.with(|slot| slot.borrow_mut().take()) {
+        drop(ManuallyDrop::into_inner(held));
+    }
 }
 
 /// The live runtimes and streams as a call sees them: read for the call
@@ -579,7 +584,16 @@ pub(super) fn unregister_runtime(handle: *mut flex_runtime_t) -> Option<Arc<Runt
             .retain(|_, entry| !Arc::ptr_eq(&entry.runtime, &state));
         Some(state)
     })?;
-    events().retain(|_, entry| !Arc::ptr_eq(&entry.state, &state));
+    let removed = {
+        let mut events = events();
+        let (gone, kept): (BTreeMap<_, _>, BTreeMap<_, _>) = std::mem::take(&mut *events)
+            .into_iter()
+            .partition(|(_, entry)| Arc::ptr_eq(&entry.state, &state));
+        *events = kept;
+        gone
+    };
+    // Dropped outside the table's lock: dropping an event is device code.
+    drop(removed);
     // SAFETY: the address was in the table, and only `register_runtime`
     // puts one there: the value of `Box::into_raw` of a `RuntimeHandle`.
     // Removing it from the table (above, under the writers' lock, from the

@@ -20,8 +20,9 @@ use crate::rcu;
 /// ([`rcu::prepare`]), the watch for `fork()` that marks a parent's
 /// runtimes as the parent's (`flex_sys::fork::watch_forks`), and the
 /// handlers that keep the library's locks usable across it
-/// ([`handles::keep_locks_across_fork`]). Each registration that fails
-/// here (`ENOMEM`) is tried again, and reported, by `flex_runtime_create`.
+/// ([`handles::keep_locks_across_fork`]). Each fork registration that
+/// fails here (`ENOMEM`) is tried again, and reported, by
+/// `flex_runtime_create`.
 #[ctor::ctor(unsafe)]
 fn at_load() {
     rcu::prepare();

@@ -197,17 +197,19 @@ thread_local! {
     static GIVE_BACK: GiveBack = const { GiveBack };
 }
 
-/// Gives this thread's slot back on drop (at thread exit), unless a
-/// section of it is still open (one leaked: then the slot stays taken, and
-/// writers wait for it, as they would for the thread).
+/// Gives this thread's slot back on drop (at thread exit); if a section of
+/// the thread is still open (held by a thread-local destroyed later), the
+/// last section to end gives it back.
 struct GiveBack;
 
 impl Drop for GiveBack {
     fn drop(&mut self) {
-        if let Some(slot) = SLOT.with(Cell::take)
-            && slot.depth.load(Ordering::Relaxed) == 0
-        {
-            slot.owned.store(false, Ordering::Release);
+        if let Some(slot) = SLOT.with(Cell::get) {
+            if slot.depth.load(Ordering::Relaxed) == 0 {
+                give_back_now(slot);
+            } else {
+                slot.give_back_after_section.store(true, Ordering::Relaxed);
+            }
         }
     }
 }
@@ -302,9 +304,11 @@ impl Drop for Section {
     }
 }
 
-/// Gives back the slot of a thread that took it while exiting.
+/// Gives back the slot of a thread that is exiting.
 #[cold]
 fn give_back_now(slot: &'static Slot) {
+    #[cfg(test)]
+    tests::GIVEN_BACK.with(|count| count.set(count.get() + 1));
     SLOT.with(|cell| cell.set(None));
     slot.owned.store(false, Ordering::Release);
 }
@@ -352,23 +356,46 @@ fn forget_other_threads() {
 static ASYMMETRIC: AtomicBool = AtomicBool::new(false);
 
 /// Registers the process for membarrier, and [`forget_other_threads`] as a
-/// `pthread_atfork` child handler. Called once, when the library is loaded
-/// (`crate::library`), before any of its functions can be called: so no
-/// `fork()` can find a read section open and no handler to forget it, nor
-/// a decision half made. Without it (Miri), readers fence and a forked
-/// child is not handled.
+/// `pthread_atfork` child handler ([`forget_sections_in_forked_child`]).
+/// Called once, when the library is loaded (`crate::library`), before any
+/// of its functions can be called: so no `fork()` can find a read section
+/// open and no handler to forget it, nor a decision half made. Without it
+/// (Miri), readers fence and a forked child is not handled.
+///
+/// The membarrier registration is a system call at load: a seccomp policy
+/// that kills a process on system calls it does not know kills it at
+/// `dlopen` (one that refuses it with an error leaves readers fencing).
 pub(super) fn prepare() {
+    ASYMMETRIC.store(membarrier::register(), Ordering::Relaxed);
+    let _ = forget_sections_in_forked_child();
+}
+
+/// Registers [`forget_other_threads`] as a `pthread_atfork` child handler,
+/// once per process: at load ([`prepare`]), and again from
+/// `flex_runtime_create` if that failed.
+///
+/// # Errors
+/// The error of `pthread_atfork` (`ENOMEM`); a later call tries again.
+pub(super) fn forget_sections_in_forked_child() -> Result<(), std::io::Error> {
+    static REGISTERED: AtomicBool = AtomicBool::new(false);
     extern "C" fn in_child() {
         forget_other_threads();
     }
-    ASYMMETRIC.store(membarrier::register(), Ordering::Relaxed);
+    if REGISTERED.load(Ordering::Acquire) {
+        return Ok(());
+    }
     // SAFETY: `pthread_atfork` only stores the function pointer; the
     // handler is a plain `extern "C" fn` with no arguments that lives for
     // the whole program and touches only atomics and a thread-local
-    // (`forget_other_threads`). If it fails (`ENOMEM`, at load), a child
-    // forked while another thread is inside a call may block on its first
-    // change of the handle table; nothing else is affected.
-    let _ = unsafe { libc::pthread_atfork(None, None, Some(in_child)) };
+    // without a destructor (`forget_other_threads`). Two threads
+    // registering at once register it twice, which forgets twice.
+    match unsafe { libc::pthread_atfork(None, None, Some(in_child)) } {
+        0 => {
+            REGISTERED.store(true, Ordering::Release);
+            Ok(())
+        }
+        status => Err(std::io::Error::from_raw_os_error(status)),
+    }
 }
 
 #[inline]
@@ -659,6 +686,39 @@ mod tests {
             (7, true, false),
             "(value, read after the give-back was destroyed, slot still held)"
         );
+    }
+
+    thread_local! {
+        /// How often this thread gave its slot back.
+        pub(super) static GIVEN_BACK: Cell<usize> = const { Cell::new(0) };
+        static HELD_AT_EXIT: std::cell::RefCell<Option<Read<'static, u8>>> =
+            const { std::cell::RefCell::new(None) };
+        static REPORTS_AT_EXIT: std::cell::RefCell<Option<ReportsGivenBack>> =
+            const { std::cell::RefCell::new(None) };
+    }
+
+    /// Reports, as its thread-local is destroyed, how often the thread
+    /// gave its slot back.
+    struct ReportsGivenBack(std::sync::mpsc::Sender<usize>);
+
+    impl Drop for ReportsGivenBack {
+        fn drop(&mut self) {
+            let _ = self.0.send(GIVEN_BACK.with(Cell::get));
+        }
+    }
+
+    #[test]
+    fn a_section_still_open_at_exit_gives_the_slot_back_as_it_ends() {
+        let (report, reports) = mpsc::channel();
+        std::thread::spawn(move || {
+            // Destroyed in the reverse order: the slot's give-back first
+            // (a section still open), then the section, then the report.
+            REPORTS_AT_EXIT.with(|cell| *cell.borrow_mut() = Some(ReportsGivenBack(report)));
+            HELD_AT_EXIT.with(|cell| *cell.borrow_mut() = Some(EXIT_RCU.read()));
+        })
+        .join()
+        .unwrap();
+        assert_eq!(reports.recv().unwrap(), 1, "times the slot was given back");
     }
 
     #[test]

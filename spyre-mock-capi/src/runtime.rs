@@ -260,6 +260,14 @@ pub(crate) fn start_runtime(
         )
     })?;
     handles::keep_locks_across_fork()?;
+    crate::rcu::forget_sections_in_forked_child().map_err(|err| {
+        Failure::new(
+            FLEX_ERROR_RUNTIME_FAILED,
+            format!(
+                "cannot keep the handle table usable across fork() (pthread_atfork failed: {err})"
+            ),
+        )
+    })?;
     let fork = ForkGeneration::current();
     let runtime = MockSystem::with_config(config).create_mock_runtime(device)?;
     if let Some(n) = switches.fail_launch {

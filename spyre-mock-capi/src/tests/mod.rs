@@ -1435,13 +1435,14 @@ fn queries_racing_a_stream_destroy_see_a_live_or_an_invalid_handle() {
 
 /// A stream or an event created by a thread racing its runtime's destroy
 /// (which flex.h forbids) is refused with `FLEX_ERROR_INVALID_HANDLE` or
-/// created and then destroyed with the runtime: the destroy returns, and
-/// no handle the racing thread got outlives it. Before the fix a create
-/// that had found the runtime live registered its handle after the
-/// destroy had taken the runtime out of the table: the destroy waited for
-/// that entry's reference for ever, and the handle answered queries.
+/// created and then destroyed with the runtime: the destroy returns.
+/// Before the fix a create that had found the runtime live registered its
+/// handle after the destroy had taken the runtime out of the table: the
+/// destroy waited for that entry's reference for ever. (The handles are
+/// not queried afterwards: their addresses are freed with the runtime and
+/// may be another test's by then.)
 #[test]
-fn creates_racing_a_runtime_destroy_never_outlive_it_nor_hold_it_up() {
+fn creates_racing_a_runtime_destroy_never_hold_it_up() {
     repeat_race(|rounds| {
         let rt = Rt::new();
         let runtime = rt.0 as usize;
@@ -1450,7 +1451,6 @@ fn creates_racing_a_runtime_destroy_never_outlive_it_nor_hold_it_up() {
             let destroyed = Arc::clone(&destroyed);
             std::thread::spawn(move || {
                 let runtime = runtime as *mut flex_runtime_t;
-                let (mut streams, mut events) = (Vec::new(), Vec::new());
                 let mut after = 0;
                 while after < rounds.min(200) {
                     if destroyed.load(Ordering::SeqCst) {
@@ -1465,18 +1465,14 @@ fn creates_racing_a_runtime_destroy_never_outlive_it_nor_hold_it_up() {
                             flex_event_create(runtime, 0, &raw mut event),
                         )
                     };
-                    for (status, list, handle) in [
-                        (statuses.0, &mut streams, stream as usize),
-                        (statuses.1, &mut events, event as usize),
-                    ] {
-                        match status {
-                            FLEX_SUCCESS => list.push(handle),
-                            sys::FLEX_ERROR_INVALID_HANDLE => {}
-                            other => panic!("create returned {other}: {}", last_error()),
-                        }
+                    for status in [statuses.0, statuses.1] {
+                        assert!(
+                            [FLEX_SUCCESS, sys::FLEX_ERROR_INVALID_HANDLE].contains(&status),
+                            "a create returned {status}: {}",
+                            last_error()
+                        );
                     }
                 }
-                (streams, events)
             })
         };
         std::thread::yield_now();
@@ -1488,20 +1484,7 @@ fn creates_racing_a_runtime_destroy_never_outlive_it_nor_hold_it_up() {
             "flex_runtime_destroy did not return"
         );
         destroyed.store(true, Ordering::SeqCst);
-        let (streams, events) = creator.join().expect("the creator did not panic");
-        for stream in streams {
-            assert_eq!(
-                query(stream as *mut flex_stream_t),
-                sys::FLEX_ERROR_INVALID_HANDLE
-            );
-        }
-        for event in events {
-            assert_eq!(
-                // SAFETY: any event value is accepted.
-                unsafe { flex_event_query(event as *mut sys::flex_event_t) },
-                sys::FLEX_ERROR_INVALID_HANDLE
-            );
-        }
+        creator.join().expect("the creator did not panic");
     });
 }
 
