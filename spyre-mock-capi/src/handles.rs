@@ -13,12 +13,16 @@
 //! created or destroyed, live in an immutable [`Handles`] snapshot behind
 //! an [`Rcu`]: a call reads the current snapshot in a read section
 //! ([`snapshot`]: no lock, no read-modify-write, no reference count) and
-//! looks the handle up in it; a create or destroy publishes a changed copy
-//! and waits until no call can still read the old one before it drops it.
-//! The snapshot a call reads keeps the runtime's state alive until the
-//! call returns, even if another thread breaks flex.h and destroys the
-//! runtime meanwhile. A snapshot holds every runtime, and a change of the
-//! table waits for every open read section: so a call that blocks
+//! looks the handle up in it; a create or destroy publishes a changed copy.
+//! A create, or a stream's destroy, leaves the old copy to be dropped by a
+//! later change once no call can still read it (it does not wait for the
+//! calls in flight: a caller switched out mid-call holds up nobody); a
+//! runtime's destroy waits until no call can read any older copy, and
+//! drops them all, so its state is not kept alive by a copy. The snapshot
+//! a call reads keeps the runtime's state alive until the call returns,
+//! even if another thread breaks flex.h and destroys the runtime
+//! meanwhile. A snapshot holds every runtime, and a runtime's destroy
+//! waits for every open read section: so a call that blocks
 //! (`flex_stream_synchronize`, `flex_stream_destroy`, a host-side
 //! `flex_stream_wait_event`) takes one reference to its own runtime and
 //! ends its section ([`held_stream`]), and `flex_runtime_destroy` of
@@ -183,9 +187,9 @@ pub(super) struct StreamRef<'a> {
 
 /// A live stream handle whose runtime the call holds itself, not through
 /// a [`Snapshot`]: for calls that block. A snapshot held while blocked
-/// would hold up every change of the handle table (a create or destroy of
-/// any runtime or stream waits for every open snapshot), and with it
-/// `fork()` (whose handler takes the table's writers' lock).
+/// would hold up the destroy of any runtime (which waits for every open
+/// snapshot), and with it `fork()` (whose handler takes the table's
+/// writers' lock).
 pub(super) struct HeldStream {
     state: Arc<RuntimeState>,
     id: u64,
@@ -270,7 +274,7 @@ fn events() -> std::sync::MutexGuard<'static, BTreeMap<usize, Arc<EventEntry>>> 
 }
 
 type HeldAcrossFork = (
-    std::sync::MutexGuard<'static, ()>,
+    std::sync::MutexGuard<'static, rcu::Retired<Handles>>,
     std::sync::MutexGuard<'static, BTreeMap<usize, Arc<EventEntry>>>,
 );
 
@@ -289,7 +293,7 @@ thread_local! {
 /// holds as held, for ever, and the child's first call that takes it would
 /// block for ever. Registers `pthread_atfork` handlers once per process:
 /// before a fork the forking thread takes both locks (code elsewhere never
-/// holds both; a writer of the table holds its lock while it waits for
+/// holds both; a writer of the table holds its lock while it may wait for
 /// the calls reading the table, and none of those waits for either lock
 /// but [`EVENTS`], which is never held while waiting) and keeps their guards in a
 /// thread-local; after it, in the parent and in the child (whose one thread
@@ -350,9 +354,10 @@ extern "C" fn unlock_after_fork() {
 }
 
 /// The live runtimes and streams as a call sees them: read for the call
-/// (a call that blocks holds its stream instead, [`HeldStream`]). A change
-/// of the table waits until this is dropped: a call drops it before it
-/// changes the table.
+/// (a call that blocks holds its stream instead, [`HeldStream`]). A
+/// runtime's destroy waits until this is dropped (and any change of the
+/// table may wait, past [`rcu::MAX_RETIRED`] old copies): a call drops it
+/// before it changes the table.
 pub(super) struct Snapshot(rcu::Read<'static, Handles>);
 
 /// The current snapshot of the live runtimes and streams.
@@ -361,11 +366,12 @@ pub(super) fn snapshot() -> Snapshot {
     Snapshot(HANDLES.read())
 }
 
-/// Publishes `change` applied to a copy of the current snapshot, once no
-/// call reads the old one.
+/// Publishes `change` applied to a copy of the current snapshot; the old
+/// one is dropped by a later change, once no call reads it
+/// ([`Rcu::update`]).
 ///
 /// # Panics
-/// If this thread holds a [`Snapshot`] (it would wait for itself).
+/// If this thread holds a [`Snapshot`] (it could wait for itself).
 fn change_handles<T>(change: impl FnOnce(&mut Handles) -> T) -> T {
     HANDLES.update(change)
 }
@@ -576,7 +582,9 @@ pub(super) fn retire_stream(handle: *mut flex_stream_t) -> bool {
 /// Removes a runtime handle and all its streams from the table, frees the
 /// handle box, and returns the state. `None` if the handle was not live.
 pub(super) fn unregister_runtime(handle: *mut flex_runtime_t) -> Option<Arc<RuntimeState>> {
-    let state = change_handles(|handles| {
+    // Waits for the calls reading older snapshots, and drops those: none
+    // keeps the state alive once this returns.
+    let state = HANDLES.update_and_synchronize(|handles| {
         let state = handles.runtimes.remove(&(handle as usize))?;
         state.destroyed.store(true, Ordering::Relaxed);
         handles

@@ -5,10 +5,16 @@
 //! section count odd (a plain store to a slot only that thread writes),
 //! then loads the current value's address; closing the section makes the
 //! count even again. A writer ([`Rcu::update`]) publishes a changed copy
-//! with one swap, then waits out a *grace period*: for every thread whose
-//! count it finds odd, until that count changes (the section it saw has
-//! ended; a later one loads the new value). Only then does it free the old
-//! value. Sections nest: only the outermost one moves the count.
+//! with one swap, then notes every thread whose count it finds odd, with
+//! that count: once each of those counts has changed (the section it saw
+//! has ended; a later one loads the new value), no section can read the
+//! old value, and it may be freed. A writer does not wait for that: it
+//! retires the old value with its note, and frees every retired value
+//! whose sections have ended, so a reader switched out inside a section
+//! holds up no writer, only memory (up to [`MAX_RETIRED`] values; past
+//! that a writer waits). [`Rcu::update_and_synchronize`] waits, and frees
+//! every retired value before it returns. Sections nest: only the
+//! outermost one moves the count.
 //!
 //! That argument needs a full barrier between a reader's odd store and its
 //! load of the address, and between the writer's swap and its scan of the
@@ -28,10 +34,10 @@
 //! append-only list (slots are never freed; a thread's slot is given back
 //! when the thread exits, for the next new thread; a thread that calls
 //! while it exits, after its thread-locals' destructors began, gives its
-//! slot back as each outermost section ends). A writer waits for
-//! every other thread's open section, so a writer must not be inside a
-//! section itself: it would wait for itself, or for a thread that waits
-//! for it (checked first: it panics instead, having changed nothing).
+//! slot back as each outermost section ends). A writer may wait for every
+//! other thread's open section, so a writer must not be inside a section
+//! itself: it would wait for itself, or for a thread that waits for it
+//! (checked first: it panics instead, having changed nothing).
 //!
 //! After `fork()` the child has one thread; the sections other threads had
 //! open are forgotten there (a `pthread_atfork` child handler, registered
@@ -54,8 +60,9 @@ pub(super) struct Rcu<T> {
     /// static `Rcu` needs no lazy initialization, which a `fork()` could
     /// interrupt).
     initial: T,
-    /// Serializes the writers (each copies the value it replaces).
-    writers: Mutex<()>,
+    /// Serializes the writers (each copies the value it replaces), and
+    /// holds the values they replaced that sections may still read.
+    writers: Mutex<Retired<T>>,
 }
 
 // SAFETY: the value is shared between threads by reference (readers) and
@@ -71,7 +78,7 @@ impl<T> Rcu<T> {
         Self {
             current: AtomicPtr::new(std::ptr::null_mut()),
             initial,
-            writers: Mutex::new(()),
+            writers: Mutex::new(Retired { values: Vec::new() }),
         }
     }
 
@@ -93,19 +100,45 @@ impl<T> Rcu<T> {
 
     /// The writers' lock, for holding across `fork()` (the library's
     /// `pthread_atfork` handlers): a writer holds it while it copies,
-    /// publishes and waits.
-    pub(super) fn lock_writers(&self) -> MutexGuard<'_, ()> {
+    /// publishes, and frees (or waits for) the values it replaced.
+    pub(super) fn lock_writers(&self) -> MutexGuard<'_, Retired<T>> {
         self.writers.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Applies `change` to a copy of the current value, publishes the copy,
-    /// waits until no read section can still see the old value, and drops
-    /// it (after the writers' lock is released). Writers run one at a time.
+    /// Applies `change` to a copy of the current value and publishes the
+    /// copy, without waiting for the read sections that may still see the
+    /// old value: the old value is retired, and freed by a later update
+    /// once those sections have ended (this one frees the values of
+    /// earlier updates whose sections have ended). When [`MAX_RETIRED`]
+    /// values are retired, it waits as [`Rcu::update_and_synchronize`]
+    /// does. Writers run one at a time.
     ///
     /// # Panics
-    /// If this thread is inside a read section (it would wait for itself),
-    /// before anything is changed; a panic in `change` publishes nothing.
+    /// If this thread is inside a read section (an update may wait, and it
+    /// would wait for itself), before anything is changed; a panic in
+    /// `change` publishes nothing.
     pub(super) fn update<R>(&self, change: impl FnOnce(&mut T) -> R) -> R
+    where
+        T: Clone,
+    {
+        self.write(change, Wait::WhenFull)
+    }
+
+    /// As [`Rcu::update`], then waits until no read section can still see
+    /// the old value or any value replaced before it, and frees them all
+    /// (after the writers' lock is released): when this returns, no
+    /// section reads a value older than the one it published.
+    ///
+    /// # Panics
+    /// As [`Rcu::update`].
+    pub(super) fn update_and_synchronize<R>(&self, change: impl FnOnce(&mut T) -> R) -> R
+    where
+        T: Clone,
+    {
+        self.write(change, Wait::Always)
+    }
+
+    fn write<R>(&self, change: impl FnOnce(&mut T) -> R, wait: Wait) -> R
     where
         T: Clone,
     {
@@ -113,8 +146,8 @@ impl<T> Rcu<T> {
             !in_section(),
             "a writer of a read-copy-update value ran inside a read section of its own thread"
         );
-        let (old, result) = {
-            let _writers = self.lock_writers();
+        let (freed, result) = {
+            let mut retired = self.lock_writers();
             // SAFETY: only a writer frees a value, after replacing it, and
             // writers are serialized by the lock held here: the current
             // value stays alive until this writer replaces it.
@@ -124,17 +157,79 @@ impl<T> Rcu<T> {
             let old = self
                 .current
                 .swap(Box::into_raw(Box::new(next)), Ordering::AcqRel);
-            wait_for_readers();
-            (old, result)
+            let open = open_sections();
+            if let Some(value) = NonNull::new(old) {
+                retired.values.push(RetiredValue { value, open });
+            }
+            let freed = if wait == Wait::Always || retired.values.len() > MAX_RETIRED {
+                // A section open at an earlier swap that has not ended is
+                // open now, with the same count: waiting for the sections
+                // open at this swap waits for every retired value's.
+                if let Some(newest) = retired.values.last() {
+                    wait_for(&newest.open);
+                }
+                std::mem::take(&mut retired.values)
+            } else {
+                let (ended, kept) = std::mem::take(&mut retired.values)
+                    .into_iter()
+                    .partition(RetiredValue::unread);
+                retired.values = kept;
+                ended
+            };
+            (freed, result)
         };
-        if !old.is_null() {
-            // SAFETY: `old` came from `Box::into_raw` (an earlier update)
-            // and was swapped out exactly once, here; every read section
-            // that may have loaded it has ended (`wait_for_readers`), and a
-            // later one loads the new value.
-            drop(unsafe { Box::from_raw(old) });
+        for retired in freed {
+            // SAFETY: `value` came from `Box::into_raw` (an earlier update)
+            // and was swapped out exactly once, then retired, and is taken
+            // out of the list exactly once, here; every read section that
+            // may have loaded it has ended (`unread`, or `wait_for` of a
+            // superset of its open sections), and a later one loads a newer
+            // value.
+            drop(unsafe { Box::from_raw(retired.value.as_ptr()) });
         }
         result
+    }
+}
+
+/// How many replaced values an [`Rcu::update`] leaves to later updates
+/// before it waits for their readers: the memory a reader that sits in a
+/// section (switched out, say) can hold up without holding up a writer.
+pub(super) const MAX_RETIRED: usize = 64;
+
+/// Whether a writer waits for the read sections that may see the value it
+/// replaced.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Wait {
+    /// Only when more than [`MAX_RETIRED`] values are retired.
+    WhenFull,
+    /// Always: every replaced value is freed before the update returns.
+    Always,
+}
+
+/// The values writers replaced that read sections may still see, oldest
+/// first; guarded by the writers' lock.
+pub(super) struct Retired<T> {
+    values: Vec<RetiredValue<T>>,
+}
+
+/// A replaced value and the read sections that were open when it was
+/// replaced.
+struct RetiredValue<T> {
+    /// `Box::into_raw` of the value (kept raw: readers may still borrow
+    /// it).
+    value: NonNull<T>,
+    /// Each slot whose count was odd just after the swap, with that count.
+    open: Vec<(&'static Slot, u64)>,
+}
+
+impl<T> RetiredValue<T> {
+    /// Whether every section open at the swap has ended: its count
+    /// changed (loaded with acquire, so everything the section read happens
+    /// before the caller frees the value).
+    fn unread(&self) -> bool {
+        self.open
+            .iter()
+            .all(|(slot, seen)| slot.count.load(Ordering::Acquire) != *seen)
     }
 }
 
@@ -146,6 +241,18 @@ impl<T> Drop for Rcu<T> {
             // no reader holds the current value, which came from
             // `Box::into_raw`.
             drop(unsafe { Box::from_raw(current) });
+        }
+        let retired = std::mem::take(
+            &mut self
+                .writers
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner)
+                .values,
+        );
+        for retired in retired {
+            // SAFETY: as above; each retired value came from
+            // `Box::into_raw` and is in the list once.
+            drop(unsafe { Box::from_raw(retired.value.as_ptr()) });
         }
     }
 }
@@ -313,17 +420,24 @@ fn give_back_now(slot: &'static Slot) {
     slot.owned.store(false, Ordering::Release);
 }
 
-/// Waits until every section of another thread that was open when the
-/// value was swapped has ended (the caller is in none: `update`).
-fn wait_for_readers() {
+/// Every slot whose count is odd (a section open) just after the caller
+/// swapped the value, with that count. Its barrier orders the swap before
+/// the loads (module docs): a section these loads find closed, or that
+/// opens later, loads the new value.
+fn open_sections() -> Vec<(&'static Slot, u64)> {
     writer_barrier();
-    for (_, slot) in SLOTS.iter() {
-        let seen = slot.count.load(Ordering::Acquire);
-        if seen % 2 == 0 {
-            continue;
-        }
+    SLOTS
+        .iter()
+        .map(|(_, slot)| (slot, slot.count.load(Ordering::Acquire)))
+        .filter(|(_, count)| count % 2 == 1)
+        .collect()
+}
+
+/// Waits until each of the `open` sections has ended: its count changed.
+fn wait_for(open: &[(&'static Slot, u64)]) {
+    for (slot, seen) in open {
         let mut spins = 0u32;
-        while slot.count.load(Ordering::Acquire) == seen {
+        while slot.count.load(Ordering::Acquire) == *seen {
             if spins < 64 {
                 spins += 1;
                 std::hint::spin_loop();
@@ -505,9 +619,19 @@ mod tests {
         }
     }
 
-    /// Sets both halves of the value to `n`.
+    /// Sets both halves of the value to `n`, leaving the old value to a
+    /// later update.
     fn set(rcu: &Rcu<Pair>, n: u64) {
         rcu.update(|value| {
+            value.a = n;
+            value.b = n;
+        });
+    }
+
+    /// Sets both halves of the value to `n`, and frees every value it
+    /// replaced before it returns.
+    fn set_and_synchronize(rcu: &Rcu<Pair>, n: u64) {
+        rcu.update_and_synchronize(|value| {
             value.a = n;
             value.b = n;
         });
@@ -528,11 +652,15 @@ mod tests {
         assert_eq!(drops.load(Ordering::SeqCst), 0);
         set(&rcu, 8);
         assert_eq!((rcu.read().a, rcu.read().b), (8, 8));
-        // The first update's value, replaced by the second.
-        assert_eq!(drops.load(Ordering::SeqCst), 1);
+        set_and_synchronize(&rcu, 9);
+        assert_eq!((rcu.read().a, rcu.read().b), (9, 9));
+        // The first two updates' values, replaced.
+        assert_eq!(drops.load(Ordering::SeqCst), 2);
+        set(&rcu, 10);
         drop(rcu);
-        // The initial value and the current one.
-        assert_eq!(drops.load(Ordering::SeqCst), 3);
+        // The initial value, the one the last update replaced (retired or
+        // not) and the current one.
+        assert_eq!(drops.load(Ordering::SeqCst), 5);
     }
 
     /// This thread's open sections, and whether its count is odd.
@@ -578,12 +706,17 @@ mod tests {
         assert_eq!(own_sections(), (0, 0));
     }
 
-    #[test]
-    fn an_update_waits_for_a_section_open_on_another_thread() {
-        let drops = Arc::new(AtomicU64::new(0));
-        let rcu = &Rcu::new(pair(&drops));
-        // A value of an update, which the next update frees.
-        set(rcu, 1);
+    /// Sets the value to 1 (freeing every older one), then opens a read
+    /// section of it on one thread and runs `writer` on another, with a
+    /// channel to report on; `watch` runs on this thread with the reports
+    /// and a function that ends the section (which then checks that the
+    /// value it read is still whole). Returns once all three are done.
+    fn with_a_section_open(
+        rcu: &Rcu<Pair>,
+        writer: impl FnOnce(mpsc::Sender<u64>) + Send,
+        watch: impl FnOnce(&mpsc::Receiver<u64>, &dyn Fn()),
+    ) {
+        set_and_synchronize(rcu, 1);
         let (opened, wait_opened) = mpsc::channel();
         let (close, wait_close) = mpsc::channel::<()>();
         let (updated, wait_updated) = mpsc::channel();
@@ -592,25 +725,136 @@ mod tests {
                 let value = rcu.read();
                 opened.send(()).unwrap();
                 wait_close.recv().unwrap();
-                // Still the old value, alive and whole.
-                assert_eq!((value.a, value.b), (1, 1));
+                assert_eq!((value.a, value.b), (1, 1), "read after it was freed");
             });
             wait_opened.recv().unwrap();
-            scope.spawn(move || {
-                set(rcu, 2);
-                updated.send(()).unwrap();
-            });
-            assert_eq!(
-                wait_updated.recv_timeout(Duration::from_millis(200)),
-                Err(mpsc::RecvTimeoutError::Timeout),
-                "the update returned while a section that may see the old value was open"
-            );
-            assert_eq!(drops.load(Ordering::SeqCst), 0);
-            close.send(()).unwrap();
-            wait_updated.recv().unwrap();
+            scope.spawn(move || writer(updated));
+            // Ends the section even if `watch` panics (else the scope
+            // would wait for it for ever).
+            let close = EndsOnDrop(close);
+            watch(&wait_updated, &|| close.end());
         });
+    }
+
+    /// Ends a section held by [`with_a_section_open`] when told, or when
+    /// dropped.
+    struct EndsOnDrop(mpsc::Sender<()>);
+
+    impl EndsOnDrop {
+        fn end(&self) {
+            // A second end finds the section's thread gone: nothing to do.
+            let _ = self.0.send(());
+        }
+    }
+
+    impl Drop for EndsOnDrop {
+        fn drop(&mut self) {
+            self.end();
+        }
+    }
+
+    #[test]
+    fn an_update_and_synchronize_waits_for_a_section_open_on_another_thread() {
+        let drops = Arc::new(AtomicU64::new(0));
+        let rcu = &Rcu::new(pair(&drops));
+        with_a_section_open(
+            rcu,
+            |updated| {
+                set_and_synchronize(rcu, 2);
+                updated.send(2).unwrap();
+            },
+            |wait_updated, close| {
+                assert_eq!(
+                    wait_updated.recv_timeout(Duration::from_millis(200)),
+                    Err(mpsc::RecvTimeoutError::Timeout),
+                    "the update returned while a section that may see the old value was open"
+                );
+                assert_eq!(drops.load(Ordering::SeqCst), 0);
+                close();
+                assert_eq!(wait_updated.recv(), Ok(2));
+            },
+        );
+        // The value 1.
         assert_eq!(drops.load(Ordering::SeqCst), 1);
         assert_eq!(rcu.read().a, 2);
+    }
+
+    #[test]
+    fn an_update_does_not_wait_for_a_section_open_on_another_thread() {
+        let drops = Arc::new(AtomicU64::new(0));
+        let rcu = &Rcu::new(pair(&drops));
+        with_a_section_open(
+            rcu,
+            |updated| {
+                set(rcu, 2);
+                updated.send(2).unwrap();
+            },
+            |wait_updated, close| {
+                // Were the update to wait for the section, it would end
+                // only after this timeout (the section ends below).
+                let waited = wait_updated.recv_timeout(Duration::from_secs(30));
+                close();
+                assert_eq!(waited, Ok(2), "the update waited for the open section");
+                assert_eq!(drops.load(Ordering::SeqCst), 0, "freed while read");
+            },
+        );
+        assert_eq!(rcu.read().a, 2);
+        // Once the section has ended, a later update frees the retired
+        // value, long before the bound would make one wait. A section of
+        // another test's thread, open at that update's swap, may hold it up
+        // for a few updates more (the longest such section, 200 ms).
+        let mut n = 3;
+        while drops.load(Ordering::SeqCst) == 0 {
+            assert!(
+                n < 3 + MAX_RETIRED as u64 / 2,
+                "the retired value was not freed by {} later updates",
+                n - 3
+            );
+            set(rcu, n);
+            n += 1;
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(rcu.read().a, n - 1);
+    }
+
+    #[test]
+    fn past_the_bound_of_retired_values_an_update_waits_and_frees_them_all() {
+        let drops = Arc::new(AtomicU64::new(0));
+        let rcu = &Rcu::new(pair(&drops));
+        let bound = MAX_RETIRED as u64;
+        with_a_section_open(
+            rcu,
+            |updated| {
+                // Values 1 to `bound` retired, each seen by the section.
+                for n in 2..=bound + 1 {
+                    set(rcu, n);
+                }
+                updated.send(bound + 1).unwrap();
+                // One more retired than the bound: this one waits.
+                set(rcu, bound + 2);
+                updated.send(bound + 2).unwrap();
+            },
+            |wait_updated, close| {
+                let within_bound = wait_updated.recv_timeout(Duration::from_secs(30));
+                let past_bound = wait_updated.recv_timeout(Duration::from_millis(200));
+                close();
+                assert_eq!(
+                    within_bound,
+                    Ok(bound + 1),
+                    "an update within the bound waited"
+                );
+                assert_eq!(
+                    past_bound,
+                    Err(mpsc::RecvTimeoutError::Timeout),
+                    "the update past the bound returned while a section that may see a retired value was open"
+                );
+                assert_eq!(drops.load(Ordering::SeqCst), 0, "freed while read");
+                assert_eq!(wait_updated.recv(), Ok(bound + 2));
+            },
+        );
+        // Values 1 to `bound + 1`: every value replaced, freed by the
+        // update that waited.
+        assert_eq!(drops.load(Ordering::SeqCst), bound + 1);
     }
 
     #[test]
@@ -640,13 +884,20 @@ mod tests {
             }
             start.wait();
             for n in 1..=updates {
-                set(&rcu, n);
+                // Mostly retired and freed by later updates; every tenth
+                // waits and frees them all.
+                if n % 10 == 0 {
+                    set_and_synchronize(&rcu, n);
+                } else {
+                    set(&rcu, n);
+                }
             }
             done.store(true, Ordering::Relaxed);
         });
+        set_and_synchronize(&rcu, updates + 1);
         // Every update's value but the last (the initial one stays in the
         // `Rcu` until it drops).
-        assert_eq!(drops.load(Ordering::SeqCst), updates - 1);
+        assert_eq!(drops.load(Ordering::SeqCst), updates);
     }
 
     /// A thread-local whose destructor reads `EXIT_RCU` and reports the
@@ -752,7 +1003,7 @@ mod tests {
                 }
             });
             for n in 1..=if cfg!(miri) { 5 } else { 200 } {
-                rcu.update(|value| *value = n);
+                rcu.update_and_synchronize(|value| *value = n);
             }
             stop.store(true, Ordering::Relaxed);
         });
