@@ -188,8 +188,9 @@ pub(super) struct StreamRef<'a> {
 /// A live stream handle whose runtime the call holds itself, not through
 /// a [`Snapshot`]: for calls that block. A snapshot held while blocked
 /// would hold up the destroy of any runtime (which waits for every open
-/// snapshot), and with it `fork()` (whose handler takes the table's
-/// writers' lock).
+/// snapshot) and any change past [`rcu::MAX_RETIRED`] retired snapshots,
+/// and with them `fork()` (whose handler takes the table's writers'
+/// lock).
 pub(super) struct HeldStream {
     state: Arc<RuntimeState>,
     id: u64,
@@ -582,8 +583,10 @@ pub(super) fn retire_stream(handle: *mut flex_stream_t) -> bool {
 /// Removes a runtime handle and all its streams from the table, frees the
 /// handle box, and returns the state. `None` if the handle was not live.
 pub(super) fn unregister_runtime(handle: *mut flex_runtime_t) -> Option<Arc<RuntimeState>> {
-    // Waits for the calls reading older snapshots, and drops those: none
-    // keeps the state alive once this returns.
+    // Waits for the calls reading older snapshots, and drops those still
+    // retired: once this returns, none of them keeps the state alive (a
+    // concurrent change may still be dropping ones it took out of the list
+    // before; the destroy waits for every other reference anyway).
     let state = HANDLES.update_and_synchronize(|handles| {
         let state = handles.runtimes.remove(&(handle as usize))?;
         state.destroyed.store(true, Ordering::Relaxed);

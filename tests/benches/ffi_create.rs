@@ -11,6 +11,11 @@
 //! call: a creation that waited for every call in flight would wait for
 //! the scheduler to run that thread again. The main thread is switched out
 //! too, in either side's creations: the longer a creation, the likelier.
+//! The `ffi` time is all of flex-rt's `create_stream` through the library
+//! (its own lock and stream list as well as the library's create), and it
+//! grows over the run: each creation copies the library's handle table,
+//! which gains an entry per stream (about 400 by the end), so the
+//! percentiles depend on [`ROUNDS`].
 //!
 //! Run with `cargo bench -p spyre-tests --bench ffi_create`. The first run
 //! builds the mock shared library (see `spyre_tests::mock_cdylib`), outside
@@ -46,6 +51,16 @@ fn print(side: &str, mut times: Vec<Duration>) {
     );
 }
 
+/// Tells the querying threads to stop when dropped: also when a creation
+/// panics, or the scope would wait for them for ever.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
 fn main() {
     let mock = MockSystem::default();
     let library = HardwareBackend::open(spyre_tests::mock_cdylib()).expect("mock shared library");
@@ -56,6 +71,7 @@ fn main() {
     let stop = AtomicBool::new(false);
     let mut times: [Vec<Duration>; 2] = Default::default();
     std::thread::scope(|scope| {
+        let _stop = StopOnDrop(&stop);
         for (_, runtime) in &sides {
             let stream = runtime
                 .create_stream(StreamPriority::Normal, StreamMode::StrictOrdering, false)
@@ -73,7 +89,6 @@ fn main() {
                 times.push(create(&**runtime));
             }
         }
-        stop.store(true, Ordering::Relaxed);
     });
     println!(
         "stream creation with {READERS} threads per side querying, {ROUNDS} of each side, interleaved:"
