@@ -188,15 +188,11 @@ impl<T> Rcu<T> {
             };
             (freed, result)
         };
-        for retired in freed {
-            // SAFETY: `value` came from `Box::into_raw` (an earlier update)
-            // and was swapped out exactly once, then retired, and is taken
-            // out of the list exactly once, here; every read section that
-            // may have loaded it has ended (`unread`, or `wait_for` of a
-            // superset of its open sections), and a later one loads a newer
-            // value.
-            drop(unsafe { Box::from_raw(retired.value.as_ptr()) });
-        }
+        // Every read section that may have loaded these has ended
+        // (`unread`, or `wait_for` of a superset of their open sections),
+        // and a later one loads a newer value: dropped here, outside the
+        // writers' lock, they free their values.
+        drop(freed);
         result
     }
 }
@@ -231,7 +227,10 @@ pub(super) struct Retired<T> {
 }
 
 /// A replaced value and the read sections that were open when it was
-/// replaced.
+/// replaced. Dropping it frees the value: it is dropped only once no read
+/// section can read the value (taken out of the list by a writer that saw
+/// those sections end or waited for them, or with its `Rcu`, which then
+/// has no sections).
 struct RetiredValue<T> {
     /// `Box::into_raw` of the value (kept raw: readers may still borrow
     /// it).
@@ -260,18 +259,17 @@ impl<T> Drop for Rcu<T> {
             // `Box::into_raw`.
             drop(unsafe { Box::from_raw(current) });
         }
-        let retired = std::mem::take(
-            &mut self
-                .writers
-                .get_mut()
-                .unwrap_or_else(PoisonError::into_inner)
-                .values,
-        );
-        for retired in retired {
-            // SAFETY: as above; each retired value came from
-            // `Box::into_raw` and is in the list once.
-            drop(unsafe { Box::from_raw(retired.value.as_ptr()) });
-        }
+        // The retired values are freed as the writers' lock drops.
+    }
+}
+
+impl<T> Drop for RetiredValue<T> {
+    fn drop(&mut self) {
+        // SAFETY: `value` came from `Box::into_raw` (an update) and was
+        // swapped out exactly once, into this one `RetiredValue`, which is
+        // moved (never copied) until it drops, here; no read section can
+        // still read it (the type's docs).
+        drop(unsafe { Box::from_raw(self.value.as_ptr()) });
     }
 }
 
@@ -876,9 +874,8 @@ mod tests {
     fn past_the_bound_of_retired_values_an_update_waits_and_frees_them_all() {
         let drops = Arc::new(AtomicU64::new(0));
         // A small bound, for Miri's sake; the production one is the same code.
-        let bound = 8;
-        let rcu = &Rcu::with_max_retired(pair(&drops), bound);
-        let bound = bound as u64;
+        let bound = 8u64;
+        let rcu = &Rcu::with_max_retired(pair(&drops), bound as usize);
         with_a_section_open(
             rcu,
             |updated| {
