@@ -78,7 +78,11 @@ pub struct TraceEntry {
     /// whichever is later. `None` until it finished.
     pub started: Option<Duration>,
     /// When the runtime reported it finished (`None`: not by the time the
-    /// trace stopped). An event wait finishes when it is enqueued.
+    /// trace stopped). An event wait finishes when it is enqueued. An
+    /// event record is reported as its waiters are released, by a
+    /// notification that may run a scheduling delay after them: an
+    /// operation after a wait on it can show a finish a little before the
+    /// record's.
     pub finished: Option<Duration>,
     /// Whether it failed.
     pub failed: bool,

@@ -270,9 +270,10 @@ fn a_stream_fed_by_several_threads_is_traced_one_operation_after_another() {
 /// record the wait waited for. Each record follows a 50 µs operation of
 /// the recording stream, so consecutive records finish at least 50 µs
 /// apart, and the waiting stream's operation after a wait cannot finish
-/// before the record the wait is linked to. Before the link was read in
-/// step with the wait, a wait could be linked to the record after the one
-/// it waited for.
+/// before the operation before the record the wait is linked to. Before
+/// the link was read in step with the wait, a wait could be linked to the
+/// record after the one it waited for: the operation after the wait then
+/// finished while the one before the linked record was still running.
 #[test]
 fn a_wait_racing_a_record_of_its_event_links_the_record_it_waited_for() {
     isolated!(&[MOCK], || waits_link_the_records_they_waited_for(false));
@@ -293,8 +294,8 @@ fn a_host_side_wait_racing_a_record_links_the_record_it_waited_for_or_none() {
 /// Records `event` 2 000 times on one stream, each after a 50 µs operation
 /// (and, `paced`, once the record before completed), while this thread
 /// waits on it from another stream and launches after each wait; then
-/// checks that no operation after a wait finished before the record the
-/// wait is linked to.
+/// checks that no operation after a wait finished before the operation
+/// before the record the wait is linked to.
 fn waits_link_the_records_they_waited_for(paced: bool) {
     {
         let (recording, waiting) = (pool_stream(), pool_stream());
@@ -326,12 +327,26 @@ fn waits_link_the_records_they_waited_for(paced: bool) {
         });
         synchronize_device(Device::CURRENT).unwrap();
         let trace = stop_trace();
-        let records: HashMap<u64, Duration> = trace
+        // For each record, when the 50 µs operation before it on the
+        // recording stream finished: its completion has returned before
+        // the device reaches the record, so before any wait on the record
+        // is passed. (Not the record's own stamp: the runtime tells the
+        // trace of a record as it tells a waiter, and the waiter may run
+        // first.)
+        let on_recording: Vec<&TraceEntry> = trace
             .entries
             .iter()
-            .filter(|e| e.kind == OperationKind::EventRecord)
-            .map(|e| (e.link.unwrap(), e.finished.unwrap()))
+            .filter(|e| e.stream == recording)
             .collect();
+        let records: HashMap<u64, Duration> = on_recording
+            .windows(2)
+            .filter(|pair| pair[1].kind == OperationKind::EventRecord)
+            .map(|pair| {
+                assert_eq!(pair[0].kind, OperationKind::HostCallback);
+                (pair[1].link.unwrap(), pair[0].finished.unwrap())
+            })
+            .collect();
+        assert_eq!(records.len(), 2_000, "every record follows its operation");
         let on_waiting: Vec<&TraceEntry> = trace
             .entries
             .iter()
@@ -352,7 +367,7 @@ fn waits_link_the_records_they_waited_for(paced: bool) {
         assert!(checked > 0, "no wait was linked to a record");
         assert_eq!(
             early, 0,
-            "of {checked} operations after a linked wait, these finished before the record linked"
+            "of {checked} operations after a linked wait, these finished before the operation before the record linked"
         );
     }
 }
