@@ -32,9 +32,11 @@
 //!
 //! A thread's slot is taken on its first section, from a process-wide
 //! append-only list (slots are never freed; a thread's slot is given back
-//! when the thread exits, for the next new thread; a thread that calls
-//! while it exits, after its thread-locals' destructors began, gives its
-//! slot back as each outermost section ends). A writer may wait for every
+//! when the thread exits, for the next new thread, by the destructor of a
+//! key of the C library's thread-specific data: those run after every
+//! thread-local's destructor, and again for a key set while they run, so
+//! a thread whose first call comes from any destructor at its exit gives
+//! its slot back too). A writer may wait for every
 //! other thread's open section, so a writer must not be inside a section
 //! itself: it would wait for itself, or for a thread that waits for it
 //! (checked first: it panics instead, having changed nothing).
@@ -44,13 +46,14 @@
 //! when the library is loaded), or a writer in the child would wait for
 //! threads that do not exist there.
 use std::cell::Cell;
+use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::ops::Deref;
 use std::ptr::NonNull;
 use std::sync::atomic::{
     AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering, compiler_fence, fence,
 };
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
 /// A value read in read sections and replaced whole by [`Rcu::update`].
 pub(super) struct Rcu<T> {
@@ -305,8 +308,8 @@ struct Slot {
     /// Whether a live thread owns the slot.
     owned: AtomicBool,
     /// Whether the owner gives the slot back as its outermost section
-    /// ends: it took the slot while exiting, when it could no longer
-    /// register the give-back at its exit. Written by the owner only.
+    /// ends: the give-back at its exit could not be registered, or ran
+    /// while a section was open. Written by the owner only.
     give_back_after_section: AtomicBool,
 }
 
@@ -314,25 +317,66 @@ struct Slot {
 static SLOTS: boxcar::Vec<Slot> = boxcar::Vec::new();
 
 thread_local! {
-    /// This thread's slot, once it has opened a section.
+    /// This thread's slot, once it has opened a section. No destructor:
+    /// readable until the thread's very end.
     static SLOT: Cell<Option<&'static Slot>> = const { Cell::new(None) };
-    /// Gives the slot back when the thread exits.
-    static GIVE_BACK: GiveBack = const { GiveBack };
 }
 
-/// Gives this thread's slot back on drop (at thread exit); if a section of
-/// the thread is still open (held by a thread-local destroyed later), the
-/// last section to end gives it back.
-struct GiveBack;
+/// The key of the C library's thread-specific data whose destructor gives
+/// a thread's slot back as the thread exits ([`give_back_at_exit`]), or
+/// `None` if the key could not be created (`EAGAIN`: the process has used
+/// up its keys; each thread then gives its slot back as each outermost
+/// section ends). Created when the library is loaded ([`prepare`]), so that
+/// no `fork()` can find it half made; where nothing ran at load (Miri), by
+/// the first slot taken.
+///
+/// Not a thread-local's destructor: glibc runs those before the keys'
+/// destructors and never again, so a give-back registered by a first call
+/// from a key's destructor would never run. A key set while the keys'
+/// destructors run has its destructor run in a later round (up to
+/// `PTHREAD_DESTRUCTOR_ITERATIONS` rounds; a first call in the last round
+/// keeps its slot). The key is never deleted, and the library is linked
+/// so that `dlclose` leaves it loaded (`-z nodelete`, `build.rs`): an
+/// exiting thread calls the destructor after any `dlclose`.
+static GIVE_BACK_KEY: OnceLock<Option<libc::pthread_key_t>> = OnceLock::new();
 
-impl Drop for GiveBack {
-    fn drop(&mut self) {
-        if let Some(slot) = SLOT.with(Cell::get) {
-            if slot.depth.load(Ordering::Relaxed) == 0 {
-                give_back_now(slot);
-            } else {
-                slot.give_back_after_section.store(true, Ordering::Relaxed);
-            }
+/// [`GIVE_BACK_KEY`], created on first use.
+fn give_back_key() -> Option<libc::pthread_key_t> {
+    extern "C" fn at_exit(_: *mut c_void) {
+        give_back_at_exit();
+    }
+    *GIVE_BACK_KEY.get_or_init(|| {
+        let mut key: libc::pthread_key_t = 0;
+        // SAFETY: `pthread_key_create` writes the new key to `key`, a live
+        // local, and stores the destructor, a plain `extern "C" fn` that
+        // stays loaded for the whole process (`GIVE_BACK_KEY`), takes the
+        // value it is passed without reading it, and touches only atomics
+        // and a thread-local without a destructor.
+        (unsafe { libc::pthread_key_create(&mut key, Some(at_exit)) } == 0).then_some(key)
+    })
+}
+
+/// Registers the give-back of `slot` at this thread's exit: sets this
+/// thread's value of [`GIVE_BACK_KEY`] (the slot's address, only so that
+/// it is not null: the destructor finds the slot through `SLOT`). Returns
+/// whether it did.
+fn give_back_at_thread_exit(slot: &'static Slot) -> bool {
+    give_back_key().is_some_and(|key| {
+        // SAFETY: `key` was made by `pthread_key_create` and is never
+        // deleted; the value is stored, never dereferenced.
+        unsafe { libc::pthread_setspecific(key, std::ptr::from_ref(slot).cast()) == 0 }
+    })
+}
+
+/// Gives this thread's slot back as the thread exits (the destructor of
+/// [`GIVE_BACK_KEY`]); if a section of the thread is still open, the
+/// outermost section to end gives it back.
+fn give_back_at_exit() {
+    if let Some(slot) = SLOT.with(Cell::get) {
+        if slot.depth.load(Ordering::Relaxed) == 0 {
+            give_back_now(slot);
+        } else {
+            slot.give_back_after_section.store(true, Ordering::Relaxed);
         }
     }
 }
@@ -369,13 +413,12 @@ fn take_slot() -> &'static Slot {
                 give_back_after_section: AtomicBool::new(false),
             })]
         });
-    // A thread whose thread-locals are being destroyed can no longer
-    // register the give-back at its exit: it gives the slot back after
-    // this section instead (else every such thread would keep a slot, for
+    // Where the give-back at exit cannot be registered, the slot goes
+    // back after each section instead (else the thread would keep it, for
     // every writer to scan, for good).
-    let exiting = GIVE_BACK.try_with(|_| ()).is_err();
+    let registered = give_back_at_thread_exit(slot);
     slot.give_back_after_section
-        .store(exiting, Ordering::Relaxed);
+        .store(!registered, Ordering::Relaxed);
     slot
 }
 
@@ -431,7 +474,7 @@ impl Drop for Section {
 #[cold]
 fn give_back_now(slot: &'static Slot) {
     #[cfg(test)]
-    tests::GIVEN_BACK.with(|count| count.set(count.get() + 1));
+    tests::note_given_back(slot);
     SLOT.with(|cell| cell.set(None));
     slot.owned.store(false, Ordering::Release);
 }
@@ -485,8 +528,10 @@ fn forget_other_threads() {
 /// the library is loaded ([`prepare`]), before any call can read it.
 static ASYMMETRIC: AtomicBool = AtomicBool::new(false);
 
-/// Registers the process for membarrier, and [`forget_other_threads`] as a
-/// `pthread_atfork` child handler ([`forget_sections_in_forked_child`]).
+/// Registers the process for membarrier, creates the key that gives a
+/// thread's slot back at its exit ([`GIVE_BACK_KEY`]), and registers
+/// [`forget_other_threads`] as a `pthread_atfork` child handler
+/// ([`forget_sections_in_forked_child`]).
 /// Called once, when the library is loaded (`crate::library`), before any
 /// of its functions can be called: so no `fork()` can find a read section
 /// open and no handler to forget it, nor a decision half made. Without it
@@ -497,6 +542,7 @@ static ASYMMETRIC: AtomicBool = AtomicBool::new(false);
 /// `dlopen` (one that refuses it with an error leaves readers fencing).
 pub(super) fn prepare() {
     ASYMMETRIC.store(membarrier::register(), Ordering::Relaxed);
+    let _ = give_back_key();
     let _ = forget_sections_in_forked_child();
 }
 
@@ -956,76 +1002,165 @@ mod tests {
         assert_eq!(drops.load(Ordering::SeqCst), updates);
     }
 
-    /// A thread-local whose destructor reads `EXIT_RCU` and reports the
-    /// value, whether the thread's give-back had already been destroyed,
-    /// and whether the thread still holds a slot after the read.
-    struct ReadsOnExit(std::sync::mpsc::Sender<(u8, bool, bool)>);
-
     static EXIT_RCU: Rcu<u8> = Rcu::new(7);
+
+    thread_local! {
+        /// The number [`on_named_thread`] gave this thread (0: none).
+        static THREAD_NUMBER: Cell<u64> = const { Cell::new(0) };
+    }
+
+    /// Every slot given back by a thread [`on_named_thread`] ran, with the
+    /// thread's number.
+    static GIVEN_BACK: Mutex<Vec<(usize, u64)>> = Mutex::new(Vec::new());
+
+    /// Notes that this thread gives `slot` back (from [`give_back_now`]).
+    pub(super) fn note_given_back(slot: &'static Slot) {
+        let number = THREAD_NUMBER.with(Cell::get);
+        if number != 0 {
+            GIVEN_BACK
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push((std::ptr::from_ref(slot).addr(), number));
+        }
+    }
+
+    /// Runs `body` on a new thread, joins it (so every destructor of its
+    /// exit has run), and returns how many slots it gave back.
+    fn on_named_thread(body: impl FnOnce() + Send + 'static) -> usize {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        let number = NEXT.fetch_add(1, Ordering::Relaxed);
+        std::thread::spawn(move || {
+            THREAD_NUMBER.with(|cell| cell.set(number));
+            body();
+        })
+        .join()
+        .unwrap();
+        GIVEN_BACK
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter(|(_, by)| *by == number)
+            .count()
+    }
+
+    /// A thread-local whose destructor reads `EXIT_RCU` and reports the
+    /// value.
+    struct ReadsOnExit(mpsc::Sender<u8>);
 
     impl Drop for ReadsOnExit {
         fn drop(&mut self) {
-            let exiting = GIVE_BACK.try_with(|_| ()).is_err();
-            let value = *EXIT_RCU.read();
-            let kept = SLOT.with(Cell::get).is_some();
-            let _ = self.0.send((value, exiting, kept));
+            let _ = self.0.send(*EXIT_RCU.read());
         }
     }
 
     thread_local! {
         static READS_ON_EXIT: std::cell::RefCell<Option<ReadsOnExit>> =
             const { std::cell::RefCell::new(None) };
+        static HELD_AT_EXIT: std::cell::RefCell<Option<Read<'static, u8>>> =
+            const { std::cell::RefCell::new(None) };
     }
 
     #[test]
-    fn a_thread_that_reads_while_it_exits_gives_its_slot_back() {
-        let (report, reports) = mpsc::channel();
-        std::thread::spawn(move || {
-            // Registered before the slot's give-back, so destroyed after it
-            // (thread-locals are destroyed in the reverse order).
-            READS_ON_EXIT.with(|cell| *cell.borrow_mut() = Some(ReadsOnExit(report)));
-            drop(EXIT_RCU.read());
-        })
-        .join()
-        .unwrap();
-        assert_eq!(
-            reports.recv().unwrap(),
-            (7, true, false),
-            "(value, read after the give-back was destroyed, slot still held)"
-        );
+    fn a_thread_that_reads_in_a_thread_locals_destructor_gives_its_slot_back() {
+        for reads_before in [false, true] {
+            let (report, reports) = mpsc::channel();
+            let given_back = on_named_thread(move || {
+                READS_ON_EXIT.with(|cell| *cell.borrow_mut() = Some(ReadsOnExit(report)));
+                if reads_before {
+                    drop(EXIT_RCU.read());
+                }
+            });
+            assert_eq!(reports.recv().unwrap(), 7, "the value read at exit");
+            assert_eq!(
+                given_back, 1,
+                "slots given back (read before: {reads_before})"
+            );
+        }
     }
 
-    thread_local! {
-        /// How often this thread gave its slot back.
-        pub(super) static GIVEN_BACK: Cell<usize> = const { Cell::new(0) };
-        static HELD_AT_EXIT: std::cell::RefCell<Option<Read<'static, u8>>> =
-            const { std::cell::RefCell::new(None) };
-        static REPORTS_AT_EXIT: std::cell::RefCell<Option<ReportsGivenBack>> =
-            const { std::cell::RefCell::new(None) };
+    /// The destructor of [`READS_AT_KEY_EXIT`]: reads `EXIT_RCU` into
+    /// [`READ_AT_KEY_EXIT`].
+    extern "C" fn reads_at_key_exit(_: *mut c_void) {
+        READ_AT_KEY_EXIT.store(u64::from(*EXIT_RCU.read()), Ordering::Relaxed);
     }
 
-    /// Reports, as its thread-local is destroyed, how often the thread
-    /// gave its slot back.
-    struct ReportsGivenBack(std::sync::mpsc::Sender<usize>);
+    static READ_AT_KEY_EXIT: AtomicU64 = AtomicU64::new(0);
 
-    impl Drop for ReportsGivenBack {
-        fn drop(&mut self) {
-            let _ = self.0.send(GIVEN_BACK.with(Cell::get));
+    /// A key of the C library's thread-specific data whose destructor
+    /// reads (`reads_at_key_exit`): made by the first test to use it.
+    static READS_AT_KEY_EXIT: OnceLock<libc::pthread_key_t> = OnceLock::new();
+
+    /// A C thread whose first call comes from a key's destructor: glibc has
+    /// run the thread-locals' destructors by then, and never runs them
+    /// again, so a give-back registered as one would never run (the slot
+    /// was kept for good, for every writer to scan).
+    #[test]
+    fn a_thread_that_reads_in_a_keys_destructor_gives_its_slot_back() {
+        let key = *READS_AT_KEY_EXIT.get_or_init(|| {
+            let mut key: libc::pthread_key_t = 0;
+            // SAFETY: writes the new key to a live local; the destructor is
+            // a plain `extern "C" fn` of this program that ignores its
+            // argument.
+            let created = unsafe { libc::pthread_key_create(&mut key, Some(reads_at_key_exit)) };
+            assert_eq!(created, 0, "pthread_key_create");
+            key
+        });
+        for reads_before in [false, true] {
+            READ_AT_KEY_EXIT.store(0, Ordering::Relaxed);
+            let given_back = on_named_thread(move || {
+                // SAFETY: `key` was made by `pthread_key_create` and is
+                // never deleted; the value is a marker, never dereferenced.
+                let set =
+                    unsafe { libc::pthread_setspecific(key, std::ptr::from_ref(&EXIT_RCU).cast()) };
+                assert_eq!(set, 0, "pthread_setspecific");
+                if reads_before {
+                    drop(EXIT_RCU.read());
+                }
+            });
+            assert_eq!(
+                READ_AT_KEY_EXIT.load(Ordering::Relaxed),
+                7,
+                "the value read at exit"
+            );
+            // Read before: its slot goes back at exit, and the read in the
+            // key's destructor may take another (one more give-back) or
+            // reuse it (glibc runs the keys' destructors in the order the
+            // keys were made).
+            let expected = if reads_before { 1..=2 } else { 1..=1 };
+            assert!(
+                expected.contains(&given_back),
+                "slots given back: {given_back}, expected {expected:?} (read before: {reads_before})"
+            );
         }
     }
 
     #[test]
-    fn a_section_still_open_at_exit_gives_the_slot_back_as_it_ends() {
-        let (report, reports) = mpsc::channel();
-        std::thread::spawn(move || {
-            // Destroyed in the reverse order: the slot's give-back first
-            // (a section still open), then the section, then the report.
-            REPORTS_AT_EXIT.with(|cell| *cell.borrow_mut() = Some(ReportsGivenBack(report)));
+    fn a_section_held_by_a_thread_local_until_the_exit_gives_the_slot_back_once() {
+        let given_back = on_named_thread(|| {
             HELD_AT_EXIT.with(|cell| *cell.borrow_mut() = Some(EXIT_RCU.read()));
-        })
-        .join()
-        .unwrap();
-        assert_eq!(reports.recv().unwrap(), 1, "times the slot was given back");
+        });
+        assert_eq!(given_back, 1, "slots given back");
+    }
+
+    /// Where the keys' destructors run before a thread-local that holds a
+    /// section is destroyed (an order glibc does not use, others may), the
+    /// give-back waits for the section to end.
+    #[test]
+    fn a_give_back_at_exit_during_a_section_waits_for_the_section_to_end() {
+        let given_back = on_named_thread(|| {
+            let section = EXIT_RCU.read();
+            give_back_at_exit();
+            let slot = SLOT
+                .with(Cell::get)
+                .expect("a slot while the section is open");
+            assert!(
+                slot.owned.load(Ordering::Relaxed),
+                "given back inside the section"
+            );
+            drop(section);
+            assert!(SLOT.with(Cell::get).is_none(), "kept after the section");
+        });
+        assert_eq!(given_back, 1, "slots given back");
     }
 
     #[test]
