@@ -66,16 +66,28 @@ pub(crate) struct BenchReport {
 fn measure(
     budget: Duration,
     max_batch: u64,
+    run_batch: impl FnMut(u64) -> Result<(), CliError>,
+) -> Result<(u64, Duration), CliError> {
+    measure_by(Instant::now, budget, max_batch, run_batch)
+}
+
+/// [`measure`], reading the time from `now` (a clock of the tests' own,
+/// which their batches move, so that no pause of the machine changes what
+/// they check).
+fn measure_by(
+    now: impl Fn() -> Instant,
+    budget: Duration,
+    max_batch: u64,
     mut run_batch: impl FnMut(u64) -> Result<(), CliError>,
 ) -> Result<(u64, Duration), CliError> {
     run_batch(1)?;
-    let start = Instant::now();
+    let start = now();
     let mut operations = 0;
     let mut batch = 1;
     loop {
         run_batch(batch)?;
         operations += batch;
-        let elapsed = start.elapsed();
+        let elapsed = now() - start;
         if elapsed >= budget {
             return Ok((operations, elapsed));
         }
@@ -328,14 +340,45 @@ impl BenchReport {
 mod tests {
     use super::*;
 
+    /// A clock that only the operations of a test move: each takes
+    /// `per_operation`.
+    struct Clock {
+        now: std::cell::Cell<Instant>,
+        per_operation: Duration,
+    }
+
+    impl Clock {
+        fn new(per_operation: Duration) -> Self {
+            Self {
+                now: std::cell::Cell::new(Instant::now()),
+                per_operation,
+            }
+        }
+
+        fn now(&self) -> Instant {
+            self.now.get()
+        }
+
+        fn run(&self, batch: u64) {
+            let took = self.per_operation * u32::try_from(batch).unwrap();
+            self.now.set(self.now.get() + took);
+        }
+    }
+
     #[test]
     fn measure_runs_whole_batches_until_the_budget() {
+        let clock = Clock::new(Duration::from_micros(200));
         let mut batches = Vec::new();
-        let (operations, elapsed) = measure(Duration::from_millis(20), 4, |batch| {
-            batches.push(batch);
-            std::thread::sleep(Duration::from_micros(200) * batch as u32);
-            Ok(())
-        })
+        let (operations, elapsed) = measure_by(
+            || clock.now(),
+            Duration::from_millis(20),
+            4,
+            |batch| {
+                batches.push(batch);
+                clock.run(batch);
+                Ok(())
+            },
+        )
         .unwrap();
         assert_eq!(batches[0], 1, "one warm-up operation");
         assert_eq!(
@@ -349,23 +392,34 @@ mod tests {
             batches[1..].iter().sum::<u64>(),
             "the warm-up is not timed"
         );
-        assert!(elapsed >= Duration::from_millis(20));
+        // 100 operations of 200 µs fill the 20 ms exactly: the batch that
+        // ends the budget is cut to what fits.
+        assert_eq!(
+            (operations, elapsed),
+            (100, Duration::from_millis(20)),
+            "batches: {batches:?}"
+        );
     }
 
     #[test]
     fn a_slow_operation_overruns_the_budget_by_at_most_one_operation() {
         // Each operation takes 30 ms, the budget is 1 ms: one warm-up and one
         // timed operation, not a batch of 100.
+        let clock = Clock::new(Duration::from_millis(30));
         let mut ran = 0;
-        let started = Instant::now();
-        let (operations, _) = measure(Duration::from_millis(1), 100, |batch| {
-            ran += batch;
-            std::thread::sleep(Duration::from_millis(30) * batch as u32);
-            Ok(())
-        })
+        let (operations, elapsed) = measure_by(
+            || clock.now(),
+            Duration::from_millis(1),
+            100,
+            |batch| {
+                ran += batch;
+                clock.run(batch);
+                Ok(())
+            },
+        )
         .unwrap();
         assert_eq!((ran, operations), (2, 1));
-        assert!(started.elapsed() < Duration::from_millis(200));
+        assert_eq!(elapsed, Duration::from_millis(30));
     }
 
     #[test]
