@@ -33,10 +33,10 @@
 //! A thread's slot is taken on its first section, from a process-wide
 //! append-only list (slots are never freed; a thread's slot is given back
 //! when the thread exits, for the next new thread, by the destructor of a
-//! key of the C library's thread-specific data: those run after every
-//! thread-local's destructor, and again for a key set while they run, so
-//! a thread whose first call comes from any destructor at its exit gives
-//! its slot back too). A writer may wait for every
+//! key of the C library's thread-specific data ([`GIVE_BACK_KEY`]): glibc
+//! runs those after every thread-local's destructor, and again for a key
+//! set while they run, so a thread whose first call comes from a
+//! destructor at its exit gives its slot back too). A writer may wait for every
 //! other thread's open section, so a writer must not be inside a section
 //! itself: it would wait for itself, or for a thread that waits for it
 //! (checked first: it panics instead, having changed nothing).
@@ -53,7 +53,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{
     AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering, compiler_fence, fence,
 };
-use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// A value read in read sections and replaced whole by [`Rcu::update`].
 pub(super) struct Rcu<T> {
@@ -324,36 +324,62 @@ thread_local! {
 
 /// The key of the C library's thread-specific data whose destructor gives
 /// a thread's slot back as the thread exits ([`give_back_at_exit`]), or
-/// `None` if the key could not be created (`EAGAIN`: the process has used
-/// up its keys; each thread then gives its slot back as each outermost
-/// section ends). Created when the library is loaded ([`prepare`]), so that
-/// no `fork()` can find it half made; where nothing ran at load (Miri), by
-/// the first slot taken.
+/// [`NO_KEY`] until one is made. Made when the library is loaded
+/// ([`prepare`]), else (Miri, or `pthread_key_create` failed there with
+/// `EAGAIN`: the process had used up its keys) by the next slot taken; a
+/// slot taken while there is none goes back after each outermost section.
+/// An atomic, not a once-only cell: a `fork()` cannot leave it half made.
 ///
 /// Not a thread-local's destructor: glibc runs those before the keys'
 /// destructors and never again, so a give-back registered by a first call
 /// from a key's destructor would never run. A key set while the keys'
-/// destructors run has its destructor run in a later round (up to
-/// `PTHREAD_DESTRUCTOR_ITERATIONS` rounds; a first call in the last round
-/// keeps its slot). The key is never deleted, and the library is linked
-/// so that `dlclose` leaves it loaded (`-z nodelete`, `build.rs`): an
-/// exiting thread calls the destructor after any `dlclose`.
-static GIVE_BACK_KEY: OnceLock<Option<libc::pthread_key_t>> = OnceLock::new();
+/// destructors run has its destructor run in a later round, up to
+/// `PTHREAD_DESTRUCTOR_ITERATIONS` rounds: a thread whose call in the
+/// last round comes after this key's destructor keeps its slot. (Where
+/// Rust's thread-locals are destroyed by a key of their own, as on musl,
+/// this key's destructor may run first: a section a thread-local still
+/// holds then gives the slot back as it ends.) The key is never deleted,
+/// and the library is linked so that `dlclose` leaves it loaded (`-z
+/// nodelete`, `build.rs`, on ELF systems): a thread that called exits
+/// calling the destructor, also after a `dlclose`.
+static GIVE_BACK_KEY: AtomicU64 = AtomicU64::new(NO_KEY);
 
-/// [`GIVE_BACK_KEY`], created on first use.
+/// [`GIVE_BACK_KEY`] before a key is made.
+const NO_KEY: u64 = u64::MAX;
+
+/// [`GIVE_BACK_KEY`], made if there is none yet; `None` if it cannot be
+/// made.
 fn give_back_key() -> Option<libc::pthread_key_t> {
     extern "C" fn at_exit(_: *mut c_void) {
         give_back_at_exit();
     }
-    *GIVE_BACK_KEY.get_or_init(|| {
-        let mut key: libc::pthread_key_t = 0;
-        // SAFETY: `pthread_key_create` writes the new key to `key`, a live
-        // local, and stores the destructor, a plain `extern "C" fn` that
-        // stays loaded for the whole process (`GIVE_BACK_KEY`), takes the
-        // value it is passed without reading it, and touches only atomics
-        // and a thread-local without a destructor.
-        (unsafe { libc::pthread_key_create(&mut key, Some(at_exit)) } == 0).then_some(key)
-    })
+    let made = GIVE_BACK_KEY.load(Ordering::Acquire);
+    if made != NO_KEY {
+        return libc::pthread_key_t::try_from(made).ok();
+    }
+    let mut key: libc::pthread_key_t = 0;
+    // SAFETY: `pthread_key_create` writes the new key to `key`, a live
+    // local, and stores the destructor, a plain `extern "C" fn` that stays
+    // loaded for the whole process (`GIVE_BACK_KEY`), ignores the value it
+    // is passed, and touches only atomics and a thread-local without a
+    // destructor (and, in this crate's tests, a test's own record).
+    if unsafe { libc::pthread_key_create(&mut key, Some(at_exit)) } != 0 {
+        return None;
+    }
+    match GIVE_BACK_KEY.compare_exchange(
+        NO_KEY,
+        u64::from(key),
+        Ordering::AcqRel,
+        Ordering::Acquire,
+    ) {
+        Ok(_) => Some(key),
+        Err(first) => {
+            // Another thread made one first: this one was never set.
+            // SAFETY: `key` was made above and no thread has a value for it.
+            unsafe { libc::pthread_key_delete(key) };
+            libc::pthread_key_t::try_from(first).ok()
+        }
+    }
 }
 
 /// Registers the give-back of `slot` at this thread's exit: sets this
@@ -416,6 +442,8 @@ fn take_slot() -> &'static Slot {
     // Where the give-back at exit cannot be registered, the slot goes
     // back after each section instead (else the thread would keep it, for
     // every writer to scan, for good).
+    #[cfg(test)]
+    tests::note_taken(slot);
     let registered = give_back_at_thread_exit(slot);
     slot.give_back_after_section
         .store(!registered, Ordering::Relaxed);
@@ -651,7 +679,7 @@ mod membarrier {
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicU64;
-    use std::sync::{Arc, Barrier, mpsc};
+    use std::sync::{Arc, Barrier, OnceLock, mpsc};
     use std::time::Duration;
 
     /// A value that knows whether it was dropped, and whose two halves
@@ -1009,24 +1037,34 @@ mod tests {
         static THREAD_NUMBER: Cell<u64> = const { Cell::new(0) };
     }
 
-    /// Every slot given back by a thread [`on_named_thread`] ran, with the
-    /// thread's number.
-    static GIVEN_BACK: Mutex<Vec<(usize, u64)>> = Mutex::new(Vec::new());
+    /// What a thread [`on_named_thread`] ran did with slots: its number,
+    /// and whether it took (`true`) or gave back a slot.
+    static SLOTS_MOVED: Mutex<Vec<(u64, bool)>> = Mutex::new(Vec::new());
 
-    /// Notes that this thread gives `slot` back (from [`give_back_now`]).
-    pub(super) fn note_given_back(slot: &'static Slot) {
+    fn note(taken: bool) {
         let number = THREAD_NUMBER.with(Cell::get);
         if number != 0 {
-            GIVEN_BACK
+            SLOTS_MOVED
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .push((std::ptr::from_ref(slot).addr(), number));
+                .push((number, taken));
         }
     }
 
+    /// Notes that this thread takes a slot (from [`take_slot`]).
+    pub(super) fn note_taken(_: &'static Slot) {
+        note(true);
+    }
+
+    /// Notes that this thread gives a slot back (from [`give_back_now`]).
+    pub(super) fn note_given_back(_: &'static Slot) {
+        note(false);
+    }
+
     /// Runs `body` on a new thread, joins it (so every destructor of its
-    /// exit has run), and returns how many slots it gave back.
-    fn on_named_thread(body: impl FnOnce() + Send + 'static) -> usize {
+    /// exit has run), and returns how many slots it took and how many it
+    /// gave back.
+    fn on_named_thread(body: impl FnOnce() + Send + 'static) -> (usize, usize) {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         let number = NEXT.fetch_add(1, Ordering::Relaxed);
         std::thread::spawn(move || {
@@ -1035,12 +1073,9 @@ mod tests {
         })
         .join()
         .unwrap();
-        GIVEN_BACK
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-            .filter(|(_, by)| *by == number)
-            .count()
+        let moved = SLOTS_MOVED.lock().unwrap_or_else(PoisonError::into_inner);
+        let count = |taken| moved.iter().filter(|&&m| m == (number, taken)).count();
+        (count(true), count(false))
     }
 
     /// A thread-local whose destructor reads `EXIT_RCU` and reports the
@@ -1072,8 +1107,9 @@ mod tests {
             });
             assert_eq!(reports.recv().unwrap(), 7, "the value read at exit");
             assert_eq!(
-                given_back, 1,
-                "slots given back (read before: {reads_before})"
+                given_back,
+                (1, 1),
+                "slots (taken, given back); read before: {reads_before}"
             );
         }
     }
@@ -1122,14 +1158,13 @@ mod tests {
                 7,
                 "the value read at exit"
             );
-            // Read before: its slot goes back at exit, and the read in the
-            // key's destructor may take another (one more give-back) or
-            // reuse it (glibc runs the keys' destructors in the order the
-            // keys were made).
-            let expected = if reads_before { 1..=2 } else { 1..=1 };
+            // Read before: the read in the key's destructor uses that slot,
+            // or takes another if the slot went back first (the order of
+            // the keys' destructors): every slot taken goes back.
+            let (taken, given) = given_back;
             assert!(
-                expected.contains(&given_back),
-                "slots given back: {given_back}, expected {expected:?} (read before: {reads_before})"
+                taken >= 1 && taken == given,
+                "slots taken {taken}, given back {given} (read before: {reads_before})"
             );
         }
     }
@@ -1139,7 +1174,7 @@ mod tests {
         let given_back = on_named_thread(|| {
             HELD_AT_EXIT.with(|cell| *cell.borrow_mut() = Some(EXIT_RCU.read()));
         });
-        assert_eq!(given_back, 1, "slots given back");
+        assert_eq!(given_back, (1, 1), "slots (taken, given back)");
     }
 
     /// Where the keys' destructors run before a thread-local that holds a
@@ -1160,7 +1195,7 @@ mod tests {
             drop(section);
             assert!(SLOT.with(Cell::get).is_none(), "kept after the section");
         });
-        assert_eq!(given_back, 1, "slots given back");
+        assert_eq!(given_back, (1, 1), "slots (taken, given back)");
     }
 
     #[test]

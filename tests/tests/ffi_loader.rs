@@ -53,6 +53,29 @@ fn the_library_exports_flex_h_at_the_header_version() {
     );
 }
 
+/// The library stays loaded after its last `dlclose` (it is linked `-z
+/// nodelete`): every thread that called it runs a function of it as it
+/// exits, which must still be there.
+#[cfg(target_os = "linux")]
+#[test]
+fn the_library_stays_loaded_after_it_is_closed() {
+    isolated!(mock_cdylib; &[],
+        || {
+            let file = canonical_library().display().to_string();
+            let mapped = || {
+                std::fs::read_to_string("/proc/self/maps")
+                    .expect("the process's mappings")
+                    .contains(&file)
+            };
+            assert!(!mapped(), "mapped before it was opened");
+            let library = FlexLibrary::open(mock_cdylib()).expect("open");
+            assert!(mapped(), "not mapped once opened");
+            drop(library);
+            assert!(mapped(), "unmapped by its dlclose");
+        },
+    );
+}
+
 #[test]
 fn another_major_version_is_refused_naming_both_versions() {
     isolated!(mock_cdylib; &[("SPYRE_MOCK_ABI_VERSION", "2.0")],
