@@ -928,9 +928,10 @@ fn a_lent_block_goes_back_to_its_owner_only_once_the_borrower_passes_the_drop() 
         // Dropped while `borrower` may still use it: the block waits for
         // `borrower`, and `owner`'s next allocation, finding the device
         // full, waits for it too before it takes the block back.
-        let (opened, opener) = open_later(hold(borrower), std::time::Duration::from_millis(200));
+        let held = hold(borrower);
         drop(lent);
         assert_eq!(stats().pending_frees, 1, "waits for `borrower`");
+        let (opened, opener) = open_later(held, std::time::Duration::from_millis(200));
         let again = DeviceBuffer::<u8>::new(owner, 64 << 10).unwrap();
         assert!(
             opened.load(Ordering::SeqCst),
@@ -952,10 +953,11 @@ fn a_full_device_waits_for_the_streams_a_pending_free_waits_for() {
         // once `user` passes the point of the drop, and its segment goes
         // back only once its own stream `a` has ended its work too.
         buffer.record_stream(user).unwrap();
-        let (a_opened, a_opener) = open_later(hold(a), std::time::Duration::from_millis(200));
-        let (opened, opener) = open_later(hold(user), std::time::Duration::from_millis(200));
+        let (held_a, held_user) = (hold(a), hold(user));
         drop(buffer);
         assert_eq!(stats().pending_frees, 1);
+        let (a_opened, a_opener) = open_later(held_a, std::time::Duration::from_millis(200));
+        let (opened, opener) = open_later(held_user, std::time::Duration::from_millis(200));
         let on_b = DeviceBuffer::<u8>::new(b, 2 << 20).unwrap();
         assert!(
             opened.load(Ordering::SeqCst),

@@ -11,7 +11,7 @@ use flex_rt::{
     DataFormat, HardwareRuntime, HostBuffer, LaunchOptions, Runtime, Status, Stream, StreamMode,
     StreamPriority, TeardownStep,
 };
-use spyre_tests::conformance::Completions;
+use spyre_tests::conformance::{Completions, Gate};
 use spyre_tests::ffi::{backend, live_threads, settle_threads};
 use spyre_tests::isolated;
 
@@ -24,6 +24,7 @@ fn dropping_the_context_waits_for_pending_work() {
     isolated!(mock_cdylib; &[], || {
         let context = context();
         let completions = Completions::new();
+        let gate = Gate::new();
         let ran = Arc::new(AtomicUsize::new(0));
         let out = HostBuffer::zeroed(128);
         let address = context.allocate(128).expect("allocate");
@@ -33,11 +34,11 @@ fn dropping_the_context_waits_for_pending_work() {
                 .create_stream(StreamPriority::Normal, StreamMode::StrictOrdering, false)
                 .expect("create_stream"),
         ] {
-            let r = Arc::clone(&ran);
+            let (r, waiter) = (Arc::clone(&ran), Arc::clone(&gate));
             stream
                 .launch_host_callback(
                     Box::new(move || {
-                        std::thread::sleep(Duration::from_millis(50));
+                        waiter.wait();
                         r.fetch_add(1, Ordering::SeqCst);
                     }),
                     completions.options(),
@@ -54,13 +55,18 @@ fn dropping_the_context_waits_for_pending_work() {
         assert_eq!(
             completions.calls(),
             0,
-            "the host callbacks are still sleeping"
+            "the host callbacks are still waiting"
         );
+        let opener = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            gate.open();
+        });
         drop(context);
         assert_eq!(ran.load(Ordering::SeqCst), 2);
         assert_eq!(completions.results(), vec![Ok(()); 4]);
         assert_eq!(completions.drops(), 4);
         assert_eq!(out.to_vec(), vec![6u8; 128]);
+        opener.join().unwrap();
     });
 }
 
