@@ -188,7 +188,7 @@ pub(super) struct StreamRef<'a> {
 /// A live stream handle whose runtime the call holds itself, not through
 /// a [`Snapshot`]: for calls that block. A snapshot held while blocked
 /// would hold up the destroy of any runtime (which waits for every open
-/// snapshot) and any change past [`rcu::MAX_RETIRED`] retired snapshots,
+/// snapshot) and any change past [`MAX_RETIRED_ENTRIES`] in retired snapshots,
 /// and with them `fork()` (whose handler takes the table's writers'
 /// lock).
 pub(super) struct HeldStream {
@@ -260,10 +260,37 @@ pub(super) struct Handles {
 /// is [`EVENTS`]: released after a `fork()` in the child
 /// ([`keep_locks_across_fork`]), its unlock is an atomic swap and at most a
 /// futex wake, with no lock of its own.
-static HANDLES: Rcu<Handles> = Rcu::new(Handles {
-    runtimes: BTreeMap::new(),
-    streams: BTreeMap::new(),
-});
+static HANDLES: Rcu<Handles> = Rcu::weighed(
+    Handles {
+        runtimes: BTreeMap::new(),
+        streams: BTreeMap::new(),
+    },
+    Handles::entries,
+    MAX_RETIRED_ENTRIES,
+);
+
+/// How many entries (runtimes and streams) the old copies of the table
+/// that changes leave to later ones may hold in all, before a change waits
+/// for the calls that may read them and frees them (past
+/// [`rcu::MIN_RETIRED`] copies, however large the table; and never more
+/// than [`rcu::MAX_RETIRED`] copies): the memory a call that sits in the
+/// library (switched out, say) can hold up without holding up a change.
+/// An entry of a copy takes about 50 bytes, so this is about 6.5 MB
+/// whatever the number of streams: 244 copies of eight runtimes' 66
+/// streams, 32 copies of 4 000 streams (with a bound of 256 copies alone,
+/// 4 000 streams held 50 MB). A smaller bound makes changes wait: 64 copies
+/// of a small table did, in about one stream creation in a hundred, under
+/// twelve busy callers on two CPUs (`ffi_create` in BENCHMARKS.md). Old
+/// copies are freed only by later changes: after a burst of them, they
+/// stay allocated until the next change.
+const MAX_RETIRED_ENTRIES: usize = 1 << 17;
+
+impl Handles {
+    /// The entries of the table, runtimes and streams: what a copy weighs.
+    fn entries(&self) -> usize {
+        self.runtimes.len() + self.streams.len()
+    }
+}
 
 /// Event handle address (of the `EventEntry` inside the `Arc`) → event.
 static EVENTS: std::sync::Mutex<BTreeMap<usize, Arc<EventEntry>>> =
@@ -357,7 +384,7 @@ extern "C" fn unlock_after_fork() {
 /// The live runtimes and streams as a call sees them: read for the call
 /// (a call that blocks holds its stream instead, [`HeldStream`]). A
 /// runtime's destroy waits until this is dropped (and any change of the
-/// table may wait, past [`rcu::MAX_RETIRED`] old copies): a call drops it
+/// table may wait, past [`MAX_RETIRED_ENTRIES`] in old copies): a call drops it
 /// before it changes the table.
 pub(super) struct Snapshot(rcu::Read<'static, Handles>);
 

@@ -11,8 +11,8 @@
 //! old value, and it may be freed. A writer does not wait for that: it
 //! retires the old value with its note, and frees every retired value
 //! whose sections have ended, so a reader switched out inside a section
-//! holds up no writer, only memory (up to [`MAX_RETIRED`] values; past
-//! that a writer waits). [`Rcu::update_and_synchronize`] waits, and frees
+//! holds up no writer, only memory (a bound on how many retired values
+//! there are and what they weigh: past it a writer waits). [`Rcu::update_and_synchronize`] waits, and frees
 //! every retired value before it returns. Sections nest: only the
 //! outermost one moves the count.
 //!
@@ -66,9 +66,13 @@ pub(super) struct Rcu<T> {
     /// Serializes the writers (each copies the value it replaces), and
     /// holds the values they replaced that sections may still read.
     writers: Mutex<Retired<T>>,
-    /// How many retired values an [`Rcu::update`] leaves to later ones
-    /// ([`MAX_RETIRED`]; fewer in tests).
-    max_retired: usize,
+    /// What a value weighs, for the bound, in units of the owner's
+    /// ([`Rcu::weighed`]; 1 for each value in tests' `Rcu::new`).
+    weigh: fn(&T) -> usize,
+    /// What the retired values an [`Rcu::update`] leaves to later ones may
+    /// weigh in all (past at least [`MIN_RETIRED`] of them; and at most
+    /// [`MAX_RETIRED`] values).
+    max_retired_weight: usize,
 }
 
 // SAFETY: the value is shared between threads by reference (readers) and
@@ -79,19 +83,32 @@ unsafe impl<T: Send + Sync> Sync for Rcu<T> {}
 unsafe impl<T: Send + Sync> Send for Rcu<T> {}
 
 impl<T> Rcu<T> {
-    /// An `Rcu` holding `initial`.
+    /// An `Rcu` holding `initial` whose updates leave at most
+    /// [`MAX_RETIRED`] retired values to later ones.
+    #[cfg(test)]
     pub(super) const fn new(initial: T) -> Self {
-        Self::with_max_retired(initial, MAX_RETIRED)
+        Self::weighed(initial, weigh_one, MAX_RETIRED)
     }
 
-    /// An `Rcu` holding `initial` whose updates leave at most `max_retired`
-    /// retired values to later ones.
-    const fn with_max_retired(initial: T, max_retired: usize) -> Self {
+    /// An `Rcu` holding `initial` whose updates leave retired values that
+    /// weigh at most `max_retired_weight` in all (by `weigh`), and at most
+    /// [`MAX_RETIRED`] of them, to later ones, or [`MIN_RETIRED`] values
+    /// whatever they weigh: past that, an update waits for their readers
+    /// and frees them.
+    pub(super) const fn weighed(
+        initial: T,
+        weigh: fn(&T) -> usize,
+        max_retired_weight: usize,
+    ) -> Self {
         Self {
             current: AtomicPtr::new(std::ptr::null_mut()),
             initial,
-            writers: Mutex::new(Retired { values: Vec::new() }),
-            max_retired,
+            writers: Mutex::new(Retired {
+                values: Vec::new(),
+                weight: 0,
+            }),
+            weigh,
+            max_retired_weight,
         }
     }
 
@@ -122,9 +139,9 @@ impl<T> Rcu<T> {
     /// copy, without waiting for the read sections that may still see the
     /// old value: the old value is retired, and freed by a later update
     /// once those sections have ended (this one frees the values of
-    /// earlier updates whose sections have ended). When more than [`MAX_RETIRED`]
-    /// values are retired, it waits as [`Rcu::update_and_synchronize`]
-    /// does. Writers run one at a time.
+    /// earlier updates whose sections have ended). Past the `Rcu`'s bound
+    /// on retired values ([`Rcu::weighed`]), it waits as
+    /// [`Rcu::update_and_synchronize`] does. Writers run one at a time.
     ///
     /// # Panics
     /// If this thread is inside a read section (an update may wait, and it
@@ -165,6 +182,7 @@ impl<T> Rcu<T> {
             // writers are serialized by the lock held here: the current
             // value stays alive until this writer replaces it.
             let current = unsafe { self.current.load(Ordering::Acquire).as_ref() };
+            let weight = current.map_or(0, self.weigh);
             let mut next = current.unwrap_or(&self.initial).clone();
             let result = change(&mut next);
             let old = self
@@ -172,20 +190,29 @@ impl<T> Rcu<T> {
                 .swap(Box::into_raw(Box::new(next)), Ordering::AcqRel);
             let open = open_sections();
             if let Some(value) = NonNull::new(old) {
-                retired.values.push(RetiredValue { value, open });
+                retired.values.push(RetiredValue {
+                    value,
+                    open,
+                    weight,
+                });
+                retired.weight += weight;
             }
-            let freed = if wait == Wait::Always || retired.values.len() > self.max_retired {
+            let full = retired.values.len() > MIN_RETIRED
+                && (retired.weight > self.max_retired_weight || retired.values.len() > MAX_RETIRED);
+            let freed = if wait == Wait::Always || full {
                 // A section open at an earlier swap that has not ended is
                 // open now, with the same count: waiting for the sections
                 // open at this swap waits for every retired value's.
                 if let Some(newest) = retired.values.last() {
                     wait_for(&newest.open);
                 }
+                retired.weight = 0;
                 std::mem::take(&mut retired.values)
             } else {
-                let (ended, kept) = std::mem::take(&mut retired.values)
+                let (ended, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut retired.values)
                     .into_iter()
                     .partition(RetiredValue::unread);
+                retired.weight = kept.iter().map(|value| value.weight).sum();
                 retired.values = kept;
                 ended
             };
@@ -200,24 +227,27 @@ impl<T> Rcu<T> {
     }
 }
 
-/// How many replaced values an [`Rcu::update`] leaves to later updates
-/// before it waits for their readers: the memory a reader that sits in a
-/// section (switched out, say) can hold up without holding up a writer.
-/// Retired values are freed only by later updates: after a burst of them,
-/// up to this many stay allocated until the next update. For the flex
-/// library's handle table these are copies of the table, about 40 bytes
-/// per live stream: 256 copies of eight runtimes' 66 streams each hold
-/// about 5 MB. A smaller bound made writers wait: 64 did, in about one
-/// stream creation in a hundred, under twelve busy callers on two CPUs
-/// (`ffi_create` in BENCHMARKS.md).
+/// How many replaced values an [`Rcu::update`] leaves to later updates,
+/// whatever they weigh, before it waits for their readers: each update
+/// looks at every retired value, to free those no section reads.
 pub(super) const MAX_RETIRED: usize = 256;
+
+/// How many replaced values an [`Rcu::update`] leaves to later updates
+/// whatever they weigh ([`Rcu::weighed`]): with values larger than the
+/// bound, updates still wait only every so often.
+pub(super) const MIN_RETIRED: usize = 8;
+
+/// The weight of a value of an [`Rcu::new`].
+#[cfg(test)]
+fn weigh_one<T>(_: &T) -> usize {
+    1
+}
 
 /// Whether a writer waits for the read sections that may see the value it
 /// replaced.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Wait {
-    /// Only when more than [`MAX_RETIRED`] values (the `Rcu`'s bound) are
-    /// retired.
+    /// Only past the `Rcu`'s bound on retired values ([`Rcu::weighed`]).
     WhenFull,
     /// Always: every replaced value is freed before the update returns.
     Always,
@@ -227,6 +257,8 @@ enum Wait {
 /// first; guarded by the writers' lock.
 pub(super) struct Retired<T> {
     values: Vec<RetiredValue<T>>,
+    /// What `values` weigh in all.
+    weight: usize,
 }
 
 /// A replaced value and the read sections that were open when it was
@@ -240,6 +272,8 @@ struct RetiredValue<T> {
     value: NonNull<T>,
     /// Each slot whose count was odd just after the swap, with that count.
     open: Vec<(&'static Slot, u64)>,
+    /// What the value weighs ([`Rcu::weighed`]).
+    weight: usize,
 }
 
 impl<T> RetiredValue<T> {
@@ -947,20 +981,42 @@ mod tests {
     #[test]
     fn past_the_bound_of_retired_values_an_update_waits_and_frees_them_all() {
         let drops = Arc::new(AtomicU64::new(0));
-        // A small bound, for Miri's sake; the production one is the same code.
-        let bound = 8u64;
-        let rcu = &Rcu::with_max_retired(pair(&drops), bound as usize);
+        // A small bound, for Miri's sake; the production one is the same
+        // code. Values weigh 1: nine values are more than the floor of
+        // `MIN_RETIRED` (8) and weigh more than 8.
+        let rcu = Rcu::weighed(pair(&drops), weigh_one, 8);
+        an_update_past_the_bound_waits(&rcu, &drops, 8);
+    }
+
+    #[test]
+    fn the_bound_counts_what_retired_values_weigh() {
+        let drops = Arc::new(AtomicU64::new(0));
+        // Values of 100 under a bound of 1 000: ten stay retired, the
+        // eleventh is past the bound (and past the floor of 8 values).
+        let rcu = Rcu::weighed(pair(&drops), |_| 100, 1_000);
+        an_update_past_the_bound_waits(&rcu, &drops, 10);
+        // Values heavier than the whole bound: the floor of 8 values
+        // stays retired, the ninth waits.
+        let drops = Arc::new(AtomicU64::new(0));
+        let rcu = Rcu::weighed(pair(&drops), |_| 5_000, 1_000);
+        an_update_past_the_bound_waits(&rcu, &drops, MIN_RETIRED as u64);
+    }
+
+    /// With a section open that sees every value, `within` updates of `rcu`
+    /// retire their values without waiting, and the next one waits for the
+    /// section, then frees every value replaced.
+    fn an_update_past_the_bound_waits(rcu: &Rcu<Pair>, drops: &AtomicU64, within: u64) {
         with_a_section_open(
             rcu,
             |updated| {
-                // Values 1 to `bound` retired, each seen by the section.
-                for n in 2..=bound + 1 {
+                // Values 1 to `within` retired, each seen by the section.
+                for n in 2..=within + 1 {
                     set(rcu, n);
                 }
-                updated.send(bound + 1).unwrap();
-                // One more retired than the bound: this one waits.
-                set(rcu, bound + 2);
-                updated.send(bound + 2).unwrap();
+                updated.send(within + 1).unwrap();
+                // One more retired: past the bound, this one waits.
+                set(rcu, within + 2);
+                updated.send(within + 2).unwrap();
             },
             |wait_updated, close| {
                 let within_bound = wait_updated.recv_timeout(Duration::from_secs(30));
@@ -969,7 +1025,7 @@ mod tests {
                 close();
                 assert_eq!(
                     within_bound,
-                    Ok(bound + 1),
+                    Ok(within + 1),
                     "an update within the bound waited"
                 );
                 assert_eq!(
@@ -978,12 +1034,12 @@ mod tests {
                     "the update past the bound returned while a section that may see a retired value was open"
                 );
                 assert_eq!(freed_while_read, 0, "freed while read");
-                assert_eq!(wait_updated.recv(), Ok(bound + 2));
+                assert_eq!(wait_updated.recv(), Ok(within + 2));
             },
         );
-        // Values 1 to `bound + 1`: every value replaced, freed by the
+        // Values 1 to `within + 1`: every value replaced, freed by the
         // update that waited.
-        assert_eq!(drops.load(Ordering::SeqCst), bound + 1);
+        assert_eq!(drops.load(Ordering::SeqCst), within + 1);
     }
 
     #[test]
