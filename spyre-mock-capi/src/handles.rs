@@ -275,10 +275,11 @@ static HANDLES: Rcu<Handles> = Rcu::weighed(
 /// [`rcu::MIN_RETIRED`] copies, however large the table; and never more
 /// than [`rcu::MAX_RETIRED`] copies): the memory a call that sits in the
 /// library (switched out, say) can hold up without holding up a change.
-/// An entry of a copy takes about 50 bytes, so this is about 6.5 MB
-/// whatever the number of streams: 244 copies of eight runtimes' 66
-/// streams, 32 copies of 4 000 streams (with a bound of 256 copies alone,
-/// 4 000 streams held 50 MB). A smaller bound makes changes wait: 64 copies
+/// An entry of a copy takes about 50 bytes, so this is about 6.5 MB, or 8
+/// copies of a table of more than 16 384 entries: 244 copies of eight
+/// runtimes' 66 streams, 32 copies of 4 000 streams (with a bound of 256
+/// copies alone, 4 000 streams held 50 MB). Copies no call reads any more
+/// are freed by the next change without waiting, and do not count. A smaller bound makes changes wait: 64 copies
 /// of a small table did, in about one stream creation in a hundred, under
 /// twelve busy callers on two CPUs (`ffi_create` in BENCHMARKS.md). Old
 /// copies are freed only by later changes: after a burst of them, they
