@@ -279,11 +279,12 @@ static HANDLES: Rcu<Handles> = Rcu::weighed(
 /// copies of a table of more than 16 384 entries: 244 copies of eight
 /// runtimes' 66 streams, 32 copies of 4 000 streams (with a bound of 256
 /// copies alone, 4 000 streams held 50 MB). Copies no call reads any more
-/// are freed by the next change without waiting, and do not count. A smaller bound makes changes wait: 64 copies
-/// of a small table did, in about one stream creation in a hundred, under
-/// twelve busy callers on two CPUs (`ffi_create` in BENCHMARKS.md). Old
-/// copies are freed only by later changes: after a burst of them, they
-/// stay allocated until the next change.
+/// are freed by the next change without waiting, and do not count. A
+/// smaller bound makes changes wait: 64 copies of a small table did, in
+/// about one stream creation in a hundred, under twelve busy callers on two
+/// CPUs (`ffi_create` in BENCHMARKS.md). Old copies are freed only by later
+/// changes: after a burst of them, they stay allocated until the next
+/// change.
 const MAX_RETIRED_ENTRIES: usize = 1 << 17;
 
 impl Handles {

@@ -16,11 +16,12 @@ use crate::rcu;
 /// set-up that a call would otherwise do first, under a lock or a
 /// once-only cell that a `fork()` by another thread could leave held in
 /// the child for ever (the child's first call would then block): the
-/// handle table's membarrier registration, fork handler, and the key
-/// that gives a thread's read-section slot back at its exit (made again
-/// by the next slot taken if it failed here) ([`rcu::prepare`]), the watch for `fork()` that marks a parent's
-/// runtimes as the parent's (`flex_sys::fork::watch_forks`), and the
-/// handlers that keep the library's locks usable across it
+/// handle table's membarrier registration, fork handler, and the key that
+/// gives a thread's read-section slot back at its exit, made again by the
+/// next slot taken if it failed here ([`rcu::prepare`]); the watch for
+/// `fork()` that marks a parent's runtimes as the parent's
+/// (`flex_sys::fork::watch_forks`); and the handlers that keep the
+/// library's locks usable across it
 /// ([`handles::keep_locks_across_fork`]). Each fork registration that
 /// fails here (`ENOMEM`) is tried again, and reported, by
 /// `flex_runtime_create`.

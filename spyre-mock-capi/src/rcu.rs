@@ -7,14 +7,14 @@
 //! count even again. A writer ([`Rcu::update`]) publishes a changed copy
 //! with one swap, then notes every thread whose count it finds odd, with
 //! that count: once each of those counts has changed (the section it saw
-//! has ended; a later one loads the new value), no section can read the
-//! old value, and it may be freed. A writer does not wait for that: it
-//! retires the old value with its note, and frees every retired value
-//! whose sections have ended, so a reader switched out inside a section
-//! holds up no writer, only memory (a bound on how many retired values
-//! there are and what they weigh: past it a writer waits). [`Rcu::update_and_synchronize`] waits, and frees
-//! every retired value before it returns. Sections nest: only the
-//! outermost one moves the count.
+//! has ended; a later one loads the new value), no section can read the old
+//! value, and it may be freed. A writer does not wait for that: it retires
+//! the old value with its note, and frees every retired value whose
+//! sections have ended, so a reader switched out inside a section holds up
+//! no writer, only memory (a bound on how many retired values there are and
+//! what they weigh: past it a writer waits). [`Rcu::update_and_synchronize`]
+//! waits, and frees every retired value before it returns. Sections nest:
+//! only the outermost one moves the count.
 //!
 //! That argument needs a full barrier between a reader's odd store and its
 //! load of the address, and between the writer's swap and its scan of the
@@ -36,10 +36,10 @@
 //! key of the C library's thread-specific data ([`GIVE_BACK_KEY`]): glibc
 //! runs those after every thread-local's destructor, and again for a key
 //! set while they run, so a thread whose first call comes from a
-//! destructor at its exit gives its slot back too). A writer may wait for every
-//! other thread's open section, so a writer must not be inside a section
-//! itself: it would wait for itself, or for a thread that waits for it
-//! (checked first: it panics instead, having changed nothing).
+//! destructor at its exit gives its slot back too). A writer may wait for
+//! every other thread's open section, so a writer must not be inside a
+//! section itself: it would wait for itself, or for a thread that waits for
+//! it (checked first: it panics instead, having changed nothing).
 //!
 //! After `fork()` the child has one thread; the sections other threads had
 //! open are forgotten there (a `pthread_atfork` child handler, registered
