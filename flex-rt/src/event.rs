@@ -22,6 +22,21 @@ pub struct Capabilities {
     pub event_timing: bool,
 }
 
+/// What [`Event::notify`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Notification {
+    /// The record is pending: the completion will be called once it
+    /// completes or fails.
+    Pending,
+    /// Nothing to wait for, and the completion was dropped uncalled: the
+    /// outcome of the latest record as of the call, which had already
+    /// completed (`Ok`) or failed (its error, as [`Event::query`] gives
+    /// it), or `Ok` for an event never recorded. It is that record's
+    /// outcome even when another thread records the event again meanwhile
+    /// (a query after the call could report the new record instead).
+    Settled(Result<()>),
+}
+
 /// A marker in stream order (`flex_event_t`; `cudaEvent_t`,
 /// `torch.cuda.Event`).
 ///
@@ -73,14 +88,14 @@ pub trait Event: Send + Sync + fmt::Debug {
     /// Adds nothing to any stream and never blocks: the way to await a
     /// record made without a completion.
     ///
-    /// Returns `Ok(true)` when there is nothing to wait for — the record has
-    /// already completed or failed, or the event was never recorded
-    /// ([`Event::query`] then tells which) — and drops `completion` uncalled;
-    /// `Ok(false)` when `completion` will be called.
+    /// Returns [`Notification::Pending`] when `completion` will be called,
+    /// and [`Notification::Settled`] with the record's outcome when there is
+    /// nothing to wait for (the record has already completed or failed, or
+    /// the event was never recorded); `completion` is dropped uncalled then.
     ///
     /// # Errors
     /// The runtime's error; `completion` is dropped uncalled then.
-    fn notify(&self, completion: Completion) -> Result<bool>;
+    fn notify(&self, completion: Completion) -> Result<Notification>;
 
     /// Blocks until the latest record (as of this call) has completed
     /// (`flex_event_synchronize`); returns at once for an event never

@@ -34,7 +34,7 @@ pub use address::{
 };
 pub use buffer::{HostBuffer, ReadLease, WriteLease};
 pub use error::{FlexError, Result};
-pub use event::{Capabilities, Event};
+pub use event::{Capabilities, Event, Notification};
 pub use flex_sys::fork;
 #[cfg(unix)]
 pub use flex_sys::{AbiVersion, FlexLibrary, LoadError, RUNTIME_LIB_ENV};

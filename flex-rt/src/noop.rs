@@ -34,7 +34,7 @@ use std::time::Duration;
 use crate::address::{ADDRESS_ALIGNMENT, CompositeAddress, LogicalAddress};
 use crate::buffer::HostBuffer;
 use crate::error::{FlexError, Result};
-use crate::event::{Capabilities, Event};
+use crate::event::{Capabilities, Event, Notification};
 use crate::launch::{Completion, HostCallback, LaunchOptions};
 use crate::status::Status;
 use crate::traits::{Backend, Runtime, Stream};
@@ -395,8 +395,8 @@ impl Event for NoopEvent {
     }
 
     /// Every record has completed by the time it returns: nothing to wait for.
-    fn notify(&self, _completion: Completion) -> Result<bool> {
-        Ok(true)
+    fn notify(&self, _completion: Completion) -> Result<Notification> {
+        Ok(Notification::Settled(Ok(())))
     }
 
     fn elapsed_nanos(&self, end: &dyn Event) -> Result<i64> {

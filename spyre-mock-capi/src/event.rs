@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use flex_rt::Stream;
+use flex_rt::{Notification, Stream};
 use flex_sys::bindings::{
     FLEX_CAPABILITY_DEVICE_SIDE_WAIT, FLEX_CAPABILITY_EVENT_TIMING, FLEX_EVENT_TIMING,
     FLEX_NOT_READY, FLEX_SUCCESS, flex_capability_t, flex_completion_t, flex_event_flags_t,
@@ -190,7 +190,7 @@ pub unsafe extern "C" fn flex_event_notify(
         let complete = match completion {
             // Nothing to call: say only whether there is anything to wait for.
             None => !matches!(event.event.query(), Ok(false)),
-            Some(completion) => event.event.notify(completion)?,
+            Some(completion) => matches!(event.event.notify(completion)?, Notification::Settled(_)),
         };
         // SAFETY: flex.h: `complete_out` points to a writable `int32_t` when
         // not NULL; checked non-null and aligned.

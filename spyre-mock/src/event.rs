@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use crate::sync::Mutex;
-use flex_rt::{Completion, Event, FlexError, Result, Status};
+use flex_rt::{Completion, Event, FlexError, Notification, Result, Status};
 
 use crate::engine::Device;
 use crate::record::Record;
@@ -120,15 +120,19 @@ impl Event for MockEvent {
         }
     }
 
-    fn notify(&self, completion: Completion) -> Result<bool> {
+    fn notify(&self, completion: Completion) -> Result<Notification> {
         self.check_alive("event_notify")?;
         let Some(record) = self.latest() else {
-            return Ok(true);
+            return Ok(Notification::Settled(Ok(())));
         };
         match record.notify(completion) {
-            Ok(()) => Ok(false),
-            // Dropped here, with no lock held: its drop is user code.
-            Err(_already_settled) => Ok(true),
+            Ok(()) => Ok(Notification::Pending),
+            // Dropped here, with no lock held: its drop is user code. The
+            // outcome is this record's, whatever was recorded since.
+            Err(_already_settled) => Ok(Notification::Settled(match record.outcome() {
+                Some(Err(error)) => Err(error),
+                _ => Ok(()),
+            })),
         }
     }
 

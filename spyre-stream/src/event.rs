@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use flex_rt::{Capabilities, Event, FlexError, Status};
+use flex_rt::{Capabilities, Event, FlexError, Notification, Status};
 use parking_lot::Mutex;
 
 use crate::device::Device;
@@ -210,8 +210,8 @@ impl SpyreEvent {
             // operation the device must run to call it, which work of other
             // streams could delay, and the event with it.
             match self.event().notify(completion) {
-                Ok(false) => {}
-                Ok(true) => entry.finished(self.event().query().is_err()),
+                Ok(Notification::Pending) => {}
+                Ok(Notification::Settled(outcome)) => entry.finished(outcome.is_err()),
                 // The runtime could not say (closed meanwhile): the trace
                 // shows the record as not finished.
                 Err(_) => {}
@@ -365,13 +365,10 @@ impl SpyreEvent {
             .event()
             .notify(Box::new(move |outcome| completes.complete(outcome)))
         {
-            Ok(false) => {}
-            // Complete, failed, or never recorded: the query says which (a
-            // record made since then is not this future's business).
-            Ok(true) => signal.complete(match self.event().query() {
-                Err(error) => Err(error),
-                Ok(_) => Ok(()),
-            }),
+            Ok(Notification::Pending) => {}
+            // Complete, failed, or never recorded: the outcome of the
+            // record the future is bound to, whatever was recorded since.
+            Ok(Notification::Settled(outcome)) => signal.complete(outcome),
             Err(error) => signal.complete(Err(error)),
         }
         signal
@@ -580,6 +577,13 @@ impl SpyreStream {
     /// task.
     /// Records a marker event, as [`SpyreStream::wait_stream`] does, lent to
     /// the future until it is dropped.
+    ///
+    /// Its waker is called from the record's notification, which is work of
+    /// the stream as every completion is (CUDA's host functions are too): a
+    /// task woken by it may find [`SpyreStream::query`] still `false` for
+    /// the moment the device's other notifications of that point take
+    /// (another future's waker, say), and [`SpyreStream::synchronize`]
+    /// waits for them.
     ///
     /// # Errors
     /// As [`SpyreEvent::new`] (for the marker; [`Error::RuntimeReset`] after

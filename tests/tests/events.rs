@@ -4,6 +4,7 @@
 //! FFI path. Each test runs in a fresh process (the runtime starts once per
 //! process).
 
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -418,6 +419,92 @@ fn waiter_fails_naming(waiter: SpyreStream, failing: SpyreStream) {
         .id();
     let named = format!("event recorded on stream {runtime_id},");
     assert!(err.to_string().contains(&named), "{err}");
+}
+
+/// A future made of an event whose latest record failed, while another
+/// thread records the event again on a healthy stream that is held: the
+/// future is bound either to the failed record (it fails) or to the new
+/// one (it is pending), never resolved `Ok`. Before, a future that found
+/// its record settled asked the event's query which way, and a record made
+/// in between made it report the new record's state: `Ok` for work that
+/// failed. 4 000 rounds, swept over offsets between the two threads.
+fn a_future_of_a_failed_record_never_resolves_ok() {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+    const ROUNDS: usize = 4_000;
+    let (failing, held) = (pool_stream(), pool_stream());
+    let held_gate = hold(held);
+    let failing_gate = hold(failing);
+    failing
+        .launch_host_callback(|| panic!("deliberate panic"), LaunchOptions::new())
+        .unwrap();
+    let events: Vec<SpyreEvent> = (0..ROUNDS)
+        .map(|_| {
+            let event = SpyreEvent::new().unwrap();
+            event.record(failing).unwrap();
+            event
+        })
+        .collect();
+    failing_gate.open();
+    assert!(failing.synchronize().is_err(), "the stream failed");
+    // Spun on, not a barrier: the two threads start each round within a
+    // few nanoseconds of each other, and the offsets sweep the record over
+    // the future's making: one side or the other is delayed by 0 to 511
+    // spins, in turn.
+    let offsets = |round: usize| match round % 2 {
+        0 => (0, round / 2 % 512),
+        _ => (round / 2 % 512, 0),
+    };
+    let spin = |spins: usize| {
+        for _ in 0..spins {
+            std::hint::spin_loop();
+        }
+    };
+    let (ready, start) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    let mut resolved_ok = 0;
+    let mut outcomes = [0usize; 2];
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            for (round, event) in events.iter().enumerate() {
+                ready.store(round + 1, Ordering::Release);
+                while start.load(Ordering::Acquire) != round + 1 {
+                    std::hint::spin_loop();
+                }
+                spin(offsets(round).1);
+                event.record(held).unwrap();
+            }
+        });
+        for (round, event) in events.iter().enumerate() {
+            while ready.load(Ordering::Acquire) != round + 1 {
+                std::hint::spin_loop();
+            }
+            start.store(round + 1, Ordering::Release);
+            spin(offsets(round).0);
+            let mut future = event.synchronize_async();
+            match Pin::new(&mut future).poll(&mut Context::from_waker(Waker::noop())) {
+                Poll::Ready(Ok(())) => resolved_ok += 1,
+                Poll::Ready(Err(_)) => outcomes[0] += 1,
+                Poll::Pending => outcomes[1] += 1,
+            }
+        }
+    });
+    held_gate.open();
+    held.synchronize().unwrap();
+    assert_eq!(
+        resolved_ok, 0,
+        "futures of a failed record resolved Ok ({} failed, {} pending)",
+        outcomes[0], outcomes[1]
+    );
+}
+
+#[test]
+fn a_future_of_a_failed_record_never_resolves_ok_in_process() {
+    isolated!(&[MOCK], a_future_of_a_failed_record_never_resolves_ok);
+}
+
+#[test]
+fn a_future_of_a_failed_record_never_resolves_ok_through_the_ffi_path() {
+    through_the_ffi_path!(a_future_of_a_failed_record_never_resolves_ok);
 }
 
 #[test]

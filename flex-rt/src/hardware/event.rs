@@ -15,7 +15,7 @@ use super::callback::{self, Lease, OpMeta, Payload, Submission};
 use super::handle::RuntimeHandle;
 use super::payload_cache::{self, PayloadCache};
 use crate::error::{FlexError, Result};
-use crate::event::{Capabilities, Event};
+use crate::event::{Capabilities, Event, Notification};
 use crate::launch::Completion;
 use crate::status::Status;
 
@@ -251,6 +251,35 @@ impl HardwareEvent {
         }
     }
 
+    /// The outcome of the event's latest record, `recorded` when made
+    /// through flex-rt, which the library has said is settled: its query,
+    /// with a host callback's panic named and a completion's panic before
+    /// the record checked, as [`Event::query`] does. The caller holds
+    /// [`HardwareEvent::latest`] (so no record is made meanwhile) and the
+    /// runtime's liveness.
+    #[cold]
+    fn settled_outcome(
+        &self,
+        event: *mut sys::flex_event_t,
+        recorded: Option<&Recorded>,
+    ) -> Result<()> {
+        const CALL: &str = "flex_event_query";
+        // SAFETY: as in `query`: the event and its runtime are alive (the
+        // caller holds the read lock); the symbol is resolved. Never blocks.
+        let status = unsafe { self.lib.api().flex_event_query(event) };
+        let queried = call::query_result(status, CALL, || self.lib.last_error_message());
+        match (queried, recorded) {
+            (Err(err), Some(recorded)) => Err(callback::name_stream_panic(
+                err,
+                recorded.stream_id,
+                recorded.cache.host_panic(),
+            )),
+            (Err(err), None) => Err(err),
+            (Ok(_), Some(recorded)) => recorded.check_completions(CALL),
+            (Ok(_), None) => Ok(()),
+        }
+    }
+
     /// Runs `f` with the event's handle while the runtime is known alive.
     fn with_handle<T>(
         &self,
@@ -346,7 +375,7 @@ impl Event for HardwareEvent {
         })
     }
 
-    fn notify(&self, completion: Completion) -> Result<bool> {
+    fn notify(&self, completion: Completion) -> Result<Notification> {
         const CALL: &str = "flex_event_notify";
         let meta = OpMeta {
             call: CALL,
@@ -354,7 +383,7 @@ impl Event for HardwareEvent {
             runtime: self.runtime.key(),
         };
         let mut complete = 0i32;
-        let (status, submission) = self.with_handle(CALL, |event| {
+        let (status, submission, settled) = self.with_handle(CALL, |event| {
             // The latest record is held across the call (as a record holds
             // it across its own), so that the record whose outcome the
             // completion checks is the one the library notifies about: the
@@ -382,8 +411,13 @@ impl Event for HardwareEvent {
                     .api()
                     .flex_event_notify(event, submission.completion(), &raw mut complete)
             };
+            // The library says only that the record has settled; its query
+            // says how. Asked with the latest record still held, so that a
+            // record made meanwhile cannot answer for it.
+            let settled = (status == sys::FLEX_SUCCESS && call::bool_from_raw(complete))
+                .then(|| self.settled_outcome(event, latest.as_ref()));
             drop(latest);
-            Ok((status, submission))
+            Ok((status, submission, settled))
         })?;
         if status != sys::FLEX_SUCCESS {
             // Read the thread's message before the payload's drop runs user code.
@@ -391,13 +425,17 @@ impl Event for HardwareEvent {
             drop(submission);
             return Err(error);
         }
-        if call::bool_from_raw(complete) {
+        match settled {
             // Nothing to wait for: the library will never call it.
-            drop(submission);
-            return Ok(true);
+            Some(outcome) => {
+                drop(submission);
+                Ok(Notification::Settled(outcome))
+            }
+            None => {
+                submission.hand_over();
+                Ok(Notification::Pending)
+            }
         }
-        submission.hand_over();
-        Ok(false)
     }
 
     fn synchronize(&self) -> Result<()> {

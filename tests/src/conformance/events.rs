@@ -12,7 +12,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use flex_rt::{
-    Backend, Capabilities, Event, HostBuffer, LaunchOptions, Runtime, Status, Stream,
+    Backend, Capabilities, Event, HostBuffer, LaunchOptions, Notification, Runtime, Status, Stream,
     StreamPriority,
 };
 
@@ -221,8 +221,9 @@ pub fn a_record_captures_exactly_the_work_before_it(backend: &dyn Backend, _: &P
 }
 
 /// `notify` calls back once when the latest record completes or fails, and
-/// says "nothing to wait for" (dropping the callback uncalled) for an event
-/// never recorded or already complete.
+/// says "nothing to wait for" (dropping the callback uncalled) with the
+/// record's outcome for an event never recorded (`Ok`), already complete
+/// (`Ok`) or already failed (the record's error).
 pub fn notify_calls_back_when_the_latest_record_settles(backend: &dyn Backend, _: &Profile) {
     let runtime = runtime(backend);
     let Some(_) = capabilities(&*runtime) else {
@@ -231,29 +232,32 @@ pub fn notify_calls_back_when_the_latest_record_settles(backend: &dyn Backend, _
     let stream = new_stream(&*runtime, StreamPriority::Normal);
     let marker = event(&*runtime, false);
     let never = Completions::new();
-    let ready = marker
+    let notified = marker
         .notify(never.options().completion.expect("a completion"))
         .expect("notify");
-    assert!(ready, "never recorded: nothing to wait for");
+    assert_eq!(
+        notified,
+        Notification::Settled(Ok(())),
+        "never recorded: nothing to wait for"
+    );
     assert_eq!((never.calls(), never.drops()), (0, 1));
 
     let gate = hold(stream);
     stream.record_event(&*marker, None).expect("record");
     let pending = Completions::new();
-    let ready = marker
+    let notified = marker
         .notify(pending.options().completion.expect("a completion"))
         .expect("notify");
-    assert!(!ready, "the record is held");
+    assert_eq!(notified, Notification::Pending, "the record is held");
     assert_eq!(pending.calls(), 0);
     gate.open();
     stream.synchronize().expect("synchronize");
     assert_eq!(pending.results(), vec![Ok(())]);
     assert_eq!(pending.drops(), 1);
     let late = Completions::new();
-    assert!(
-        marker
-            .notify(late.options().completion.expect("a completion"))
-            .expect("notify")
+    assert_eq!(
+        marker.notify(late.options().completion.expect("a completion")),
+        Ok(Notification::Settled(Ok(())))
     );
     assert_eq!((late.calls(), late.drops()), (0, 1));
 
@@ -268,14 +272,23 @@ pub fn notify_calls_back_when_the_latest_record_settles(backend: &dyn Backend, _
         .expect("launch");
     failing.record_event(&*marker, None).expect("record");
     let failed = Completions::new();
-    assert!(
-        !marker
-            .notify(failed.options().completion.expect("a completion"))
-            .expect("notify")
+    assert_eq!(
+        marker.notify(failed.options().completion.expect("a completion")),
+        Ok(Notification::Pending)
     );
     gate.open();
     let _ = failing.synchronize();
     assert_eq!(failed.results(), vec![Err(Status::STREAM_FAILED)]);
+    // Once failed, the outcome comes back at once: the record's error.
+    let too_late = Completions::new();
+    match marker.notify(too_late.options().completion.expect("a completion")) {
+        Ok(Notification::Settled(Err(err))) => {
+            assert_eq!(err.status(), Status::STREAM_FAILED, "{err}");
+            assert!(err.message().contains("deliberate panic"), "{err}");
+        }
+        other => panic!("expected the failed record's error, got {other:?}"),
+    }
+    assert_eq!((too_late.calls(), too_late.drops()), (0, 1));
 }
 
 /// A wait orders every later launch on the waiting stream after the event;
@@ -456,10 +469,11 @@ pub fn a_completion_panic_fails_the_events_recorded_behind_it(backend: &dyn Back
         .record_event(&*behind, None)
         .expect("record is accepted; the stream fails later");
     let notified = Completions::new();
-    let ready = behind
-        .notify(notified.options().completion.expect("a completion"))
-        .expect("notify");
-    assert!(!ready, "the record is held");
+    assert_eq!(
+        behind.notify(notified.options().completion.expect("a completion")),
+        Ok(Notification::Pending),
+        "the record is held"
+    );
     gate.open();
     let named = |err: &flex_rt::FlexError| {
         assert_eq!(err.status(), Status::STREAM_FAILED, "{err}");
@@ -470,6 +484,10 @@ pub fn a_completion_panic_fails_the_events_recorded_behind_it(backend: &dyn Back
     };
     named(&behind.synchronize().unwrap_err());
     named(&behind.query().unwrap_err());
+    match behind.notify(Box::new(|_| panic!("settled: never called"))) {
+        Ok(Notification::Settled(Err(err))) => named(&err),
+        other => panic!("expected the failed record's error, got {other:?}"),
+    }
     assert_eq!(
         stream.synchronize().unwrap_err().status(),
         Status::HOST_CALLBACK_FAILED
@@ -788,7 +806,10 @@ pub fn a_record_without_a_completion_needs_no_engine(backend: &dyn Backend, prof
     idle.record_event(&*marker, None).expect("record");
     assert_eq!(marker.query(), Ok(true), "nothing was enqueued before it");
     let never_called: flex_rt::Completion = Box::new(|_| panic!("complete: never called"));
-    assert_eq!(marker.notify(never_called), Ok(true));
+    assert_eq!(
+        marker.notify(never_called),
+        Ok(Notification::Settled(Ok(())))
+    );
     marker
         .synchronize()
         .expect("synchronize returns at once: nothing to wait for");
