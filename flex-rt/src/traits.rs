@@ -236,7 +236,12 @@ pub trait Stream: Send + Sync + fmt::Debug {
     /// done, `Ok(false)` still running. Never blocks.
     ///
     /// # Errors
-    /// The stream's first error if it has failed.
+    /// The stream's first error if it has failed, once none of its work
+    /// runs any more: a backend whose stream fails while work queued before
+    /// the failure still runs (`HardwareStream` behind a completion's panic)
+    /// says `Ok(false)` until that work has ended, so that a caller may take
+    /// a failure to mean that the stream touches nothing more (the caching
+    /// allocator does).
     fn query(&self) -> Result<bool>;
 
     /// Blocks until all work enqueued before the call has completed and its

@@ -1067,13 +1067,55 @@ fn a_failed_fence_query_keeps_a_block_from_its_next_owner() {
         assert_ne!(new.address(), &first, "handed out while the other stream may read it");
         gate.open();
         other.synchronize().unwrap();
-        let floats: Vec<f32> = read
-            .to_vec()
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-            .collect();
-        assert_eq!(floats, [1.0; 1024]);
+        assert_eq!(f32s(&read), [1.0; 1024]);
         assert_eq!(new.to_vec(own).unwrap(), [2.0; 1024]);
+    });
+}
+
+#[test]
+fn a_completion_panic_keeps_a_block_from_its_next_owner_while_the_library_runs_on() {
+    // A completion that panics after its operation succeeded fails the
+    // stream on flex-rt's side only: the flex library is not told, and runs
+    // the work queued behind it, here a read of the dropped buffer held
+    // behind a gate. The drop's fence is refused (the stream accepts no
+    // more work), so the block must wait for the stream to run out of
+    // work. (Before the fix the stream's query reported the failure at
+    // once, the block was cached again at once, and the read saw the new
+    // owner's 2.0s.)
+    isolated!(mock_cdylib; &[], || {
+        spyre_stream::set_backend(Box::new(spyre_tests::ffi::backend())).unwrap();
+        let (own, other) = (pool_stream(), pool_stream());
+        let old = DeviceBuffer::from_host(own, &[1.0f32; 1024]).unwrap();
+        let first = old.address().clone();
+        other.wait_stream(own).unwrap();
+        let start = hold(other);
+        other
+            .launch_host_callback(
+                || {},
+                LaunchOptions::new().on_complete(|_| panic!("deliberate completion panic")),
+            )
+            .unwrap();
+        let behind = hold(other);
+        let read = HostBuffer::zeroed(4096);
+        old.copy_to_host_buffer(other, &read).unwrap();
+        start.open();
+        // The stream refuses work once the panic is noted.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while other.launch_host_callback(|| {}, LaunchOptions::new()).is_ok() {
+            assert!(std::time::Instant::now() < deadline, "the panic was never noted");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert!(!other.query().unwrap(), "the library still holds the read");
+        drop(old);
+        assert_eq!(stats().pending_frees, 1, "the read is still queued in the library");
+        let new = DeviceBuffer::from_host(own, &[2.0f32; 1024]).unwrap();
+        assert_ne!(new.address(), &first, "handed out while the other stream may read it");
+        own.synchronize().unwrap();
+        behind.open();
+        let err = other.synchronize().unwrap_err();
+        assert!(err.to_string().contains("deliberate completion panic"), "{err}");
+        assert_eq!(f32s(&read), [1.0; 1024]);
+        assert!(other.query().is_err(), "failed once its work has run");
     });
 }
 
@@ -1110,6 +1152,15 @@ fn a_failed_synchronize_keeps_empty_cache_from_returning_memory_in_use() {
         assert!(read.to_vec().iter().all(|&b| b == 0));
         spyre_stream::free(Device::CURRENT, &raw).unwrap();
     });
+}
+
+/// The bytes of `buffer` as little-endian `f32`s.
+fn f32s(buffer: &HostBuffer) -> Vec<f32> {
+    buffer
+        .to_vec()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect()
 }
 
 /// Fails `stream` (a host callback that panics) and waits until it has.

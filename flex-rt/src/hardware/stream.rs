@@ -67,11 +67,12 @@ use crate::types::{DataFormat, StreamPriority};
 /// in-process software device's do. A completion's panic after its
 /// operation succeeded fails the stream too, on flex-rt's side (the
 /// library cannot be told: a completion returns nothing): from then on
-/// `query` and `synchronize` return [`Status::HOST_CALLBACK_FAILED`] naming
-/// it, and launches, records and waits are refused with
-/// [`Status::STREAM_FAILED`]; unlike on the in-process device, work the
-/// library had queued behind it still runs (a launch made while the
-/// completion runs may still be enqueued). Events recorded behind it fail
+/// launches, records and waits are refused with
+/// [`Status::STREAM_FAILED`], and `synchronize` returns
+/// [`Status::HOST_CALLBACK_FAILED`] naming it once the library has run the
+/// work it had queued; unlike on the in-process device, that work still
+/// runs (a launch made while the completion runs may still be enqueued),
+/// and `query` says `false` until it has, then returns the same error. Events recorded behind it fail
 /// on flex-rt's side, as on the in-process device (see `HardwareEvent`),
 /// but a wait on one enqueued in the library passes, and the waiting
 /// stream's work runs. Another stream that waited on an event of a stream
@@ -326,6 +327,13 @@ impl Stream for HardwareStream {
         // from any thread, callbacks included.
         let status = unsafe { self.lib.api().flex_stream_query(self.handle.as_ptr()) };
         const CALL: &str = "flex_stream_query";
+        if status == sys::FLEX_NOT_READY {
+            // Still running, behind a completion's panic too: the library
+            // runs the work it had queued (see the type's docs), and a
+            // failure reported now would read as a stream that runs
+            // nothing more (whose memory may be handed out again).
+            return Ok(false);
+        }
         self.check_completions(CALL)?;
         call::query_result(status, CALL, || self.lib.last_error_message())
             .map_err(|err| self.with_host_panic(err))

@@ -86,9 +86,11 @@
 //!   keep a partly used segment could fill the device while most of its
 //!   memory lies cached (a new pool stream per iteration, cycling through
 //!   the 64 pool streams).
-//! - **Failed streams.** A stream whose operation failed runs nothing
-//!   more: its segments go back to the device like an idle stream's, and a
-//!   block used on it is cached again at once. A stream that needs shutdown
+//! - **Failed streams.** A stream whose query reports its failure runs
+//!   nothing more (`flex_rt::Stream::query` reports it only then, also
+//!   where a flex library runs on behind a completion's panic that failed
+//!   the stream on flex-rt's side): its segments go back to the device like
+//!   an idle stream's, and a block used on it is cached again at once. A stream that needs shutdown
 //!   may still be running the operation it was in: its memory, and blocks
 //!   used on it, wait until a synchronize (`empty_cache`, or the retry of a
 //!   full device) has seen it end.
