@@ -12,6 +12,14 @@
 //! runtime), a number of coming stream creations that fail, and a hook that
 //! runs inside every `synchronize` (to hold a stream "busy").
 //!
+//! What it does not model, where the [`crate::Stream`] and
+//! [`crate::Event`] contracts ask more: failures. A panic in a host
+//! callback or a completion unwinds out of the launch into its caller (it is
+//! not caught, and fails no stream); no stream ever fails, so `query` and
+//! `synchronize` always succeed; and an event outlives its runtime without
+//! error (its calls still succeed after the runtime is dropped). Test work
+//! that fails on the software device (`spyre-mock`), which models all three.
+//!
 //! ```
 //! use flex_rt::noop::NoopRuntime;
 //! use flex_rt::{LaunchOptions, Runtime, StreamMode, StreamPriority};
