@@ -792,6 +792,9 @@ impl CachingAllocator {
                 drop(state);
                 let chunks = segment.chunks().len();
                 let freed = self.runtime.free(&segment);
+                if let Err(error) = &freed {
+                    tracing::warn!(%error, "the device refused to free a segment that came in {chunks} chunks; it is forgotten");
+                }
                 let mut state = self.state.lock();
                 state.stats.device_frees += u64::from(freed.is_ok());
                 state.arrived(&segment);
