@@ -415,6 +415,37 @@ fn a_forked_child_never_blocks_on_a_lock_the_parents_threads_held() {
     });
 }
 
+/// A child forked while a thread of the parent records an event (holding
+/// the event's latest record across the library's call) gets
+/// `RUNTIME_FAILED` naming fork from the event's query, synchronize and
+/// notify, never waiting for that record. Before the fix the error of
+/// query and synchronize took that lock to name a host callback's panic:
+/// all 20 children hung.
+#[test]
+fn a_forked_child_never_waits_for_a_record_the_parents_thread_was_making() {
+    isolated!(mock_cdylib; &[], || {
+        let parent = context();
+        let stream = parent
+            .create_stream(StreamPriority::Normal, StreamMode::StrictOrdering, false)
+            .expect("create_stream");
+        let event = parent.create_event(false).expect("create_event");
+        let record = || {
+            stream.record_event(&*event, None).expect("record_event");
+            true
+        };
+        fork_while_looping(&[&record], Duration::from_millis(1), || {
+            let event = &event;
+            move || {
+                assert_forked(event.query().map(drop), "event query");
+                assert_forked(event.synchronize(), "event synchronize");
+                let never = Completions::new();
+                let completion = never.options().completion.expect("a completion");
+                assert_forked(event.notify(completion).map(drop), "event notify");
+            }
+        });
+    });
+}
+
 /// A child forked while another thread of the parent is inside a call
 /// that reads the library's handle table makes, uses and destroys a
 /// runtime of its own, never waiting for that thread: the library's table

@@ -216,6 +216,11 @@ impl HardwareEvent {
     /// been made since (else the error may be about another record).
     #[cold]
     fn name_host_panic(&self, records: u64, err: FlexError) -> FlexError {
+        if !self.runtime.in_creating_process() {
+            // The fork error: in a forked child, `latest` may be held for
+            // ever by a parent thread the child does not have.
+            return err;
+        }
         let latest = self.latest.lock();
         let Some(recorded) = latest.as_ref() else {
             return err;
