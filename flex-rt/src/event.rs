@@ -117,8 +117,9 @@ pub trait Event: Send + Sync + fmt::Debug {
     /// event was created without timing, was never recorded, or the two
     /// belong to different runtimes or backends;
     /// [`Status::NOT_READY`](crate::Status::NOT_READY) when one has not
-    /// completed; a record's error. The message names the event and the
-    /// precondition.
+    /// completed; [`Status::INVALID_HANDLE`](crate::Status::INVALID_HANDLE)
+    /// when either event's runtime was closed (which destroyed it); a
+    /// record's error. The message names the event and the precondition.
     fn elapsed_nanos(&self, end: &dyn Event) -> Result<i64>;
 
     /// The event as `Any`, so a backend can recognise its own events.

@@ -154,6 +154,13 @@ impl Event for MockEvent {
             )
         })?;
         if !Arc::ptr_eq(&self.device, &end.device) {
+            if end.device.closed.load(Ordering::Acquire) {
+                return Err(FlexError::new(
+                    Status::INVALID_HANDLE,
+                    CALL,
+                    "the end event's runtime was closed, which destroyed the event",
+                ));
+            }
             return Err(FlexError::invalid_argument(
                 CALL,
                 format!(

@@ -523,6 +523,16 @@ pub fn an_event_dies_with_its_runtime(backend: &dyn Backend, _: &Profile) {
         assert_eq!(err.status(), Status::INVALID_HANDLE, "{err}");
     }
     assert_eq!((never.calls(), never.drops()), (0, 1));
+    // As the end of an elapsed time measured from an event of a live
+    // runtime (which may be given the closed runtime's address).
+    let later = self::runtime(backend);
+    let start = self::event(&*later, true);
+    let err = start.elapsed_nanos(&*event).unwrap_err();
+    assert_eq!(err.status(), Status::INVALID_HANDLE, "{err}");
+    assert!(
+        err.message().contains("end event's runtime was closed"),
+        "{err}"
+    );
     drop(event);
 }
 
