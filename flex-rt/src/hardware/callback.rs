@@ -159,8 +159,17 @@ impl Payload {
         drop(lease);
         let HostState { callback, panic } = host.state.into_inner();
         // A host function that never ran (its stream failed before its turn)
-        // is dropped without running, as the trait documents.
-        drop(callback);
+        // is dropped without running, as the trait documents. Its drop is
+        // user code: a panic there must not cost the caller its completion.
+        if let Err(panic) = catch_unwind(AssertUnwindSafe(move || drop(callback))) {
+            tracing::error!(
+                call = meta.call,
+                stream = ?meta.stream_id,
+                "dropping a host callback that never ran panicked: {}; the completion still runs",
+                panic_message(&*panic)
+            );
+            drop_panic(panic);
+        }
         if let Some(completion) = completion {
             let stream_panic = stream.and_then(PayloadCache::host_panic);
             completion(completion_result(meta, status, panic, stream_panic));
@@ -640,6 +649,40 @@ mod tests {
             buffer.lease_for_read("t").is_ok(),
             "released by the completion"
         );
+    }
+
+    /// Panics when dropped.
+    struct PanicOnDrop;
+
+    impl Drop for PanicOnDrop {
+        fn drop(&mut self) {
+            panic!("dropped");
+        }
+    }
+
+    #[test]
+    fn a_panic_dropping_an_unrun_host_callback_still_runs_the_completion() {
+        let results = Arc::default();
+        let drops = Arc::new(AtomicUsize::new(0));
+        let host: HostCallback = {
+            let captured = PanicOnDrop;
+            Box::new(move || {
+                let _captured = &captured;
+            })
+        };
+        let payload = Payload::new(
+            meta("flex_launch_host_callback"),
+            Some(recording_completion(&results, &drops)),
+            Lease::None,
+            Some(host),
+        );
+        // The stream failed before the host function's turn: it never runs.
+        launch_then_complete(Submission::new(payload), sys::FLEX_ERROR_STREAM_FAILED);
+        let results = results.lock();
+        assert_eq!(results.len(), 1, "the completion ran once");
+        let err = results[0].as_ref().unwrap_err();
+        assert_eq!(err.status(), Status::STREAM_FAILED);
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
     }
 
     #[test]
