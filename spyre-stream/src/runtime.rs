@@ -347,6 +347,9 @@ fn start_on(device: Device) -> Result<(&'static Running, u8)> {
     }
     let started = start_locked(&mut slot, device);
     if started.is_err() && slot.as_ref().is_some_and(|s| !s.installed) {
+        // One inherited from the parent (the start failed before choosing
+        // the backend) is the parent's, left to it; one made here is dropped.
+        forget_inherited(&mut slot);
         *slot = None;
     }
     started
