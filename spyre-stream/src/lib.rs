@@ -87,8 +87,10 @@
 //!   [`Error::BackendFromParent`] until the child installs its own. In a
 //!   child forked after the start, [`start_trace`] and [`stop_trace`] do
 //!   nothing. (A fork while another thread is inside
-//!   [`start_runtime`] leaves that start's lock held in the child; fork
-//!   before starting threads that start the runtime, or after the start.)
+//!   [`start_runtime`], or inside [`device_count`] or [`set_device`] before
+//!   the start, which load the backend under the same lock, leaves that
+//!   lock held in the child; fork before starting threads that make those
+//!   calls, or after the start.)
 //! - **The runtime starts once.** A failed start leaves nothing behind and can
 //!   be retried; after [`free_runtime`] a start is an explicit error, never a
 //!   silent no-op.
@@ -229,6 +231,16 @@
 //!   starts on the thread's device and then refuses the request.
 //! - A forked child gets [`Error::ForkedProcess`] instead of its parent's
 //!   device state.
+//! - **The process's device comes from the launcher that started it**, not
+//!   only from torchrun's `LOCAL_RANK` (the spec's one variable): then Open
+//!   MPI's `OMPI_COMM_WORLD_LOCAL_RANK`, MPICH's `MPI_LOCALRANKID` and
+//!   Slurm's `SLURM_LOCALID` ([`env::LOCAL_RANK_VARIABLES`]). Under
+//!   `mpirun` or `srun` without torchrun, reading `LOCAL_RANK` alone puts
+//!   every rank of a node on device 0, the failure a user of those launchers
+//!   meets first; torchrun's variable still wins where it is set. A
+//!   launcher that already gives each task only its own device (so that it
+//!   sees it as device 0) needs `LOCAL_RANK=0` set for its tasks, or the
+//!   explicit [`set_device`].
 //!
 //! # Environment
 //!
