@@ -45,7 +45,7 @@ use flex_rt::{FlexError, Result, Status, SyncPolicy};
 
 use crate::config::MockConfig;
 use crate::memory::DeviceMemory;
-use crate::op::{Op, Pending, panic_message};
+use crate::op::{Op, Pending, drop_panic, panic_message};
 use crate::raw_call::OpCompletion;
 use crate::record::Record;
 use crate::scheduler::{Job, Scheduler, Verdict};
@@ -593,7 +593,7 @@ fn run_job(
         // The payload is the caller's value, its drop user code: without
         // the lock (a wake-up it makes would otherwise wait for the lock's
         // release, `crate::sync::Condvar`).
-        MutexGuard::unlocked(scheduler, || drop(payload));
+        MutexGuard::unlocked(scheduler, || drop_panic(payload));
     }
     // The notifications of event records this operation reaches (awaiting
     // tasks are woken here): without the lock, as they are user code, and
@@ -624,20 +624,21 @@ fn run_op(device: &Device, stream: usize, pending: Pending, verdict: Verdict) ->
         Verdict::Skip(err) => {
             op.abandon(&err);
             // Dropping releases host leases and closures; their Drop is user code.
-            let _ = catch_unwind(AssertUnwindSafe(move || drop(op)));
+            if let Err(payload) = catch_unwind(AssertUnwindSafe(move || drop(op))) {
+                drop_panic(payload);
+            }
             Err(err)
         }
         Verdict::Run { slowdown } => {
             let delay = device.timing.delay(&op).saturating_add(slowdown);
             let result = catch_unwind(AssertUnwindSafe(|| op.execute(&device.memory)))
                 .unwrap_or_else(|payload| {
+                    let message = panic_message(payload.as_ref());
+                    drop_panic(payload);
                     Err(FlexError::new(
                         Status::INTERNAL,
                         call,
-                        format!(
-                            "the operation panicked on the device: {}",
-                            panic_message(payload.as_ref())
-                        ),
+                        format!("the operation panicked on the device: {message}"),
                     ))
                 });
             if !delay.is_zero() {

@@ -278,7 +278,11 @@ fn host_fn_result(
             call,
             format!("host callback returned an error: {message}"),
         )),
-        Err(payload) => Err(host_callback_panicked(call, payload.as_ref())),
+        Err(payload) => {
+            let err = host_callback_panicked(call, payload.as_ref());
+            drop_panic(payload);
+            Err(err)
+        }
     }
 }
 
@@ -409,6 +413,14 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         s.clone()
     } else {
         "a panic with a non-string payload".to_string()
+    }
+}
+
+/// Drops a caught panic payload, whose `Drop` is user code, without
+/// letting a panic of that drop escape (that second payload is leaked).
+pub(crate) fn drop_panic(payload: Box<dyn std::any::Any + Send>) {
+    if let Err(again) = catch_unwind(AssertUnwindSafe(move || drop(payload))) {
+        std::mem::forget(again);
     }
 }
 

@@ -195,6 +195,7 @@ impl Record {
                     "an event notification panicked: {}",
                     crate::panic_message(payload.as_ref())
                 );
+                crate::op::drop_panic(payload);
             }
         }
     }

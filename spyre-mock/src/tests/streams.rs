@@ -406,6 +406,42 @@ fn panicking_completion_fails_the_stream_not_the_engine() {
     other.synchronize().unwrap();
 }
 
+/// A completion that panics with a payload whose own drop panics fails
+/// its stream as any completion panic does: the second panic is stopped
+/// too, and the engine finishes the stream (it unwound out of the engine,
+/// and the stream's synchronize hung).
+#[test]
+fn a_completion_panic_whose_payload_panics_on_drop_still_fails_the_stream() {
+    struct Bomb;
+    impl Drop for Bomb {
+        fn drop(&mut self) {
+            panic!("the payload's drop exploded");
+        }
+    }
+    let (done, finished) = mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = runtime(1);
+        let s = stream(&rt);
+        s.launch_host_callback(
+            Box::new(|| {}),
+            LaunchOptions::new().on_complete(|_| std::panic::panic_any(Bomb)),
+        )
+        .unwrap();
+        let err = s.synchronize().unwrap_err();
+        let other = stream(&rt);
+        other
+            .launch_host_callback(Box::new(|| {}), LaunchOptions::new())
+            .unwrap();
+        let _ = done.send((err, other.synchronize()));
+    });
+    let (err, other) = finished
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("synchronize returned");
+    assert_eq!(err.status(), Status::HOST_CALLBACK_FAILED, "{err}");
+    assert!(err.message().contains("non-string payload"), "{err}");
+    assert_eq!(other, Ok(()), "the engine runs other streams");
+}
+
 #[test]
 fn callbacks_may_launch_but_not_synchronize_their_runtime() {
     let rt = Arc::new(runtime(1));
