@@ -302,6 +302,11 @@ fn a_forked_child_gets_runtime_failed_from_the_parents_runtime_never_a_hang() {
             assert_forked(parent.create_event(false).map(drop), "create_event");
             // A runtime of the child's own works.
             let child = context();
+            let own = child.create_event(true).expect("create_event in the child");
+            assert_forked(
+                own.elapsed_nanos(&*event).map(drop),
+                "elapsed time to the parent's event",
+            );
             let ran = Arc::new(AtomicBool::new(false));
             let set = Arc::clone(&ran);
             child

@@ -467,15 +467,18 @@ impl Event for HardwareEvent {
         const CALL: &str = "flex_event_elapsed_time";
         let end = HardwareEvent::of(end, CALL)?;
         self.runtime.check_not_forked(CALL)?;
+        end.runtime.check_not_forked(CALL)?;
         // One runtime object, not one address: a runtime created after
         // another was closed may be given the closed one's address.
         if !Arc::ptr_eq(&self.alive, &end.alive) {
-            if !*end.alive.read() {
-                return Err(FlexError::new(
-                    Status::INVALID_HANDLE,
-                    CALL,
-                    "the end event's runtime was closed, which destroyed the event",
-                ));
+            for (name, event) in [("start", self), ("end", end)] {
+                if !*event.alive.read() {
+                    return Err(FlexError::new(
+                        Status::INVALID_HANDLE,
+                        CALL,
+                        format!("the {name} event's runtime was closed, which destroyed the event"),
+                    ));
+                }
             }
             return Err(FlexError::invalid_argument(
                 CALL,

@@ -533,6 +533,8 @@ pub fn an_event_dies_with_its_runtime(backend: &dyn Backend, _: &Profile) {
         err.message().contains("end event's runtime was closed"),
         "{err}"
     );
+    let err = event.elapsed_nanos(&*start).unwrap_err();
+    assert_eq!(err.status(), Status::INVALID_HANDLE, "{err}");
     drop(event);
 }
 
