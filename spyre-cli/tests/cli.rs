@@ -439,7 +439,7 @@ fn bad_sizes_exit_2_naming_the_value() {
         &[
             "--threads 1 and --in-flight 3 (--mode per-iteration) keeps 3 iterations' memory on the device",
             "3 blocks of 104857600 bytes",
-            "which hold at most 2 of them at once",
+            "where the caching allocator's segments hold at most 2 of them at once",
             "lower --in-flight to at most 2 (or --threads or --size)",
         ],
     );
@@ -477,6 +477,29 @@ fn bad_sizes_exit_2_naming_the_value() {
         ];
         refused(&args, &[], advice);
     }
+    // The default 1 MiB makes operands of 349 526 bytes in blocks of
+    // 349 696. 32 MiB in one region would hold 95 such blocks, 31
+    // iterations (15 pipelined threads, 2 each); but the allocator's
+    // segments there are 1 MiB (1/32 of the device) and hold 2 blocks
+    // each, so 64 blocks, 21 iterations: 10 threads, not 11.
+    let small = [
+        ("SPYRE_MOCK_MEMORY_BYTES", "33554432"),
+        ("SPYRE_MOCK_REGION_BYTES", "33554432"),
+    ];
+    let fits = json(
+        &["run", "--json", "--threads", "10", "--iterations", "2"],
+        &small,
+    );
+    assert_eq!(u64_of(&fits, "iterations_verified"), 20);
+    refused(
+        &["run", "--threads", "11", "--iterations", "2"],
+        &small,
+        &[
+            "keeps 22 iterations' memory",
+            "hold at most 21 of them at once",
+            "lower --threads to at most 10",
+        ],
+    );
     // Fits once, but not four times over two threads.
     refused(
         &["run", "--size", "1MiB"],

@@ -296,8 +296,8 @@ pub use id::{
 };
 pub use memory::{
     DeviceBuffer, DeviceElement, LARGE_SEGMENT, LARGE_SEGMENT_LIMIT, MIN_BLOCK, MemoryStats,
-    SEGMENTS_PER_DEVICE, SMALL_REQUEST, SMALL_SEGMENT, allocate, empty_cache, free,
-    max_memory_allocated, memory_allocated, memory_info, memory_layout, memory_reserved,
+    SEGMENTS_PER_DEVICE, SMALL_REQUEST, SMALL_SEGMENT, allocate, allocations_held, empty_cache,
+    free, max_memory_allocated, memory_allocated, memory_info, memory_layout, memory_reserved,
     memory_stats, reset_peak_memory_stats,
 };
 pub use pool::{PoolConfig, StreamPool};

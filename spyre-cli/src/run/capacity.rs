@@ -1,6 +1,6 @@
 //! The up-front check that the device's memory holds a run.
 
-use spyre_stream::{MIN_BLOCK, MemoryLayout};
+use spyre_stream::{MIN_BLOCK, MemoryLayout, allocations_held};
 
 use super::plan::{BLOCKS_PER_ITERATION, Plan};
 use crate::cli::{ModeArg, RunArgs};
@@ -9,11 +9,11 @@ use crate::size::format_size;
 
 /// Refuses a run that the software device's memory cannot hold, before any
 /// work starts: an operand larger than a region, or more iterations in
-/// flight than the device holds operand blocks for (each block the size
-/// the caching allocator rounds an operand to, in one region). The
-/// allocator takes memory from the device in larger segments and keeps it
-/// per stream, so a run close to the limit may still need it to return its
-/// cache and retry, or fail with a named out-of-memory error.
+/// flight than the caching allocator holds operand blocks for (each block
+/// the size it rounds an operand to, packed into its segments, each in one
+/// region: [`allocations_held`]). The allocator keeps segments per stream,
+/// so a run close to the limit may still need it to return its cache and
+/// retry, or fail with a named out-of-memory error.
 pub(super) fn check_capacity(
     plan: &Plan,
     args: &RunArgs,
@@ -46,11 +46,11 @@ pub(super) fn check_capacity(
             format_size(region),
         )));
     }
-    let blocks_held = layout.blocks_held(block);
+    let blocks_held = allocations_held(layout, plan.operand_bytes);
     let iterations_held = blocks_held / BLOCKS_PER_ITERATION;
     if iterations_held == 0 {
         return Err(CliError::Usage(format!(
-            "--size {} needs {BLOCKS_PER_ITERATION} blocks of {block} bytes per iteration, each in one memory region, but the device has {memory} bytes ({}) in regions of {region} bytes, which hold {blocks_held} such block{}; use a smaller --size",
+            "--size {} needs {BLOCKS_PER_ITERATION} blocks of {block} bytes per iteration, each in one memory region, but the device has {memory} bytes ({}) in regions of {region} bytes, where the caching allocator's segments hold {blocks_held} such block{}; use a smaller --size",
             args.size,
             format_size(memory),
             if blocks_held == 1 { "" } else { "s" }
@@ -66,7 +66,7 @@ pub(super) fn check_capacity(
     if in_flight > iterations_held {
         let advice = capacity_advice(args.mode, args.threads as u64, per_thread, iterations_held);
         return Err(CliError::Usage(format!(
-            "--size {} with --threads {} and --in-flight {} (--mode {}) keeps {in_flight} iterations' memory on the device, each in {BLOCKS_PER_ITERATION} blocks of {block} bytes that must each lie in one memory region, but the device has {memory} bytes ({}) in regions of {region} bytes, which hold at most {iterations_held} of them at once; {advice}",
+            "--size {} with --threads {} and --in-flight {} (--mode {}) keeps {in_flight} iterations' memory on the device, each in {BLOCKS_PER_ITERATION} blocks of {block} bytes that must each lie in one memory region, but the device has {memory} bytes ({}) in regions of {region} bytes, where the caching allocator's segments hold at most {iterations_held} of them at once; {advice}",
             args.size,
             args.threads,
             args.in_flight,

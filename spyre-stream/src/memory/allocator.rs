@@ -97,7 +97,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use flex_rt::{CompositeAddress, FlexError, Runtime, Status};
+use flex_rt::{CompositeAddress, FlexError, MemoryLayout, Runtime, Status};
 use parking_lot::{Mutex, MutexGuard};
 
 use crate::error::{Error, OutOfMemory, Result};
@@ -519,6 +519,38 @@ fn segment_cap(region: Option<u64>, total: Option<u64>) -> u64 {
     let by_memory = total.map_or(u64::MAX, |total| total / SEGMENTS_PER_DEVICE);
     let cap = by_region.min(by_memory) / MIN_BLOCK * MIN_BLOCK;
     cap.max(MIN_BLOCK)
+}
+
+/// How many buffers of `bytes` bytes each the caching allocator holds at
+/// once on a device of `layout`, every buffer in one chunk (as a kernel
+/// operand must), when all its buffers have that size: in each region, the
+/// standard segments it takes from the device for such a request, each
+/// holding as many whole blocks (`bytes` rounded up to [`MIN_BLOCK`]) as
+/// fit, and in what is left of the region, blocks of their own size (what
+/// the allocator takes when the device cannot give a whole segment). 0 when
+/// `bytes` is 0 or its block is larger than a region.
+///
+/// Fewer than [`MemoryLayout::blocks_held`] gives where a segment is not a
+/// multiple of the block: on the software device's default 1 GiB, a
+/// request of 349 526 bytes makes 5 blocks of 349 696 bytes per 2 MiB
+/// segment, 2 560 in all, where the regions alone would hold 3 068. A
+/// bound for one stream's buffers; streams that each keep a partly used
+/// segment may hold fewer, though a full device lends the cached blocks of
+/// idle streams (see the module docs). Pure: reads nothing of a runtime.
+pub fn allocations_held(layout: MemoryLayout, bytes: u64) -> u64 {
+    let MemoryLayout {
+        total_bytes: total,
+        region_bytes: region,
+    } = layout;
+    let Ok(rounded) = round_request(bytes) else {
+        return 0;
+    };
+    if region == 0 || rounded > region {
+        return 0;
+    }
+    let segment = segment_size(rounded, segment_cap(Some(region), Some(total)));
+    let per_region = |bytes: u64| bytes / segment * (segment / rounded) + bytes % segment / rounded;
+    (total / region).saturating_mul(per_region(region)) + per_region(total % region)
 }
 
 /// Whether a free block with `rest` bytes left over a request of
@@ -1533,6 +1565,36 @@ mod tests {
             stream: 1,
             blocks: BTreeMap::new(),
         }
+    }
+
+    #[test]
+    fn allocations_held_counts_blocks_per_segment_and_segments_per_region() {
+        let layout = |total_bytes, region_bytes| MemoryLayout {
+            total_bytes,
+            region_bytes,
+        };
+        // 1 GiB in regions of 256 MiB (the software device's default):
+        // 349 526 bytes round to 349 696; a 2 MiB segment holds 5 of them
+        // (1 748 480 bytes), a region 128 segments: 4 × 128 × 5.
+        assert_eq!(allocations_held(layout(1 << 30, 256 << 20), 349_526), 2_560);
+        // 128 bytes round to 512: 4 096 per 2 MiB segment, the whole GiB.
+        assert_eq!(allocations_held(layout(1 << 30, 256 << 20), 128), 2_097_152);
+        // 100 MiB requests get segments of their own size: 2 per region.
+        assert_eq!(allocations_held(layout(1 << 30, 256 << 20), 100 << 20), 8);
+        // 80 MiB in regions of 5 MiB (segments capped at 2.5 MiB, so 2 MiB
+        // ones): 600 000 bytes round to 600 064; 3 per segment, 2 segments
+        // per region, and the region's last 1 MiB holds 1 more: 16 × 7.
+        assert_eq!(allocations_held(layout(80 << 20, 5 << 20), 600_000), 112);
+        // A last, smaller region: 3 MiB more hold 1 segment (3) and 1 MiB (1).
+        assert_eq!(allocations_held(layout(83 << 20, 5 << 20), 600_000), 116);
+        // A small device caps segments at 1/32 of it (128 KiB of 4 MiB):
+        // the request's own size, 11 per 4 MiB region.
+        assert_eq!(allocations_held(layout(4 << 20, 4 << 20), 349_526), 11);
+        assert_eq!(allocations_held(layout(1 << 30, 256 << 20), 0), 0);
+        assert_eq!(
+            allocations_held(layout(1 << 30, 256 << 20), (256 << 20) + 1),
+            0
+        );
     }
 
     #[test]

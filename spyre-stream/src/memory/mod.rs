@@ -10,7 +10,7 @@ mod stats;
 
 pub use allocator::{
     LARGE_SEGMENT, LARGE_SEGMENT_LIMIT, MIN_BLOCK, MemoryStats, SEGMENTS_PER_DEVICE, SMALL_REQUEST,
-    SMALL_SEGMENT,
+    SMALL_SEGMENT, allocations_held,
 };
 pub use buffer::DeviceBuffer;
 pub use element::DeviceElement;
