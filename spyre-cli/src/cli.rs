@@ -160,10 +160,10 @@ pub(crate) struct RunArgs {
     /// per stream, each operation from its start to its finish on the
     /// device, waits on events as arrows from the records they waited for.
     /// FILE is opened before the run (a path that cannot be opened for
-    /// writing exits 2 at once) and written when the run ends, after a
-    /// failure too (a write that fails then, on a full disk say, exits 1
-    /// naming FILE); an interrupted run (Ctrl-C) leaves a FILE that existed
-    /// as it was, and one it created empty. The
+    /// writing exits 2 at once) and replaced whole when the run ends, after
+    /// a failure too (a write that fails then, on a full disk say, exits 1
+    /// naming FILE); an interrupted run (Ctrl-C) or a failed write leaves a
+    /// FILE that existed as it was, and one it created empty. The
     /// operations are kept in memory until then (about 1.5 KB per
     /// iteration) and the file is written one event at a time.
     #[arg(long, value_name = "FILE")]

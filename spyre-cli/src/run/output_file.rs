@@ -3,11 +3,18 @@
 //! that cannot be written is refused before any work, as a bad argument,
 //! not after minutes of it, and a refused run leaves no file behind.
 //!
-//! The file is opened without truncating it, and emptied only when its
-//! contents are written: a run that is interrupted (Ctrl-C, a kill) leaves
-//! a file that existed as it was (a file the run created stays empty). It
-//! is written in place, so its mode, owner and links are kept, and a
-//! device or a pipe (`/dev/null`, `/dev/stdout`) takes the write too.
+//! The file is opened without truncating it and its contents are replaced
+//! whole: they are written to a new file beside it (the file a symbolic
+//! link names, in its directory), given the file's mode, and renamed over
+//! it once complete. So a run that is interrupted (Ctrl-C, a kill), even
+//! while it writes, or whose write fails (a full disk) leaves a file that
+//! existed as it was (a file the run created stays empty); an interrupt
+//! during the write may leave the new file's part, named
+//! `.NAME.XXXXXX.partial`, beside it. The file's owner becomes the user
+//! who ran, and other hard links to it keep the old contents. Where no file
+//! can be made beside it (a directory the user may not write to), and for
+//! a device or a pipe (`/dev/null`, `/dev/stdout`), the write is made in
+//! place.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -61,8 +68,8 @@ impl OutputFile {
         &self.path
     }
 
-    /// Empties the file (a regular one), writes `contents`, `what` the
-    /// file holds, and closes it.
+    /// Replaces the file's contents with `contents`, `what` the file
+    /// holds (see the module docs), and closes it.
     ///
     /// # Errors
     /// [`CliError::Failed`] naming `what` and the path when the write fails
@@ -71,32 +78,55 @@ impl OutputFile {
         self.write_with(what, |out| out.write_all(contents))
     }
 
-    /// Empties the file (a regular one), lets `contents` write into it
+    /// Replaces the file's contents with what `contents` writes into it
     /// through a buffer, so that nothing needs to be built whole in memory
-    /// first, and closes it; returns what `contents` returned. `what`
-    /// names what the file holds.
+    /// first (see the module docs), and closes it; returns what `contents`
+    /// returned. `what` names what the file holds.
     ///
     /// # Errors
     /// [`CliError::Failed`] naming `what` and the path when the write fails
-    /// (a full disk, say).
+    /// (a full disk, say); the file is then as it was, unless it was
+    /// written in place.
     pub(crate) fn write_with<T>(
         self,
         what: &str,
         contents: impl FnOnce(&mut dyn Write) -> std::io::Result<T>,
     ) -> Result<T, CliError> {
         let Self { path, file, .. } = self;
-        let regular = file.metadata().is_ok_and(|meta| meta.is_file());
-        let emptied = if regular { file.set_len(0) } else { Ok(()) };
-        let mut out = BufWriter::new(file);
-        emptied
+        let failed = |e: std::io::Error| {
+            CliError::Failed(format!(
+                "cannot write the {what} to {}: {e}",
+                path.display()
+            ))
+        };
+        let regular = file.metadata().ok().filter(std::fs::Metadata::is_file);
+        let (temp, target, mode) = match regular.map(|meta| (beside(&path), meta)) {
+            Some((Ok((temp, target)), meta)) => (temp, target, meta.permissions()),
+            // In place: emptied first if it is a regular file.
+            other => {
+                let emptied = match other {
+                    Some(_) => file.set_len(0),
+                    None => Ok(()),
+                };
+                let mut out = BufWriter::new(file);
+                return emptied
+                    .and_then(|()| contents(&mut out))
+                    .and_then(|written| out.flush().map(|()| written))
+                    .map_err(failed);
+            }
+        };
+        drop(file);
+        let mut out = BufWriter::new(temp);
+        let written = out
+            .get_ref()
+            .as_file()
+            .set_permissions(mode)
             .and_then(|()| contents(&mut out))
             .and_then(|written| out.flush().map(|()| written))
-            .map_err(|e| {
-                CliError::Failed(format!(
-                    "cannot write the {what} to {}: {e}",
-                    path.display()
-                ))
-            })
+            .map_err(failed)?;
+        let temp = out.into_inner().map_err(|e| failed(e.into_error()))?;
+        temp.persist(&target).map_err(|e| failed(e.error))?;
+        Ok(written)
     }
 
     /// Removes the file again if this run created it (a run refused after
@@ -108,6 +138,19 @@ impl OutputFile {
             let _ = std::fs::remove_file(&self.path);
         }
     }
+}
+
+/// A new, empty file in the directory of the file `path` names (symbolic
+/// links resolved), to be renamed over it, and that file's path.
+fn beside(path: &Path) -> std::io::Result<(tempfile::NamedTempFile, PathBuf)> {
+    let target = std::fs::canonicalize(path)?;
+    let dir = target.parent().unwrap_or(Path::new("/"));
+    let name = target.file_name().unwrap_or_default().to_string_lossy();
+    let temp = tempfile::Builder::new()
+        .prefix(&format!(".{name}."))
+        .suffix(".partial")
+        .tempfile_in(dir)?;
+    Ok((temp, target))
 }
 
 /// `path` with symbolic links and `.`/`..` resolved: the file itself when
@@ -208,6 +251,70 @@ mod tests {
                 .starts_with("cannot write the trace to /dev/full: "),
             "{err}"
         );
+    }
+
+    #[test]
+    fn the_old_contents_stay_until_the_new_are_whole_and_a_failed_write_keeps_them() {
+        let path = scratch("replaced.json");
+        std::fs::write(&path, b"old").unwrap();
+        // Interrupted while it writes: the file is still as it was.
+        let seen = OutputFile::create("--trace", &path)
+            .unwrap()
+            .write_with("trace", |out| {
+                out.write_all(&[b'x'; 100_000])?;
+                out.flush()?;
+                std::fs::read(&path)
+            })
+            .unwrap();
+        assert_eq!(
+            seen, b"old",
+            "as it was while the new contents were written"
+        );
+        assert_eq!(std::fs::read(&path).unwrap(), vec![b'x'; 100_000]);
+        // A write that fails half-way leaves the last whole contents.
+        let err = OutputFile::create("--trace", &path)
+            .unwrap()
+            .write_with("trace", |out| {
+                out.write_all(b"{\"half\":")?;
+                Err::<(), _>(std::io::Error::other("disk full"))
+            })
+            .unwrap_err();
+        assert!(err.to_string().ends_with("disk full"), "{err}");
+        assert_eq!(std::fs::read(&path).unwrap(), vec![b'x'; 100_000]);
+        let dir = path.parent().unwrap();
+        let prefix = format!(".{}.", path.file_name().unwrap().to_string_lossy());
+        let left: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .filter_map(|entry| entry.ok())
+            .filter(|entry| entry.file_name().to_string_lossy().starts_with(&prefix))
+            .collect();
+        assert!(left.is_empty(), "no partial file left: {left:?}");
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn the_files_mode_is_kept_and_a_symbolic_link_still_names_it() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = scratch("linked");
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("trace.json");
+        std::fs::write(&file, b"old").unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let link = dir.join("link.json");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        OutputFile::create("--trace", &link)
+            .unwrap()
+            .write("trace", b"new")
+            .unwrap();
+        assert!(
+            link.symlink_metadata().unwrap().is_symlink(),
+            "still a link"
+        );
+        assert_eq!(std::fs::read(&file).unwrap(), b"new");
+        let mode = std::fs::metadata(&file).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o640);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
