@@ -119,21 +119,22 @@ impl ModeArg {
 #[derive(Debug, Args)]
 pub(crate) struct RunArgs {
     /// Host threads submitting work.
-    #[arg(long, value_name = "T", default_value = "2", value_parser = parse_threads)]
+    #[arg(long, value_name = "T", default_value = "2", value_parser = parse_threads, allow_negative_numbers = true)]
     pub(crate) threads: usize,
     /// Iterations per thread.
-    #[arg(long, value_name = "N", default_value = "200", value_parser = parse_iterations)]
+    #[arg(long, value_name = "N", default_value = "200", value_parser = parse_iterations, allow_negative_numbers = true)]
     pub(crate) iterations: u64,
     /// Bytes of operands per iteration: both inputs and the output together
     /// (axpy: three vectors of SIZE/12 f32 each; matmul: three n×n f32
     /// matrices with n = floor(sqrt(SIZE/12))). Plain bytes or with a unit:
     /// 4096, 4KiB, 1MiB, 2MB.
-    #[arg(long, value_name = "BYTES", default_value = "1MiB", value_parser = parse_positive_size)]
+    #[arg(long, value_name = "BYTES", default_value = "1MiB", value_parser = parse_positive_size, allow_negative_numbers = true)]
     pub(crate) size: u64,
     /// Compute kernel. matmul costs n³ per iteration: at the default size
-    /// (n = 295) a run takes about a minute on the software device; --size
-    /// 64KiB takes a second. A matmul run estimated to take over a minute on
-    /// the software device says so before it starts.
+    /// (n = 295) a run on the software device takes about 2 s in a release
+    /// build on two cores (a debug build's, about 100 s); --size 64KiB
+    /// (n = 73) about 0.05 s. A matmul run estimated to take over a minute
+    /// on the software device says so before it starts.
     #[arg(long, value_enum, default_value_t = KernelArg::Axpy)]
     pub(crate) kernel: KernelArg,
     /// Where each iteration's work runs: `pipelined` (copy-in, compute and
@@ -145,11 +146,11 @@ pub(crate) struct RunArgs {
     pub(crate) mode: ModeArg,
     /// Iterations each thread keeps in flight; it waits for the oldest before
     /// starting another.
-    #[arg(long, value_name = "K", default_value = "4", value_parser = parse_in_flight)]
+    #[arg(long, value_name = "K", default_value = "4", value_parser = parse_in_flight, allow_negative_numbers = true)]
     pub(crate) in_flight: usize,
     /// Seed of the input generator; each iteration derives its own seed from
     /// it, its thread and its index.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value = "1", value_parser = parse_seed, allow_negative_numbers = true)]
     pub(crate) seed: u64,
     /// Print one JSON object instead of text; on failure, one JSON object
     /// {"error": MESSAGE, "exit_code": CODE}.
@@ -185,7 +186,7 @@ pub(crate) struct BenchArgs {
     /// Time spent on each measurement, in milliseconds (1..=60000). The run
     /// takes about (3 + 2 × number of --sizes) × this, plus a few seconds
     /// for the pipeline measurement.
-    #[arg(long, value_name = "MS", default_value = "250", value_parser = parse_budget)]
+    #[arg(long, value_name = "MS", default_value = "250", value_parser = parse_budget, allow_negative_numbers = true)]
     pub(crate) budget_ms: u64,
     /// Transfer sizes for the H2D and D2H bandwidth, comma-separated.
     #[arg(
@@ -193,7 +194,8 @@ pub(crate) struct BenchArgs {
         value_name = "BYTES,...",
         value_delimiter = ',',
         default_value = DEFAULT_BENCH_SIZES,
-        value_parser = parse_positive_size
+        value_parser = parse_positive_size,
+        allow_negative_numbers = true
     )]
     pub(crate) sizes: Vec<u64>,
     /// Also measure the same work pipelined across three streams ordered by
@@ -213,16 +215,57 @@ pub(crate) struct BenchArgs {
 /// Parses a whole number in `1..=max`, naming `what` and the text on error.
 fn parse_count(text: &str, what: &str, max: u64) -> Result<u64, String> {
     let expected = format!("expected a whole number from 1 to {max}");
-    match text.trim().parse::<u64>() {
-        Ok(0) => Err(format!(
+    match parse_whole(text) {
+        Ok(0) | Err(Whole::Negative) => Err(format!(
             "{what} must be at least 1, got {text:?}; {expected}"
         )),
         Ok(value) if value > max => Err(format!(
             "{what} must be at most {max}, got {text:?}; {expected}"
         )),
+        Err(Whole::TooLarge) => Err(format!(
+            "{what} must be at most {max}, got {text:?}; {expected}"
+        )),
         Ok(value) => Ok(value),
-        Err(_) => Err(format!("{text:?} is not a whole number; {expected}")),
+        Err(Whole::NotANumber) => Err(format!("{text:?} is not a whole number; {expected}")),
     }
+}
+
+/// Why a text is not a whole number of `u64`.
+enum Whole {
+    /// A minus sign before digits.
+    Negative,
+    /// Digits of 2^64 or more.
+    TooLarge,
+    /// Anything else (empty, letters, a fraction).
+    NotANumber,
+}
+
+/// A whole number of `u64` (spaces around it allowed).
+fn parse_whole(text: &str) -> Result<u64, Whole> {
+    let trimmed = text.trim();
+    trimmed.parse::<u64>().map_err(|err| match err.kind() {
+        std::num::IntErrorKind::PosOverflow => Whole::TooLarge,
+        _ if trimmed.strip_prefix('-').is_some_and(|digits| {
+            !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
+        }) =>
+        {
+            Whole::Negative
+        }
+        _ => Whole::NotANumber,
+    })
+}
+
+/// Value parser of `--seed`: any whole number from 0 to 2^64 - 1.
+fn parse_seed(text: &str) -> Result<u64, String> {
+    let expected = format!("expected a whole number from 0 to {}", u64::MAX);
+    parse_whole(text).map_err(|why| match why {
+        Whole::Negative => format!("the seed cannot be negative, got {text:?}; {expected}"),
+        Whole::TooLarge => format!(
+            "the seed must be at most {}, got {text:?}; {expected}",
+            u64::MAX
+        ),
+        Whole::NotANumber => format!("{text:?} is not a whole number; {expected}"),
+    })
 }
 
 /// Value parser of `--threads`.

@@ -372,6 +372,31 @@ fn bad_counts_exit_2_naming_the_value() {
         &[],
         &["'conv'", "axpy", "matmul"],
     );
+    // Negative and too large: named as such, not as a stray flag or as
+    // something that is not a number.
+    refused(
+        &["run", "--threads", "-1"],
+        &[],
+        &["'-1'", "--threads", "must be at least 1"],
+    );
+    refused(
+        &["run", "--iterations", "18446744073709551616"],
+        &[],
+        &["must be at most 18446744073709551615"],
+    );
+    refused(
+        &["run", "--seed", "-1"],
+        &[],
+        &["'-1'", "--seed", "cannot be negative"],
+    );
+    refused(
+        &["run", "--seed", "x"],
+        &[],
+        &[
+            "'x'",
+            "expected a whole number from 0 to 18446744073709551615",
+        ],
+    );
     refused(&["run", "--bogus"], &[], &["--bogus"]);
     refused(&[], &[], &["Usage"]);
 }
