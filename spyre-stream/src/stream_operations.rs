@@ -5,13 +5,13 @@
 
 use flex_rt::{CompositeAddress, DataFormat, HostBuffer, LaunchOptions, Stream};
 
-use crate::counters::{self, Direction};
+use crate::counters::{self, Counted, Direction};
 use crate::error::Result;
 use crate::instrument;
 use crate::runtime;
 use crate::state::StreamErrorState;
 use crate::stream::SpyreStream;
-use crate::trace::{self, OperationKind};
+use crate::trace::{self, OperationKind, Traced};
 
 impl SpyreStream {
     /// The runtime handle behind this stream, resolved through the
@@ -57,15 +57,10 @@ impl SpyreStream {
         } else {
             (options, None)
         };
-        launch(handle, options).map_err(|error| {
-            if let Some(entry) = traced {
-                entry.refused();
-            }
-            if let Some(count) = counted {
-                count.refused();
-            }
-            error.into()
-        })
+        let unlaunched = Unlaunched { traced, counted };
+        launch(handle, options)?;
+        unlaunched.launched();
+        Ok(())
     }
 
     /// Whether all work enqueued on the stream has completed, including
@@ -198,5 +193,34 @@ impl SpyreStream {
             options,
             |handle, options| handle.launch_fill(dst, value, format, options),
         )
+    }
+}
+
+/// A launch's trace entry and counts, taken back when it is dropped
+/// before [`Unlaunched::launched`]: when the runtime refuses the launch,
+/// and when the launch unwinds (a refused operation's closure and
+/// completion are dropped inside it, and their drops are user code, which
+/// may panic), so that a launch that never ran is never counted in flight.
+struct Unlaunched {
+    traced: Option<Traced>,
+    counted: Option<Counted>,
+}
+
+impl Unlaunched {
+    /// The runtime took the launch: its entry and counts stay.
+    fn launched(mut self) {
+        self.traced = None;
+        self.counted = None;
+    }
+}
+
+impl Drop for Unlaunched {
+    fn drop(&mut self) {
+        if let Some(entry) = self.traced.take() {
+            entry.refused();
+        }
+        if let Some(count) = self.counted.take() {
+            count.refused();
+        }
     }
 }

@@ -71,6 +71,43 @@ fn a_failed_operation_and_those_skipped_after_it_count_as_failed() {
     });
 }
 
+/// A launch the runtime refuses drops the caller's closure inside the
+/// launch; when that drop panics, the launch is still taken back from the
+/// counters and the trace (it stayed in flight for good, and its entry
+/// enqueued and never finished).
+#[test]
+fn a_refused_launch_whose_closure_panics_on_drop_is_not_left_in_flight() {
+    struct PanicOnDrop;
+    impl Drop for PanicOnDrop {
+        fn drop(&mut self) {
+            panic!("dropped");
+        }
+    }
+    isolated!(&[MOCK], || {
+        enable_counters();
+        start_trace();
+        let stream = pool_stream();
+        let device = spyre_stream::allocate(Device::CURRENT, 4096).unwrap();
+        // 8 bytes into 4096: refused for the sizes.
+        let captured = PanicOnDrop;
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            stream.launch_h2d(
+                &HostBuffer::zeroed(8),
+                &device,
+                LaunchOptions::new().on_complete(move |_| {
+                    let _captured = &captured;
+                }),
+            )
+        }));
+        assert!(unwound.is_err(), "the drop's panic reaches the caller");
+        let counts = counters().device;
+        assert_eq!((counts.launched, counts.in_flight), (0, 0));
+        let kinds: Vec<_> = stop_trace().entries.iter().map(|e| e.kind).collect();
+        assert_eq!(kinds, [OperationKind::Refused]);
+        spyre_stream::free(Device::CURRENT, &device).unwrap();
+    });
+}
+
 #[test]
 fn copies_skipped_after_a_failure_move_no_bytes() {
     // Both copies are launched while the callback before them is held, so
