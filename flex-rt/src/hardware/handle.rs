@@ -1,6 +1,7 @@
 //! The opaque `flex.h` handles as non-null, thread-safe newtypes.
 
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use flex_sys::bindings as sys;
 use flex_sys::fork::ForkGeneration;
@@ -9,15 +10,23 @@ use crate::error::{FlexError, Result};
 use crate::status::Status;
 
 /// A `flex_runtime_t *` that a successful `flex_runtime_create` returned,
-/// and the fork generation of the process that created it.
+/// the fork generation of the process that created it, and a serial
+/// number of its own.
 ///
 /// Only a pointer: the owner ([`super::HardwareRuntime`]) decides when it is
-/// destroyed. Copying it does not copy the runtime.
+/// destroyed. Copying it does not copy the runtime. Two handles are equal
+/// only if they are copies of one: a runtime created after another was
+/// destroyed may be given its address, and is still another runtime.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct RuntimeHandle {
     ptr: NonNull<sys::flex_runtime_t>,
     fork: ForkGeneration,
+    /// Unique in the process: see [`RuntimeHandle::key`].
+    serial: usize,
 }
+
+/// The serial number of the next runtime handle (0 is never one).
+static NEXT_SERIAL: AtomicUsize = AtomicUsize::new(1);
 
 /// A `flex_stream_t *` that `flex_runtime_get_default_stream` or
 /// `flex_runtime_create_stream` returned. Only a pointer, as above.
@@ -46,7 +55,11 @@ impl RuntimeHandle {
     /// Wraps a non-null runtime pointer that a process of generation
     /// `fork` created (read after `flex_sys::fork::watch_forks`).
     pub(super) fn new(ptr: NonNull<sys::flex_runtime_t>, fork: ForkGeneration) -> Self {
-        Self { ptr, fork }
+        Self {
+            ptr,
+            fork,
+            serial: NEXT_SERIAL.fetch_add(1, Ordering::Relaxed),
+        }
     }
 
     /// The pointer to pass to the library.
@@ -54,10 +67,11 @@ impl RuntimeHandle {
         self.ptr.as_ptr()
     }
 
-    /// A non-zero number that identifies this runtime while it exists (its
-    /// address), used to recognise the runtime's own callbacks.
+    /// A non-zero number that identifies this runtime in the process, never
+    /// given to another (not its address, which a later runtime may be
+    /// given), used to recognise the runtime's own callbacks.
     pub(super) fn key(self) -> usize {
-        self.ptr.as_ptr() as usize
+        self.serial
     }
 
     /// Whether this is the process that created the runtime: `false` in a
@@ -105,5 +119,22 @@ impl StreamHandle {
     /// The pointer to pass to the library.
     pub(super) fn as_ptr(self) -> *mut sys::flex_stream_t {
         self.0.as_ptr()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_runtime_at_another_ones_address_is_another_runtime() {
+        let ptr = NonNull::<sys::flex_runtime_t>::dangling();
+        let fork = ForkGeneration::current();
+        let (first, second) = (RuntimeHandle::new(ptr, fork), RuntimeHandle::new(ptr, fork));
+        assert_eq!(first, first, "a copy is the same runtime");
+        assert_ne!(first, second);
+        assert_ne!(first.key(), second.key());
+        assert_ne!(first.key(), 0);
+        assert_eq!(first.as_ptr(), second.as_ptr());
     }
 }

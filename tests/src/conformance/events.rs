@@ -535,6 +535,15 @@ pub fn an_event_dies_with_its_runtime(backend: &dyn Backend, _: &Profile) {
     );
     let err = event.elapsed_nanos(&*start).unwrap_err();
     assert_eq!(err.status(), Status::INVALID_HANDLE, "{err}");
+    // To a stream of the live runtime it is another runtime's event, as
+    // any: whether or not that runtime was given the closed one's address.
+    let stream = new_stream(&*later, StreamPriority::Normal);
+    for err in [
+        stream.record_event(&*event, None).unwrap_err(),
+        stream.wait_event(&*event).unwrap_err(),
+    ] {
+        assert_eq!(err.status(), Status::INVALID_ARGUMENT, "{err}");
+    }
     drop(event);
 }
 
