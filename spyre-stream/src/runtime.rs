@@ -182,7 +182,8 @@ pub fn set_backend(backend: Box<dyn Backend>) -> Result<()> {
 /// dropped in the child, where its library's state is the parent's.
 fn forget_inherited(slot: &mut Option<Slot>) {
     if let Some(inherited) = slot.take_if(|s| !s.generation.is_current()) {
-        tracing::debug!("the backend was created before fork(); this child makes its own");
+        // Not logged: the log's locks may have been held by a parent
+        // thread at the fork.
         std::mem::forget(inherited);
     }
 }
@@ -421,7 +422,8 @@ fn usable(running: &'static Running, device: Device) -> Result<(&'static Running
 /// too (the runtime is the parent's).
 pub fn free_runtime() {
     if check_not_forked().is_err() {
-        tracing::warn!("free_runtime in a forked child: the runtime is the parent's; nothing done");
+        // The runtime is the parent's. Not logged: the log's locks may have
+        // been held by a parent thread at the fork.
         return;
     }
     let _slot = LIFECYCLE.lock();
