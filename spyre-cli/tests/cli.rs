@@ -565,6 +565,19 @@ fn bad_environment_exits_2_naming_the_value() {
             "at most 1000000 µs",
         ],
     );
+    // A region no host can back: refused before the run, not at its first
+    // copy.
+    refused(
+        &["run", "--iterations", "1"],
+        &[
+            ("SPYRE_MOCK_MEMORY_BYTES", "4611686018427387904"),
+            ("SPYRE_MOCK_REGION_BYTES", "4611686018427387904"),
+        ],
+        &[
+            "SPYRE_MOCK_REGION_BYTES",
+            "needs 4611686018427387904 bytes (4194304 TiB) of host memory",
+        ],
+    );
     refused(
         &["run", "--iterations", "1"],
         &[("SPYRE_HAZARD_TRACKER", "maybe")],
