@@ -66,14 +66,20 @@ pub(crate) fn matmul_warning(n: u64, iterations: u64, threads: usize, rate: f64)
     })
 }
 
-/// `95 s`, `12 min`, `3.4 h`.
+/// `95 s`, `12 min`, `3.4 h`, `3 days`, `1.0e5 years`.
 fn human(seconds: f64) -> String {
+    const DAY: f64 = 86_400.0;
+    const YEAR: f64 = 365.25 * DAY;
     if seconds < 120.0 {
         format!("{seconds:.0} s")
     } else if seconds < 7200.0 {
         format!("{:.0} min", seconds / 60.0)
-    } else {
+    } else if seconds < 2.0 * DAY {
         format!("{:.1} h", seconds / 3600.0)
+    } else if seconds < 2.0 * YEAR {
+        format!("{:.0} days", seconds / DAY)
+    } else {
+        format!("{:.1e} years", seconds / YEAR)
     }
 }
 
@@ -105,6 +111,8 @@ mod tests {
         assert_eq!(human(95.0), "95 s");
         assert_eq!(human(720.0), "12 min");
         assert_eq!(human(12_240.0), "3.4 h");
+        assert_eq!(human(259_200.0), "3 days");
+        assert_eq!(human(3.15576e12), "1.0e5 years");
     }
 
     #[test]

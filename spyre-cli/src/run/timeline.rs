@@ -31,7 +31,7 @@ pub(crate) fn check_path(path: &Path) -> Result<(), CliError> {
     match path.extension().and_then(|e| e.to_str()) {
         Some(ext) if ext.eq_ignore_ascii_case("svg") => Ok(()),
         _ => Err(CliError::Usage(format!(
-            "--timeline {}: the timeline is drawn as SVG; give a file name ending in .svg",
+            "--timeline {}: the timeline is drawn as SVG; give a file name ending in .svg, with a name before it (run.svg)",
             path.display()
         ))),
     }
