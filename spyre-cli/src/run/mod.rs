@@ -124,15 +124,6 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
         .map_err(|e| CliError::stream("reading the device's memory layout", e))?;
     if let Some(layout) = layout {
         check_capacity(&plan, args, layout)?;
-        if info.backend == "mock" {
-            // The software device backs a region with host memory, whole,
-            // when it is first written: a region the host cannot give would
-            // fail the first copy, after the work started.
-            host_memory::check(
-                layout.region_bytes,
-                "a memory region of the software device (SPYRE_MOCK_REGION_BYTES, backed with host memory when first written)",
-            )?;
-        }
     }
     // Per iteration in flight: two inputs, the output and the expected
     // result on the host, each an operand, and the program. (The pipelined
@@ -150,6 +141,15 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
             args.size, args.threads, args.in_flight
         ),
     )?;
+    if let Some(layout) = layout.filter(|_| info.backend == "mock") {
+        // The software device backs a region with host memory, whole, when
+        // it is first written: a region the host cannot give would fail the
+        // first copy, after the work started.
+        host_memory::check(
+            layout.region_bytes,
+            "a memory region of the software device (SPYRE_MOCK_REGION_BYTES, backed with host memory when first written)",
+        )?;
+    }
     if plan.kernel == KernelArg::Matmul
         && info.backend == "mock"
         && let Some(warning) =
