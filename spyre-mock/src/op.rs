@@ -258,8 +258,11 @@ impl Op {
             Self::RawHostFn(f) => {
                 host_fn_result(call, catch_unwind(AssertUnwindSafe(move || f.call())))
             }
-            Self::HostCallback(f) => catch_unwind(AssertUnwindSafe(f))
-                .map_err(|payload| host_callback_panicked(call, payload.as_ref())),
+            Self::HostCallback(f) => catch_unwind(AssertUnwindSafe(f)).map_err(|payload| {
+                let err = host_callback_panicked(call, payload.as_ref());
+                drop_panic(payload);
+                err
+            }),
         }
     }
 }

@@ -440,6 +440,17 @@ fn a_completion_panic_whose_payload_panics_on_drop_still_fails_the_stream() {
     assert_eq!(err.status(), Status::HOST_CALLBACK_FAILED, "{err}");
     assert!(err.message().contains("non-string payload"), "{err}");
     assert_eq!(other, Ok(()), "the engine runs other streams");
+    // A host callback's panic with such a payload is the callback's
+    // failure, as any panic of it is (it was the device's INTERNAL error).
+    let rt = runtime(1);
+    let s = stream(&rt);
+    s.launch_host_callback(
+        Box::new(|| std::panic::panic_any(Bomb)),
+        LaunchOptions::new(),
+    )
+    .unwrap();
+    let err = s.synchronize().unwrap_err();
+    assert_eq!(err.status(), Status::HOST_CALLBACK_FAILED, "{err}");
 }
 
 #[test]
