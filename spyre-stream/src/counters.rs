@@ -11,7 +11,8 @@
 //! takes no lock. Operations launched while the counters were off are not
 //! counted, not even when they complete later.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use flex_rt::{FlexError, LaunchOptions};
 
@@ -172,7 +173,10 @@ pub(crate) fn counted(
         pipeline_barrier,
         completion,
     } = options;
+    let called = Arc::new(AtomicBool::new(false));
+    let counted = Counted(Some((slot, Arc::clone(&called))));
     let counting = Box::new(move |outcome: Result<(), FlexError>| {
+        called.store(true, Ordering::Relaxed);
         for counts in [slot, &DEVICE] {
             match outcome {
                 Ok(()) => counts.completed.fetch_add(1, Ordering::Relaxed),
@@ -196,18 +200,24 @@ pub(crate) fn counted(
             pipeline_barrier,
             completion: Some(counting),
         },
-        Counted(Some(slot)),
+        counted,
     )
 }
 
-/// A counted launch, for its refusal to be taken back.
-pub(crate) struct Counted(Option<&'static Slot>);
+/// A counted launch, for its refusal to be taken back, and whether its
+/// completion has been called.
+pub(crate) struct Counted(Option<(&'static Slot, Arc<AtomicBool>)>);
 
 impl Counted {
     /// The runtime refused the launch: it is not counted (its completion,
-    /// which would count its outcome and bytes, is dropped uncalled).
+    /// which would count its outcome and bytes, is dropped uncalled). A
+    /// launch whose completion was called stays counted (a backend that
+    /// completes inside the launch, whose caller's completion then unwound
+    /// out of it).
     pub(crate) fn refused(self) {
-        if let Some(slot) = self.0 {
+        if let Some((slot, called)) = self.0
+            && !called.load(Ordering::Relaxed)
+        {
             slot.launched.fetch_sub(1, Ordering::Relaxed);
             DEVICE.launched.fetch_sub(1, Ordering::Relaxed);
         }

@@ -260,9 +260,16 @@ pub(crate) struct Traced {
 
 impl Traced {
     /// The launch was refused: the operation never ran; its entry goes.
+    /// An entry its completion stamped finished stays as it is (a backend
+    /// that completes inside the launch, whose caller's completion then
+    /// unwound out of it).
     pub(crate) fn refused(self) {
         let mut guard = self.log.lock();
-        if let Some(entry) = guard.entries.get_mut(self.index) {
+        if let Some(entry) = guard
+            .entries
+            .get_mut(self.index)
+            .filter(|entry| entry.finished.is_none())
+        {
             // Kept in place (later entries' indices are in completions),
             // marked as not launched.
             entry.finished = None;

@@ -108,6 +108,33 @@ fn a_refused_launch_whose_closure_panics_on_drop_is_not_left_in_flight() {
     });
 }
 
+/// A backend that completes inside the launch (the no-op backend), whose
+/// caller's completion panics out of it: the operation ran, and stays
+/// counted and traced as run, not as refused.
+#[test]
+fn a_completion_that_unwinds_out_of_its_launch_stays_counted_as_run() {
+    isolated!(&[MOCK], || {
+        spyre_stream::set_backend(Box::new(flex_rt::noop::NoopBackend::new(1))).unwrap();
+        enable_counters();
+        start_trace();
+        let stream = pool_stream();
+        let unwound = std::panic::catch_unwind(|| {
+            stream.launch_host_callback(
+                || {},
+                LaunchOptions::new().on_complete(|_| panic!("the caller's completion")),
+            )
+        });
+        assert!(unwound.is_err(), "the no-op backend lets the panic unwind");
+        let counts = counters().device;
+        assert_eq!(
+            (counts.launched, counts.completed, counts.in_flight),
+            (1, 1, 0)
+        );
+        let kinds: Vec<_> = stop_trace().entries.iter().map(|e| e.kind).collect();
+        assert_eq!(kinds, [OperationKind::HostCallback]);
+    });
+}
+
 #[test]
 fn copies_skipped_after_a_failure_move_no_bytes() {
     // Both copies are launched while the callback before them is held, so
