@@ -66,7 +66,7 @@ pub(crate) fn matmul_warning(n: u64, iterations: u64, threads: usize, rate: f64)
     })
 }
 
-/// `95 s`, `12 min`, `3.4 h`, `3 days`, `1.0e5 years`.
+/// `95 s`, `12 min`, `3.4 h`, `3 days`, `5 years`, `1.0e5 years`.
 fn human(seconds: f64) -> String {
     const DAY: f64 = 86_400.0;
     const YEAR: f64 = 365.25 * DAY;
@@ -78,6 +78,8 @@ fn human(seconds: f64) -> String {
         format!("{:.1} h", seconds / 3600.0)
     } else if seconds < 2.0 * YEAR {
         format!("{:.0} days", seconds / DAY)
+    } else if seconds < 1000.0 * YEAR {
+        format!("{:.0} years", seconds / YEAR)
     } else {
         format!("{:.1e} years", seconds / YEAR)
     }
@@ -112,6 +114,7 @@ mod tests {
         assert_eq!(human(720.0), "12 min");
         assert_eq!(human(12_240.0), "3.4 h");
         assert_eq!(human(259_200.0), "3 days");
+        assert_eq!(human(1.57788e8), "5 years");
         assert_eq!(human(3.15576e12), "1.0e5 years");
     }
 
