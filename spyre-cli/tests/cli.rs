@@ -464,7 +464,7 @@ fn bad_sizes_exit_2_naming_the_value() {
         &[
             "--threads 1 and --in-flight 3 (--mode per-iteration) keeps 3 iterations' memory on the device",
             "3 blocks of 104857600 bytes",
-            "where the caching allocator's segments hold at most 2 of them at once",
+            "where the caching allocator's segments hold at most 2 of them at once beside their programs",
             "lower --in-flight to at most 2 (or --threads or --size)",
         ],
     );
@@ -506,7 +506,8 @@ fn bad_sizes_exit_2_naming_the_value() {
     // 349 696. 32 MiB in one region would hold 95 such blocks, 31
     // iterations (15 pipelined threads, 2 each); but the allocator's
     // segments there are 1 MiB (1/32 of the device) and hold 2 blocks
-    // each, so 64 blocks, 21 iterations: 10 threads, not 11.
+    // each, and one holds the programs, so 62 blocks, 20 iterations: 10
+    // threads, not 11.
     let small = [
         ("SPYRE_MOCK_MEMORY_BYTES", "33554432"),
         ("SPYRE_MOCK_REGION_BYTES", "33554432"),
@@ -521,8 +522,23 @@ fn bad_sizes_exit_2_naming_the_value() {
         &small,
         &[
             "keeps 22 iterations' memory",
-            "hold at most 21 of them at once",
+            "hold at most 20 of them at once beside their programs",
             "lower --threads to at most 10",
+        ],
+    );
+    // Operands that fill their segments leave no room for the programs:
+    // 12 MiB holds 12 operands of 1 MiB, 4 iterations, but the programs
+    // take a segment of 384 KiB (1/32 of the device), leaving 11 operands,
+    // 3 iterations, for the 4 in flight of 2 pipelined threads.
+    refused(
+        &["run", "--size", "3MiB"],
+        &[
+            ("SPYRE_MOCK_MEMORY_BYTES", "12582912"),
+            ("SPYRE_MOCK_REGION_BYTES", "12582912"),
+        ],
+        &[
+            "keeps 4 iterations' memory",
+            "hold at most 3 of them at once",
         ],
     );
     // Fits once, but not four times over two threads.

@@ -298,7 +298,7 @@ pub use memory::{
     DeviceBuffer, DeviceElement, LARGE_SEGMENT, LARGE_SEGMENT_LIMIT, MIN_BLOCK, MemoryStats,
     SEGMENTS_PER_DEVICE, SMALL_REQUEST, SMALL_SEGMENT, allocate, allocations_held, empty_cache,
     free, max_memory_allocated, memory_allocated, memory_info, memory_layout, memory_reserved,
-    memory_stats, reset_peak_memory_stats,
+    memory_stats, reset_peak_memory_stats, segment_bytes,
 };
 pub use pool::{PoolConfig, StreamPool};
 pub use process_pool::{

@@ -1,8 +1,8 @@
 //! The up-front check that the device's memory holds a run.
 
-use spyre_stream::{MIN_BLOCK, MemoryLayout, allocations_held};
+use spyre_stream::{MIN_BLOCK, MemoryLayout, allocations_held, segment_bytes};
 
-use super::plan::{BLOCKS_PER_ITERATION, Plan};
+use super::plan::{BLOCKS_PER_ITERATION, DESCRIPTOR_BYTES, Plan};
 use crate::cli::{ModeArg, RunArgs};
 use crate::error::CliError;
 use crate::size::format_size;
@@ -11,7 +11,8 @@ use crate::size::format_size;
 /// work starts: an operand larger than a region, or more iterations in
 /// flight than the caching allocator holds operand blocks for (each block
 /// the size it rounds an operand to, packed into its segments, each in one
-/// region: [`allocations_held`]). The allocator keeps segments per stream,
+/// region: [`allocations_held`]) beside the iterations' programs (in
+/// segments of their own). The allocator keeps segments per stream,
 /// so a run close to the limit may still need it to return its cache and
 /// retry, or fail with a named out-of-memory error.
 pub(super) fn check_capacity(
@@ -46,16 +47,6 @@ pub(super) fn check_capacity(
             format_size(region),
         )));
     }
-    let blocks_held = allocations_held(layout, plan.operand_bytes);
-    let iterations_held = blocks_held / BLOCKS_PER_ITERATION;
-    if iterations_held == 0 {
-        return Err(CliError::Usage(format!(
-            "--size {} needs {BLOCKS_PER_ITERATION} blocks of {block} bytes per iteration, each in one memory region, but the device has {memory} bytes ({}) in regions of {region} bytes, where the caching allocator's segments hold {blocks_held} such block{}; use a smaller --size",
-            args.size,
-            format_size(memory),
-            if blocks_held == 1 { "" } else { "s" }
-        )));
-    }
     // A thread never has more iterations in flight than it runs; pipelined,
     // a thread holds its two memory slots however many are in flight.
     let per_thread = match args.mode {
@@ -63,10 +54,32 @@ pub(super) fn check_capacity(
         ModeArg::PerIteration | ModeArg::Serialized => (args.in_flight as u64).min(args.iterations),
     };
     let in_flight = (args.threads as u64).saturating_mul(per_thread);
+    // Each iteration in flight also holds its program, a small block:
+    // counted as taking segments of their own, each costing the operands
+    // the segments it covers (they may share the operands' segments, which
+    // this does not count on).
+    let program_segment = segment_bytes(layout, DESCRIPTOR_BYTES).max(MIN_BLOCK);
+    let programs = in_flight
+        .div_ceil(program_segment / MIN_BLOCK)
+        .saturating_mul(program_segment);
+    let operand_segment = segment_bytes(layout, plan.operand_bytes).max(block);
+    let lost = programs
+        .div_ceil(operand_segment)
+        .saturating_mul(operand_segment / block);
+    let blocks_held = allocations_held(layout, plan.operand_bytes).saturating_sub(lost);
+    let iterations_held = blocks_held / BLOCKS_PER_ITERATION;
+    if iterations_held == 0 {
+        return Err(CliError::Usage(format!(
+            "--size {} needs {BLOCKS_PER_ITERATION} blocks of {block} bytes per iteration, each in one memory region, but the device has {memory} bytes ({}) in regions of {region} bytes, where the caching allocator's segments hold {blocks_held} such block{} beside the programs; use a smaller --size",
+            args.size,
+            format_size(memory),
+            if blocks_held == 1 { "" } else { "s" }
+        )));
+    }
     if in_flight > iterations_held {
         let advice = capacity_advice(args.mode, args.threads as u64, per_thread, iterations_held);
         return Err(CliError::Usage(format!(
-            "--size {} with --threads {} and --in-flight {} (--mode {}) keeps {in_flight} iterations' memory on the device, each in {BLOCKS_PER_ITERATION} blocks of {block} bytes that must each lie in one memory region, but the device has {memory} bytes ({}) in regions of {region} bytes, where the caching allocator's segments hold at most {iterations_held} of them at once; {advice}",
+            "--size {} with --threads {} and --in-flight {} (--mode {}) keeps {in_flight} iterations' memory on the device, each in {BLOCKS_PER_ITERATION} blocks of {block} bytes that must each lie in one memory region, but the device has {memory} bytes ({}) in regions of {region} bytes, where the caching allocator's segments hold at most {iterations_held} of them at once beside their programs; {advice}",
             args.size,
             args.threads,
             args.in_flight,

@@ -521,6 +521,23 @@ fn segment_cap(region: Option<u64>, total: Option<u64>) -> u64 {
     cap.max(MIN_BLOCK)
 }
 
+/// The segment the caching allocator takes from a device of `layout` for a
+/// buffer of `bytes` bytes, in bytes: the standard size for the request
+/// (see the module docs), at most a region and 1/[`SEGMENTS_PER_DEVICE`]
+/// of the memory, never less than the request rounded up to
+/// [`MIN_BLOCK`]. (Where the device cannot give it, the allocator takes the
+/// request's own size.) 0 for 0 bytes or a size that overflows when
+/// rounded. Pure: reads nothing of a runtime.
+pub fn segment_bytes(layout: MemoryLayout, bytes: u64) -> u64 {
+    let Ok(rounded) = round_request(bytes) else {
+        return 0;
+    };
+    segment_size(
+        rounded,
+        segment_cap(Some(layout.region_bytes), Some(layout.total_bytes)),
+    )
+}
+
 /// How many buffers of `bytes` bytes each the caching allocator holds at
 /// once on a device of `layout`, every buffer in one chunk (as a kernel
 /// operand must), when all its buffers have that size: in each region, the
@@ -548,7 +565,7 @@ pub fn allocations_held(layout: MemoryLayout, bytes: u64) -> u64 {
     if region == 0 || rounded > region {
         return 0;
     }
-    let segment = segment_size(rounded, segment_cap(Some(region), Some(total)));
+    let segment = segment_bytes(layout, bytes);
     let per_region = |bytes: u64| bytes / segment * (segment / rounded) + bytes % segment / rounded;
     (total / region).saturating_mul(per_region(region)) + per_region(total % region)
 }
@@ -1591,6 +1608,13 @@ mod tests {
         // the request's own size, 11 per 4 MiB region.
         assert_eq!(allocations_held(layout(4 << 20, 4 << 20), 349_526), 11);
         assert_eq!(allocations_held(layout(1 << 30, 256 << 20), 0), 0);
+        // Segments: 2 MiB for small requests, capped at 1/32 of the device
+        // (384 KiB of 12 MiB), never below the request.
+        assert_eq!(segment_bytes(layout(1 << 30, 256 << 20), 128), 2 << 20);
+        assert_eq!(segment_bytes(layout(12 << 20, 12 << 20), 128), 384 << 10);
+        assert_eq!(segment_bytes(layout(12 << 20, 12 << 20), 1 << 20), 1 << 20);
+        assert_eq!(segment_bytes(layout(1 << 30, 256 << 20), 3 << 20), 20 << 20);
+        assert_eq!(segment_bytes(layout(1 << 30, 256 << 20), 0), 0);
         assert_eq!(
             allocations_held(layout(1 << 30, 256 << 20), (256 << 20) + 1),
             0

@@ -10,7 +10,7 @@ mod stats;
 
 pub use allocator::{
     LARGE_SEGMENT, LARGE_SEGMENT_LIMIT, MIN_BLOCK, MemoryStats, SEGMENTS_PER_DEVICE, SMALL_REQUEST,
-    SMALL_SEGMENT, allocations_held,
+    SMALL_SEGMENT, allocations_held, segment_bytes,
 };
 pub use buffer::DeviceBuffer;
 pub use element::DeviceElement;
