@@ -11,13 +11,14 @@
 //! existed as it was (a file the run created stays empty); an interrupt
 //! during the write may leave the new file's part, named
 //! `.NAME.XXXXXX.partial`, beside it. The file's owner becomes the user
-//! who ran, and other hard links to it keep the old contents. Where no file
-//! can be made beside it (a directory the user may not write to), and for
-//! a device or a pipe (`/dev/null`, `/dev/stdout`), the write is made in
-//! place.
+//! who ran, and other hard links to it keep the old contents. The write is
+//! made in place (the file emptied, then written) where no file can be made
+//! beside it (a directory the user may not write to) or renamed over it (a
+//! bind-mounted file), for a device or a pipe, and for a path under `/dev`
+//! or `/proc` (`/dev/stdout` redirected to a file is that file).
 
 use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::{BufWriter, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use crate::error::CliError;
@@ -100,22 +101,13 @@ impl OutputFile {
             ))
         };
         let regular = file.metadata().ok().filter(std::fs::Metadata::is_file);
-        let (temp, target, mode) = match regular.map(|meta| (beside(&path), meta)) {
-            Some((Ok((temp, target)), meta)) => (temp, target, meta.permissions()),
-            // In place: emptied first if it is a regular file.
-            other => {
-                let emptied = match other {
-                    Some(_) => file.set_len(0),
-                    None => Ok(()),
-                };
-                let mut out = BufWriter::new(file);
-                return emptied
-                    .and_then(|()| contents(&mut out))
-                    .and_then(|written| out.flush().map(|()| written))
-                    .map_err(failed);
-            }
+        let replaced = regular
+            .as_ref()
+            .filter(|_| !names_a_system_file(&path))
+            .and_then(|meta| Some((beside(&path).ok()?, meta.permissions())));
+        let Some(((temp, target), mode)) = replaced else {
+            return write_in_place(&file, regular.is_some(), contents).map_err(failed);
         };
-        drop(file);
         let mut out = BufWriter::new(temp);
         let written = out
             .get_ref()
@@ -125,7 +117,15 @@ impl OutputFile {
             .and_then(|written| out.flush().map(|()| written))
             .map_err(failed)?;
         let temp = out.into_inner().map_err(|e| failed(e.into_error()))?;
-        temp.persist(&target).map_err(|e| failed(e.error))?;
+        if let Err(refused) = temp.persist(&target) {
+            // The file cannot be renamed over (a bind-mounted file, another
+            // user's file in a sticky directory): it takes the contents in
+            // place, from the new file.
+            let mut temp = refused.file;
+            temp.seek(SeekFrom::Start(0))
+                .and_then(|_| write_in_place(&file, true, |out| std::io::copy(&mut temp, out)))
+                .map_err(failed)?;
+        }
         Ok(written)
     }
 
@@ -138,6 +138,31 @@ impl OutputFile {
             let _ = std::fs::remove_file(&self.path);
         }
     }
+}
+
+/// Empties `file` if it is `regular`, writes what `contents` writes into it
+/// through a buffer, and flushes it.
+fn write_in_place<T>(
+    mut file: &File,
+    regular: bool,
+    contents: impl FnOnce(&mut dyn Write) -> std::io::Result<T>,
+) -> std::io::Result<T> {
+    if regular {
+        file.set_len(0)?;
+        file.seek(SeekFrom::Start(0))?;
+    }
+    let mut out = BufWriter::new(file);
+    let written = contents(&mut out)?;
+    out.flush()?;
+    Ok(written)
+}
+
+/// Whether `path`, as given, names a file of the system's (under `/dev` or
+/// `/proc`, as `/dev/stdout` does), written in place: it may stand for
+/// another file (this process's standard output, redirected to a file),
+/// which must not be replaced.
+fn names_a_system_file(path: &Path) -> bool {
+    path.starts_with("/dev") || path.starts_with("/proc")
 }
 
 /// A new, empty file in the directory of the file `path` names (symbolic
@@ -315,6 +340,33 @@ mod tests {
         let mode = std::fs::metadata(&file).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o640);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// `/dev/stdout` redirected to a file, `/proc/self/fd/N`: the file is
+    /// written in place, not replaced, so the descriptor still names it.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_path_under_proc_is_written_in_place() {
+        use std::os::unix::fs::MetadataExt;
+        let path = scratch("through-proc.json");
+        std::fs::write(&path, b"old contents").unwrap();
+        let open = File::open(&path).unwrap();
+        let inode = open.metadata().unwrap().ino();
+        let through = PathBuf::from(format!("/proc/self/fd/{}", {
+            use std::os::fd::AsRawFd;
+            open.as_raw_fd()
+        }));
+        OutputFile::create("--trace", &through)
+            .unwrap()
+            .write("trace", b"{}")
+            .unwrap();
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().ino(),
+            inode,
+            "the same file"
+        );
+        assert_eq!(std::fs::read(&path).unwrap(), b"{}");
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]
