@@ -90,7 +90,10 @@
 //!   [`start_runtime`], or inside [`device_count`] or [`set_device`] before
 //!   the start, which load the backend under the same lock, leaves that
 //!   lock held in the child; fork before starting threads that make those
-//!   calls, or after the start.)
+//!   calls, or after the start. And a child forked while another thread
+//!   starts or ends a thread inherits the Rust standard library's lock of
+//!   thread starts held: the software device's runtime in the child then
+//!   hangs starting its engines.)
 //! - **The runtime starts once.** A failed start leaves nothing behind and can
 //!   be retried; after [`free_runtime`] a start is an explicit error, never a
 //!   silent no-op.

@@ -1653,6 +1653,39 @@ fn new_event(rt: &Rt) -> *mut sys::flex_event_t {
     event
 }
 
+/// Runs `body` in a process of its own, the test binary run again for the
+/// test `name` alone (under Miri, which cannot run a process, in this
+/// one), for tests that other tests' threads would disturb:
+///
+/// - A test that forks: other tests' threads start and end threads at any
+///   time, and a child forked while another thread starts or ends one
+///   inherits a lock of the standard library's held (its threads'
+///   stack-overflow handling takes a process-wide lock at each thread's
+///   start and end), and hangs when it starts a thread: the child's
+///   runtime's engines did, in about one run of the whole test binary in
+///   three with 8 test threads.
+/// - A test of when an update waits: every thread's read sections count,
+///   other tests' too.
+pub(crate) fn alone(name: &str, body: impl FnOnce()) {
+    const MARKER: &str = "SPYRE_MOCK_CAPI_TEST_ALONE";
+    if cfg!(miri) || std::env::var(MARKER).as_deref() == Ok(name) {
+        body();
+        return;
+    }
+    let output = std::process::Command::new(std::env::current_exe().expect("the test binary"))
+        .args([name, "--exact", "--nocapture", "--test-threads=1"])
+        .env(MARKER, name)
+        .output()
+        .expect("the test binary can run again");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains("1 passed"),
+        "{name} alone ({}):\n--- stdout\n{stdout}\n--- stderr\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
 /// Runs `child` in a `fork()`ed child (which then `_exit`s with 0, or 101
 /// if `child` panicked) and returns its exit code, or `None` if it had not
 /// ended after 10 s (it is killed then).
@@ -1704,6 +1737,13 @@ fn in_forked_child(child: impl FnOnce()) -> Option<i32> {
 #[test]
 #[cfg_attr(miri, ignore = "fork() is outside Miri")]
 fn a_fork_while_other_threads_are_inside_the_library_leaves_the_child_working() {
+    alone(
+        "tests::a_fork_while_other_threads_are_inside_the_library_leaves_the_child_working",
+        forks_of_a_fork_while_other_threads_are_inside_the_library_leaves_the_child_working,
+    );
+}
+
+fn forks_of_a_fork_while_other_threads_are_inside_the_library_leaves_the_child_working() {
     let rt = Arc::new(Rt::new());
     let event = new_event(&rt) as usize;
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -1761,6 +1801,13 @@ fn a_fork_while_other_threads_are_inside_the_library_leaves_the_child_working() 
 #[test]
 #[cfg_attr(miri, ignore = "fork() is outside Miri")]
 fn a_child_forked_after_the_parents_work_runs_work_on_a_runtime_of_its_own() {
+    alone(
+        "tests::a_child_forked_after_the_parents_work_runs_work_on_a_runtime_of_its_own",
+        forks_of_a_child_forked_after_the_parents_work_runs_work_on_a_runtime_of_its_own,
+    );
+}
+
+fn forks_of_a_child_forked_after_the_parents_work_runs_work_on_a_runtime_of_its_own() {
     // Several runtimes: more parked threads left behind in each child.
     let runtimes: Vec<Rt> = (0..4).map(|_| Rt::new()).collect();
     let parents: Vec<_> = runtimes.iter().map(|rt| rt.create_stream(0)).collect();
