@@ -541,6 +541,22 @@ fn bad_sizes_exit_2_naming_the_value() {
             "hold at most 3 of them at once",
         ],
     );
+    // What fits is told beside its own programs, not the refused run's:
+    // 64 KiB in 2 KiB segments holds 128 blocks of 512 bytes; the programs
+    // of 128 iterations in flight would cover all 32 segments, but 32
+    // iterations fit beside theirs (8 segments, 96 blocks left): 16
+    // pipelined threads.
+    refused(
+        &["run", "--size", "1536", "--threads", "64"],
+        &[
+            ("SPYRE_MOCK_MEMORY_BYTES", "65536"),
+            ("SPYRE_MOCK_REGION_BYTES", "65536"),
+        ],
+        &[
+            "hold at most 32 of them at once",
+            "lower --threads to at most 16",
+        ],
+    );
     // Fits once, but not four times over two threads.
     refused(
         &["run", "--size", "1MiB"],

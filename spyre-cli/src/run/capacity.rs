@@ -57,17 +57,36 @@ pub(super) fn check_capacity(
     // Each iteration in flight also holds its program, a small block:
     // counted as taking segments of their own, each costing the operands
     // the segments it covers (they may share the operands' segments, which
-    // this does not count on).
+    // this does not count on). So what fits depends on how many are in
+    // flight: `held(n)` iterations fit beside the programs of `n`.
     let program_segment = segment_bytes(layout, DESCRIPTOR_BYTES).max(MIN_BLOCK);
-    let programs = in_flight
-        .div_ceil(program_segment / MIN_BLOCK)
-        .saturating_mul(program_segment);
     let operand_segment = segment_bytes(layout, plan.operand_bytes).max(block);
-    let lost = programs
-        .div_ceil(operand_segment)
-        .saturating_mul(operand_segment / block);
-    let blocks_held = allocations_held(layout, plan.operand_bytes).saturating_sub(lost);
-    let iterations_held = blocks_held / BLOCKS_PER_ITERATION;
+    let operand_blocks = allocations_held(layout, plan.operand_bytes);
+    let blocks_beside = |n: u64| {
+        let programs = n
+            .div_ceil(program_segment / MIN_BLOCK)
+            .saturating_mul(program_segment);
+        let lost = programs
+            .div_ceil(operand_segment)
+            .saturating_mul(operand_segment / block);
+        operand_blocks.saturating_sub(lost)
+    };
+    let held = |n: u64| blocks_beside(n) / BLOCKS_PER_ITERATION;
+    let blocks_held = blocks_beside(1);
+    // The most iterations that fit beside their own programs: `held` never
+    // grows with `n`, so the `n` with `n <= held(n)` are 1 up to that.
+    let iterations_held = {
+        let (mut fits, mut over) = (0, held(1).saturating_add(1));
+        while over - fits > 1 {
+            let mid = fits + (over - fits) / 2;
+            if mid <= held(mid) {
+                fits = mid;
+            } else {
+                over = mid;
+            }
+        }
+        fits
+    };
     if iterations_held == 0 {
         return Err(CliError::Usage(format!(
             "--size {} needs {BLOCKS_PER_ITERATION} blocks of {block} bytes per iteration, each in one memory region, but the device has {memory} bytes ({}) in regions of {region} bytes, where the caching allocator's segments hold {blocks_held} such block{} beside the programs; use a smaller --size",
@@ -76,7 +95,7 @@ pub(super) fn check_capacity(
             if blocks_held == 1 { "" } else { "s" }
         )));
     }
-    if in_flight > iterations_held {
+    if in_flight > held(in_flight) {
         let advice = capacity_advice(args.mode, args.threads as u64, per_thread, iterations_held);
         return Err(CliError::Usage(format!(
             "--size {} with --threads {} and --in-flight {} (--mode {}) keeps {in_flight} iterations' memory on the device, each in {BLOCKS_PER_ITERATION} blocks of {block} bytes that must each lie in one memory region, but the device has {memory} bytes ({}) in regions of {region} bytes, where the caching allocator's segments hold at most {iterations_held} of them at once beside their programs; {advice}",
