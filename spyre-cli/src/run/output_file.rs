@@ -14,8 +14,9 @@
 //! who ran, and other hard links to it keep the old contents. The write is
 //! made in place (the file emptied, then written) where no file can be made
 //! beside it (a directory the user may not write to) or renamed over it (a
-//! bind-mounted file), for a device or a pipe, and for a path under `/dev`
-//! or `/proc` (`/dev/stdout` redirected to a file is that file).
+//! bind-mounted file), for a device or a pipe, for a path under `/dev` or
+//! `/proc`, and for the file this process's standard output or error is
+//! (`/dev/stdout` redirected to a file is that file).
 
 use std::fs::File;
 use std::io::{BufWriter, Seek, SeekFrom, Write};
@@ -103,7 +104,7 @@ impl OutputFile {
         let regular = file.metadata().ok().filter(std::fs::Metadata::is_file);
         let replaced = regular
             .as_ref()
-            .filter(|_| !names_a_system_file(&path))
+            .filter(|meta| !names_a_system_file(&path) && !is_standard_output(meta))
             .and_then(|meta| Some((beside(&path).ok()?, meta.permissions())));
         let Some(((temp, target), mode)) = replaced else {
             return write_in_place(&file, regular.is_some(), contents).map_err(failed);
@@ -163,6 +164,28 @@ fn write_in_place<T>(
 /// which must not be replaced.
 fn names_a_system_file(path: &Path) -> bool {
     path.starts_with("/dev") || path.starts_with("/proc")
+}
+
+/// Whether the file of `meta` is this process's standard output or error
+/// (redirected to a file, and named through a symbolic link, say), which
+/// must be written in place: the process goes on writing to it.
+#[cfg(unix)]
+fn is_standard_output(meta: &std::fs::Metadata) -> bool {
+    use std::os::fd::{AsFd, BorrowedFd};
+    use std::os::unix::fs::MetadataExt;
+    let same = |fd: BorrowedFd<'_>| {
+        fd.try_clone_to_owned()
+            .map(File::from)
+            .and_then(|file| file.metadata())
+            .is_ok_and(|other| (other.dev(), other.ino()) == (meta.dev(), meta.ino()))
+    };
+    same(std::io::stdout().as_fd()) || same(std::io::stderr().as_fd())
+}
+
+/// See the Unix version: elsewhere only paths are told apart.
+#[cfg(not(unix))]
+fn is_standard_output(_: &std::fs::Metadata) -> bool {
+    false
 }
 
 /// A new, empty file in the directory of the file `path` names (symbolic
