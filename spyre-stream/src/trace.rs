@@ -272,7 +272,6 @@ impl Traced {
         {
             // Kept in place (later entries' indices are in completions),
             // marked as not launched.
-            entry.finished = None;
             entry.failed = true;
             entry.kind = OperationKind::Refused;
         }
