@@ -71,13 +71,13 @@
 //!   thread was making at the fork does not leave the child blocked on it,
 //!   and the device's locks and waits share no process-wide state
 //!   (`spyre_mock::sync`), so a runtime the child makes runs as any other.
-//!   One lock is not the library's: the Rust standard library takes a
-//!   process-wide lock at each thread's start and end (for its
-//!   stack-overflow handling), so a child forked while another thread of
-//!   the parent starts or ends a thread (any Rust thread, the library's
-//!   engines among them) hangs when its runtime starts its engines. Fork
-//!   while no thread is starting or ending: before other threads start, or
-//!   from a quiet moment.
+//!   One lock is not the library's: the Rust standard library's copy
+//!   inside this library takes a process-wide lock at the end of each of
+//!   the library's threads (for its stack-overflow handling; a Rust
+//!   program's own copy also at each start). So a child forked while
+//!   another thread of the parent was destroying a runtime, whose engines
+//!   were ending, hangs when its own runtime's engines end, at its
+//!   `flex_runtime_destroy`. Fork while no runtime is being destroyed.
 //! - **Panics** never cross the C boundary: each export runs under
 //!   `catch_unwind`, and a panic becomes `FLEX_ERROR_INTERNAL` with the panic
 //!   message as the last error.

@@ -1747,10 +1747,15 @@ fn forks_of_a_fork_while_other_threads_are_inside_the_library_leaves_the_child_w
     let rt = Arc::new(Rt::new());
     let event = new_event(&rt) as usize;
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Forks only once every busy thread has started: a thread still
+    // starting holds the standard library's lock of thread starts, which
+    // the child's engines would wait for (see `alone`).
+    let started = Arc::new(std::sync::Barrier::new(4));
     let busy: Vec<_> = (0..3)
         .map(|role| {
-            let (rt, stop) = (Arc::clone(&rt), Arc::clone(&stop));
+            let (rt, stop, started) = (Arc::clone(&rt), Arc::clone(&stop), Arc::clone(&started));
             std::thread::spawn(move || {
+                started.wait();
                 while !stop.load(Ordering::Relaxed) {
                     match role {
                         // SAFETY: a live event.
@@ -1766,6 +1771,7 @@ fn forks_of_a_fork_while_other_threads_are_inside_the_library_leaves_the_child_w
             })
         })
         .collect();
+    started.wait();
     let outcomes: Vec<Option<i32>> = (0..20)
         .map(|_| {
             std::thread::sleep(Duration::from_millis(2));
