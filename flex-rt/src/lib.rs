@@ -24,6 +24,7 @@ mod event;
 pub mod hardware;
 mod launch;
 pub mod noop;
+mod panic;
 pub mod program;
 mod status;
 mod traits;
@@ -44,6 +45,7 @@ pub use hardware::{
     TeardownStep,
 };
 pub use launch::{Completion, HostCallback, LaunchOptions};
+pub use panic::{drop_panic, panic_message};
 pub use status::Status;
 pub use traits::{Backend, Runtime, Stream, check_copy_size, check_fill_size};
 pub use types::{DataFormat, MemoryInfo, MemoryLayout, StreamMode, StreamPriority, SyncPolicy};

@@ -5,12 +5,10 @@ use std::cell::RefCell;
 use std::ffi::{CStr, CString, c_char};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use flex_rt::FlexError;
+use flex_rt::{FlexError, panic_message};
 use flex_sys::bindings::{
     FLEX_ERROR_INTERNAL, FLEX_ERROR_INVALID_ARGUMENT, FLEX_ERROR_INVALID_HANDLE, flex_status_t,
 };
-
-use spyre_mock::panic_message;
 
 /// Why an exported call failed: the status it returns and the message it
 /// leaves as the thread's last error.

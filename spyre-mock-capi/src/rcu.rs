@@ -1331,7 +1331,7 @@ mod tests {
         }))
         .expect_err("an update inside a section of its own thread");
         assert_eq!(
-            spyre_mock::panic_message(panic.as_ref()),
+            flex_rt::panic_message(panic.as_ref()),
             "a writer of a read-copy-update value ran inside a read section of its own thread"
         );
         drop(section);

@@ -41,11 +41,11 @@ use std::time::{Duration, Instant};
 
 use crate::sync::{Condvar, Mutex, MutexGuard};
 use crossbeam_utils::CachePadded;
-use flex_rt::{FlexError, Result, Status, SyncPolicy};
+use flex_rt::{FlexError, Result, Status, SyncPolicy, drop_panic, panic_message};
 
 use crate::config::MockConfig;
 use crate::memory::DeviceMemory;
-use crate::op::{Op, Pending, drop_panic, panic_message};
+use crate::op::{Op, Pending};
 use crate::raw_call::OpCompletion;
 use crate::record::Record;
 use crate::scheduler::{Job, Scheduler, Verdict};

@@ -193,7 +193,7 @@ pub use engine::live_engine_threads;
 pub use event::MockEvent;
 pub use faults::{RuntimeFaults, SystemFaults};
 pub use memory::BoundedAllocation;
-pub use op::{HostFn, HostSink, HostSource, Op, encode_fill_value, panic_message};
+pub use op::{HostFn, HostSink, HostSource, Op, encode_fill_value};
 pub use raw_call::{RawCompletion, RawContext, RawHostFn};
 pub use record::EventRecord;
 pub use runtime::MockRuntime;

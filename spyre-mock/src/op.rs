@@ -15,7 +15,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use flex_rt::{
     CompositeAddress, DataFormat, FlexError, ReadLease, Result, Status, WriteLease,
-    check_copy_size, check_fill_size,
+    check_copy_size, check_fill_size, drop_panic, panic_message,
 };
 
 use crate::kernel::{self, KernelFailure};
@@ -407,26 +407,6 @@ fn f16_bits_nearest(value: f64) -> u16 {
     sign | magnitude as u16
 }
 
-/// The message of a caught panic payload (`&str` or `String`), or a fixed
-/// text for any other payload.
-pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a panic with a non-string payload".to_string()
-    }
-}
-
-/// Drops a caught panic payload, whose `Drop` is user code, without
-/// letting a panic of that drop escape (that second payload is leaked).
-pub(crate) fn drop_panic(payload: Box<dyn std::any::Any + Send>) {
-    if let Err(again) = catch_unwind(AssertUnwindSafe(move || drop(payload))) {
-        std::mem::forget(again);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -525,16 +505,6 @@ mod tests {
                 "above the midpoint above {bits:#06x}"
             );
         }
-    }
-
-    #[test]
-    fn panic_messages_are_extracted() {
-        let payload = catch_unwind(|| panic!("plain")).unwrap_err();
-        assert_eq!(panic_message(payload.as_ref()), "plain");
-        let payload = catch_unwind(|| panic!("formatted {}", 7)).unwrap_err();
-        assert_eq!(panic_message(payload.as_ref()), "formatted 7");
-        let payload = catch_unwind(|| std::panic::panic_any(5u8)).unwrap_err();
-        assert!(panic_message(payload.as_ref()).contains("non-string"));
     }
 
     #[test]

@@ -193,9 +193,9 @@ impl Record {
                 tracing::error!(
                     stream = self.stream_id,
                     "an event notification panicked: {}",
-                    crate::panic_message(payload.as_ref())
+                    flex_rt::panic_message(payload.as_ref())
                 );
-                crate::op::drop_panic(payload);
+                flex_rt::drop_panic(payload);
             }
         }
     }

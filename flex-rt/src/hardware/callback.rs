@@ -47,7 +47,6 @@
 //! of user code (closures and the drops of what they captured) under
 //! `catch_unwind` and report a panic with `tracing::error!`.
 
-use std::any::Any;
 use std::cell::Cell;
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -60,6 +59,7 @@ use parking_lot::Mutex;
 use crate::buffer::{ReadLease, WriteLease};
 use crate::error::FlexError;
 use crate::launch::{Completion, HostCallback};
+use crate::panic::{drop_panic, panic_message};
 use crate::status::Status;
 
 use super::payload_cache::{Block, FreeBlocks, PayloadCache};
@@ -498,26 +498,6 @@ pub(super) unsafe extern "C" fn host_fn_trampoline(user_data: *mut c_void) -> sy
             drop_panic(panic);
             sys::FLEX_ERROR_HOST_CALLBACK_FAILED
         }
-    }
-}
-
-/// The text of a panic payload (`&str` or `String`), or a note that it has
-/// none.
-fn panic_message(panic: &(dyn Any + Send)) -> String {
-    if let Some(text) = panic.downcast_ref::<&'static str>() {
-        (*text).to_owned()
-    } else if let Some(text) = panic.downcast_ref::<String>() {
-        text.clone()
-    } else {
-        "(a panic payload that is not a string)".to_owned()
-    }
-}
-
-/// Drops a caught panic payload without letting a panic in its own `Drop`
-/// escape (that payload is leaked instead).
-fn drop_panic(panic: Box<dyn Any + Send>) {
-    if let Err(again) = catch_unwind(AssertUnwindSafe(move || drop(panic))) {
-        std::mem::forget(again);
     }
 }
 
@@ -1093,18 +1073,5 @@ mod tests {
         // SAFETY: as above.
         let status = unsafe { host_fn_trampoline(std::ptr::null_mut()) };
         assert_eq!(status, sys::FLEX_ERROR_HOST_CALLBACK_FAILED);
-    }
-
-    #[test]
-    fn panic_messages_are_extracted() {
-        let text: Box<dyn Any + Send> = Box::new("static");
-        assert_eq!(panic_message(&*text), "static");
-        let owned: Box<dyn Any + Send> = Box::new(String::from("owned"));
-        assert_eq!(panic_message(&*owned), "owned");
-        let other: Box<dyn Any + Send> = Box::new(5u8);
-        assert_eq!(
-            panic_message(&*other),
-            "(a panic payload that is not a string)"
-        );
     }
 }
