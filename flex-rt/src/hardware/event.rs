@@ -468,9 +468,9 @@ impl Event for HardwareEvent {
         let end = HardwareEvent::of(end, CALL)?;
         self.runtime.check_not_forked(CALL)?;
         end.runtime.check_not_forked(CALL)?;
-        // One runtime object, not one address: a runtime created after
-        // another was closed may be given the closed one's address.
-        if !Arc::ptr_eq(&self.alive, &end.alive) {
+        // Runtime handles compare by serial number, not address: a runtime
+        // created after another was closed may be given its address.
+        if self.runtime != end.runtime {
             for (name, event) in [("start", self), ("end", end)] {
                 if !*event.alive.read() {
                     return Err(FlexError::new(

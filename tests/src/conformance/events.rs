@@ -752,15 +752,37 @@ pub fn elapsed_time_is_device_time_with_named_preconditions(backend: &dyn Backen
 }
 
 /// Events of one runtime cannot be recorded on or waited for by another
-/// runtime's stream: `INVALID_ARGUMENT`, and nothing changes.
+/// runtime's stream, nor measured against another runtime's event:
+/// `INVALID_ARGUMENT`, and nothing changes.
 pub fn an_event_of_another_runtime_is_refused(backend: &dyn Backend, _: &Profile) {
     let first = runtime(backend);
-    let Some(_) = capabilities(&*first) else {
+    let Some(capabilities) = capabilities(&*first) else {
         return;
     };
     let second = runtime(backend);
     let foreign = event(&*first, false);
     let stream = new_stream(&*second, StreamPriority::Normal);
+    if capabilities.event_timing {
+        // Both timed, recorded and complete: only their runtimes differ.
+        let start = event(&*first, true);
+        let end = event(&*second, true);
+        new_stream(&*first, StreamPriority::Normal)
+            .record_event(&*start, None)
+            .expect("record start");
+        stream.record_event(&*end, None).expect("record end");
+        start.synchronize().expect("synchronize start");
+        end.synchronize().expect("synchronize end");
+        for err in [
+            start.elapsed_nanos(&*end).unwrap_err(),
+            end.elapsed_nanos(&*start).unwrap_err(),
+        ] {
+            assert_eq!(err.status(), Status::INVALID_ARGUMENT, "{err}");
+            assert!(
+                err.message().contains("both must be of one runtime"),
+                "{err}"
+            );
+        }
+    }
     let completions = Completions::new();
     let err = stream
         .record_event(&*foreign, completions.options().completion)
