@@ -8,6 +8,7 @@
 //! to run these on, so the file is empty there.
 #![cfg(feature = "mock")]
 
+use std::fs::File;
 use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
@@ -1318,6 +1319,54 @@ fn a_refused_run_leaves_no_output_file_and_a_device_file_takes_the_trace() {
         &[],
     );
     assert_eq!(report["trace"]["path"], "/dev/null");
+}
+
+/// A trace written to the file the run's standard output is, named through
+/// a symbolic link (`/dev/stdout` under another name), is written into that
+/// file, not renamed over it: the run's report goes on to the same file,
+/// and a file renamed over it would leave the report in an unlinked one.
+#[cfg(unix)]
+#[test]
+fn a_trace_to_the_file_standard_output_is_is_written_into_that_file() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = std::env::temp_dir().join(format!("spyre-stdout-trace-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("out.txt");
+    let link = dir.join("trace.json");
+    std::os::unix::fs::symlink(&out, &link).unwrap();
+    // Opened for appending, as a shell's `>>`: the report lands after
+    // whatever the file holds when it is printed.
+    let stdout = File::options()
+        .create(true)
+        .append(true)
+        .open(&out)
+        .unwrap();
+    let inode = std::fs::metadata(&out).unwrap().ino();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_spyre"));
+    command.args([
+        "run",
+        "--iterations",
+        "2",
+        "--trace",
+        link.to_str().unwrap(),
+    ]);
+    clear_environment(&mut command);
+    command.env("SPYRE_BACKEND", "mock").stdout(stdout);
+    let output = command.output().expect("the spyre binary runs");
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(
+        std::fs::metadata(&out).unwrap().ino(),
+        inode,
+        "the file standard output is was replaced"
+    );
+    let contents = std::fs::read_to_string(&out).unwrap();
+    assert!(contents.contains("\"traceEvents\""), "{contents}");
+    let names: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name())
+        .collect();
+    assert_eq!(names.len(), 2, "only the file and the link: {names:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

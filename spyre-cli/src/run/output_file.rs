@@ -121,11 +121,18 @@ impl OutputFile {
         if let Err(refused) = temp.persist(&target) {
             // The file cannot be renamed over (a bind-mounted file, another
             // user's file in a sticky directory): it takes the contents in
-            // place, from the new file.
+            // place, from the new file. If that fails too, both reasons are
+            // told.
             let mut temp = refused.file;
             temp.seek(SeekFrom::Start(0))
                 .and_then(|_| write_in_place(&file, true, |out| std::io::copy(&mut temp, out)))
-                .map_err(failed)?;
+                .map_err(|e| {
+                    CliError::Failed(format!(
+                        "cannot write the {what} to {}: renaming the written file over it failed ({}), and so did writing into it ({e})",
+                        path.display(),
+                        refused.error
+                    ))
+                })?;
         }
         Ok(written)
     }
