@@ -62,15 +62,34 @@ impl HostBuffer {
     /// in flight or a write guard is alive.
     ///
     /// Do not call it from a host callback of the stream that copies into the
-    /// buffer: the copy cannot finish until the callback returns.
+    /// buffer: the copy cannot finish until the callback returns. In a
+    /// process forked while a D2H copy into the buffer was in flight, the
+    /// copy's lease is never released (the device and its threads stay
+    /// with the parent): `read` blocks for ever there, where
+    /// [`HostBuffer::try_read`] says `None`.
     pub fn read(&self) -> RwLockReadGuard<'_, Box<[u8]>> {
         self.bytes.read()
     }
 
     /// Exclusive access to the bytes; blocks while any copy from or into the
     /// buffer is in flight or another guard is alive.
+    ///
+    /// As for [`HostBuffer::read`], a copy in flight at a `fork()` holds the
+    /// buffer for good in the child: [`HostBuffer::try_write`] does not wait.
     pub fn write(&self) -> RwLockWriteGuard<'_, Box<[u8]>> {
         self.bytes.write()
+    }
+
+    /// Shared access to the bytes if no D2H copy into the buffer is in
+    /// flight and no write guard is alive; `None` otherwise, at once.
+    pub fn try_read(&self) -> Option<RwLockReadGuard<'_, Box<[u8]>>> {
+        self.bytes.try_read()
+    }
+
+    /// Exclusive access to the bytes if no copy from or into the buffer is
+    /// in flight and no other guard is alive; `None` otherwise, at once.
+    pub fn try_write(&self) -> Option<RwLockWriteGuard<'_, Box<[u8]>>> {
+        self.bytes.try_write()
     }
 
     /// A copy of the bytes (waits as [`HostBuffer::read`] does).
@@ -188,6 +207,20 @@ mod tests {
         assert!(err.message().contains("host buffer of 3 bytes"), "{err}");
         drop((a, b));
         assert!(buf.lease_for_write("t").is_ok());
+    }
+
+    #[test]
+    fn try_read_and_try_write_do_not_wait_for_a_lease() {
+        let buf = HostBuffer::from_vec(vec![1, 2]);
+        let copy_in = buf.lease_for_write("t").unwrap();
+        assert!(buf.try_read().is_none() && buf.try_write().is_none());
+        drop(copy_in);
+        let copy_out = buf.lease_for_read("t").unwrap();
+        assert_eq!(buf.try_read().as_deref().map(|b| &b[..]), Some(&[1, 2][..]));
+        assert!(buf.try_write().is_none(), "an H2D copy reads the buffer");
+        drop(copy_out);
+        buf.try_write().expect("nothing holds the buffer")[0] = 7;
+        assert_eq!(buf.to_vec(), vec![7, 2]);
     }
 
     #[test]

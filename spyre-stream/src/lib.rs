@@ -93,7 +93,9 @@
 //!   calls, or after the start. And a child forked while another thread
 //!   starts or ends a thread inherits the Rust standard library's lock of
 //!   thread starts held: the software device's runtime in the child then
-//!   hangs starting its engines.)
+//!   hangs starting its engines. A [`HostBuffer`] a copy had in flight at
+//!   the fork stays leased in the child for good: its `read` and `write`
+//!   block there, its `try_read` and `try_write` say `None`.)
 //! - **The runtime starts once.** A failed start leaves nothing behind and can
 //!   be retried; after [`free_runtime`] a start is an explicit error, never a
 //!   silent no-op.
