@@ -270,6 +270,8 @@ impl DeviceMemory {
         allocs.free_bytes -= rounded;
         let address = CompositeAddress::new(chunks)?;
         allocs.by_start.insert(address.start(), address.clone());
+        // Logged with the table unlocked: a subscriber may be slow.
+        drop(allocs);
         tracing::trace!(%address, size, "allocated device memory");
         Ok(BoundedAllocation::Allocated(address))
     }
@@ -293,6 +295,7 @@ impl DeviceMemory {
                 allocs.insert_free(key, live.reserved);
             }
         }
+        drop(allocs);
         tracing::trace!(%address, "freed device memory");
         Ok(())
     }
