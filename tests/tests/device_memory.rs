@@ -10,8 +10,8 @@ use half::f16;
 use spyre_mock::MockSystem;
 use spyre_stream::{
     DataFormat, Device, DeviceBuffer, Error, HostBuffer, LaunchOptions, MIN_BLOCK, MemoryStats,
-    OutOfMemory, SMALL_SEGMENT, SpyreStream, empty_cache, memory_allocated, memory_reserved,
-    memory_stats, stream_from_pool,
+    OutOfMemory, SMALL_REQUEST, SMALL_SEGMENT, SpyreStream, empty_cache, memory_allocated,
+    memory_reserved, memory_stats, stream_from_pool,
 };
 use spyre_tests::conformance::Gate;
 use spyre_tests::isolated;
@@ -200,19 +200,58 @@ fn a_recent_block_is_taken_before_a_better_fit() {
 #[test]
 fn blocks_split_and_merge_within_a_segment() {
     isolated!(&[MOCK], || {
+        const HALF: usize = SMALL_REQUEST as usize / 2;
         let stream = pool_stream();
-        let a = DeviceBuffer::<u8>::new(stream, 4096).unwrap();
-        let b = DeviceBuffer::<u8>::new(stream, 4096).unwrap();
+        let a = DeviceBuffer::<u8>::new(stream, HALF).unwrap();
+        let b = DeviceBuffer::<u8>::new(stream, HALF).unwrap();
         let (a_at, b_at) = (a.operand().unwrap(), b.operand().unwrap());
         assert_eq!(a_at.region_id, b_at.region_id);
-        assert_eq!(b_at.offset, a_at.offset + 4096, "split from one segment");
+        assert_eq!(
+            b_at.offset,
+            a_at.offset + HALF as u64,
+            "split from one segment"
+        );
+        // The rest of the 2 MiB segment: 1 MiB, no block larger is free.
+        let rest = DeviceBuffer::<u8>::new(stream, SMALL_REQUEST as usize).unwrap();
+        assert_eq!(SMALL_SEGMENT, 2 * SMALL_REQUEST);
         drop(a);
         drop(b);
-        // Only the whole segment, merged again, holds 2 MiB; a request
-        // above 1 MiB would otherwise take a new 20 MiB segment.
-        let whole = DeviceBuffer::<u8>::new(stream, SMALL_SEGMENT as usize).unwrap();
-        assert_eq!(whole.operand().unwrap(), a_at);
+        // Only `a` and `b` merged hold 1 MiB now; each alone would leave a
+        // request of 1 MiB to a new segment.
+        let merged = DeviceBuffer::<u8>::new(stream, SMALL_REQUEST as usize).unwrap();
+        assert_eq!(merged.operand().unwrap(), a_at);
         assert_eq!(stats().device_allocations, 1);
+        drop((rest, merged));
+    });
+}
+
+/// A small request is not cut from a large segment (PyTorch's small and
+/// large pools): a 512-byte buffer made after a 100 MiB one was dropped
+/// takes a 2 MiB segment of its own, the 100 MiB segment serves the next
+/// 100 MiB buffer, and once that is dropped `empty_cache` gives the whole
+/// 100 MiB back. Cut from it, the small buffer would pin it: a second
+/// 100 MiB segment, and 100 MiB kept after `empty_cache`.
+#[test]
+fn a_small_buffer_is_not_cut_from_a_large_segment() {
+    isolated!(&[MOCK], || {
+        const BIG: usize = 100 << 20;
+        let stream = pool_stream();
+        drop(DeviceBuffer::<u8>::new(stream, BIG).unwrap());
+        let small = DeviceBuffer::<u8>::new(stream, 512).unwrap();
+        let big = DeviceBuffer::<u8>::new(stream, BIG).unwrap();
+        assert_eq!(
+            stats().device_allocations,
+            2,
+            "the 100 MiB segment, then 2 MiB"
+        );
+        assert_eq!(
+            memory_reserved(Device::CURRENT).unwrap(),
+            BIG as u64 + SMALL_SEGMENT
+        );
+        drop(big);
+        empty_cache(Device::CURRENT).unwrap();
+        assert_eq!(memory_reserved(Device::CURRENT).unwrap(), SMALL_SEGMENT);
+        drop(small);
     });
 }
 

@@ -7,7 +7,12 @@
 //!   [`MIN_BLOCK`] bytes. Requests up to [`SMALL_REQUEST`] come from
 //!   segments of [`SMALL_SEGMENT`]; up to [`LARGE_SEGMENT_LIMIT`], from
 //!   segments of [`LARGE_SEGMENT`]; larger ones get a segment of their own,
-//!   rounded to [`SMALL_SEGMENT`]. No segment is larger than one memory
+//!   rounded to [`SMALL_SEGMENT`]. A cached block serves only requests of
+//!   the kind its segment was taken for, up to [`SMALL_REQUEST`] or above
+//!   (PyTorch's small and large pools), so that a small buffer is not cut
+//!   from a large segment and does not keep it from going back to the
+//!   device; only a full device's last resorts (below) take a block of the
+//!   other kind. No segment is larger than one memory
 //!   region (so that every block lies in one chunk, as a kernel operand
 //!   must) or than 1/[`SEGMENTS_PER_DEVICE`] of the device's memory, where
 //!   the runtime tells them, unless the request itself is. When the
@@ -229,6 +234,9 @@ struct Deferred {
 struct Segment {
     address: CompositeAddress,
     stream: i64,
+    /// The pool of the request it was taken for: its blocks serve only
+    /// requests of that pool, but for a full device's last resort.
+    pool: Pool,
     /// The allocator's free count ([`MemoryStats::frees`], which only
     /// grows) at the latest free of one of its blocks (0: none yet): work
     /// that used a block was enqueued before that free.
@@ -399,6 +407,28 @@ pub(crate) struct CachingAllocator {
     /// (which may not wait).
     /// Taken before `emptying`.
     retrying: Mutex<()>,
+}
+
+/// The two pools of cached blocks (PyTorch's small and large pools): a
+/// request of up to [`SMALL_REQUEST`] bytes is served from the segments
+/// taken for such requests, a larger one from the others, so that a small
+/// buffer is not cut from a large segment and keeps it from going back to
+/// the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pool {
+    Small,
+    Large,
+}
+
+impl Pool {
+    /// The pool of a request of `rounded` bytes.
+    fn of(rounded: u64) -> Self {
+        if rounded <= SMALL_REQUEST {
+            Self::Small
+        } else {
+            Self::Large
+        }
+    }
 }
 
 /// Whether a block or segment that fits one region is taken in several
@@ -618,6 +648,7 @@ impl CachingAllocator {
     /// The block [`CachingAllocator::allocate`] hands out.
     fn take_block(&self, stream: SpyreStream, bytes: u64) -> Result<Block> {
         let rounded = round_request(bytes)?;
+        let pool = Pool::of(rounded);
         let key = stream.id().get();
         // A request that fits one region gets a block in one chunk (a
         // kernel operand must be) while the device can give one.
@@ -633,7 +664,7 @@ impl CachingAllocator {
                 return Ok(block);
             }
             state.merge_recent(Some(key));
-            if let Some(block) = state.take_cached(key, rounded, bytes, pieces)? {
+            if let Some(block) = state.take_cached(key, rounded, bytes, pieces, Some(pool))? {
                 return Ok(block);
             }
         }
@@ -644,12 +675,13 @@ impl CachingAllocator {
                 match self.retry_segment(rounded) {
                     Ok(segment) => segment,
                     Err(error) if error.status() == Status::OUT_OF_MEMORY => {
-                        // Last, a cached block in several chunks: it still
-                        // serves copies and fills.
+                        // Last, a cached block of either pool, in several
+                        // chunks if need be: it still serves copies and
+                        // fills.
                         let mut state = self.state.lock();
                         state.merge_recent(Some(key));
                         if let Some(block) =
-                            state.take_cached(key, rounded, bytes, Pieces::Accept)?
+                            state.take_cached(key, rounded, bytes, Pieces::Accept, None)?
                         {
                             return Ok(block);
                         }
@@ -666,7 +698,7 @@ impl CachingAllocator {
         };
         let mut state = self.state.lock();
         state.arrived(&segment);
-        let whole = state.add_segment(segment, key);
+        let whole = state.add_segment(segment, key, pool);
         state.take(whole, rounded, bytes)
     }
 
@@ -1268,15 +1300,17 @@ impl State {
         self.stats.allocations += 1;
     }
 
-    /// The best-fitting cached block of `stream` for `rounded` bytes; with
-    /// [`Pieces::Refuse`], the best fitting whose front `rounded` bytes lie
-    /// in one chunk of its segment.
+    /// The best-fitting cached block of `stream` for `rounded` bytes, in a
+    /// segment of `pool` (of either with `None`); with [`Pieces::Refuse`],
+    /// the best fitting whose front `rounded` bytes lie in one chunk of its
+    /// segment.
     fn take_cached(
         &mut self,
         stream: i64,
         rounded: u64,
         requested: u64,
         pieces: Pieces,
+        pool: Option<Pool>,
     ) -> Result<Option<Block>> {
         let probe = FreeKey {
             stream,
@@ -1288,6 +1322,13 @@ impl State {
             .free
             .range(probe..)
             .take_while(|key| key.stream == stream)
+            .filter(|key| {
+                pool.is_none_or(|pool| {
+                    self.segments
+                        .get(key.segment)
+                        .is_some_and(|segment| segment.pool == pool)
+                })
+            })
             .find(|key| {
                 pieces == Pieces::Accept
                     || self
@@ -1458,13 +1499,14 @@ impl State {
         }
     }
 
-    /// Adds a segment from the device for `stream`, all of it one free
-    /// block, and returns that block.
-    fn add_segment(&mut self, address: CompositeAddress, stream: i64) -> FreeKey {
+    /// Adds a segment from the device for `stream`, in `pool`, all of it
+    /// one free block, and returns that block.
+    fn add_segment(&mut self, address: CompositeAddress, stream: i64, pool: Pool) -> FreeKey {
         let size = address.total_size();
         let id = self.segments.push(Segment {
             address,
             stream,
+            pool,
             last_free: 0,
             held: false,
             blocks: BTreeMap::from([(0, Span { size, free: true })]),
@@ -1580,6 +1622,7 @@ mod tests {
             last_free: 0,
             held: false,
             stream: 1,
+            pool: Pool::Small,
             blocks: BTreeMap::new(),
         }
     }
