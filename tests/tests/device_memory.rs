@@ -657,6 +657,53 @@ fn empty_cache_returns_blocks_whose_other_streams_have_passed() {
     });
 }
 
+/// Without events (a flex library of ABI 1.0) a block freed in another
+/// stream's order waits until that stream is idle. `empty_cache`
+/// synchronizes that stream, and so returns the block's segment even when
+/// the stream was given more work once the synchronize had begun: the
+/// work before the drop has ended, which is all the block waited for.
+#[test]
+fn without_events_empty_cache_returns_a_block_whose_other_stream_it_waited_for() {
+    let library = spyre_tests::mock_cdylib().to_str().unwrap().to_owned();
+    isolated!(
+        &[
+            ("SPYRE_BACKEND", "hardware"),
+            ("FLEX_RUNTIME_LIB", &library),
+            ("SPYRE_MOCK_ABI_VERSION", "1.0"),
+        ],
+        || {
+            let (owner, other) = (pool_stream(), pool_stream());
+            let buffer = DeviceBuffer::<u8>::new(owner, 4096).unwrap();
+            buffer.record_stream(other).unwrap();
+            let (gate, later) = (Gate::new(), Gate::new());
+            let (waiter, held) = (Arc::clone(&gate), Arc::clone(&later));
+            other
+                .launch_host_callback(
+                    move || {
+                        waiter.wait();
+                        // More work, launched after `empty_cache` began
+                        // to synchronize the stream.
+                        other
+                            .launch_host_callback(move || held.wait(), LaunchOptions::new())
+                            .expect("launch");
+                    },
+                    LaunchOptions::new(),
+                )
+                .unwrap();
+            drop(buffer);
+            assert_eq!(stats().pending_frees, 1, "`other` is busy");
+            let (opened, opener) = open_later(gate, std::time::Duration::from_millis(200));
+            assert_eq!(empty_cache(Device::CURRENT).unwrap(), SMALL_SEGMENT);
+            assert!(opened.load(Ordering::SeqCst), "it waited for `other`");
+            assert!(!other.query().unwrap(), "`other` is busy again");
+            assert_eq!((stats().pending_frees, stats().reserved_bytes), (0, 0));
+            later.open();
+            other.synchronize().unwrap();
+            opener.join().unwrap();
+        }
+    );
+}
+
 /// Opens `gate` from another thread after `delay`, setting `opened` first:
 /// what a test checks the allocation waited for.
 fn open_later(

@@ -227,6 +227,9 @@ impl Fence {
 struct Deferred {
     segment: u64,
     offset: u64,
+    /// The allocator's free count ([`MemoryStats::frees`]) at its free:
+    /// its fences are at points enqueued before that count was reached.
+    freed: u64,
     fences: Vec<Fence>,
 }
 
@@ -944,6 +947,7 @@ impl CachingAllocator {
             state.deferred.push(Deferred {
                 segment: block.segment,
                 offset: block.offset,
+                freed: now,
                 fences,
             });
             state.collect_deferred();
@@ -1036,11 +1040,10 @@ impl CachingAllocator {
                 Err(_) => {}
             }
         }
-        // Blocks waiting for such a stream to be idle (it never will be,
-        // failed) are free of it now.
-        self.state
-            .lock()
-            .pass_idle_fences(&finished.failed_and_done);
+        // Blocks waiting for a failed stream to be idle (it never will be)
+        // are free of it now, and so are blocks freed before the wait that
+        // wait for a stream it waited for (which may be busy again).
+        self.state.lock().pass_idle_fences(&finished);
         finished
     }
 
@@ -1418,17 +1421,23 @@ impl State {
         fences.chain(owners).collect()
     }
 
-    /// Drops the idle fences on the streams in `done` (failed, and seen
-    /// by a synchronize to have ended their work), and caches again the
-    /// blocks that waited only for them and for streams that have passed.
-    fn pass_idle_fences(&mut self, done: &BTreeSet<i64>) {
-        if done.is_empty() {
-            return;
-        }
+    /// Drops the fences without an event ([`Fence::Idle`]) that a wait
+    /// passed: those of the streams it found failed and done, and those of
+    /// the streams it waited for on blocks freed before it began (their
+    /// point was enqueued before the synchronize, which saw it end, though
+    /// the stream may have been given more work since); then caches the
+    /// blocks whose fences have all passed.
+    fn pass_idle_fences(&mut self, finished: &Finished<'_>) {
         for entry in &mut self.deferred {
-            entry.fences.retain(
-                |fence| !matches!(fence, Fence::Idle(stream) if done.contains(&stream.id().get())),
-            );
+            let freed_before = entry.freed <= finished.frees_before_waiting;
+            entry.fences.retain(|fence| {
+                let Fence::Idle(stream) = fence else {
+                    return true;
+                };
+                let id = stream.id().get();
+                !(finished.failed_and_done.contains(&id)
+                    || freed_before && finished.waited.contains(&id))
+            });
         }
         self.collect_deferred();
     }
