@@ -331,7 +331,8 @@ pub trait Stream: Send + Sync + fmt::Debug {
     /// Makes every operation enqueued here after this call start only after
     /// `event`'s latest record (as of this call) has completed
     /// (`flex_stream_wait_event`; `cudaStreamWaitEvent`). A no-op for an
-    /// event never recorded or recorded on this stream. Returns at once when
+    /// event never recorded or recorded on this stream, but on a stream
+    /// that has failed, which refuses every wait. Returns at once when
     /// the runtime has [`Capabilities::device_side_wait`], else blocks until
     /// the event has completed. A failed event fails this stream.
     ///

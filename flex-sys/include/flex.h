@@ -532,7 +532,8 @@ flex_status_t flex_event_record(flex_event_t *event, flex_stream_t *stream,
 /** Makes every operation enqueued on `stream` after this call start only
  *  after the event's latest record (as of this call) has completed. A no-op
  *  for an event never recorded and for an event recorded on `stream`
- *  itself. With FLEX_CAPABILITY_DEVICE_SIDE_WAIT the call returns at once,
+ *  itself, but on a stream that has failed, which refuses every wait
+ *  (FLEX_ERROR_STREAM_FAILED, FLEX_ERROR_SHUTDOWN). With FLEX_CAPABILITY_DEVICE_SIDE_WAIT the call returns at once,
  *  and the wait is work of the stream until the record has completed
  *  (flex_stream_query and flex_stream_synchronize see it); without it the
  *  call blocks until the event has completed. If the event has failed, the

@@ -202,9 +202,8 @@ impl MockStream {
         self.progress.wakes()
     }
 
-    /// Closes the stream: every launch, event record and wait on a recorded
-    /// event on it from now on is refused with [`Status::INVALID_HANDLE`]
-    /// (a wait on an event never recorded stays a no-op), while
+    /// Closes the stream: every launch, event record and wait on it from
+    /// now on is refused with [`Status::INVALID_HANDLE`], while
     /// what was enqueued before runs and completes as ever (a launch that
     /// races this call is either refused or enqueued before it, never
     /// after). `query` and `synchronize` keep working. Closing twice is
@@ -420,17 +419,22 @@ impl Stream for MockStream {
             return self.submit(
                 |scheduler| match event.latest.lock().clone() {
                     Some(record) => scheduler.add_gate(self.index, record),
-                    None => Ok(false),
+                    // Nothing to wait for, but refused on a failed stream
+                    // as every enqueue is.
+                    None => scheduler
+                        .check_accepts(self.index, CALL)
+                        .map(|()| false)
+                        .map_err(|err| Box::new((err, ()))),
                 },
                 || {},
             );
         }
         let record = {
             let scheduler = self.device.scheduler.lock();
+            scheduler.check_accepts(self.index, CALL)?;
             let Some(record) = event.latest.lock().clone() else {
                 return Ok(());
             };
-            scheduler.check_accepts(self.index, CALL)?;
             if record.stream == self.index {
                 return Ok(());
             }

@@ -56,7 +56,8 @@ use crate::trace::{self, OperationKind};
 ///   waits see only the latest record; a wait already made keeps the record
 ///   it saw.
 /// - An event never recorded is complete: `query` is `true`, `synchronize`
-///   returns at once, `wait` does nothing.
+///   returns at once, `wait` does nothing (on a stream that has failed it
+///   returns the stream's error, as every enqueue there does).
 /// - If the recording stream fails before the event's point, the event
 ///   fails: `query` and `synchronize` return the record's error
 ///   (`STREAM_FAILED`, its message naming the stream's first error), and a
@@ -234,8 +235,9 @@ impl SpyreEvent {
     /// [`SpyreStream::synchronize`] waits (so `s.wait_stream(other)` then
     /// `s.synchronize()` covers `other`'s work, as in PyTorch), unless
     /// `stream` has failed: then both return its error at once, as nothing
-    /// behind the wait runs. A no-op for
-    /// an event never recorded or recorded on `stream`.
+    /// behind the wait runs. A no-op for an event never recorded or
+    /// recorded on `stream`, but on a failed `stream`, which refuses every
+    /// wait with its error.
     ///
     /// # Errors
     /// As [`SpyreEvent::record`]; without device-side waits,

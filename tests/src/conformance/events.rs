@@ -12,8 +12,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use flex_rt::{
-    Backend, Capabilities, Event, HostBuffer, LaunchOptions, Notification, Runtime, Status, Stream,
-    StreamPriority,
+    Backend, Capabilities, Event, HostBuffer, HostCallback, LaunchOptions, Notification, Runtime,
+    Status, Stream, StreamPriority,
 };
 
 use super::{
@@ -185,6 +185,55 @@ pub fn an_event_never_recorded_is_complete(backend: &dyn Backend, _: &Profile) {
     let err = never.elapsed_nanos(&*other).unwrap_err();
     assert_eq!(err.status(), Status::INVALID_ARGUMENT, "{err}");
     assert!(err.message().contains("never recorded"), "{err}");
+}
+
+/// On a failed stream a wait is refused with the stream's error whatever
+/// the event (never recorded, recorded on this stream, or elsewhere), as
+/// a record and every other enqueue are: the stream failed by a host
+/// callback's panic, and by a completion's.
+pub fn a_failed_stream_refuses_every_wait(backend: &dyn Backend, _: &Profile) {
+    let runtime = runtime(backend);
+    let Some(_) = capabilities(&*runtime) else {
+        return;
+    };
+    let failed_by: [(&str, LaunchOptions, HostCallback); 2] = [
+        (
+            "a host callback's panic",
+            LaunchOptions::new(),
+            Box::new(|| panic!("deliberate panic")),
+        ),
+        (
+            "a completion's panic",
+            LaunchOptions::new().on_complete(|_| panic!("deliberate completion panic")),
+            Box::new(|| {}),
+        ),
+    ];
+    for (how, options, callback) in failed_by {
+        let stream = new_stream(&*runtime, StreamPriority::Normal);
+        let own = event(&*runtime, false);
+        stream
+            .record_event(&*own, None)
+            .expect("record before the failure");
+        stream
+            .launch_host_callback(callback, options)
+            .expect("launch");
+        stream.synchronize().expect_err("the stream has failed");
+        let elsewhere = event(&*runtime, false);
+        new_stream(&*runtime, StreamPriority::Normal)
+            .record_event(&*elsewhere, None)
+            .expect("record on a healthy stream");
+        let never = event(&*runtime, false);
+        // The status a failed stream refuses work with.
+        let failed = stream.record_event(&*never, None).unwrap_err().status();
+        for (which, event) in [
+            ("never recorded", &never),
+            ("recorded on this stream", &own),
+            ("recorded elsewhere", &elsewhere),
+        ] {
+            let err = stream.wait_event(&**event).unwrap_err();
+            assert_eq!(err.status(), failed, "{how}, an event {which}: {err}");
+        }
+    }
 }
 
 /// A record captures exactly the work enqueued before it: the event is not

@@ -152,6 +152,7 @@ macro_rules! with_conformance_cases {
             ];
             events: [
                 an_event_never_recorded_is_complete,
+                a_failed_stream_refuses_every_wait,
                 a_record_captures_exactly_the_work_before_it,
                 notify_calls_back_when_the_latest_record_settles,
                 a_wait_orders_later_work_after_the_event,
