@@ -318,10 +318,12 @@ impl SpyreEvent {
     /// runtime calls when the record completes (asked for now, with
     /// `flex_event_notify`; nothing is added to any stream): no thread
     /// blocks and nothing polls. Works on any executor; dropping it early is
-    /// fine, but its completion stays registered on the record until the
-    /// record settles (a few hundred bytes each): a loop that makes and
-    /// drops futures on one long-pending record (a `select!` with a timeout,
-    /// say) should keep one future and poll it again. A runtime error while asking resolves the future with it; in a
+    /// fine (its task's waker is released then), but its completion stays
+    /// registered on the record until the record settles (a few hundred
+    /// bytes each): a loop that makes and drops futures on one
+    /// long-pending record (a `select!` with a timeout, say) should keep
+    /// one future and poll it again. A runtime error while asking resolves
+    /// the future with it; in a
     /// child forked after the start the future resolves with
     /// [`Error::ForkedProcess`] (nothing is asked of the parent's runtime).
     /// Blocking a thread on it (`block_on`) inside a completion or host
@@ -506,6 +508,20 @@ impl Future for SynchronizeFuture {
         signal
             .poll(&mut this.slot, cx)
             .map(|outcome| outcome.map_err(|error| Error::Flex(this.awaited.explain(error))))
+    }
+}
+
+impl Drop for SynchronizeFuture {
+    /// Releases the task's waker now rather than when the record settles.
+    fn drop(&mut self) {
+        // In a forked child a parent thread may have held the signal's lock
+        // at the fork: nothing there is released.
+        if runtime::check_not_forked().is_err() {
+            return;
+        }
+        if let (Some(signal), Some(slot)) = (&self.signal, self.slot) {
+            signal.forget(slot);
+        }
     }
 }
 

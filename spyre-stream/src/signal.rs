@@ -79,6 +79,22 @@ impl Signal {
         Poll::Pending
     }
 
+    /// Releases the waker registered at `slot` (its future was dropped):
+    /// the task it would wake is let go now, not when the signal is set.
+    /// The entry stays, as a waker that does nothing, so that other
+    /// futures keep their places. The released waker is dropped after the
+    /// lock: its drop is the executor's code.
+    pub(crate) fn forget(&self, slot: usize) {
+        let released = {
+            let mut state = self.state.lock();
+            state
+                .wakers
+                .get_mut(slot)
+                .map(|waker| std::mem::replace(waker, Waker::noop().clone()))
+        };
+        drop(released);
+    }
+
     /// The outcome, without registering anything.
     #[cfg(all(test, not(spyre_loom)))]
     pub(crate) fn outcome(&self) -> Option<Result<(), FlexError>> {
@@ -121,6 +137,30 @@ mod tests {
             signal.poll(&mut slot, &mut cx),
             Poll::Ready(Ok(()))
         ));
+    }
+
+    #[test]
+    fn a_forgotten_waker_is_released_and_the_others_still_woken() {
+        let signal = Signal::new();
+        let (first, second) = (
+            Arc::new(CountingWaker(AtomicUsize::new(0))),
+            Arc::new(CountingWaker(AtomicUsize::new(0))),
+        );
+        let (mut first_slot, mut second_slot) = (None, None);
+        for (counter, slot) in [(&first, &mut first_slot), (&second, &mut second_slot)] {
+            let waker = Waker::from(Arc::clone(counter));
+            assert!(
+                signal
+                    .poll(slot, &mut Context::from_waker(&waker))
+                    .is_pending()
+            );
+        }
+        assert_eq!(Arc::strong_count(&first), 2, "held by the signal");
+        signal.forget(first_slot.unwrap());
+        assert_eq!(Arc::strong_count(&first), 1, "released");
+        signal.complete(Ok(()));
+        assert_eq!(first.0.load(Ordering::SeqCst), 0);
+        assert_eq!(second.0.load(Ordering::SeqCst), 1);
     }
 
     #[test]
@@ -181,8 +221,9 @@ mod loom_models {
         });
     }
 
-    /// A future dropped after its first poll, while the completion runs,
-    /// leaves nothing behind that the completion could trip on.
+    /// A future dropped after its first poll (its waker released), while
+    /// the completion runs, leaves nothing behind that the completion could
+    /// trip on.
     #[test]
     fn dropping_a_future_while_the_completion_runs_is_safe() {
         loom::model(|| {
@@ -190,7 +231,12 @@ mod loom_models {
             let completer = Arc::clone(&signal);
             let thread = loom::thread::spawn(move || completer.complete(Ok(())));
             let mut cx = Context::from_waker(Waker::noop());
-            let _ = signal.poll(&mut None, &mut cx);
+            let mut slot = None;
+            let _ = signal.poll(&mut slot, &mut cx);
+            if let Some(slot) = slot {
+                // As `SynchronizeFuture`'s drop does.
+                signal.forget(slot);
+            }
             drop(signal);
             thread.join().unwrap();
         });

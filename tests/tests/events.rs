@@ -261,6 +261,44 @@ fn awaiting_works_on_another_executor_and_a_future_may_be_dropped_early() {
     });
 }
 
+/// Counts its wakes; its strong count tells who still holds it.
+struct CountingWaker(AtomicUsize);
+
+impl std::task::Wake for CountingWaker {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// A future dropped while its record is pending lets its task's waker go
+/// at once, not when the record settles: a `select!` with a timeout over a
+/// long-pending record holds no task of its past rounds.
+#[test]
+fn a_dropped_future_releases_its_waker_at_once() {
+    isolated!(&[MOCK], || {
+        let stream = pool_stream();
+        let gate = hold(stream);
+        let event = SpyreEvent::new().unwrap();
+        event.record(stream).unwrap();
+        let task = Arc::new(CountingWaker(AtomicUsize::new(0)));
+        let waker = std::task::Waker::from(Arc::clone(&task));
+        let mut future = event.synchronize_async();
+        let polled = Pin::new(&mut future).poll(&mut std::task::Context::from_waker(&waker));
+        assert!(polled.is_pending(), "the stream is held");
+        drop(waker);
+        assert_eq!(Arc::strong_count(&task), 2, "the pending record's waiter");
+        drop(future);
+        assert_eq!(Arc::strong_count(&task), 1, "released with the future");
+        gate.open();
+        event.synchronize().unwrap();
+        assert_eq!(
+            task.0.load(Ordering::SeqCst),
+            0,
+            "nobody woke a dropped future"
+        );
+    });
+}
+
 #[test]
 fn a_failed_stream_fails_its_awaits_and_its_waiters() {
     isolated!(&[MOCK], || {
