@@ -216,6 +216,18 @@ pub enum Error {
         /// Which of the two events.
         which: EventRole,
     },
+    /// [`crate::SpyreEvent::elapsed_time`] with an event whose record
+    /// failed (its stream failed before reaching it): the event's error,
+    /// naming which event.
+    #[error(
+        "elapsed_time: the {which} event's record failed, so it has no time; record it again on a stream that has not failed: {source}"
+    )]
+    EventFailed {
+        /// Which of the two events.
+        which: EventRole,
+        /// The record's error ([`crate::SpyreEvent::query`]'s).
+        source: FlexError,
+    },
     /// [`crate::SpyreEvent::elapsed_time`] where the end event completed
     /// before the start event.
     #[error(

@@ -384,11 +384,13 @@ impl SpyreEvent {
     /// event in stream order, not when the host recorded it.
     ///
     /// # Errors
-    /// [`Error::EventWithoutTiming`], [`Error::EventNotRecorded`] or
-    /// [`Error::EventNotComplete`] naming the event (start or end) whose
-    /// precondition failed (also when another thread records either event
-    /// again during the call, and the new record is pending); [`Error::EventsOutOfOrder`] when `end` completed
-    /// before this event; a record's error ([`Error::Flex`]);
+    /// [`Error::EventWithoutTiming`], [`Error::EventNotRecorded`],
+    /// [`Error::EventNotComplete`] or [`Error::EventFailed`] (with the
+    /// record's error) naming the event (start or end) whose precondition
+    /// failed (also when another thread records either event again during
+    /// the call, and the new record is pending or fails);
+    /// [`Error::EventsOutOfOrder`] when `end` completed before this event;
+    /// the runtime's other errors ([`Error::Flex`]);
     /// [`Error::ForkedProcess`] in a child forked after the start, before
     /// any of those.
     pub fn elapsed_time(&self, end: &SpyreEvent) -> Result<Duration> {
@@ -407,9 +409,7 @@ impl SpyreEvent {
             }
         }
         for (which, event) in both {
-            if !event.query()? {
-                return Err(Error::EventNotComplete { which });
-            }
+            event.check_complete(which)?;
         }
         let nanos = loop {
             match self.event().elapsed_nanos(end.event()) {
@@ -419,9 +419,7 @@ impl SpyreEvent {
                 // it; if that record has completed too, measure again.
                 Err(error) if error.status() == Status::NOT_READY => {
                     for (which, event) in both {
-                        if !event.query()? {
-                            return Err(Error::EventNotComplete { which });
-                        }
+                        event.check_complete(which)?;
                     }
                 }
                 Err(error) => return Err(error.into()),
@@ -432,6 +430,22 @@ impl SpyreEvent {
             Err(_) => Err(Error::EventsOutOfOrder {
                 by: Duration::from_nanos(nanos.unsigned_abs()),
             }),
+        }
+    }
+
+    /// [`SpyreEvent::elapsed_time`]'s check that this event, its `which`,
+    /// has completed.
+    ///
+    /// # Errors
+    /// [`Error::EventNotComplete`] while its record is pending,
+    /// [`Error::EventFailed`] when the record failed, naming `which`;
+    /// [`SpyreEvent::query`]'s other errors.
+    fn check_complete(&self, which: EventRole) -> Result<()> {
+        match self.query() {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(Error::EventNotComplete { which }),
+            Err(Error::Flex(source)) => Err(Error::EventFailed { which, source }),
+            Err(other) => Err(other),
         }
     }
 }

@@ -150,6 +150,46 @@ fn elapsed_time_names_the_event_whose_precondition_failed() {
     });
 }
 
+/// `elapsed_time` with an end event whose record failed (its stream failed
+/// before reaching it, the start event's stream did not) names the end
+/// event and carries the record's error.
+#[test]
+fn elapsed_time_names_the_event_whose_record_failed() {
+    isolated!(&[MOCK], || {
+        let (healthy, failing) = (pool_stream(), pool_stream());
+        let start = SpyreEvent::with_timing().unwrap();
+        let end = SpyreEvent::with_timing().unwrap();
+        start.record(healthy).unwrap();
+        let gate = hold(failing);
+        failing
+            .launch_host_callback(|| panic!("deliberate panic"), LaunchOptions::new())
+            .unwrap();
+        end.record(failing).unwrap();
+        gate.open();
+        start.synchronize().unwrap();
+        end.synchronize().unwrap_err();
+        for (result, role) in [
+            (start.elapsed_time(&end), EventRole::End),
+            (end.elapsed_time(&start), EventRole::Start),
+        ] {
+            let err = result.unwrap_err();
+            match &err {
+                Error::EventFailed { which, source } => {
+                    assert_eq!(*which, role, "{err}");
+                    assert_eq!(source.status(), Status::STREAM_FAILED, "{err}");
+                }
+                other => panic!("expected EventFailed, got {other:?}"),
+            }
+            let text = err.to_string();
+            assert!(
+                text.starts_with(&format!("elapsed_time: the {role} event's record failed")),
+                "{text}"
+            );
+            assert!(text.contains("deliberate panic"), "{text}");
+        }
+    });
+}
+
 /// `elapsed_time` while another thread records the end event again and
 /// again behind a little host work: every call gives a duration or
 /// `EventNotComplete` naming the end event, never the runtime's
