@@ -96,7 +96,11 @@ pub struct SpyreEvent {
     /// Held, while tracing, across a record and the store of its link, and
     /// across a wait that returns at once and the load: a record racing a
     /// wait then cannot make the wait's entry link a record other than the
-    /// one it waits for.
+    /// one it waits for. Records made with the trace off do not take it
+    /// (they would pay for it on every record): one that began before the
+    /// trace started and lands during the first traced record of the same
+    /// event can make that record's entry finish with its own record, and
+    /// clear its link. Only the trace is affected, never the ordering.
     trace_order: Mutex<()>,
 }
 
