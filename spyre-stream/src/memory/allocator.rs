@@ -368,7 +368,12 @@ struct State {
 /// The caching allocator of the process's device.
 ///
 /// Thread-safety: every method may be called from any thread; the state
-/// is behind one mutex, never held across a call into the runtime. Two
+/// is behind one mutex, never held across a runtime call that allocates,
+/// frees or waits. It is held across calls that return at once: the
+/// queries of pending frees' fences (their events' or streams', one per
+/// pending free, on every allocation, free, wait and statistics call) and
+/// the destroy of a marker event a passed fence gives back past the idle
+/// markers kept. Two
 /// more order the moves of segments between the device and the cache:
 /// `emptying`, held by one return of cached segments at a time, and
 /// `transit`, held across the runtime calls that allocate and free
