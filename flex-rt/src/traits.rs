@@ -236,12 +236,16 @@ pub trait Stream: Send + Sync + fmt::Debug {
     /// done, `Ok(false)` still running. Never blocks.
     ///
     /// # Errors
-    /// The stream's first error if it has failed, once none of its work
-    /// runs any more: a backend whose stream fails while work queued before
-    /// the failure still runs (`HardwareStream` behind a completion's panic)
-    /// says `Ok(false)` until that work has ended, so that a caller may take
-    /// a failure to mean that the stream touches nothing more (the caching
-    /// allocator does).
+    /// The stream's first error if it has failed, once none of its
+    /// operations runs any more: a backend whose stream fails while work
+    /// queued before the failure still runs (`HardwareStream` behind a
+    /// completion's panic) says `Ok(false)` until that work has ended, so
+    /// that a caller may take a failure to mean that the stream touches
+    /// device memory no more (the caching allocator does). The failed
+    /// operation's completion (host code) may still be running then. One
+    /// exception: `SHUTDOWN` (the stream needs a shutdown of its runtime)
+    /// is reported at once, while the operation the stream was running
+    /// goes on; only a `synchronize` tells that it ended.
     fn query(&self) -> Result<bool>;
 
     /// Blocks until all work enqueued before the call has completed and its
