@@ -140,9 +140,9 @@ pub(crate) struct Device {
     /// Events of the runtime made and not dropped yet
     /// ([`crate::MockRuntime::live_events`]).
     pub(crate) live_events: AtomicUsize,
-    /// Set once the runtime has been dropped and its work has drained: its
-    /// events are destroyed with it, as `flex.h`'s are
-    /// ([`crate::MockEvent`]'s calls fail from then on).
+    /// Set once the runtime has been dropped and its work has drained, by
+    /// the last engine to stop: its events are destroyed with it, as
+    /// `flex.h`'s are ([`crate::MockEvent`]'s calls fail from then on).
     pub(crate) closed: AtomicBool,
 }
 
@@ -418,7 +418,17 @@ fn engine_main(device: Arc<Device>) {
                     batch_limit = (batch_limit * 2).min(BATCH_LIMIT - 1);
                 }
             }
-            None if scheduler.shutting_down => break,
+            None if scheduler.shutting_down => {
+                // The last engine to stop closes the device: the runtime
+                // was dropped and its work has drained, and its events die
+                // with it (flex.h), whichever thread dropped it (one of
+                // these engines too, which cannot join the others).
+                scheduler.engines_stopped += 1;
+                if scheduler.engines_stopped == device.engines {
+                    device.closed.store(true, Ordering::Release);
+                }
+                break;
+            }
             None => {
                 if busy {
                     busy = false;

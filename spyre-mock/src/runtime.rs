@@ -285,13 +285,13 @@ impl Drop for MockRuntime {
             );
             return;
         }
+        // The last engine to stop closes the device, and its events with
+        // it (flex.h), once every record has settled.
         for engine in self.engines.drain(..) {
             if engine.join().is_err() {
                 tracing::error!(device = self.device.index, "a mock engine thread panicked");
             }
         }
-        // Its events die with it (flex.h), once every record has settled.
-        self.device.closed.store(true, Ordering::Release);
         tracing::debug!(device = self.device.index, "mock runtime stopped");
     }
 }

@@ -179,6 +179,9 @@ pub(crate) struct Scheduler {
     order: Arc<CachePadded<AtomicU64>>,
     /// Set when the runtime is dropped: engines exit once nothing is ready.
     pub(crate) shutting_down: bool,
+    /// Engines that have stopped for good after the shutdown began; the
+    /// last one closes the device ([`crate::engine::Device::closed`]).
+    pub(crate) engines_stopped: usize,
     /// Idle engines watching the device's work epoch now (without this
     /// lock): a launch, or a busy engine that sees more ready streams, that
     /// finds a watcher here leaves the waking to it (the watcher takes the

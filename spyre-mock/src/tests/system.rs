@@ -138,6 +138,42 @@ fn a_runtime_dropped_inside_its_own_callback_shuts_down() {
     }
 }
 
+/// A runtime dropped inside its own callback closes its device once its
+/// engines have stopped, as a drop on another thread does: its events are
+/// destroyed with it (flex.h), and their calls fail with `INVALID_HANDLE`.
+/// (Before, only a drop that joined the engines closed the device: these
+/// events answered for good.)
+#[test]
+fn a_runtime_dropped_inside_its_own_callback_destroys_its_events() {
+    let rt = Arc::new(runtime(2));
+    let event = rt.create_event(false).unwrap();
+    let inner = Arc::clone(&rt);
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    rt.default_mock_stream()
+        .launch_host_callback(
+            Box::new(move || {
+                let _ = rx.recv_timeout(DEADLOCK);
+                drop(inner);
+            }),
+            LaunchOptions::new(),
+        )
+        .unwrap();
+    drop(rt);
+    assert_eq!(event.query(), Ok(true), "the runtime lives in its callback");
+    tx.send(()).unwrap();
+    let start = Instant::now();
+    let closed = loop {
+        match event.query() {
+            Ok(_) => {
+                assert!(start.elapsed() < DEADLOCK, "the event outlived its runtime");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(err) => break err,
+        }
+    };
+    assert_eq!(closed.status(), Status::INVALID_HANDLE, "{closed}");
+}
+
 #[test]
 fn from_env_uses_the_process_environment() {
     // Only checks that it runs: the variables are not set in tests, or set
