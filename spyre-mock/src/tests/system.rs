@@ -114,10 +114,9 @@ fn dropping_a_runtime_finishes_its_work_and_joins_its_engines() {
     );
 }
 
-#[test]
-fn a_runtime_dropped_inside_its_own_callback_shuts_down() {
-    let rt = Arc::new(runtime(2));
-    let device = rt.device_weak();
+/// Drops `rt` here and, once the returned sender sends, its last handle
+/// inside a host callback of its own: on one of its engine threads.
+fn drop_inside_its_own_callback(rt: Arc<crate::MockRuntime>) -> std::sync::mpsc::Sender<()> {
     let inner = Arc::clone(&rt);
     let (tx, rx) = std::sync::mpsc::channel::<()>();
     rt.default_mock_stream()
@@ -130,7 +129,14 @@ fn a_runtime_dropped_inside_its_own_callback_shuts_down() {
         )
         .unwrap();
     drop(rt);
-    tx.send(()).unwrap();
+    tx
+}
+
+#[test]
+fn a_runtime_dropped_inside_its_own_callback_shuts_down() {
+    let rt = Arc::new(runtime(2));
+    let device = rt.device_weak();
+    drop_inside_its_own_callback(rt).send(()).unwrap();
     let start = Instant::now();
     while device.upgrade().is_some() {
         assert!(start.elapsed() < DEADLOCK, "engines never stopped");
@@ -147,20 +153,9 @@ fn a_runtime_dropped_inside_its_own_callback_shuts_down() {
 fn a_runtime_dropped_inside_its_own_callback_destroys_its_events() {
     let rt = Arc::new(runtime(2));
     let event = rt.create_event(false).unwrap();
-    let inner = Arc::clone(&rt);
-    let (tx, rx) = std::sync::mpsc::channel::<()>();
-    rt.default_mock_stream()
-        .launch_host_callback(
-            Box::new(move || {
-                let _ = rx.recv_timeout(DEADLOCK);
-                drop(inner);
-            }),
-            LaunchOptions::new(),
-        )
-        .unwrap();
-    drop(rt);
+    let dropped = drop_inside_its_own_callback(rt);
     assert_eq!(event.query(), Ok(true), "the runtime lives in its callback");
-    tx.send(()).unwrap();
+    dropped.send(()).unwrap();
     let start = Instant::now();
     let closed = loop {
         match event.query() {
