@@ -28,8 +28,8 @@ use crate::record::EventRecord;
 /// operation's completion.
 ///
 /// `bytes` is called once when the operation is enqueued (to check the
-/// size) and once on an engine thread when it runs; it must return the same
-/// length both times.
+/// size), once on an engine thread when it runs, and by the operation's
+/// `Debug` format; it must return the same length every time.
 pub trait HostSource: Send {
     /// The bytes to copy to the device.
     fn bytes(&self) -> &[u8];
@@ -124,8 +124,9 @@ pub enum Op {
     /// with [`Status::HOST_CALLBACK_FAILED`].
     HostCallback(flex_rt::HostCallback),
     /// An event's record: completes the event, with a timestamp, when the
-    /// stream reaches it. Made only by [`crate::MockStream`]'s
-    /// `record_event`; takes no time in the timing model.
+    /// stream reaches it. Made by [`crate::MockStream`]'s `record_event`,
+    /// and by its `wait_event` as the wait's marker; takes no time in the
+    /// timing model.
     Record(EventRecord),
 }
 

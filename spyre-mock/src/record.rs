@@ -232,8 +232,10 @@ impl Record {
     }
 }
 
-/// The marker operation of a record ([`crate::Op::Record`]). Only
-/// [`crate::MockStream`]'s `record_event` makes one.
+/// The marker operation of a record ([`crate::Op::Record`]). Made by
+/// [`crate::MockStream`]'s `record_event`, and by its `wait_event` as the
+/// wait's marker (a record nobody waits for, completed once the wait has
+/// passed).
 pub struct EventRecord(pub(crate) Arc<Record>);
 
 impl fmt::Debug for EventRecord {

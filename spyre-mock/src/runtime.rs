@@ -29,7 +29,9 @@ use crate::stream::MockStream;
 /// Streams are stored append-only at stable addresses and live until the
 /// runtime is dropped. Dropping the runtime lets all enqueued work finish
 /// (every completion is called), then stops and joins its engine threads and
-/// frees its memory. If the last owner drops it on one of its own engine
+/// frees its memory, or, while an event of it is still alive (destroyed,
+/// its calls failing), with the last such event: an event keeps the
+/// device's state. If the last owner drops it on one of its own engine
 /// threads (inside a callback), the engines are told to stop but not joined;
 /// they exit once the queued work is done.
 ///
