@@ -56,7 +56,10 @@ fn store(stream: SpyreStream) -> bool {
 /// at it once its current-stream storage has been destroyed (a call from a
 /// thread-local destructor that runs after that one; one that runs before
 /// still sees the stream made current). Starts the runtime and initializes the pool
-/// when it falls back to the default stream.
+/// when it falls back to the default stream. A stream made current is
+/// returned after [`crate::free_runtime`] too, as torch-spyre's
+/// `getCurrentStream` returns it (its handle stays valid); the default
+/// stream then is [`crate::Error::RuntimeReset`].
 ///
 /// # Errors
 /// As [`crate::default_stream`]; [`crate::Error::InvalidEnv`] for a
@@ -64,13 +67,20 @@ fn store(stream: SpyreStream) -> bool {
 /// [`crate::Error::ForkedProcess`] in a child forked after the start.
 pub fn current_stream(device: Device) -> Result<SpyreStream> {
     // A stored current stream implies a started runtime (only
-    // `set_current_stream`, which starts it, stores one), so starting here
-    // changes nothing then; it resolves the device once for both paths.
-    let pool = runtime::pool_for(device)?;
+    // `set_current_stream`, which starts it, stores one): before the start
+    // there is only the default stream to start for.
+    let pool = match runtime::started_pool_for(device) {
+        Ok(pool) => pool,
+        Err(Error::NotStarted) => return runtime::pool_for(device)?.default_stream(),
+        Err(other) => return Err(other),
+    };
     let index = pool.device();
     match lookup(index) {
         Some(id) => Ok(SpyreStream::from_parts(index, id)),
-        None => pool.default_stream(),
+        None => {
+            runtime::check_not_freed()?;
+            pool.default_stream()
+        }
     }
 }
 

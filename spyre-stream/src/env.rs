@@ -171,7 +171,7 @@ pub fn parse_host_compute_streams(raw: Option<&str>) -> Result<usize> {
             NUM_HOST_COMPUTE_STREAMS,
             raw,
             format!(
-                "TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS must be at least 1 (and at most {MAX_HOST_COMPUTE_STREAMS})"
+                "TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS must be at least 1, got '{raw}' (larger than {MAX_HOST_COMPUTE_STREAMS} is capped at {MAX_HOST_COMPUTE_STREAMS})"
             ),
         ));
     }
@@ -345,6 +345,16 @@ mod tests {
                 "{message}"
             );
         }
+        // Below 1: torch-spyre's text, and what is done above the cap.
+        let message = parse_host_compute_streams(Some("0"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            message.ends_with(
+                "TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS must be at least 1, got '0' (larger than 8 is capped at 8)"
+            ),
+            "{message}"
+        );
     }
 
     #[test]

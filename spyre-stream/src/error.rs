@@ -6,14 +6,16 @@ use crate::id::StreamId;
 
 /// Everything that can go wrong in the stream layer. Each variant carries the
 /// facts a caller needs: the id, the device indices, the variable and its raw
-/// value, the valid range. Messages follow torch-spyre's texts where it has one.
+/// value, the valid range. Where torch-spyre has a text for the error, the
+/// message begins with it (its function's name in Rust's form), and what
+/// the Rust API adds (the device, where a value came from) follows.
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// An operation on a stream id that has no runtime handle: an id never
     /// handed out by the pool, or a pool that was never initialized.
     #[error(
-        "SpyreStream: no flex handle for stream id {id} on device {device} — was the stream pool initialized for this device?"
+        "SpyreStream: no flex handle for stream id {id} — was the stream pool initialized for this device? (device {device})"
     )]
     NoHandle {
         /// The id that has no handle.
@@ -87,7 +89,9 @@ pub enum Error {
     ForkWatch(std::sync::Arc<std::io::Error>),
 
     /// `host_compute_stream_by_id` with an id outside the host-compute range.
-    #[error("stream id {id} is not a host compute stream id (valid range [{start}, {end}))")]
+    #[error(
+        "host_compute_stream_by_id: stream id {id} is not a host compute stream id (valid range [{start}, {end}))"
+    )]
     NotHostComputeStream {
         /// The id asked for.
         id: i64,
@@ -128,7 +132,7 @@ pub enum Error {
 
     /// The logical device is not below the number of visible devices.
     #[error(
-        "Device index out of bounds: logical_device_id={device}, number of visible devices={count}; the device came from {}",
+        "Device index out of bounds. logical_device_id={device}, number of visible devices={count}; the device came from {}",
         chosen_by.description()
     )]
     DeviceOutOfRange {

@@ -99,7 +99,9 @@ pub const HIGH_POOL_END: i64 = 64;
 pub const HOST_COMPUTE_START: i64 = 65;
 /// Host-compute streams when `TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS` is unset.
 pub const DEFAULT_HOST_COMPUTE_STREAMS: usize = 4;
-/// Most host-compute streams; larger requests are capped to this.
+/// Most host-compute streams: a larger `TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS`
+/// is capped to this (as in torch-spyre), while [`crate::PoolConfig::new`]
+/// refuses a larger count.
 pub const MAX_HOST_COMPUTE_STREAMS: usize = 8;
 /// Size of the handle table: every id that can ever be mapped.
 pub(crate) const MAX_STREAM_SLOTS: usize = HOST_COMPUTE_START as usize + MAX_HOST_COMPUTE_STREAMS;

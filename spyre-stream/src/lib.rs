@@ -228,6 +228,16 @@
 //! - [`free_runtime`] makes a later start an explicit error.
 //! - A failed pool initialization publishes nothing and can be retried.
 //! - `TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS` is parsed strictly and read once.
+//!   `LOCAL_RANK` (and the launchers' variables below) are parsed with
+//!   torch-spyre's `parse_local_rank` rules, but leading whitespace, which
+//!   its `strtoll` skips, is refused as any other stray character is.
+//! - [`synchronize_device`] waits for every stream even after one has
+//!   failed, then returns the first failure as [`Error::DeviceSynchronize`]
+//!   naming that stream's id, the runtime's error as its source;
+//!   torch-spyre stops at the first failing stream and propagates its
+//!   error unwrapped. So when it returns no stream of the device is still
+//!   running what was enqueued before the call, and the error says which
+//!   stream failed (the runtime's error alone names none).
 //! - `SPYRE_HAZARD_TRACKER` is a boolean of the workspace's usual spellings
 //!   (`1/0/true/false/on/off/yes/no`, any case); another value is an error
 //!   instead of silently off. An empty value means unset for every variable.

@@ -193,7 +193,8 @@ fn watch_forks() -> Result<()> {
     fork::watch_forks().map_err(|e| Error::ForkWatch(std::sync::Arc::new(e)))
 }
 
-fn check_not_freed() -> Result<()> {
+/// [`Error::RuntimeReset`] after [`free_runtime`].
+pub(crate) fn check_not_freed() -> Result<()> {
     if FREED.load(Ordering::Acquire) {
         Err(Error::RuntimeReset)
     } else {
@@ -231,7 +232,9 @@ fn backend_slot(slot: &mut Option<Slot>) -> Result<&dyn Backend> {
 
 /// The device `device` names for the calling thread, and why: the explicit
 /// index; else the thread's device ([`set_device`]); else the started
-/// runtime's device; else `LOCAL_RANK`, strictly parsed and read now; else 0.
+/// runtime's device; else the launcher's local rank (`LOCAL_RANK`, then
+/// its MPI and Slurm counterparts, [`crate::env::launcher_local_rank`]),
+/// strictly parsed and read now; else 0.
 ///
 /// This one function is the only reading of the current device, for every
 /// entry point and for the start itself, so a thread's device and the

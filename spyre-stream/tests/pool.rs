@@ -173,7 +173,7 @@ fn resolving_an_unmapped_id_names_it() {
         assert_eq!(
             err.to_string(),
             format!(
-                "SpyreStream: no flex handle for stream id {id} on device 0 — was the stream pool initialized for this device?"
+                "SpyreStream: no flex handle for stream id {id} — was the stream pool initialized for this device? (device 0)"
             )
         );
     }
@@ -207,7 +207,9 @@ fn host_compute_streams_round_robin_and_by_id() {
         let err = pool.host_compute_stream_by_id(bad).unwrap_err();
         assert_eq!(
             err.to_string(),
-            format!("stream id {bad} is not a host compute stream id (valid range [65, 68))")
+            format!(
+                "host_compute_stream_by_id: stream id {bad} is not a host compute stream id (valid range [65, 68))"
+            )
         );
     }
     assert!(matches!(

@@ -59,7 +59,7 @@ fn assert_no_handle(err: Error, id: i64) {
     assert_eq!(
         err.to_string(),
         format!(
-            "SpyreStream: no flex handle for stream id {id} on device 0 — was the stream pool initialized for this device?"
+            "SpyreStream: no flex handle for stream id {id} — was the stream pool initialized for this device? (device 0)"
         )
     );
     assert!(
@@ -123,7 +123,7 @@ proptest! {
                 prop_assert!(!(65..69).contains(&id), "{id} refused");
                 prop_assert_eq!(
                     err.to_string(),
-                    format!("stream id {id} is not a host compute stream id (valid range [65, 69))")
+                    format!("host_compute_stream_by_id: stream id {id} is not a host compute stream id (valid range [65, 69))")
                 );
                 prop_assert!(
                     matches!(err, Error::NotHostComputeStream { id: i, start: 65, end: 69 } if i == id),
@@ -524,7 +524,7 @@ fn bad_device_indices_end_to_end() {
             assert_eq!(
                 err.to_string(),
                 format!(
-                    "Device index out of bounds: logical_device_id={index}, number of visible devices=1; the device came from the thread's current device (set_device)"
+                    "Device index out of bounds. logical_device_id={index}, number of visible devices=1; the device came from the thread's current device (set_device)"
                 )
             );
         }

@@ -4,9 +4,9 @@
 
 use futures_executor::block_on;
 use spyre_stream::{
-    Device, DeviceBuffer, DeviceSource, DeviceState, Error, LaunchOptions, SpyreEvent, StreamId,
-    allocate, capabilities, current_stream, default_stream, device_state, empty_cache, free,
-    free_runtime, host_compute_stream, host_compute_stream_by_id, memory_stats, runtime_info,
+    Device, DeviceBuffer, DeviceSource, DeviceState, Error, LaunchOptions, SpyreEvent, StreamGuard,
+    StreamId, allocate, capabilities, current_stream, default_stream, device_state, empty_cache,
+    free, free_runtime, host_compute_stream, host_compute_stream_by_id, memory_stats, runtime_info,
     set_current_stream, set_device, start_runtime, stream_from_pool, synchronize_device,
 };
 use std::time::Duration;
@@ -35,7 +35,17 @@ fn start_runs_once_and_free_makes_a_restart_an_explicit_error() {
 
         let stream = stream_from_pool(Device::CURRENT, 0).unwrap();
         assert_eq!(stream.id(), StreamId(1));
+        let _current = StreamGuard::new(stream).unwrap();
         free_runtime();
+        // The stream made current is still this thread's (torch-spyre's
+        // getCurrentStream); a thread with none would get the default
+        // stream, which needs the runtime.
+        assert_eq!(current_stream(Device::CURRENT).unwrap(), stream);
+        let elsewhere = std::thread::spawn(|| current_stream(Device::CURRENT));
+        assert!(matches!(
+            elsewhere.join().unwrap(),
+            Err(Error::RuntimeReset)
+        ));
         assert_eq!(device_state(), DeviceState::NotInitialized);
         let err = start_runtime().unwrap_err();
         assert!(matches!(err, Error::RuntimeReset), "{err:?}");
@@ -205,7 +215,7 @@ fn a_device_beyond_the_visible_count_is_refused_with_both_numbers() {
         );
         assert_eq!(
             err.to_string(),
-            "Device index out of bounds: logical_device_id=1, number of visible devices=1; the device came from LOCAL_RANK"
+            "Device index out of bounds. logical_device_id=1, number of visible devices=1; the device came from LOCAL_RANK"
         );
         assert!(matches!(
             set_device(1),
@@ -244,7 +254,7 @@ fn host_compute_streams_follow_the_variable() {
             let err = host_compute_stream_by_id(67, Device::CURRENT).unwrap_err();
             assert_eq!(
                 err.to_string(),
-                "stream id 67 is not a host compute stream id (valid range [65, 67))"
+                "host_compute_stream_by_id: stream id 67 is not a host compute stream id (valid range [65, 67))"
             );
             assert!(host_compute_stream_by_id(64, Device::CURRENT).is_err());
             assert!(host_compute_stream_by_id(i64::MAX, Device::CURRENT).is_err());
@@ -913,7 +923,7 @@ fn requests_refused_for_their_arguments_bind_nothing() {
             set_current_stream(spyre_stream::SpyreStream::from_parts(1, StreamId(69))).unwrap_err();
         assert_eq!(
             err.to_string(),
-            "stream id 69 is not a host compute stream id (valid range [65, 69))"
+            "host_compute_stream_by_id: stream id 69 is not a host compute stream id (valid range [65, 69))"
         );
         assert_eq!(current_stream(device).unwrap(), last, "unchanged");
     });
@@ -974,7 +984,7 @@ fn a_rank_beyond_the_devices_is_refused_naming_its_variable() {
             let err = start_runtime().unwrap_err();
             assert_eq!(
                 err.to_string(),
-                "Device index out of bounds: logical_device_id=4, number of visible devices=4; the device came from Open MPI's local rank (OMPI_COMM_WORLD_LOCAL_RANK)"
+                "Device index out of bounds. logical_device_id=4, number of visible devices=4; the device came from Open MPI's local rank (OMPI_COMM_WORLD_LOCAL_RANK)"
             );
         }
     );
