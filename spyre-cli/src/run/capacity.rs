@@ -56,7 +56,8 @@ pub(super) fn check_capacity(
     let in_flight = (args.threads as u64).saturating_mul(per_thread);
     // Each iteration in flight also holds its program, a small block:
     // counted as taking segments of their own, each costing the operands
-    // the segments it covers (they may share the operands' segments, which
+    // the segments it covers (the allocator's small pool: they share the
+    // operands' segments only where the operands are small too, which
     // this does not count on). So what fits depends on how many are in
     // flight: `held(n)` iterations fit beside the programs of `n`.
     let program_segment = segment_bytes(layout, DESCRIPTOR_BYTES).max(MIN_BLOCK);

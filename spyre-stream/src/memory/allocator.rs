@@ -639,7 +639,8 @@ impl CachingAllocator {
     }
 
     /// A block of at least `bytes` (> 0) for `stream`: a cached one if the
-    /// stream has one large enough, else from a new segment.
+    /// stream has one large enough in its request's pool (small or large),
+    /// else from a new segment; on a full device, as the module docs say.
     ///
     /// # Errors
     /// As [`round_request`]; [`Error::OutOfMemory`] when the device cannot
@@ -679,7 +680,15 @@ impl CachingAllocator {
         let segment = match self.allocate_segment(rounded, Pieces::Refuse) {
             Ok(segment) => segment,
             Err(error) if error.status() == Status::OUT_OF_MEMORY => {
-                self.state.lock().stats.alloc_retries += 1;
+                {
+                    // A full device: a cached block of the other pool
+                    // serves before anything is returned or waited for.
+                    let mut state = self.state.lock();
+                    state.stats.alloc_retries += 1;
+                    if let Some(block) = state.take_cached(key, rounded, bytes, pieces, None)? {
+                        return Ok(block);
+                    }
+                }
                 match self.retry_segment(rounded) {
                     Ok(segment) => segment,
                     Err(error) if error.status() == Status::OUT_OF_MEMORY => {
@@ -1248,8 +1257,12 @@ impl State {
         pieces: Pieces,
     ) -> Result<Option<Block>> {
         let segments = &self.segments;
+        let pool = Pool::of(rounded);
         let Some(index) = self.recent.iter().rposition(|block| {
             block.stream == stream
+                && segments
+                    .get(block.segment)
+                    .is_some_and(|segment| segment.pool == pool)
                 && block.size >= rounded
                 && !should_split(rounded, block.size - rounded)
                 && (pieces == Pieces::Accept
@@ -1725,6 +1738,69 @@ mod tests {
             }
         }
         (state, id)
+    }
+
+    /// A state holding one segment of `pool` over `chunks` (4 MiB each) and
+    /// a recent block of it at `offset`, `size` bytes, last handed out for
+    /// `requested`.
+    fn state_with_recent(
+        pool: Pool,
+        chunks: u32,
+        (offset, size, requested): (u64, u64, u64),
+    ) -> (State, i64) {
+        let mut segment = segment();
+        segment.address = CompositeAddress::new(
+            (0..chunks)
+                .map(|region_id| flex_rt::AddressChunk {
+                    address: flex_rt::LogicalAddress {
+                        region_id,
+                        offset: 0,
+                    },
+                    size: 4 << 20,
+                })
+                .collect::<Vec<_>>(),
+        )
+        .expect("aligned chunks");
+        segment.pool = pool;
+        let stream = segment.stream;
+        let address = segment.address.slice(offset, requested).expect("inside");
+        let mut state = State::default();
+        let id = state.segments.push(segment);
+        state.recent.push_back(Block {
+            address,
+            stream,
+            segment: id,
+            offset,
+            size,
+            requested,
+            lent_to: None,
+        });
+        (state, stream)
+    }
+
+    #[test]
+    fn a_recent_block_serves_a_larger_request_only_in_one_chunk() {
+        const MIB: u64 = 1 << 20;
+        // A 2 MiB block at 2.5 MiB of a large segment in two 4 MiB chunks,
+        // last handed out for 1.5 MiB ([2.5, 4) MiB, one chunk): 2 MiB from
+        // it would cross the chunks' boundary at 4 MiB.
+        let block = (5 * MIB / 2, 2 * MIB, 3 * MIB / 2);
+        let (mut state, stream) = state_with_recent(Pool::Large, 2, block);
+        let larger = state.take_recent(stream, 2 * MIB, 2 * MIB, Pieces::Refuse);
+        assert!(larger.unwrap().is_none(), "2 MiB would be in two chunks");
+        let again = state.take_recent(stream, 3 * MIB / 2, 3 * MIB / 2, Pieces::Refuse);
+        assert_eq!(again.unwrap().expect("1.5 MiB lies in one").offset, block.0);
+    }
+
+    #[test]
+    fn a_recent_block_serves_only_requests_of_its_pool() {
+        const MIB: u64 = 1 << 20;
+        // A whole 2 MiB small segment, taken for 1.5 MiB by a full
+        // device's last resort: given back, it does not serve 1.5 MiB again
+        // (a large request), so the small pool's segment is not pinned by it.
+        let (mut state, stream) = state_with_recent(Pool::Small, 1, (0, 2 * MIB, 3 * MIB / 2));
+        let taken = state.take_recent(stream, 3 * MIB / 2, 3 * MIB / 2, Pieces::Refuse);
+        assert!(taken.unwrap().is_none());
     }
 
     #[test]

@@ -42,9 +42,10 @@ use crate::stream::SpyreStream;
 /// must be declared with [`DeviceBuffer::record_stream`].
 ///
 /// Dropping a buffer never blocks. Its memory goes back to the allocator's
-/// cache for its stream (unless it was lent, below), where the next allocation on that stream may take
-/// it at once (work enqueued later on a stream runs after work enqueued
-/// earlier). If other streams used it, an event is recorded on each, and
+/// cache for its stream (unless it was lent, below), where the next
+/// allocation on that stream of the same pool (up to 1 MiB, or larger, as
+/// PyTorch's small and large pools) may take it at once (work enqueued
+/// later on a stream runs after work enqueued earlier). If other streams used it, an event is recorded on each, and
 /// the memory is reused only after all have completed. Device memory goes
 /// back to the device only by [`crate::empty_cache`], or when the device
 /// is full (see [`DeviceBuffer::new`]). On a full device, a buffer may be
