@@ -288,12 +288,14 @@ impl Drop for MockRuntime {
             return;
         }
         // The last engine to stop closes the device, and its events with
-        // it (flex.h), once every record has settled.
+        // it (flex.h), once every record has settled; here too, in case an
+        // engine unwound instead of stopping.
         for engine in self.engines.drain(..) {
             if engine.join().is_err() {
                 tracing::error!(device = self.device.index, "a mock engine thread panicked");
             }
         }
+        self.device.closed.store(true, Ordering::Release);
         tracing::debug!(device = self.device.index, "mock runtime stopped");
     }
 }
