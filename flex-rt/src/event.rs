@@ -51,7 +51,8 @@ pub enum Notification {
 /// - recording again moves the event: `query` and `synchronize` see only the
 ///   latest record, while a wait already enqueued keeps the record it saw;
 /// - an event never recorded is complete (query `Ok(true)`, synchronize
-///   returns at once, a wait on it is a no-op);
+///   returns at once, a wait on it is a no-op, but on a failed stream,
+///   which refuses every wait);
 /// - if the recording stream fails before the event's point, the event is
 ///   failed: `query` and `synchronize` return that error, and a stream that
 ///   waits on it fails too (its error names the event's stream) instead of

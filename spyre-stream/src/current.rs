@@ -59,7 +59,8 @@ fn store(stream: SpyreStream) -> bool {
 /// when it falls back to the default stream. A stream made current is
 /// returned after [`crate::free_runtime`] too, as torch-spyre's
 /// `getCurrentStream` returns it (its handle stays valid); the default
-/// stream then is [`crate::Error::RuntimeReset`].
+/// stream, made current or not, is [`crate::Error::RuntimeReset`] then, as
+/// [`crate::default_stream`] is.
 ///
 /// # Errors
 /// As [`crate::default_stream`]; [`crate::Error::InvalidEnv`] for a
@@ -75,8 +76,9 @@ pub fn current_stream(device: Device) -> Result<SpyreStream> {
         Err(other) => return Err(other),
     };
     let index = pool.device();
-    match lookup(index) {
+    match lookup(index).filter(|&id| id != StreamId(0)) {
         Some(id) => Ok(SpyreStream::from_parts(index, id)),
+        // The default stream, stored or not, as after the start.
         None => {
             runtime::check_not_freed()?;
             pool.default_stream()

@@ -162,7 +162,9 @@ pub fn parse_host_compute_streams(raw: Option<&str>) -> Result<usize> {
             return Err(invalid(
                 NUM_HOST_COMPUTE_STREAMS,
                 raw,
-                format!("expected an integer from 1 to {MAX_HOST_COMPUTE_STREAMS}"),
+                format!(
+                    "expected an integer of at least 1 (larger than {MAX_HOST_COMPUTE_STREAMS} is capped at {MAX_HOST_COMPUTE_STREAMS})"
+                ),
             ));
         }
     };

@@ -7,8 +7,9 @@ use crate::id::StreamId;
 /// Everything that can go wrong in the stream layer. Each variant carries the
 /// facts a caller needs: the id, the device indices, the variable and its raw
 /// value, the valid range. Where torch-spyre has a text for the error, the
-/// message begins with it (its function's name in Rust's form), and what
-/// the Rust API adds (the device, where a value came from) follows.
+/// message carries it (without the name of its function where several
+/// functions return the error), and what the Rust API adds (the device,
+/// where a value came from) follows.
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -89,9 +90,7 @@ pub enum Error {
     ForkWatch(std::sync::Arc<std::io::Error>),
 
     /// `host_compute_stream_by_id` with an id outside the host-compute range.
-    #[error(
-        "host_compute_stream_by_id: stream id {id} is not a host compute stream id (valid range [{start}, {end}))"
-    )]
+    #[error("stream id {id} is not a host compute stream id (valid range [{start}, {end}))")]
     NotHostComputeStream {
         /// The id asked for.
         id: i64,

@@ -448,7 +448,13 @@ impl SpyreEvent {
         match self.query() {
             Ok(true) => Ok(()),
             Ok(false) => Err(Error::EventNotComplete { which }),
-            Err(Error::Flex(source)) => Err(Error::EventFailed { which, source }),
+            // A failed record's errors (see `query`); any other is the
+            // runtime's, not the record's.
+            Err(Error::Flex(source))
+                if matches!(source.status(), Status::STREAM_FAILED | Status::SHUTDOWN) =>
+            {
+                Err(Error::EventFailed { which, source })
+            }
             Err(other) => Err(other),
         }
     }

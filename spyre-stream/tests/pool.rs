@@ -207,9 +207,7 @@ fn host_compute_streams_round_robin_and_by_id() {
         let err = pool.host_compute_stream_by_id(bad).unwrap_err();
         assert_eq!(
             err.to_string(),
-            format!(
-                "host_compute_stream_by_id: stream id {bad} is not a host compute stream id (valid range [65, 68))"
-            )
+            format!("stream id {bad} is not a host compute stream id (valid range [65, 68))")
         );
     }
     assert!(matches!(

@@ -123,7 +123,7 @@ proptest! {
                 prop_assert!(!(65..69).contains(&id), "{id} refused");
                 prop_assert_eq!(
                     err.to_string(),
-                    format!("host_compute_stream_by_id: stream id {id} is not a host compute stream id (valid range [65, 69))")
+                    format!("stream id {id} is not a host compute stream id (valid range [65, 69))")
                 );
                 prop_assert!(
                     matches!(err, Error::NotHostComputeStream { id: i, start: 65, end: 69 } if i == id),

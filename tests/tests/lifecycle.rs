@@ -35,15 +35,21 @@ fn start_runs_once_and_free_makes_a_restart_an_explicit_error() {
 
         let stream = stream_from_pool(Device::CURRENT, 0).unwrap();
         assert_eq!(stream.id(), StreamId(1));
-        let _current = StreamGuard::new(stream).unwrap();
+        let guard = StreamGuard::new(stream).unwrap();
         free_runtime();
         // The stream made current is still this thread's (torch-spyre's
         // getCurrentStream); a thread with none would get the default
-        // stream, which needs the runtime.
+        // stream, which needs the runtime, and so does this thread once
+        // the guard has put the default stream back.
         assert_eq!(current_stream(Device::CURRENT).unwrap(), stream);
         let elsewhere = std::thread::spawn(|| current_stream(Device::CURRENT));
         assert!(matches!(
             elsewhere.join().unwrap(),
+            Err(Error::RuntimeReset)
+        ));
+        drop(guard);
+        assert!(matches!(
+            current_stream(Device::CURRENT),
             Err(Error::RuntimeReset)
         ));
         assert_eq!(device_state(), DeviceState::NotInitialized);
@@ -254,7 +260,7 @@ fn host_compute_streams_follow_the_variable() {
             let err = host_compute_stream_by_id(67, Device::CURRENT).unwrap_err();
             assert_eq!(
                 err.to_string(),
-                "host_compute_stream_by_id: stream id 67 is not a host compute stream id (valid range [65, 67))"
+                "stream id 67 is not a host compute stream id (valid range [65, 67))"
             );
             assert!(host_compute_stream_by_id(64, Device::CURRENT).is_err());
             assert!(host_compute_stream_by_id(i64::MAX, Device::CURRENT).is_err());
@@ -923,7 +929,7 @@ fn requests_refused_for_their_arguments_bind_nothing() {
             set_current_stream(spyre_stream::SpyreStream::from_parts(1, StreamId(69))).unwrap_err();
         assert_eq!(
             err.to_string(),
-            "host_compute_stream_by_id: stream id 69 is not a host compute stream id (valid range [65, 69))"
+            "stream id 69 is not a host compute stream id (valid range [65, 69))"
         );
         assert_eq!(current_stream(device).unwrap(), last, "unchanged");
     });
