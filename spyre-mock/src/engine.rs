@@ -141,8 +141,10 @@ pub(crate) struct Device {
     /// ([`crate::MockRuntime::live_events`]).
     pub(crate) live_events: AtomicUsize,
     /// Set once the runtime has been dropped and its work has drained, by
-    /// the last engine to stop: its events are destroyed with it, as
-    /// `flex.h`'s are ([`crate::MockEvent`]'s calls fail from then on).
+    /// the last engine to stop (and by the drop after joining the engines,
+    /// should one have unwound instead, with its work left unsettled): its
+    /// events are destroyed with it, as `flex.h`'s are
+    /// ([`crate::MockEvent`]'s calls fail from then on).
     pub(crate) closed: AtomicBool,
 }
 

@@ -968,6 +968,62 @@ fn a_full_device_does_not_wait_when_idle_streams_give_back_enough() {
     });
 }
 
+/// Fills the rest of the device (the default 1 GiB in 256 MiB regions)
+/// with one raw allocation, returned to be freed.
+fn fill_the_device() -> spyre_stream::CompositeAddress {
+    let free = spyre_stream::memory_info(Device::CURRENT)
+        .unwrap()
+        .free_bytes;
+    spyre_stream::allocate(Device::CURRENT, free).unwrap()
+}
+
+/// On a full device, a small request takes a cached block of its stream's
+/// large pool in a segment a buffer still uses (a 2 MiB buffer of a 20 MiB
+/// segment leaves 18 MiB free there), at once: no retry, nothing returned
+/// to the device. Before, it waited for the retry and took the block only
+/// as the last resort (counted as a retry).
+#[test]
+fn a_full_device_serves_a_small_request_from_a_large_segment_in_use() {
+    isolated!(&[MOCK], || {
+        let stream = pool_stream();
+        let big = DeviceBuffer::<u8>::new(stream, 2 << 20).unwrap();
+        let filled = fill_the_device();
+        let small = DeviceBuffer::<u8>::new(stream, 512).unwrap();
+        let (at, big_at) = (small.operand().unwrap(), big.operand().unwrap());
+        assert_eq!(
+            (at.region_id, at.offset),
+            (big_at.region_id, big_at.offset + (2 << 20)),
+            "right after the 2 MiB buffer"
+        );
+        let s = stats();
+        assert_eq!(
+            (s.alloc_retries, s.device_frees, s.device_allocations),
+            (0, 0, 1)
+        );
+        drop((small, big));
+        spyre_stream::free(Device::CURRENT, &filled).unwrap();
+    });
+}
+
+/// On a full device, a small request does not cut a large segment that
+/// is one free block (a dropped 2 MiB buffer's 20 MiB segment): the retry
+/// returns it to the device and takes a 2 MiB small segment. Cut, it would
+/// stay pinned by 512 bytes (20 MiB reserved, nothing returned).
+#[test]
+fn a_full_device_returns_a_free_large_segment_rather_than_cut_it() {
+    isolated!(&[MOCK], || {
+        let stream = pool_stream();
+        drop(DeviceBuffer::<u8>::new(stream, 2 << 20).unwrap());
+        let filled = fill_the_device();
+        let small = DeviceBuffer::<u8>::new(stream, 512).unwrap();
+        let s = stats();
+        assert_eq!((s.alloc_retries, s.device_frees), (1, 1));
+        assert_eq!(s.reserved_bytes, SMALL_SEGMENT);
+        drop(small);
+        spyre_stream::free(Device::CURRENT, &filled).unwrap();
+    });
+}
+
 /// On the 4 MiB device: `owner`'s 128 KiB segment holds a live 64 KiB
 /// buffer and a cached 64 KiB block (returned as its address), and a
 /// buffer on `filler` takes the rest of the device.

@@ -11,8 +11,8 @@
 //!   the kind its segment was taken for, up to [`SMALL_REQUEST`] or above
 //!   (PyTorch's small and large pools), so that a small buffer is not cut
 //!   from a large segment and does not keep it from going back to the
-//!   device; only a full device's last resorts (below) take a block of the
-//!   other kind. No segment is larger than one memory
+//!   device; only a full device (below) takes a block of the other kind.
+//!   No segment is larger than one memory
 //!   region (so that every block lies in one chunk, as a kernel operand
 //!   must) or than 1/[`SEGMENTS_PER_DEVICE`] of the device's memory, where
 //!   the runtime tells them, unless the request itself is. When the
@@ -55,7 +55,11 @@
 //!   ones: for requests above [`SMALL_REQUEST`] it may be up to that much
 //!   larger than the request (as a block the best fit picks may be), for
 //!   smaller ones it is the request's rounded size.
-//! - **Out of memory.** When the device is full the allocator returns the
+//! - **Out of memory.** When the device is full, a cached block of the
+//!   stream in the other pool serves first if its segment is one that
+//!   buffers still use (in one chunk where the request fits a region, as
+//!   a block of its own pool would): nothing is returned or waited for.
+//!   Otherwise the allocator returns the
 //!   whole free segments of streams that are idle or whose operation
 //!   failed to the device (waiting for no stream) and tries again; if that
 //!   was not enough, it waits for the streams that hold whole free
@@ -238,7 +242,7 @@ struct Segment {
     address: CompositeAddress,
     stream: i64,
     /// The pool of the request it was taken for: its blocks serve only
-    /// requests of that pool, but for a full device's last resort.
+    /// requests of that pool, but on a full device (see the module docs).
     pool: Pool,
     /// The allocator's free count ([`MemoryStats::frees`], which only
     /// grows) at the latest free of one of its blocks (0: none yet): work
@@ -437,6 +441,19 @@ impl Pool {
             Self::Large
         }
     }
+}
+
+/// Which cached blocks of a stream [`State::take_cached`] looks at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Serving {
+    /// Those of segments of this pool.
+    Pool(Pool),
+    /// Those of either pool in segments that are not one free block (a
+    /// full device's first step: a segment wholly free goes back to the
+    /// device instead, whatever its pool).
+    SegmentsInUse,
+    /// Any (a full device's last resort).
+    Any,
 }
 
 /// Whether a block or segment that fits one region is taken in several
@@ -673,7 +690,9 @@ impl CachingAllocator {
                 return Ok(block);
             }
             state.merge_recent(Some(key));
-            if let Some(block) = state.take_cached(key, rounded, bytes, pieces, Some(pool))? {
+            if let Some(block) =
+                state.take_cached(key, rounded, bytes, pieces, Serving::Pool(pool))?
+            {
                 return Ok(block);
             }
         }
@@ -681,13 +700,15 @@ impl CachingAllocator {
             Ok(segment) => segment,
             Err(error) if error.status() == Status::OUT_OF_MEMORY => {
                 {
-                    // A full device: a cached block of the other pool
-                    // serves before anything is returned or waited for.
+                    // A full device: a cached block of the other pool, in
+                    // a segment that buffers still use, serves before
+                    // anything is returned or waited for.
                     let mut state = self.state.lock();
-                    state.stats.alloc_retries += 1;
-                    if let Some(block) = state.take_cached(key, rounded, bytes, pieces, None)? {
+                    let serving = Serving::SegmentsInUse;
+                    if let Some(block) = state.take_cached(key, rounded, bytes, pieces, serving)? {
                         return Ok(block);
                     }
+                    state.stats.alloc_retries += 1;
                 }
                 match self.retry_segment(rounded) {
                     Ok(segment) => segment,
@@ -698,7 +719,7 @@ impl CachingAllocator {
                         let mut state = self.state.lock();
                         state.merge_recent(Some(key));
                         if let Some(block) =
-                            state.take_cached(key, rounded, bytes, Pieces::Accept, None)?
+                            state.take_cached(key, rounded, bytes, Pieces::Accept, Serving::Any)?
                         {
                             return Ok(block);
                         }
@@ -1321,17 +1342,16 @@ impl State {
         self.stats.allocations += 1;
     }
 
-    /// The best-fitting cached block of `stream` for `rounded` bytes, in a
-    /// segment of `pool` (of either with `None`); with [`Pieces::Refuse`],
-    /// the best fitting whose front `rounded` bytes lie in one chunk of its
-    /// segment.
+    /// The best-fitting cached block of `stream` for `rounded` bytes among
+    /// those `serving` names; with [`Pieces::Refuse`], the best fitting
+    /// whose front `rounded` bytes lie in one chunk of its segment.
     fn take_cached(
         &mut self,
         stream: i64,
         rounded: u64,
         requested: u64,
         pieces: Pieces,
-        pool: Option<Pool>,
+        serving: Serving,
     ) -> Result<Option<Block>> {
         let probe = FreeKey {
             stream,
@@ -1344,11 +1364,13 @@ impl State {
             .range(probe..)
             .take_while(|key| key.stream == stream)
             .filter(|key| {
-                pool.is_none_or(|pool| {
-                    self.segments
-                        .get(key.segment)
-                        .is_some_and(|segment| segment.pool == pool)
-                })
+                self.segments
+                    .get(key.segment)
+                    .is_some_and(|segment| match serving {
+                        Serving::Pool(pool) => segment.pool == pool,
+                        Serving::SegmentsInUse => !segment.is_wholly_free(),
+                        Serving::Any => true,
+                    })
             })
             .find(|key| {
                 pieces == Pieces::Accept
@@ -1795,9 +1817,10 @@ mod tests {
     #[test]
     fn a_recent_block_serves_only_requests_of_its_pool() {
         const MIB: u64 = 1 << 20;
-        // A whole 2 MiB small segment, taken for 1.5 MiB by a full
-        // device's last resort: given back, it does not serve 1.5 MiB again
-        // (a large request), so the small pool's segment is not pinned by it.
+        // A 2 MiB block of a small-pool segment, taken for 1.5 MiB by a
+        // full device's last resort: given back, it does not serve 1.5 MiB
+        // again (a large request), so the small pool's segment is not
+        // pinned by it.
         let (mut state, stream) = state_with_recent(Pool::Small, 1, (0, 2 * MIB, 3 * MIB / 2));
         let taken = state.take_recent(stream, 3 * MIB / 2, 3 * MIB / 2, Pieces::Refuse);
         assert!(taken.unwrap().is_none());

@@ -81,8 +81,10 @@ impl<T: DeviceElement> DeviceBuffer<T> {
     /// stream that has failed is not looked at (as PyTorch's caching
     /// allocator does not): the buffer's first copy or fill on it fails.
     ///
-    /// Blocking: when the device is full and the cached memory of idle
-    /// streams is not enough, blocks until the streams holding cached
+    /// Blocking: when the device is full, a cached block of `stream` in the
+    /// other pool (up to 1 MiB, or larger), in a segment that buffers still
+    /// use, serves without waiting; when there is none and the cached
+    /// memory of idle streams is not enough, blocks until the streams holding cached
     /// memory have finished their work, then returns it to the device and
     /// tries again (as PyTorch's allocator does); such waits run one at a
     /// time, so it may also wait for another thread's. If that is still not
