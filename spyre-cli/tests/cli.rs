@@ -1170,7 +1170,12 @@ fn a_trace_holds_every_launched_operation_once_on_its_streams_track() {
     let trace: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     let _ = std::fs::remove_file(&path);
     let events = trace["traceEvents"].as_array().unwrap();
-    let slices: Vec<&Value> = events.iter().filter(|e| e["ph"] == "X").collect();
+    // The operations' slices; the arrows' ends are zero-length slices of
+    // their own category.
+    let slices: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["cat"] != "flow")
+        .collect();
     // Every launch of the report is a slice: 2 threads × 6 iterations × 5
     // (3 H2D, a compute, a D2H), each once.
     let launches = slices
@@ -1211,9 +1216,9 @@ fn a_trace_holds_every_launched_operation_once_on_its_streams_track() {
         .filter(|e| e["flow_out"] == true)
         .map(|e| e["bind_id"].as_u64().unwrap())
         .collect();
-    let flow_in: Vec<u64> = slices
+    let flow_in: Vec<u64> = events
         .iter()
-        .filter(|e| e["flow_in"] == true)
+        .filter(|e| e["ph"] == "X" && e["cat"] == "flow" && e["flow_in"] == true)
         .map(|e| e["bind_id"].as_u64().unwrap())
         .collect();
     assert!(!flow_in.is_empty(), "the pipeline's waits are arrows");
@@ -1226,6 +1231,68 @@ fn a_trace_holds_every_launched_operation_once_on_its_streams_track() {
         report["trace"]["operations"].as_u64().unwrap() as usize,
         slices.len()
     );
+}
+
+#[test]
+fn every_arrow_of_a_trace_ends_after_its_record_starts() {
+    // With every operation taking 2 ms, a compute stage reaches its wait
+    // while the copy it waits for still runs: the wait starts before the
+    // record does. Perfetto reads a trace's events in time order and drops
+    // an arrow whose end it reads before its start, so each arrow ends at
+    // the wait's finish, on a zero-length slice right after the wait's.
+    let path = std::env::temp_dir().join(format!("spyre-arrows-{}.json", std::process::id()));
+    let path_text = path.to_str().unwrap().to_owned();
+    json(
+        &[
+            "run",
+            "--json",
+            "--threads",
+            "1",
+            "--iterations",
+            "4",
+            "--trace",
+            &path_text,
+        ],
+        &[("SPYRE_MOCK_OP_LATENCY_US", "2000")],
+    );
+    let trace: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&path);
+    let events = trace["traceEvents"].as_array().unwrap();
+    let ts = |e: &Value| e["ts"].as_f64().unwrap();
+    let starts: std::collections::BTreeMap<u64, (f64, usize)> = events
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e["flow_out"] == true)
+        .map(|(index, e)| (e["bind_id"].as_u64().unwrap(), (ts(e), index)))
+        .collect();
+    let mut arrows = 0;
+    let mut waits_before_their_record = 0;
+    for (index, end) in events.iter().enumerate() {
+        if end["flow_in"] != true {
+            continue;
+        }
+        arrows += 1;
+        let (start, start_index) = starts[&end["bind_id"].as_u64().unwrap()];
+        assert!(
+            ts(end) > start || (ts(end) == start && index > start_index),
+            "an arrow ends before its record starts: {end}"
+        );
+        let wait = &events[index - 1];
+        assert_eq!(
+            (wait["cat"].as_str(), &wait["tid"], end["dur"].as_f64()),
+            (Some("event wait"), &end["tid"], Some(0.0)),
+            "{end} follows its wait"
+        );
+        assert!((ts(wait) + wait["dur"].as_f64().unwrap() - ts(end)).abs() < 1e-6);
+        if ts(wait) < start {
+            waits_before_their_record += 1;
+        }
+    }
+    // 4 iterations: compute waits for the copy-in, copy-out for compute,
+    // and each iteration's copy-in for the slot's last copy-out, from the
+    // second round of slots on.
+    assert!(arrows >= 8, "{arrows} arrows");
+    assert!(waits_before_their_record > 0, "the case this test is for");
 }
 
 #[test]

@@ -2,7 +2,8 @@
 //! (ui.perfetto.dev) and `chrome://tracing` open: one track per stream,
 //! named by its id and priority; every operation a slice from its start to
 //! its finish on the device; every wait on an event a flow arrow from the
-//! record it waited for (flow events bound to the slices by `bind_id`).
+//! record it waited for to the moment the wait was passed (flow events
+//! bound to slices by `bind_id`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
@@ -21,6 +22,10 @@ pub(crate) struct TraceSummary {
     /// Streams (tracks).
     pub(crate) streams: usize,
 }
+
+/// The category of the zero-length slices that end the arrows from
+/// records to waits.
+const ARROW_END: &str = "flow";
 
 /// The trace's one process (not 0, which viewers take for the kernel's
 /// idle task).
@@ -55,10 +60,12 @@ impl EventWriter<'_> {
 /// # Errors
 /// The writer's.
 fn write_events(out: &mut dyn Write, trace: &Trace) -> std::io::Result<TraceSummary> {
+    // The records whose slices are written (they finished): only those
+    // can start an arrow.
     let records: BTreeSet<u64> = trace
         .entries
         .iter()
-        .filter(|e| e.kind == OperationKind::EventRecord)
+        .filter(|e| e.kind == OperationKind::EventRecord && e.finished.is_some())
         .filter_map(|e| e.link)
         .collect();
     out.write_all(br#"{"displayTimeUnit":"ms","traceEvents":["#)?;
@@ -94,20 +101,36 @@ fn write_events(out: &mut dyn Write, trace: &Trace) -> std::io::Result<TraceSumm
             "dur": micros(finished.saturating_sub(started)),
             "args": args,
         });
-        // A record and the waits on it: an arrow from the record's slice
-        // to each wait's (flow events bound to the slices by id).
-        match (entry.kind, entry.link) {
+        // A record and the waits on it: an arrow from the record's slice to
+        // where each wait was passed. The arrow ends on a slice of its own,
+        // at the wait's finish, not on the wait's slice: a wait starts when
+        // its stream gets to it, often before the record starts, and
+        // viewers that read the events in time order (Perfetto) drop an
+        // arrow whose end comes before its start. The wait's finish is at
+        // or after the record's (the trace derives it so).
+        let arrow_end = match (entry.kind, entry.link) {
             (OperationKind::EventRecord, Some(link)) => {
                 slice["bind_id"] = json!(link);
                 slice["flow_out"] = json!(true);
+                None
             }
-            (OperationKind::EventWait, Some(link)) if records.contains(&link) => {
-                slice["bind_id"] = json!(link);
-                slice["flow_in"] = json!(true);
-            }
-            _ => {}
-        }
+            (OperationKind::EventWait, Some(link)) if records.contains(&link) => Some(json!({
+                "name": "event wait passed",
+                "cat": ARROW_END,
+                "ph": "X",
+                "pid": PID,
+                "tid": tid,
+                "ts": micros(finished),
+                "dur": 0,
+                "bind_id": link,
+                "flow_in": true,
+            })),
+            _ => None,
+        };
         events.event(&slice)?;
+        if let Some(arrow_end) = arrow_end {
+            events.event(&arrow_end)?;
+        }
     }
     for (&tid, &priority) in &streams {
         let pool = if priority < 0 {
