@@ -162,6 +162,11 @@ pub fn start_trace() {
 /// have no finish time; wait for them (synchronize) before stopping to
 /// have all of them.
 ///
+/// Thread-safety: any thread. A stop and a start racing each other take
+/// effect in one order or the other, whole: either this stop returns the
+/// trace that start began and tracing ends off, or it returns the earlier
+/// trace and the start's trace goes on.
+///
 /// In a child forked after the runtime started it returns an empty trace
 /// and stops nothing of the parent's (see [`start_trace`]).
 pub fn stop_trace() -> Trace {
@@ -170,8 +175,17 @@ pub fn stop_trace() -> Trace {
             entries: Vec::new(),
         };
     }
-    instrument::set(instrument::TRACE, false);
-    let log = Arc::clone(&log_slot().lock());
+    // The flag is cleared and the log replaced under the slot's lock, so
+    // that a start racing this stop is wholly before it (its log is the
+    // one returned, and tracing ends off) or wholly after it (tracing is
+    // on, in a log of its own). A launch that read the flag just before
+    // the stop appends to the log returned or to the spare one put in its
+    // place, which the next start replaces: never to the next trace.
+    let log = {
+        let mut slot = log_slot().lock();
+        instrument::set(instrument::TRACE, false);
+        std::mem::replace(&mut *slot, Arc::new(Mutex::new(Log::new())))
+    };
     let (mut entries, finish_order) = {
         let mut guard = log.lock();
         (
