@@ -86,12 +86,13 @@
 //!   with [`set_backend`] makes the child's start fail with
 //!   [`Error::BackendFromParent`] until the child installs its own. In a
 //!   child forked after the start, [`start_trace`] and [`stop_trace`] do
-//!   nothing. (A fork while another thread is inside
-//!   [`start_runtime`], or inside [`device_count`] or [`set_device`] before
-//!   the start, which load the backend under the same lock, leaves that
-//!   lock held in the child; fork before starting threads that make those
-//!   calls, or after the start. And a child forked while another thread
-//!   starts or ends a thread inherits the Rust standard library's lock of
+//!   nothing. A child forked while another thread was inside
+//!   [`start_runtime`] (or the first use of the pool, [`free_runtime`],
+//!   [`set_backend`], or [`device_count`] or [`set_device`] before the
+//!   start, which hold the same lifecycle lock) gets
+//!   [`Error::ForkedDuringStart`] from each of those calls, at once: the
+//!   lock names the fork generation that took it. (A child forked while
+//!   another thread starts or ends a thread inherits the Rust standard library's lock of
 //!   thread starts held: the software device's runtime in the child then
 //!   hangs starting its engines. A [`HostBuffer`] a copy had in flight at
 //!   the fork stays leased in the child for good: its `read` and `write`
@@ -282,6 +283,7 @@ mod error;
 mod event;
 mod id;
 mod instrument;
+mod lifecycle_lock;
 mod loom_shim;
 mod marker;
 mod memory;

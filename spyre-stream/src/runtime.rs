@@ -8,12 +8,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use flex_rt::fork::{self, ForkGeneration};
 use flex_rt::{Backend, Runtime};
-use parking_lot::Mutex;
 
 use crate::backend::{self, BackendKind};
 use crate::device::{Device, set_thread_device, thread_device};
 use crate::env::{self, MAX_DEVICE_INDEX};
 use crate::error::{Error, Result};
+use crate::lifecycle_lock::LifecycleLock;
 use crate::marker::MarkerEvents;
 use crate::memory::allocator::CachingAllocator;
 use crate::pool::{PoolConfig, StreamPool};
@@ -115,7 +115,7 @@ static RUNNING: OnceLock<Running> = OnceLock::new();
 /// Set by [`free_runtime`]; never cleared.
 static FREED: AtomicBool = AtomicBool::new(false);
 /// Serializes start/free and holds the backend until the runtime starts.
-static LIFECYCLE: Mutex<Option<Slot>> = Mutex::new(None);
+static LIFECYCLE: LifecycleLock<Option<Slot>> = LifecycleLock::new(None);
 
 /// The backend waiting for the start.
 struct Slot {
@@ -162,13 +162,14 @@ pub(crate) fn check_not_forked() -> Result<()> {
 ///
 /// # Errors
 /// [`Error::ForkedProcess`] in a child forked after the start;
+/// [`Error::ForkedDuringStart`] in a child forked while a parent thread
+/// was inside one of the calls that start, free or load the runtime;
 /// [`Error::RuntimeAlreadyStarted`] once the runtime has started;
 /// [`Error::RuntimeReset`] after [`free_runtime`]; [`Error::ForkWatch`]
 /// when the fork watcher cannot be registered.
 pub fn set_backend(backend: Box<dyn Backend>) -> Result<()> {
     check_not_forked()?;
-    watch_forks()?;
-    let mut slot = LIFECYCLE.lock();
+    let mut slot = LIFECYCLE.lock()?;
     check_not_freed()?;
     if RUNNING.get().is_some() {
         return Err(Error::RuntimeAlreadyStarted);
@@ -329,6 +330,8 @@ pub fn set_device(index: i64) -> Result<()> {
 ///
 /// # Errors
 /// [`Error::ForkedProcess`] in a child forked after the runtime started;
+/// [`Error::ForkedDuringStart`] in a child forked while a parent thread was
+/// starting it (or inside another call that starts, frees or loads it);
 /// [`Error::RuntimeReset`] after [`free_runtime`]; [`Error::InvalidEnv`] for
 /// a malformed variable; [`Error::DeviceOutOfRange`]; the backend's load or
 /// configuration error; the runtime's creation error.
@@ -344,7 +347,7 @@ fn start_on(device: Device) -> Result<(&'static Running, u8)> {
     if let Some(running) = RUNNING.get() {
         return usable(running, device);
     }
-    let mut slot = LIFECYCLE.lock();
+    let mut slot = LIFECYCLE.lock()?;
     check_not_freed()?;
     if let Some(running) = RUNNING.get() {
         return usable(running, device);
@@ -421,15 +424,20 @@ fn usable(running: &'static Running, device: Device) -> Result<(&'static Running
 /// resolved keep working (the runtime and its streams are never destroyed:
 /// their handles stay valid), and [`start_runtime`] and everything that needs
 /// it fail with [`Error::RuntimeReset`] instead of silently doing nothing.
-/// Before any start it does nothing, and in a child forked after the start
-/// too (the runtime is the parent's).
+/// Before any start it does nothing, and in a child forked after the start,
+/// or while a parent thread was starting the runtime, too (the runtime is
+/// the parent's).
 pub fn free_runtime() {
     if check_not_forked().is_err() {
         // The runtime is the parent's. Not logged: the log's locks may have
         // been held by a parent thread at the fork.
         return;
     }
-    let _slot = LIFECYCLE.lock();
+    let Ok(_slot) = LIFECYCLE.lock() else {
+        // A child forked while a parent thread held the lock: the runtime,
+        // if any, is the parent's.
+        return;
+    };
     if RUNNING.get().is_some() {
         FREED.store(true, Ordering::Release);
         tracing::info!("Spyre runtime freed; runtime reset is not supported in this process");
@@ -566,12 +574,15 @@ pub fn device_state() -> DeviceState {
 ///
 /// # Errors
 /// The backend's load, configuration or counting error;
-/// [`Error::ForkedProcess`] in a child forked after the start.
+/// [`Error::ForkedProcess`] in a child forked after the start;
+/// [`Error::ForkedDuringStart`] before the start, in a child forked while
+/// a parent thread was inside a call that starts, frees or loads the
+/// runtime.
 pub fn device_count() -> Result<u32> {
     if let Some(running) = RUNNING.get() {
         return Ok(running.check_process()?.backend.device_count()?);
     }
-    let mut slot = LIFECYCLE.lock();
+    let mut slot = LIFECYCLE.lock()?;
     match RUNNING.get() {
         Some(running) => Ok(running.check_process()?.backend.device_count()?),
         None => backend_slot(&mut slot)?

@@ -9,6 +9,8 @@ use spyre_stream::{
     free, free_runtime, host_compute_stream, host_compute_stream_by_id, memory_stats, runtime_info,
     set_current_stream, set_device, start_runtime, stream_from_pool, synchronize_device,
 };
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use spyre_mock::MockSystem;
@@ -519,6 +521,90 @@ fn forked_from(parent: u32) -> impl Fn(spyre_stream::Result<()>, &str) {
         }
         other => panic!("{what} in the forked child: {other:?}"),
     }
+}
+
+/// A software device whose runtime creation says it began, then waits
+/// until released: a start held inside its lifecycle lock.
+#[derive(Debug)]
+struct GatedBackend {
+    system: MockSystem,
+    inside: Arc<AtomicBool>,
+    release: Arc<AtomicBool>,
+}
+
+impl flex_rt::Backend for GatedBackend {
+    fn name(&self) -> &'static str {
+        "mock"
+    }
+
+    fn device_count(&self) -> flex_rt::Result<u32> {
+        self.system.device_count()
+    }
+
+    fn create_runtime(&self, logical_device: u32) -> flex_rt::Result<Box<dyn flex_rt::Runtime>> {
+        self.inside.store(true, Ordering::SeqCst);
+        while !self.release.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        self.system.create_runtime(logical_device)
+    }
+}
+
+#[test]
+fn a_child_forked_during_the_start_gets_an_error_from_every_lifecycle_call_never_a_hang() {
+    // A thread of the parent is inside the start (creating the runtime)
+    // at the fork: it is not in the child, and the lifecycle lock it holds
+    // would be held there for good. Before the fix the child's first call
+    // hung on that lock.
+    isolated!(&[MOCK], || {
+        let (inside, release) = (Arc::default(), Arc::new(AtomicBool::new(false)));
+        spyre_stream::set_backend(Box::new(GatedBackend {
+            system: MockSystem::builder().build().unwrap(),
+            inside: Arc::clone(&inside),
+            release: Arc::clone(&release),
+        }))
+        .unwrap();
+        let starting = std::thread::spawn(start_runtime);
+        while !inside.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+
+        let outcome = fork_and_wait(Duration::from_secs(20), || {
+            let child = std::process::id();
+            let calls = [
+                (start_runtime(), "start_runtime"),
+                (
+                    stream_from_pool(Device::CURRENT, 0).map(drop),
+                    "stream_from_pool",
+                ),
+                (spyre_stream::device_count().map(drop), "device_count"),
+                (set_device(0), "set_device"),
+                (
+                    spyre_stream::set_backend(Box::new(MockSystem::builder().build().unwrap())),
+                    "set_backend",
+                ),
+            ];
+            for (result, call) in calls {
+                match result {
+                    Err(Error::ForkedDuringStart { current }) => {
+                        assert_eq!(current, child, "{call}");
+                    }
+                    other => panic!("{call}: expected ForkedDuringStart, got {other:?}"),
+                }
+            }
+            free_runtime();
+            assert_eq!(device_state(), DeviceState::NotInitialized);
+        });
+        release.store(true, Ordering::SeqCst);
+        starting.join().unwrap().unwrap();
+        assert_eq!(outcome, ForkOutcome::Exited(0));
+        // The parent's start finished, and its runtime works.
+        let stream = stream_from_pool(Device::CURRENT, 0).unwrap();
+        stream
+            .launch_host_callback(|| {}, LaunchOptions::new())
+            .unwrap();
+        stream.synchronize().unwrap();
+    });
 }
 
 #[test]
