@@ -65,9 +65,19 @@ fn main() -> ExitCode {
 /// Reports an argument clap refused (or `--help`/`--version`) as clap does,
 /// and, when `--json` is among the arguments, also as the one JSON line that
 /// `--json` promises for failures (`{"error": ..., "exit_code": 2}`).
+///
+/// Help or a version that cannot be written (a full disk, not a closed
+/// pipe) is a failure, as a report that cannot be written is.
 fn argument_error(error: &clap::Error) -> ExitCode {
-    let _ = error.print();
+    let printed = error.print().and_then(|()| std::io::stdout().flush());
     let code = error.exit_code();
+    if code == 0
+        && let Err(e) = printed
+        && e.kind() != std::io::ErrorKind::BrokenPipe
+    {
+        let _ = writeln!(std::io::stderr(), "error: cannot write to stdout: {e}");
+        return ExitCode::from(error::EXIT_FAILURE);
+    }
     if code != 0 && std::env::args_os().any(|arg| arg == "--json") {
         let rendered = error.render().to_string();
         let first_line = rendered.lines().next().unwrap_or_default();

@@ -32,6 +32,17 @@ pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
     if digits.is_empty() {
         return Err(format!("{text:?} is not a size: {EXPECTED}"));
     }
+    let mut rest = unit.chars();
+    let number_goes_on = match rest.next() {
+        Some('.' | ',' | '_') => true,
+        Some('e' | 'E') => rest.next().is_some_and(|c| c.is_ascii_digit() || c == '+'),
+        _ => false,
+    };
+    if number_goes_on {
+        return Err(format!(
+            "{text:?} is not a whole number of bytes: fractions, digit separators and exponents are not accepted; give a whole number, in a smaller unit if need be (1536KiB, not 1.5MiB)"
+        ));
+    }
     let factor: u64 = match unit.trim_start().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kib" => 1 << 10,
@@ -122,6 +133,15 @@ mod tests {
                 .unwrap_err()
                 .contains("unknown unit \"XB\"")
         );
+        for not_whole in ["1.5MiB", "4,096", "4_096", "1e6", "2E+3"] {
+            let message = parse_size(not_whole).unwrap_err();
+            assert_eq!(
+                message,
+                format!(
+                    "{not_whole:?} is not a whole number of bytes: fractions, digit separators and exponents are not accepted; give a whole number, in a smaller unit if need be (1536KiB, not 1.5MiB)"
+                )
+            );
+        }
         assert!(
             parse_size("99999999999999999999")
                 .unwrap_err()

@@ -599,7 +599,10 @@ fn bad_environment_exits_2_naming_the_value() {
         ],
     );
     // A region no host can back: refused before the run, not at its first
-    // copy.
+    // copy. Needed: the region (2^62 bytes), and per thread its one
+    // iteration's inputs as numbers and as sent, output and expected
+    // result (6 operands of 349 524 bytes) and its 128-byte program:
+    // 2^62 + 2 × 2 097 272 bytes.
     refused(
         &["run", "--iterations", "1"],
         &[
@@ -607,8 +610,8 @@ fn bad_environment_exits_2_naming_the_value() {
             ("SPYRE_MOCK_REGION_BYTES", "4611686018427387904"),
         ],
         &[
-            "SPYRE_MOCK_REGION_BYTES",
-            "needs 4611686018427387904 bytes (4194304 TiB) of host memory",
+            "(4.00 MiB of host buffers, and 4194304 TiB of the software device's memory regions (SPYRE_MOCK_REGION_BYTES), which it backs",
+            "needs 4611686018431582448 bytes (4194304.00 TiB) of host memory",
         ],
     );
     refused(
@@ -716,6 +719,42 @@ fn a_closed_stderr_loses_the_log_not_the_run() {
     assert_eq!(output.status.code(), Some(0), "{output:?}");
     let report: Value = serde_json::from_str(&stdout(&output)).expect("stdout is JSON");
     assert_eq!(report["iterations_verified"], 4, "{report}");
+}
+
+/// Help and the version written to a full disk fail as a report would
+/// (exit 1, the reason on stderr); to a closed pipe they do not.
+#[cfg(target_os = "linux")]
+#[test]
+fn help_and_version_that_cannot_be_written_fail() {
+    for flag in ["--help", "--version"] {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_spyre"));
+        command.arg(flag);
+        clear_environment(&mut command);
+        let full = File::options().write(true).open("/dev/full").unwrap();
+        let output = command
+            .stdout(full)
+            .stderr(Stdio::piped())
+            .output()
+            .expect("the spyre binary runs");
+        assert_eq!(output.status.code(), Some(1), "{flag}: {output:?}");
+        assert!(
+            stderr(&output).starts_with("error: cannot write to stdout: "),
+            "{flag}: {}",
+            stderr(&output)
+        );
+
+        let mut command = Command::new(env!("CARGO_BIN_EXE_spyre"));
+        command.arg(flag);
+        clear_environment(&mut command);
+        let mut child = command
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the spyre binary runs");
+        drop(child.stdout.take());
+        let output = child.wait_with_output().expect("spyre finishes");
+        assert_eq!(output.status.code(), Some(0), "{flag}: {output:?}");
+    }
 }
 
 #[test]
@@ -1357,6 +1396,42 @@ fn output_files_that_cannot_be_created_are_refused_before_the_run() {
         &[],
         &["--trace and --timeline both name ./run.svg; give each its own file"],
     );
+}
+
+/// `--timeline` through a symbolic link to the file `--trace` creates: the
+/// paths cannot be told apart before the files exist (the link dangles),
+/// so the opened files are compared; before, the timeline replaced the
+/// trace and the run said it wrote both.
+#[cfg(unix)]
+#[test]
+fn a_timeline_through_a_dangling_link_to_the_trace_is_refused() {
+    let dir = std::env::temp_dir().join(format!("spyre-same-file-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("same.svg");
+    let link = dir.join("link.svg");
+    std::os::unix::fs::symlink(&trace, &link).unwrap();
+    let message = format!(
+        "--trace and --timeline both name {}; give each its own file",
+        link.display()
+    );
+    refused(
+        &[
+            "run",
+            "--iterations",
+            "1",
+            "--trace",
+            trace.to_str().unwrap(),
+            "--timeline",
+            link.to_str().unwrap(),
+        ],
+        &[],
+        &[message.as_str()],
+    );
+    assert!(
+        !trace.exists(),
+        "the file the refused run created is removed"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

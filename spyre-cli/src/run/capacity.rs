@@ -7,6 +7,40 @@ use crate::cli::{ModeArg, RunArgs};
 use crate::error::CliError;
 use crate::size::format_size;
 
+/// Iterations whose memory one thread holds on the device at once: never
+/// more than it runs; pipelined, its two memory slots however many are in
+/// flight.
+fn per_thread_on_device(args: &RunArgs) -> u64 {
+    match args.mode {
+        ModeArg::Pipelined => args.iterations.min(2),
+        ModeArg::PerIteration | ModeArg::Serialized => (args.in_flight as u64).min(args.iterations),
+    }
+}
+
+/// Host memory the software device backs a run's device memory with: it
+/// backs a region whole when it is first written, so the regions the
+/// operand blocks of the iterations held on the device reach (packed into
+/// the caching allocator's segments, the segments into regions), at least
+/// one, and never more than the device's memory.
+pub(super) fn backed_bytes(plan: &Plan, args: &RunArgs, layout: MemoryLayout) -> u64 {
+    let MemoryLayout {
+        total_bytes: memory,
+        region_bytes: region,
+    } = layout;
+    let block = plan.block_bytes().max(1);
+    let segment = segment_bytes(layout, plan.operand_bytes).max(block);
+    let blocks = (args.threads as u64)
+        .saturating_mul(per_thread_on_device(args))
+        .saturating_mul(BLOCKS_PER_ITERATION);
+    let segments = blocks.div_ceil((segment / block).max(1));
+    let regions = if segment >= region {
+        segments.saturating_mul(segment.div_ceil(region.max(1)))
+    } else {
+        segments.saturating_mul(segment).div_ceil(region.max(1))
+    };
+    regions.max(1).saturating_mul(region).min(memory)
+}
+
 /// Refuses a run that the software device's memory cannot hold, before any
 /// work starts: an operand larger than a region, or more iterations in
 /// flight than the caching allocator holds operand blocks for (each block
@@ -47,12 +81,7 @@ pub(super) fn check_capacity(
             format_size(region),
         )));
     }
-    // A thread never has more iterations in flight than it runs; pipelined,
-    // a thread holds its two memory slots however many are in flight.
-    let per_thread = match args.mode {
-        ModeArg::Pipelined => args.iterations.min(2),
-        ModeArg::PerIteration | ModeArg::Serialized => (args.in_flight as u64).min(args.iterations),
-    };
+    let per_thread = per_thread_on_device(args);
     let in_flight = (args.threads as u64).saturating_mul(per_thread);
     // Each iteration in flight also holds its program, a small block:
     // counted as taking segments of their own, each costing the operands
@@ -144,5 +173,53 @@ fn capacity_advice(mode: ModeArg, threads: u64, per_thread: u64, iterations_held
         ModeArg::PerIteration | ModeArg::Serialized => format!(
             "even one iteration per thread does not fit: lower --threads to at most {iterations_held} or use a smaller --size"
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::KernelArg;
+
+    const MIB: u64 = 1 << 20;
+    /// The software device's default memory: 1 GiB in regions of 256 MiB.
+    const DEFAULT: MemoryLayout = MemoryLayout {
+        total_bytes: 1 << 30,
+        region_bytes: 256 * MIB,
+    };
+
+    fn args(size: u64, threads: usize, in_flight: usize, mode: ModeArg) -> RunArgs {
+        RunArgs {
+            threads,
+            iterations: 100,
+            size,
+            kernel: KernelArg::Axpy,
+            mode,
+            in_flight,
+            seed: 1,
+            json: false,
+            trace: None,
+            timeline: None,
+        }
+    }
+
+    fn backed(size: u64, threads: usize, in_flight: usize, mode: ModeArg) -> u64 {
+        let plan = Plan::new(KernelArg::Axpy, size).unwrap();
+        backed_bytes(&plan, &args(size, threads, in_flight, mode), DEFAULT)
+    }
+
+    #[test]
+    fn the_backed_memory_is_the_regions_the_held_blocks_reach() {
+        // The default run: 2 threads × 2 slots × 3 blocks of 341.5 KiB,
+        // packed 5 to a 2 MiB segment: 3 segments, in one region.
+        assert_eq!(backed(MIB, 2, 4, ModeArg::Pipelined), 256 * MIB);
+        // Operands of 256 MiB, each a segment and a region of its own: one
+        // iteration holds three regions.
+        assert_eq!(backed(768 * MIB, 1, 1, ModeArg::PerIteration), 768 * MIB);
+        // Operands of 64 MiB: 2 threads × 2 iterations × 3 blocks, four
+        // segments to a region: three regions.
+        assert_eq!(backed(192 * MIB, 2, 2, ModeArg::PerIteration), 768 * MIB);
+        // Never more than the device's memory.
+        assert_eq!(backed(768 * MIB, 4, 4, ModeArg::PerIteration), 1 << 30);
     }
 }

@@ -56,6 +56,7 @@ use crate::cli::{KernelArg, ModeArg, RunArgs};
 use crate::error::CliError;
 use crate::host_memory;
 use crate::output;
+use crate::size::format_size;
 
 /// Refuses, before any work, a runtime without timed events for `what`,
 /// which orders streams with events and times its stages with them: a
@@ -125,31 +126,41 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
     if let Some(layout) = layout {
         check_capacity(&plan, args, layout)?;
     }
-    // Per iteration in flight: two inputs, the output and the expected
-    // result on the host, each an operand, and the program. (The pipelined
-    // mode's device slots are counted by `check_capacity`.)
-    let in_flight =
-        (args.threads as u64).saturating_mul((args.in_flight as u64).min(args.iterations));
-    host_memory::check(
-        in_flight.saturating_mul(
+    // Per iteration in flight: its two inputs (as sent), the output and the
+    // expected result on the host, each an operand, and the program; and
+    // per thread, while it makes an iteration, that one's two inputs as
+    // numbers too (six operands at once).
+    let in_flight = (args.in_flight as u64).min(args.iterations);
+    let per_thread = in_flight
+        .saturating_mul(
             plan.operand_bytes
                 .saturating_mul(4)
                 .saturating_add(DESCRIPTOR_SIZE as u64),
-        ),
-        &format!(
+        )
+        .saturating_add(plan.operand_bytes.saturating_mul(2));
+    let buffers = (args.threads as u64).saturating_mul(per_thread);
+    // The software device backs the regions the run writes with host
+    // memory: a region the host cannot give would fail a copy, after the
+    // work started.
+    let backed = layout
+        .filter(|_| info.backend == "mock")
+        .map_or(0, |layout| capacity::backed_bytes(&plan, args, layout));
+    let what = if backed > 0 {
+        format!(
+            "--size {} with --threads {} and --in-flight {} ({} of host buffers, and {} of the software device's memory regions (SPYRE_MOCK_REGION_BYTES), which it backs with host memory when they are first written)",
+            args.size,
+            args.threads,
+            args.in_flight,
+            format_size(buffers),
+            format_size(backed)
+        )
+    } else {
+        format!(
             "--size {} with --threads {} and --in-flight {}",
             args.size, args.threads, args.in_flight
-        ),
-    )?;
-    if let Some(layout) = layout.filter(|_| info.backend == "mock") {
-        // The software device backs a region with host memory, whole, when
-        // it is first written: a region the host cannot give would fail the
-        // first copy, after the work started.
-        host_memory::check(
-            layout.region_bytes,
-            "a memory region of the software device (SPYRE_MOCK_REGION_BYTES, backed with host memory when first written)",
-        )?;
-    }
+        )
+    };
+    host_memory::check(buffers.saturating_add(backed), &what)?;
     if plan.kernel == KernelArg::Matmul
         && info.backend == "mock"
         && let Some(warning) =
@@ -179,6 +190,15 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
             return Err(refused);
         }
     };
+    if let (Some(trace), Some(timeline)) = (&trace_file, &timeline_file)
+        && trace.is_same_file(timeline)
+    {
+        let refused = output_file::same_file(timeline.path());
+        for file in [trace_file, timeline_file].into_iter().flatten() {
+            file.discard();
+        }
+        return Err(refused);
+    }
     tracing::info!(
         backend = info.backend,
         kernel = plan.kernel.name(),

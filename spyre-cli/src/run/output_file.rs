@@ -137,6 +137,25 @@ impl OutputFile {
         Ok(written)
     }
 
+    /// Whether `self` and `other` are one file (the same device and
+    /// inode): reached through links that [`check_distinct`] cannot
+    /// resolve before the files exist, such as a symbolic link to a file
+    /// that the other flag's path then created.
+    #[cfg(unix)]
+    pub(crate) fn is_same_file(&self, other: &Self) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        match (self.file.metadata(), other.file.metadata()) {
+            (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+            _ => false,
+        }
+    }
+
+    /// See the Unix version: elsewhere only paths are told apart.
+    #[cfg(not(unix))]
+    pub(crate) fn is_same_file(&self, _: &Self) -> bool {
+        false
+    }
+
     /// Removes the file again if this run created it (a run refused after
     /// opening it leaves nothing behind); a file that existed stays as it
     /// was.
@@ -237,12 +256,17 @@ pub(crate) fn check_distinct(trace: &Path, timeline: &Path) -> Result<(), CliErr
             (Ok(a), Ok(b)) if a == b
         );
     if same {
-        return Err(CliError::Usage(format!(
-            "--trace and --timeline both name {}; give each its own file",
-            timeline.display()
-        )));
+        return Err(same_file(timeline));
     }
     Ok(())
+}
+
+/// The refusal of one file given to both `--trace` and `--timeline`.
+pub(crate) fn same_file(timeline: &Path) -> CliError {
+    CliError::Usage(format!(
+        "--trace and --timeline both name {}; give each its own file",
+        timeline.display()
+    ))
 }
 
 #[cfg(test)]

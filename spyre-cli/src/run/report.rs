@@ -343,7 +343,7 @@ impl RunReport {
         if let Some(trace) = &self.trace {
             let _ = writeln!(
                 out,
-                "trace        {} ({} operations on {} streams; Chrome trace format: open in Perfetto or chrome://tracing)",
+                "trace        {} ({} operations, the launches with their event records and waits, on {} streams; Chrome trace format: open in Perfetto or chrome://tracing)",
                 trace.path, trace.summary.operations, trace.summary.streams
             );
         }
