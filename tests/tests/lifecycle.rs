@@ -96,6 +96,38 @@ fn synchronize_device_before_start_does_nothing() {
 }
 
 #[test]
+fn raw_free_starts_nothing_and_still_frees_after_free_runtime() {
+    isolated!(&[MOCK], || {
+        let invalid = |err: Error| match err {
+            Error::Flex(flex) if flex.status() == spyre_stream::Status::INVALID_ARGUMENT => flex,
+            other => panic!("expected INVALID_ARGUMENT, got {other:?}"),
+        };
+        // Before the start nothing was allocated: refused, and nothing starts.
+        let never = spyre_stream::CompositeAddress::single(
+            spyre_stream::LogicalAddress {
+                region_id: 0,
+                offset: 0,
+            },
+            4096,
+        )
+        .unwrap();
+        let refused = invalid(free(Device::CURRENT, &never).unwrap_err());
+        assert!(
+            refused.to_string().contains("the runtime has not started"),
+            "{refused}"
+        );
+        assert!(runtime_info().is_none(), "free must not start the runtime");
+
+        // Memory allocated before free_runtime is given back after it: the
+        // second free of the address finds no live allocation.
+        let address = allocate(Device::CURRENT, 1 << 20).unwrap();
+        free_runtime();
+        free(Device::CURRENT, &address).unwrap();
+        invalid(free(Device::CURRENT, &address).unwrap_err());
+    });
+}
+
+#[test]
 fn local_rank_selects_the_device_and_other_devices_are_refused() {
     isolated!(
         &[MOCK, ("SPYRE_MOCK_DEVICES", "4"), ("LOCAL_RANK", "2")],
@@ -683,6 +715,10 @@ fn a_forked_child_gets_a_clear_error_from_every_entry_point_never_a_hang() {
                 "SpyreStream::launch_host_callback",
             );
             forked(stream.error().map(drop), "SpyreStream::error");
+            forked(
+                stream.wait_stream(stream),
+                "SpyreStream::wait_stream (itself)",
+            );
             forked(start_runtime(), "start_runtime");
             forked(
                 stream_from_pool(Device::CURRENT, 0).map(drop),

@@ -44,17 +44,33 @@ pub fn allocate(device: Device, bytes: u64) -> Result<CompositeAddress> {
     Ok(address)
 }
 
-/// Frees memory returned by [`allocate`], given the same address.
+/// Frees memory returned by [`allocate`], given the same address. Starts
+/// nothing; after [`crate::free_runtime`] it still frees (the runtime is
+/// never destroyed, as buffers' drops still return their memory), so that
+/// what was allocated before can be given back.
+///
+/// Thread-safety: may be called from any thread.
 ///
 /// # Errors
-/// As [`crate::stream_from_pool`] for the device; `INVALID_ARGUMENT`
-/// ([`crate::Error::Flex`]) when `address` is not a live allocation (the
-/// runtime's) or is a segment of the caching allocator, such as the
-/// address of a [`crate::DeviceBuffer`] that fills one (drop the buffer
-/// instead). Nothing is freed then.
+/// `INVALID_ARGUMENT` ([`crate::Error::Flex`]) when `address` is not a live
+/// allocation (the runtime's; before the start there is none) or is a
+/// segment of the caching allocator, such as the address of a
+/// [`crate::DeviceBuffer`] that fills one (drop the buffer instead);
+/// [`Error::ForkedProcess`] in a child forked after the start;
+/// [`Error::OtherDevice`] for another device than the runtime's. Nothing
+/// is freed then.
 pub fn free(device: Device, address: &CompositeAddress) -> Result<()> {
-    runtime::pool_for(device)?;
-    runtime::started_allocator_for(device)?.free_raw(address)
+    match runtime::started_allocator_for(device) {
+        Ok(allocator) => allocator.free_raw(address),
+        Err(Error::NotStarted) => Err(FlexError::invalid_argument(
+            "free",
+            format!(
+                "{address} is not a live allocation: the runtime has not started, so nothing was allocated"
+            ),
+        )
+        .into()),
+        Err(other) => Err(other),
+    }
 }
 
 /// The layout of `device`'s memory (size and region size), or `None` when
