@@ -419,9 +419,15 @@ impl SpyreEvent {
             match self.event().elapsed_nanos(end.event()) {
                 Ok(nanos) => break nanos,
                 // Recorded again by another thread since the check above:
-                // the event that is pending now is named as the check names
-                // it; if that record has completed too, measure again.
-                Err(error) if error.status() == Status::NOT_READY => {
+                // the event whose new record is pending, or failed, is
+                // named as the check names it; if that record has completed
+                // too, measure again.
+                Err(error)
+                    if matches!(
+                        error.status(),
+                        Status::NOT_READY | Status::STREAM_FAILED | Status::SHUTDOWN
+                    ) =>
+                {
                     for (which, event) in both {
                         event.check_complete(which)?;
                     }
@@ -580,18 +586,22 @@ impl SpyreStream {
     /// Makes this stream's later work wait for all work enqueued on `other`
     /// so far (`Stream.wait_stream(other)`; cudarc's `CudaStream::join`):
     /// records a marker event on `other` and waits on it (the runtime's
-    /// marker events are kept idle between uses, not made each time). A
-    /// no-op when `other` is this stream. Never blocks the host where the
-    /// device waits on the device side.
+    /// marker events are kept idle between uses, not made each time). When
+    /// `other` is this stream nothing is enqueued (PyTorch's no-op), but
+    /// the call is checked as any wait is: the same errors, and a failed
+    /// stream refuses it. Never blocks the host where the device waits on
+    /// the device side.
     ///
     /// # Errors
     /// As [`SpyreEvent::new`] (for the marker; [`Error::RuntimeReset`] after
     /// [`crate::free_runtime`]) and [`SpyreEvent::wait`], for either stream;
     /// a refused record on `other` (it has failed, say) is [`Error::Flex`]
-    /// with the call `wait_stream` and a message naming `other`.
+    /// with the call `wait_stream` and a message naming `other`; for this
+    /// stream itself, its error as [`SpyreStream::query`] reports it.
     pub fn wait_stream(self, other: SpyreStream) -> Result<()> {
         if other == self {
-            return Ok(());
+            runtime::markers_of(self)?;
+            return self.query().map(drop);
         }
         let marker = SpyreEvent::marker(other)?;
         marker.record(other).map_err(|error| match error {

@@ -359,6 +359,13 @@ fn a_failed_stream_fails_its_awaits_and_its_waiters() {
             "{err:?}"
         );
         waiter_fails_naming(waiter, failing);
+        // A failed stream refuses a wait for itself too, though it enqueues
+        // nothing (before, that was Ok).
+        let itself = failing.wait_stream(failing).unwrap_err();
+        assert!(
+            itself.to_string().contains("deliberate panic"),
+            "the stream's first error: {itself}"
+        );
         // Waiting for the failed stream says which stream refused: before,
         // the error read as the waiting stream's own.
         let bystander = pool_stream();
