@@ -284,7 +284,8 @@ impl<T: DeviceElement> DeviceBuffer<T> {
     }
 
     /// Enqueues a fill of every element with `value` on `stream`
-    /// (`RuntimeStream::fillAsync`).
+    /// (`RuntimeStream::fillAsync`). Every value is written exactly but a
+    /// NaN, which fills a quiet NaN whose payload may differ.
     ///
     /// # Errors
     /// As [`SpyreStream::launch_fill`].

@@ -21,7 +21,9 @@ pub trait DeviceElement: sealed::Sealed + Copy + Default + Send + Sync + 'static
     fn write_le(self, out: &mut [u8]);
     /// Reads one element from `bytes` (`SIZE` bytes, little-endian).
     fn read_le(bytes: &[u8]) -> Self;
-    /// The value as a fill takes it (exact for every format).
+    /// The value as a fill takes it: exact for every value of every
+    /// format but a NaN, whose payload and signalling bit may not be kept
+    /// (a fill writes a quiet NaN).
     fn to_f64(self) -> f64;
 }
 
