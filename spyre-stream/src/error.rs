@@ -70,16 +70,16 @@ pub enum Error {
     },
 
     /// The process is a child of `fork()`, forked while a thread of its
-    /// parent was starting or freeing the runtime, or loading or installing
-    /// its backend (the calls that hold the runtime's lifecycle lock:
-    /// [`crate::start_runtime`] and the first use of the pool,
-    /// [`crate::free_runtime`], [`crate::set_backend`], and
-    /// [`crate::device_count`] and [`crate::set_device`] before the
-    /// start). That thread is not in the child, and its half-done work is
-    /// the parent's, so every call that needs the lock refuses, at once,
-    /// rather than wait for ever.
+    /// parent was starting the runtime, or loading or installing its
+    /// backend (the calls that hold the runtime's lifecycle lock before the
+    /// start: [`crate::start_runtime`] and the first use of the pool,
+    /// [`crate::set_backend`], [`crate::device_count`] and
+    /// [`crate::set_device`]). That thread is not in the child, and its
+    /// half-done work is the parent's, so each of those calls refuses at
+    /// once rather than wait for ever ([`crate::free_runtime`] does
+    /// nothing there).
     #[error(
-        "this process ({current}) was forked while a thread of its parent was starting the Spyre runtime (or freeing it, or loading or installing its backend): that half-done work is the parent's and cannot be finished here. Fork before any thread begins to start the runtime, or start worker processes with spawn (std::process::Command; Python multiprocessing's \"spawn\" start method)"
+        "this process ({current}) was forked while a thread of its parent was starting the Spyre runtime (or loading or installing its backend): that half-done work is the parent's and cannot be finished here. Fork before any thread begins to start the runtime, or start worker processes with spawn (std::process::Command; Python multiprocessing's \"spawn\" start method)"
     )]
     ForkedDuringStart {
         /// This process's id.
