@@ -79,9 +79,17 @@ fn argument_error(error: &clap::Error) -> ExitCode {
         return ExitCode::from(error::EXIT_FAILURE);
     }
     if code != 0 && std::env::args_os().any(|arg| arg == "--json") {
+        // The message with what was expected (clap's possible values and
+        // tips), without the usage and the pointer to --help.
         let rendered = error.render().to_string();
-        let first_line = rendered.lines().next().unwrap_or_default();
-        let message = first_line.strip_prefix("error: ").unwrap_or(first_line);
+        let message = rendered
+            .lines()
+            .map(str::trim)
+            .take_while(|line| !line.starts_with("Usage:") && !line.starts_with("For more"))
+            .filter(|line| !line.is_empty())
+            .collect::<Vec<_>>()
+            .join(" ");
+        let message = message.strip_prefix("error: ").unwrap_or(&message);
         let report = ErrorReport::new(&CliError::Usage(message.to_owned()));
         let _ = to_json_line(&report).and_then(|line| emit(&line));
     }

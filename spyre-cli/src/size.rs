@@ -35,7 +35,9 @@ pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
     let mut rest = unit.chars();
     let number_goes_on = match rest.next() {
         Some('.' | ',' | '_') => true,
-        Some('e' | 'E') => rest.next().is_some_and(|c| c.is_ascii_digit() || c == '+'),
+        Some('e' | 'E') => rest
+            .next()
+            .is_some_and(|c| c.is_ascii_digit() || c == '+' || c == '-'),
         _ => false,
     };
     if number_goes_on {
@@ -133,7 +135,7 @@ mod tests {
                 .unwrap_err()
                 .contains("unknown unit \"XB\"")
         );
-        for not_whole in ["1.5MiB", "4,096", "4_096", "1e6", "2E+3"] {
+        for not_whole in ["1.5MiB", "4,096", "4_096", "1e6", "2E+3", "1e-3"] {
             let message = parse_size(not_whole).unwrap_err();
             assert_eq!(
                 message,

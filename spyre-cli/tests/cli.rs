@@ -743,16 +743,18 @@ fn help_and_version_that_cannot_be_written_fail() {
             stderr(&output)
         );
 
+        // A pipe whose reader is gone before the child starts: every write
+        // meets EPIPE.
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
         let mut command = Command::new(env!("CARGO_BIN_EXE_spyre"));
         command.arg(flag);
         clear_environment(&mut command);
-        let mut child = command
-            .stdout(Stdio::piped())
+        let output = command
+            .stdout(writer)
             .stderr(Stdio::piped())
-            .spawn()
+            .output()
             .expect("the spyre binary runs");
-        drop(child.stdout.take());
-        let output = child.wait_with_output().expect("spyre finishes");
         assert_eq!(output.status.code(), Some(0), "{flag}: {output:?}");
     }
 }
@@ -785,6 +787,8 @@ fn info_json_describes_the_process() {
     assert_eq!(info["pool"]["host_compute_streams"], 4);
     assert_eq!(info["hazard_tracking"], false);
     assert_eq!(info["backend_details"]["memory_bytes"], "1073741824");
+    assert_eq!(info["backend_details"]["check_reuse"], "false");
+    assert_eq!(info["backend_details"]["device_side_wait"], "true");
     assert_eq!(info["environment"]["SPYRE_BACKEND"], "mock");
     assert_eq!(info["environment"]["LOCAL_RANK"], Value::Null);
     assert_eq!(info["environment"]["FLEX_RUNTIME_LIB"], Value::Null);
@@ -801,8 +805,12 @@ fn info_follows_the_environment() {
             ("TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS", "2"),
             ("SPYRE_HAZARD_TRACKER", "1"),
             ("SPYRE_MOCK_MEMORY_BYTES", "536870912"),
+            ("SPYRE_MOCK_CHECK_REUSE", "yes"),
+            ("SPYRE_MOCK_DEVICE_SIDE_WAIT", "0"),
         ],
     );
+    assert_eq!(info["backend_details"]["check_reuse"], "true");
+    assert_eq!(info["backend_details"]["device_side_wait"], "false");
     assert_eq!(info["device_count"], 2);
     assert_eq!(info["device"], 1);
     assert_eq!(info["device_source"], "LOCAL_RANK");
@@ -890,6 +898,14 @@ fn json_failures_print_one_json_line_naming_the_error() {
         "{error}"
     );
     assert!(!error.starts_with("error:"), "{error}");
+    // With what was expected, as on stderr (before, only the first line).
+    let output = spyre(&["bench", "--json", "--pipeline", "yes"], &[]);
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    let report: Value = serde_json::from_str(&stdout(&output)).expect("stdout is JSON");
+    assert_eq!(
+        report["error"],
+        "invalid value 'yes' for '--pipeline <BOOL>' [possible values: true, false]"
+    );
     // Without --json, stdout stays empty.
     let output = spyre(&["run", "--iterations", "1"], &[("LOCAL_RANK", "abc")]);
     assert_eq!(output.status.code(), Some(2));
@@ -1147,10 +1163,58 @@ fn a_run_larger_than_host_memory_is_refused_before_it_allocates() {
         &huge_device,
         &["--size 3298534883328", "of host memory, but the host has"],
     );
+    // The 2 TiB buffer and the 2 TiB region it is written to.
     refused(
         &["bench", "--sizes", "2TiB", "--budget-ms", "1"],
         &huge_device,
-        &["--sizes 2199023255552 needs", "of host memory"],
+        &[
+            "--sizes 2199023255552 (2 TiB of host buffers, and 2 TiB of the software device's memory regions",
+            "needs 4398046511104 bytes (4 TiB) of host memory",
+        ],
+    );
+}
+
+#[test]
+fn bench_refuses_sizes_and_children_that_cannot_run_before_measuring() {
+    // A 1-byte copy is written to a 1 TiB region, which the software device
+    // backs with host memory: 8 one-byte buffers (a D2H batch) and the
+    // region. Before, the first measurements ran and the copy failed with
+    // exit 1.
+    refused(
+        &[
+            "bench",
+            "--budget-ms",
+            "1",
+            "--sizes",
+            "1",
+            "--pipeline",
+            "false",
+        ],
+        &[
+            ("SPYRE_MOCK_MEMORY_BYTES", "1125899906842624"),
+            ("SPYRE_MOCK_REGION_BYTES", "1099511627776"),
+        ],
+        &[
+            "--sizes 1 (8 B of host buffers, and 1 TiB of the software device's memory regions (SPYRE_MOCK_REGION_BYTES), which it backs with host memory when they are first written) needs 1099511627784 bytes (1.00 TiB) of host memory",
+        ],
+    );
+    // More than the device holds, after a size that fits.
+    refused(
+        &["bench", "--budget-ms", "1", "--sizes", "4KiB,2GiB"],
+        &[],
+        &[
+            "--sizes 2147483648 (2 GiB) does not fit in device memory: the device has 1073741824 bytes (1 GiB)",
+        ],
+    );
+    // 1 MiB of device memory cannot hold the pipeline's child runs: said
+    // before the measurements, not by the first child after them.
+    refused(
+        &["bench", "--budget-ms", "1", "--sizes", "1"],
+        &[("SPYRE_MOCK_MEMORY_BYTES", "1048576")],
+        &[
+            "the pipeline measurement's child runs (`spyre run --threads 1 --iterations 40 --size 1MiB`) do not fit this device: ",
+            "`spyre bench --pipeline false` skips that measurement",
+        ],
     );
 }
 
@@ -1431,6 +1495,67 @@ fn a_timeline_through_a_dangling_link_to_the_trace_is_refused() {
         !trace.exists(),
         "the file the refused run created is removed"
     );
+    // The other way round: the trace through the link creates the file;
+    // the refusal removes that file and leaves the user's link.
+    refused(
+        &[
+            "run",
+            "--iterations",
+            "1",
+            "--trace",
+            link.to_str().unwrap(),
+            "--timeline",
+            trace.to_str().unwrap(),
+        ],
+        &[],
+        &["give each its own file"],
+    );
+    assert!(
+        !trace.exists(),
+        "the file the refused run created is removed"
+    );
+    assert!(
+        std::fs::symlink_metadata(&link).is_ok_and(|m| m.file_type().is_symlink()),
+        "the link is left as it was"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// One pipe as both outputs is not one file to refuse: each is written in
+/// place, one after the other.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_trace_and_a_timeline_may_share_a_pipe() {
+    let dir = std::env::temp_dir().join(format!("spyre-one-pipe-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let timeline = dir.join("stderr.svg");
+    std::os::unix::fs::symlink("/dev/stderr", &timeline).unwrap();
+    let (mut reader, writer) = std::io::pipe().unwrap();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_spyre"));
+    command.args([
+        "run",
+        "--threads",
+        "1",
+        "--iterations",
+        "1",
+        "--json",
+        "--trace",
+        "/dev/stdout",
+        "--timeline",
+        timeline.to_str().unwrap(),
+    ]);
+    clear_environment(&mut command);
+    command
+        .env("SPYRE_BACKEND", "mock")
+        .stdout(writer.try_clone().unwrap())
+        .stderr(writer);
+    let mut child = command.spawn().expect("the spyre binary runs");
+    drop(command);
+    let mut output = String::new();
+    std::io::Read::read_to_string(&mut reader, &mut output).unwrap();
+    assert_eq!(child.wait().unwrap().code(), Some(0), "{output}");
+    assert!(output.contains("\"traceEvents\""), "{output}");
+    assert!(output.contains("<svg"), "{output}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

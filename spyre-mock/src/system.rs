@@ -119,8 +119,9 @@ impl Backend for MockSystem {
     }
 
     /// The configuration: devices (and the visible ones, when
-    /// `SPYRE_DEVICES` chooses), memory, region size, engines, op latency
-    /// and copy bandwidth.
+    /// `SPYRE_DEVICES` chooses), memory, region size, engines, op latency,
+    /// copy bandwidth, synchronize policy, whether waits are device-side
+    /// and whether the use-after-free check is on.
     fn details(&self) -> Vec<(&'static str, String)> {
         let c = &self.config;
         let mut details = vec![("devices", c.devices().to_string())];
@@ -138,6 +139,8 @@ impl Backend for MockSystem {
                     .map_or_else(|| "unlimited".to_string(), |bw| format!("{bw} B/s")),
             ),
             ("sync_policy", c.sync_policy().as_str().to_string()),
+            ("device_side_wait", c.device_side_wait().to_string()),
+            ("check_reuse", c.check_reuse().to_string()),
         ]);
         details
     }

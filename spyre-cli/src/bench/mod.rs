@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::ProgressBar;
 use serde::Serialize;
-use spyre_stream::{Device, HostBuffer, LaunchOptions, SpyreStream, Status};
+use spyre_stream::{Device, HostBuffer, LaunchOptions, MemoryLayout, SpyreStream, Status};
 
 use crate::cli::BenchArgs;
 use crate::error::CliError;
@@ -40,9 +40,9 @@ pub(crate) struct BenchResult {
     pub(crate) value: f64,
     /// Unit of `value`: `ns/op`, `us/op`, `GB/s`, `ms/run` or `x` (a ratio).
     pub(crate) unit: &'static str,
-    /// Operations timed.
+    /// Operations timed (for the pipeline's rows, its child runs).
     pub(crate) operations: u64,
-    /// Time they took, in seconds.
+    /// Time they took, in seconds (for a ratio, the runs it comes from).
     pub(crate) seconds: f64,
 }
 
@@ -144,6 +144,18 @@ pub(crate) fn bench(args: &BenchArgs) -> Result<BenchReport, CliError> {
         .ok_or_else(|| CliError::Failed("the Spyre runtime did not start".into()))?;
     let pool =
         spyre_stream::global_pool().map_err(stream_error("using the process's stream pool"))?;
+    // Every size, and the pipeline's children, checked before the first
+    // measurement: not refused after the others have run.
+    let layout = spyre_stream::memory_layout(Device::CURRENT)
+        .map_err(stream_error("reading the device's memory layout"))?;
+    for &size in &args.sizes {
+        check_size(size, layout, backend == "mock")?;
+    }
+    if args.pipeline
+        && let Some(layout) = layout
+    {
+        pipeline::check_capacity(layout)?;
+    }
     let budget = Duration::from_millis(args.budget_ms);
     let stream = spyre_stream::stream_from_pool(Device::CURRENT, 0)
         .map_err(stream_error("taking a stream from the pool"))?;
@@ -241,6 +253,55 @@ impl Progress {
     }
 }
 
+/// Copies of `size` bytes per bandwidth batch.
+fn copies_per_batch(size: u64) -> u64 {
+    (BATCH_BYTES / size.max(1)).clamp(1, MAX_COPIES_PER_BATCH)
+}
+
+/// Refuses a transfer size this host or device cannot take, before any
+/// measurement: more than the device's memory, or more host memory than
+/// the host has for the largest batch's buffers (a D2H batch holds one
+/// per copy) and, on the software device, the regions the allocation
+/// reaches, which it backs with host memory when they are first written.
+///
+/// # Errors
+/// [`CliError::Usage`] naming the size and what it needs.
+fn check_size(size: u64, layout: Option<MemoryLayout>, mock: bool) -> Result<(), CliError> {
+    if usize::try_from(size).is_err() {
+        return Err(CliError::Usage(format!(
+            "--sizes {size} is too large for this host"
+        )));
+    }
+    if let Some(layout) = layout
+        && size > layout.total_bytes
+    {
+        return Err(CliError::Usage(format!(
+            "--sizes {size} ({}) does not fit in device memory: the device has {} bytes ({})",
+            format_size(size),
+            layout.total_bytes,
+            format_size(layout.total_bytes)
+        )));
+    }
+    let buffers = size.saturating_mul(copies_per_batch(size));
+    let backed = match layout {
+        Some(layout) if mock => size
+            .div_ceil(layout.region_bytes.max(1))
+            .saturating_mul(layout.region_bytes)
+            .min(layout.total_bytes),
+        _ => 0,
+    };
+    let what = if backed > 0 {
+        format!(
+            "--sizes {size} ({} of host buffers, and {} of the software device's memory regions (SPYRE_MOCK_REGION_BYTES), which it backs with host memory when they are first written)",
+            format_size(buffers),
+            format_size(backed)
+        )
+    } else {
+        format!("--sizes {size}")
+    };
+    crate::host_memory::check(buffers.saturating_add(backed), &what)
+}
+
 /// A copy direction.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Direction {
@@ -258,13 +319,7 @@ fn bandwidth(
 ) -> Result<BenchResult, CliError> {
     let len = usize::try_from(size)
         .map_err(|_| CliError::Usage(format!("--sizes {size} is too large for this host")))?;
-    let copies = (BATCH_BYTES / size).clamp(1, MAX_COPIES_PER_BATCH);
-    // A D2H batch holds one buffer per copy; an H2D batch shares one.
-    let buffers = match direction {
-        Direction::HostToDevice => 1,
-        Direction::DeviceToHost => copies,
-    };
-    crate::host_memory::check(size.saturating_mul(buffers), &format!("--sizes {size}"))?;
+    let copies = copies_per_batch(size);
     let device = spyre_stream::allocate(Device::CURRENT, size).map_err(|e| match e {
         spyre_stream::Error::Flex(flex) if flex.status() == Status::OUT_OF_MEMORY => {
             CliError::Usage(format!(
@@ -326,10 +381,17 @@ impl BenchReport {
         );
         for r in &self.results {
             let size = r.size_bytes.map_or_else(|| "-".to_string(), format_size);
+            // Three decimals, or three significant digits for a value
+            // they would show as 0.000 (a 1-byte copy's GB/s).
+            let value = if r.value != 0.0 && r.value.abs() < 1e-3 {
+                format!("{:.3e}", r.value)
+            } else {
+                format!("{:.3}", r.value)
+            };
             let _ = writeln!(
                 out,
-                "{:<22} {:>10} {:>12.3} {:<6} {:>10}",
-                r.name, size, r.value, r.unit, r.operations
+                "{:<22} {:>10} {:>12} {:<6} {:>10}",
+                r.name, size, value, r.unit, r.operations
             );
         }
         out
@@ -448,5 +510,24 @@ mod tests {
         assert!(text.contains("H2D bandwidth"), "{text}");
         assert!(text.contains("4 KiB"), "{text}");
         assert!(text.contains("1.500 GB/s"), "{text}");
+    }
+
+    #[test]
+    fn a_value_below_a_thousandth_keeps_its_digits() {
+        // 429 one-byte copies in 50 ms: 8.58e-6 GB/s, not 0.000.
+        let report = BenchReport {
+            backend: "mock",
+            budget_ms: 50,
+            results: vec![BenchResult {
+                name: "H2D bandwidth",
+                size_bytes: Some(1),
+                value: 429.0 / 0.05 / 1e9,
+                unit: "GB/s",
+                operations: 429,
+                seconds: 0.05,
+            }],
+        };
+        let text = report.to_text();
+        assert!(text.contains("    8.580e-6 GB/s"), "{text}");
     }
 }

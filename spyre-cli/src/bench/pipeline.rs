@@ -13,9 +13,10 @@ use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
-use spyre_stream::BackendKind;
+use spyre_stream::{BackendKind, MemoryLayout};
 
 use super::BenchResult;
+use crate::cli::{KernelArg, ModeArg, RunArgs};
 use crate::error::CliError;
 use crate::run::Plan;
 
@@ -35,35 +36,55 @@ pub(super) struct PipelineTimes {
     pub(super) pipelined: Duration,
     /// Median overlap factor of the pipelined runs (from timed events).
     pub(super) overlap: f64,
+    /// Wall time of all the serialized runs.
+    pub(super) serialized_total: Duration,
+    /// Wall time of all the pipelined runs.
+    pub(super) pipelined_total: Duration,
 }
 
 impl PipelineTimes {
-    /// The results as bench rows: both runs, the speedup and the overlap.
+    /// The results as bench rows: both runs (each the median run, with
+    /// the runs' count and total time), the speedup (from both modes'
+    /// runs) and the overlap (from the pipelined runs).
     pub(super) fn results(&self) -> Vec<BenchResult> {
-        let run = |name, time: Duration| BenchResult {
-            name,
-            size_bytes: None,
-            value: time.as_secs_f64() * 1e3,
-            unit: "ms/run",
-            operations: ROUNDS as u64,
-            seconds: time.as_secs_f64() * ROUNDS as f64,
-        };
-        let ratio = |name, value| BenchResult {
+        let rows = |name, value, unit, runs: usize, total: Duration| BenchResult {
             name,
             size_bytes: None,
             value,
-            unit: "x",
-            operations: ROUNDS as u64,
-            seconds: 0.0,
+            unit,
+            operations: runs as u64,
+            seconds: total.as_secs_f64(),
         };
+        let both = self.serialized_total + self.pipelined_total;
         vec![
-            run("pipeline: serialized", self.serialized),
-            run("pipeline: pipelined", self.pipelined),
-            ratio(
+            rows(
+                "pipeline: serialized",
+                self.serialized.as_secs_f64() * 1e3,
+                "ms/run",
+                ROUNDS,
+                self.serialized_total,
+            ),
+            rows(
+                "pipeline: pipelined",
+                self.pipelined.as_secs_f64() * 1e3,
+                "ms/run",
+                ROUNDS,
+                self.pipelined_total,
+            ),
+            rows(
                 "pipeline: speedup",
                 self.serialized.as_secs_f64() / self.pipelined.as_secs_f64().max(1e-12),
+                "x",
+                2 * ROUNDS,
+                both,
             ),
-            ratio("pipeline: overlap", self.overlap),
+            rows(
+                "pipeline: overlap",
+                self.overlap,
+                "x",
+                ROUNDS,
+                self.pipelined_total,
+            ),
         ]
     }
 }
@@ -72,7 +93,7 @@ impl PipelineTimes {
 /// environment leaves unset.
 fn timing_model(lookup: impl Fn(&str) -> Option<String>) -> Vec<(&'static str, String)> {
     // 1 MiB makes operands of 349 524 bytes: copied in 1 ms at this rate.
-    let operand = Plan::new(crate::cli::KernelArg::Axpy, 1 << 20)
+    let operand = Plan::new(KernelArg::Axpy, 1 << 20)
         .map(|plan| plan.operand_bytes)
         .unwrap_or(349_524);
     [
@@ -83,6 +104,36 @@ fn timing_model(lookup: impl Fn(&str) -> Option<String>) -> Vec<(&'static str, S
     .into_iter()
     .filter(|(name, _)| lookup(name).is_none_or(|value| value.trim().is_empty()))
     .collect()
+}
+
+/// Refuses, before any measurement, a device whose memory cannot hold the
+/// children's runs (as each child would refuse it, after every other
+/// measurement had run).
+///
+/// # Errors
+/// [`CliError::Usage`] naming the child's invocation and why it does not
+/// fit.
+pub(super) fn check_capacity(layout: MemoryLayout) -> Result<(), CliError> {
+    let size = crate::size::parse_size(SIZE).map_err(CliError::Usage)?;
+    let iterations = ITERATIONS.parse().expect("a whole number");
+    let plan = Plan::new(KernelArg::Axpy, size)?;
+    let args = RunArgs {
+        threads: 1,
+        iterations,
+        size,
+        kernel: KernelArg::Axpy,
+        mode: ModeArg::Pipelined,
+        in_flight: 4,
+        seed: 1,
+        json: true,
+        trace: None,
+        timeline: None,
+    };
+    crate::run::check_capacity(&plan, &args, layout).map_err(|refused| {
+        CliError::Usage(format!(
+            "the pipeline measurement's child runs (`spyre run --threads 1 --iterations {ITERATIONS} --size {SIZE}`) do not fit this device: {refused}; `spyre bench --pipeline false` skips that measurement"
+        ))
+    })
 }
 
 /// One `spyre run` child in `mode`; returns its wall time and overlap.
@@ -163,6 +214,8 @@ pub(super) fn measure(backend: BackendKind) -> Result<PipelineTimes, CliError> {
         overlaps.push(overlap);
     }
     Ok(PipelineTimes {
+        serialized_total: serialized.iter().sum(),
+        pipelined_total: pipelined.iter().sum(),
         serialized: median(&mut serialized),
         pipelined: median(&mut pipelined),
         overlap: median(&mut overlaps),
@@ -196,6 +249,8 @@ mod tests {
             serialized: Duration::from_millis(400),
             pipelined: Duration::from_millis(160),
             overlap: 2.5,
+            serialized_total: Duration::from_millis(1_250),
+            pipelined_total: Duration::from_millis(500),
         };
         let results = times.results();
         assert_eq!(results.len(), 4);
@@ -203,6 +258,9 @@ mod tests {
         assert_eq!(results[1].value, 160.0);
         assert!((results[2].value - 2.5).abs() < 1e-12, "400 / 160");
         assert_eq!(results[3].value, 2.5);
+        // Each row's time is that of the runs it comes from.
+        let runs: Vec<(u64, f64)> = results.iter().map(|r| (r.operations, r.seconds)).collect();
+        assert_eq!(runs, [(3, 1.25), (3, 0.5), (6, 1.75), (3, 0.5)]);
         assert_eq!(median(&mut [3, 1, 2]), 2);
     }
 }

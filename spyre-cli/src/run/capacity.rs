@@ -20,8 +20,8 @@ fn per_thread_on_device(args: &RunArgs) -> u64 {
 /// Host memory the software device backs a run's device memory with: it
 /// backs a region whole when it is first written, so the regions the
 /// operand blocks of the iterations held on the device reach (packed into
-/// the caching allocator's segments, the segments into regions), at least
-/// one, and never more than the device's memory.
+/// the caching allocator's segments, whole segments into each region), at
+/// least one, and never more than the device's memory.
 pub(super) fn backed_bytes(plan: &Plan, args: &RunArgs, layout: MemoryLayout) -> u64 {
     let MemoryLayout {
         total_bytes: memory,
@@ -33,10 +33,12 @@ pub(super) fn backed_bytes(plan: &Plan, args: &RunArgs, layout: MemoryLayout) ->
         .saturating_mul(per_thread_on_device(args))
         .saturating_mul(BLOCKS_PER_ITERATION);
     let segments = blocks.div_ceil((segment / block).max(1));
+    // A segment lies whole in one region (one larger than a region, in as
+    // many as it covers), and a region holds as many whole segments as fit.
     let regions = if segment >= region {
         segments.saturating_mul(segment.div_ceil(region.max(1)))
     } else {
-        segments.saturating_mul(segment).div_ceil(region.max(1))
+        segments.div_ceil((region / segment).max(1))
     };
     regions.max(1).saturating_mul(region).min(memory)
 }
@@ -49,7 +51,7 @@ pub(super) fn backed_bytes(plan: &Plan, args: &RunArgs, layout: MemoryLayout) ->
 /// segments of their own). The allocator keeps segments per stream,
 /// so a run close to the limit may still need it to return its cache and
 /// retry, or fail with a named out-of-memory error.
-pub(super) fn check_capacity(
+pub(crate) fn check_capacity(
     plan: &Plan,
     args: &RunArgs,
     layout: MemoryLayout,
@@ -219,6 +221,9 @@ mod tests {
         // Operands of 64 MiB: 2 threads × 2 iterations × 3 blocks, four
         // segments to a region: three regions.
         assert_eq!(backed(192 * MIB, 2, 2, ModeArg::PerIteration), 768 * MIB);
+        // Operands of 130 MiB: one segment to a region (two do not fit),
+        // so three regions, not the two their bytes would fill.
+        assert_eq!(backed(390 * MIB, 1, 1, ModeArg::PerIteration), 768 * MIB);
         // Never more than the device's memory.
         assert_eq!(backed(768 * MIB, 4, 4, ModeArg::PerIteration), 1 << 30);
     }

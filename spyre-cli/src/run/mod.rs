@@ -46,7 +46,7 @@ use std::time::Instant;
 use spyre_stream::Device;
 use spyre_stream::program::DESCRIPTOR_SIZE;
 
-use self::capacity::check_capacity;
+pub(crate) use self::capacity::check_capacity;
 pub(crate) use self::outcome::{MemoryUse, RunOutcome, TraceFile};
 use self::output_file::OutputFile;
 pub(crate) use self::plan::Plan;

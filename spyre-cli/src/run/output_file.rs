@@ -29,8 +29,9 @@ use crate::error::CliError;
 pub(crate) struct OutputFile {
     path: PathBuf,
     file: File,
-    /// Whether this run created the file (it did not exist before).
-    created: bool,
+    /// The file this run created (it did not exist before), symbolic links
+    /// resolved: what a discard removes (the file, not a link to it).
+    created: Option<PathBuf>,
 }
 
 impl OutputFile {
@@ -51,13 +52,15 @@ impl OutputFile {
         if path.is_dir() {
             return Err(refused("it is a directory".to_owned()));
         }
-        let created = !path.exists();
+        let existed = path.exists();
         let file = File::options()
             .write(true)
             .create(true)
             .truncate(false)
             .open(path)
             .map_err(|e| refused(e.to_string()))?;
+        let created =
+            (!existed).then(|| std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned()));
         Ok(Self {
             path: path.to_owned(),
             file,
@@ -137,15 +140,18 @@ impl OutputFile {
         Ok(written)
     }
 
-    /// Whether `self` and `other` are one file (the same device and
-    /// inode): reached through links that [`check_distinct`] cannot
+    /// Whether `self` and `other` are one regular file (the same device
+    /// and inode): reached through links that [`check_distinct`] cannot
     /// resolve before the files exist, such as a symbolic link to a file
-    /// that the other flag's path then created.
+    /// that the other flag's path then created. (A pipe or a terminal both
+    /// name is written in place, each write after the other: not refused.)
     #[cfg(unix)]
     pub(crate) fn is_same_file(&self, other: &Self) -> bool {
         use std::os::unix::fs::MetadataExt;
         match (self.file.metadata(), other.file.metadata()) {
-            (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+            (Ok(a), Ok(b)) => {
+                a.is_file() && b.is_file() && (a.dev(), a.ino()) == (b.dev(), b.ino())
+            }
             _ => false,
         }
     }
@@ -160,9 +166,9 @@ impl OutputFile {
     /// opening it leaves nothing behind); a file that existed stays as it
     /// was.
     pub(crate) fn discard(self) {
-        if self.created {
+        if let Some(created) = self.created {
             drop(self.file);
-            let _ = std::fs::remove_file(&self.path);
+            let _ = std::fs::remove_file(created);
         }
     }
 }
