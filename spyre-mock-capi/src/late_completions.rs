@@ -6,10 +6,14 @@
 //! returned, so `flex_stream_synchronize`, `flex_stream_query`,
 //! `flex_stream_destroy` and `flex_runtime_destroy` still wait for (or
 //! report) completions that are due but not yet delivered, as flex.h
-//! requires. What does change: the stream runs its next operation while the
+//! requires. Each carries the number of its launch, so that
+//! `flex_stream_synchronize` waits only for the completions of launches
+//! made before it (as it waits only for the work enqueued before it), not
+//! for those of launches that completions or other threads keep making.
+//! What does change: the stream runs its next operation while the
 //! completion of the previous one is still pending.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -23,6 +27,8 @@ use crate::host_side::CCompletion;
 struct Item {
     due: Instant,
     stream: u64,
+    /// The number of its launch ([`LateQueue::reserve`]).
+    number: u64,
     completion: CCompletion,
     status: flex_status_t,
 }
@@ -30,8 +36,11 @@ struct Item {
 #[derive(Default)]
 struct State {
     items: VecDeque<Item>,
-    /// Completions per stream id that were launched and have not returned.
-    pending: BTreeMap<u64, u64>,
+    /// Per stream id, the launch numbers of the completions that were
+    /// launched and have not returned.
+    pending: BTreeMap<u64, BTreeSet<u64>>,
+    /// The number the next launch gets.
+    next: u64,
     stop: bool,
 }
 
@@ -47,10 +56,34 @@ impl LateQueue {
     /// Counts a completion of `stream` as pending until it is delivered (or
     /// the reservation is dropped unused: a refused launch).
     pub(super) fn reserve(self: &Arc<Self>, stream: u64) -> Reservation {
-        *self.state.lock().pending.entry(stream).or_default() += 1;
+        let mut state = self.state.lock();
+        let number = state.next;
+        state.next += 1;
+        state.pending.entry(stream).or_default().insert(number);
         Reservation {
             queue: Some(Arc::clone(self)),
             stream,
+            number,
+        }
+    }
+
+    /// The number the next launch gets: [`LateQueue::wait_launched_before`]
+    /// waits for the completions of the launches before it.
+    pub(super) fn next_launch(&self) -> u64 {
+        self.state.lock().next
+    }
+
+    /// Blocks until no completion of `stream` launched before `next_launch`
+    /// (a [`LateQueue::next_launch`]) is pending.
+    pub(super) fn wait_launched_before(&self, stream: u64, next_launch: u64) {
+        let mut state = self.state.lock();
+        while state
+            .pending
+            .get(&stream)
+            .and_then(BTreeSet::first)
+            .is_some_and(|&oldest| oldest < next_launch)
+        {
+            self.changed.wait(&mut state);
         }
     }
 
@@ -58,31 +91,29 @@ impl LateQueue {
     /// pending.
     pub(super) fn pending(&self, stream: Option<u64>) -> u64 {
         let state = self.state.lock();
-        match stream {
-            Some(id) => state.pending.get(&id).copied().unwrap_or(0),
-            None => state.pending.values().sum(),
-        }
+        Self::count(&state, stream)
+    }
+
+    fn count(state: &State, stream: Option<u64>) -> u64 {
+        let count = match stream {
+            Some(id) => state.pending.get(&id).map_or(0, BTreeSet::len),
+            None => state.pending.values().map(BTreeSet::len).sum(),
+        };
+        count as u64
     }
 
     /// Blocks until no completion of `stream` (or of any stream) is pending.
     pub(super) fn wait_idle(&self, stream: Option<u64>) {
         let mut state = self.state.lock();
-        loop {
-            let pending = match stream {
-                Some(id) => state.pending.get(&id).copied().unwrap_or(0),
-                None => state.pending.values().sum(),
-            };
-            if pending == 0 {
-                return;
-            }
+        while Self::count(&state, stream) > 0 {
             self.changed.wait(&mut state);
         }
     }
 
-    fn release(&self, state: &mut State, stream: u64) {
-        if let Some(count) = state.pending.get_mut(&stream) {
-            *count -= 1;
-            if *count == 0 {
+    fn release(&self, state: &mut State, stream: u64, number: u64) {
+        if let Some(numbers) = state.pending.get_mut(&stream) {
+            numbers.remove(&number);
+            if numbers.is_empty() {
                 state.pending.remove(&stream);
             }
         }
@@ -95,6 +126,7 @@ impl LateQueue {
 pub(super) struct Reservation {
     queue: Option<Arc<LateQueue>>,
     stream: u64,
+    number: u64,
 }
 
 impl Reservation {
@@ -108,6 +140,7 @@ impl Reservation {
         state.items.push_back(Item {
             due: Instant::now() + queue.delay,
             stream: self.stream,
+            number: self.number,
             completion,
             status,
         });
@@ -119,7 +152,7 @@ impl Drop for Reservation {
     fn drop(&mut self) {
         if let Some(queue) = self.queue.take() {
             let mut state = queue.state.lock();
-            queue.release(&mut state, self.stream);
+            queue.release(&mut state, self.stream, self.number);
         }
     }
 }
@@ -191,14 +224,16 @@ fn deliver_until_stopped(queue: &LateQueue) {
         };
         let Item {
             stream,
+            number,
             completion,
             status,
             ..
         } = item;
         drop(state);
-        // C code cannot unwind; the catch only guards this library's own code.
+        // flex.h requires a C completion to return normally; the catch
+        // only guards this library's own code.
         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| completion.call(status)));
         state = queue.state.lock();
-        queue.release(&mut state, stream);
+        queue.release(&mut state, stream, number);
     }
 }

@@ -102,9 +102,16 @@ pub unsafe extern "C" fn flex_stream_synchronize(stream: *mut flex_stream_t) -> 
         refuse_in_callback(stream.state, CALL)?;
         stream.state.check_switch(CALL)?;
         let device = stream.mock();
+        // The completions of launches made before this call; later ones
+        // (a completion's own launch, another thread's) are not waited for.
+        let next_launch = stream
+            .state
+            .late
+            .as_ref()
+            .map(|late| late.queue().next_launch());
         let result = device.synchronize();
-        if let Some(late) = &stream.state.late {
-            late.queue().wait_idle(Some(stream.id));
+        if let (Some(late), Some(next_launch)) = (&stream.state.late, next_launch) {
+            late.queue().wait_launched_before(stream.id, next_launch);
         }
         result?;
         Ok(FLEX_SUCCESS)

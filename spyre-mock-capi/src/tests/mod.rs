@@ -1289,6 +1289,79 @@ fn late_completions_come_from_the_delivery_thread_and_are_still_waited_for() {
     assert_eq!(recorder.statuses.lock().len(), 5);
 }
 
+/// A completion that launches another host function with itself as its
+/// completion on `stream`, until `stop`: work that never ends by itself.
+struct Relauncher {
+    stream: *mut flex_stream_t,
+    stop: std::sync::atomic::AtomicBool,
+    launched: AtomicUsize,
+}
+
+unsafe extern "C" fn relaunch(user_data: *mut c_void, _status: flex_status_t) {
+    // SAFETY: the test passes a `Relauncher` that outlives every operation
+    // (it destroys the runtime, which waits for them, first).
+    let relauncher = unsafe { &*user_data.cast::<Relauncher>() };
+    if !relauncher.stop.load(Ordering::SeqCst) {
+        let again = flex_completion_t {
+            fn_: Some(relaunch),
+            user_data,
+        };
+        if host(
+            relauncher.stream,
+            returns_status,
+            (&raw const SUCCESS).cast_mut().cast(),
+            again,
+        ) == FLEX_SUCCESS
+        {
+            relauncher.launched.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// The status `returns_status` returns for the relaunched host functions.
+static SUCCESS: i32 = FLEX_SUCCESS;
+
+#[test]
+fn synchronize_with_late_completions_waits_only_for_launches_before_it() {
+    // Each completion launches the next operation of the stream: a
+    // synchronize that waited until no completion of the stream was
+    // pending (before the fix) never returned.
+    let rt = Rt::with(Switches {
+        late_completions: Some(Duration::from_millis(1)),
+        ..Switches::default()
+    });
+    let stream = rt.create_stream(0);
+    let relauncher = Relauncher {
+        stream,
+        stop: std::sync::atomic::AtomicBool::new(false),
+        launched: AtomicUsize::new(0),
+    };
+    let first = flex_completion_t {
+        fn_: Some(relaunch),
+        user_data: ptr::from_ref(&relauncher).cast_mut().cast(),
+    };
+    assert_eq!(
+        host(
+            stream,
+            returns_status,
+            (&raw const SUCCESS).cast_mut().cast(),
+            first
+        ),
+        FLEX_SUCCESS
+    );
+    let (tx, rx) = std::sync::mpsc::channel();
+    let address = stream as usize;
+    let synchronizing = std::thread::spawn(move || {
+        let _ = tx.send(sync(address as *mut flex_stream_t));
+    });
+    let synchronized = rx.recv_timeout(Duration::from_secs(20));
+    relauncher.stop.store(true, Ordering::SeqCst);
+    synchronizing.join().unwrap();
+    assert_eq!(synchronized, Ok(FLEX_SUCCESS), "synchronize returned");
+    assert_eq!(rt.destroy(), FLEX_SUCCESS);
+    assert!(relauncher.launched.load(Ordering::SeqCst) >= 1);
+}
+
 #[test]
 fn destroy_waits_for_pending_work_and_completions() {
     let rt = Rt::new();
