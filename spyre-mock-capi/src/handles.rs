@@ -480,8 +480,17 @@ pub(super) fn unregister_event(
     let removed = events().remove(&(handle as usize));
     drop(entry);
     // Dropped outside the table's lock: dropping an event is device code.
-    drop(removed);
-    Ok(())
+    match removed {
+        Some(removed) => {
+            drop(removed);
+            Ok(())
+        }
+        // Another destroy of the same handle took it out meanwhile: this
+        // one, as one that came after it, finds no live event.
+        None => Err(Failure::invalid_handle(format!(
+            "event {handle:p} was destroyed by another thread during this call"
+        ))),
+    }
 }
 
 /// The handle of a device stream.
