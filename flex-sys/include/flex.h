@@ -200,7 +200,9 @@ typedef struct flex_composite_address {
  *  Callbacks of one stream are called in submission order. It must not call
  *  flex_stream_synchronize, flex_stream_destroy or flex_runtime_destroy on
  *  its own runtime, and it
- *  should return quickly: the stream does not advance while it runs.
+ *  should return quickly: the stream does not advance while it runs. It
+ *  must return normally: a C++ exception, a longjmp or a thread exit out
+ *  of it passes through the runtime's frames and is undefined behaviour.
  *
  *  A launch that returns anything other than FLEX_SUCCESS enqueued nothing
  *  and never calls its completion: user_data stays with the caller. */
@@ -215,7 +217,8 @@ typedef struct flex_completion {
 } flex_completion_t;
 
 /** Host function run in stream order by flex_launch_host_callback. Returns
- *  FLEX_SUCCESS, or an error status that makes the stream failed. */
+ *  FLEX_SUCCESS, or an error status that makes the stream failed. It must
+ *  return normally, as a completion must. */
 typedef flex_status_t (*flex_host_fn)(void *user_data);
 
 /* ------------------------------------------------------------------------ */

@@ -124,7 +124,7 @@ impl Default for flex_composite_address {
 }
 #[doc = " A composite address: one logical buffer made of one or more chunks, in\n  order. Its total size is the sum of the chunk sizes. The array is read\n  during the call that receives it and never kept."]
 pub type flex_composite_address_t = flex_composite_address;
-#[doc = " Completion callback of a launch. `status` is FLEX_SUCCESS when the\n  operation completed, or the error it failed with (an operation that never\n  ran because its stream had failed earlier gets FLEX_ERROR_STREAM_FAILED;\n  one on a stream that needs shutdown gets FLEX_ERROR_SHUTDOWN).\n\n  The runtime calls it exactly once for every launch that returned\n  FLEX_SUCCESS, on a thread the runtime owns, never inside the launch call.\n  Callbacks of one stream are called in submission order. It must not call\n  flex_stream_synchronize, flex_stream_destroy or flex_runtime_destroy on\n  its own runtime, and it\n  should return quickly: the stream does not advance while it runs.\n\n  A launch that returns anything other than FLEX_SUCCESS enqueued nothing\n  and never calls its completion: user_data stays with the caller."]
+#[doc = " Completion callback of a launch. `status` is FLEX_SUCCESS when the\n  operation completed, or the error it failed with (an operation that never\n  ran because its stream had failed earlier gets FLEX_ERROR_STREAM_FAILED;\n  one on a stream that needs shutdown gets FLEX_ERROR_SHUTDOWN).\n\n  The runtime calls it exactly once for every launch that returned\n  FLEX_SUCCESS, on a thread the runtime owns, never inside the launch call.\n  Callbacks of one stream are called in submission order. It must not call\n  flex_stream_synchronize, flex_stream_destroy or flex_runtime_destroy on\n  its own runtime, and it\n  should return quickly: the stream does not advance while it runs. It\n  must return normally: a C++ exception, a longjmp or a thread exit out\n  of it passes through the runtime's frames and is undefined behaviour.\n\n  A launch that returns anything other than FLEX_SUCCESS enqueued nothing\n  and never calls its completion: user_data stays with the caller."]
 pub type flex_completion_fn = ::std::option::Option<
     unsafe extern "C" fn(user_data: *mut ::std::os::raw::c_void, status: flex_status_t),
 >;
@@ -157,7 +157,7 @@ impl Default for flex_completion {
 }
 #[doc = " An optional completion: `fn` may be NULL for none."]
 pub type flex_completion_t = flex_completion;
-#[doc = " Host function run in stream order by flex_launch_host_callback. Returns\n  FLEX_SUCCESS, or an error status that makes the stream failed."]
+#[doc = " Host function run in stream order by flex_launch_host_callback. Returns\n  FLEX_SUCCESS, or an error status that makes the stream failed. It must\n  return normally, as a completion must."]
 pub type flex_host_fn = ::std::option::Option<
     unsafe extern "C" fn(user_data: *mut ::std::os::raw::c_void) -> flex_status_t,
 >;

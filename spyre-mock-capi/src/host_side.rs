@@ -46,6 +46,10 @@ impl HostSource for RawSource {
         // owns this value (it drops it before calling the completion).
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
+
+    fn len(&self) -> usize {
+        self.len
+    }
 }
 
 /// Host memory a D2H copy writes: `len` bytes at `ptr`, as passed to
@@ -84,6 +88,10 @@ impl HostSink for RawSink {
         // operation owns this value. `&mut self` makes the slice unique on
         // the Rust side.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+
+    fn len(&self) -> usize {
+        self.len
     }
 }
 
@@ -210,8 +218,10 @@ impl CCompletion {
         // exactly once, which this is: `self` is consumed, and the value
         // comes either from the launch itself or, through `call_raw`, from
         // the words of a `RawCompletion`, which is not `Clone` and which the
-        // device consumes by calling it once. A C function cannot unwind
-        // into Rust (an `extern "C"` callee that tries aborts instead).
+        // device consumes by calling it once. flex.h requires the callee to
+        // return normally (no C++ exception, longjmp or thread exit through
+        // this frame); a Rust callee that panics aborts at its own
+        // `extern "C"` boundary.
         unsafe { (self.func)(self.user_data, status) }
     }
 }
@@ -280,6 +290,7 @@ impl CHostFn {
         // of a `RawHostFn`, which is not `Clone` and which the device
         // consumes by calling it), before its completion, while
         // `host_user_data` is still valid (flex.h: until the completion).
+        // flex.h requires it to return normally, as a completion.
         let status = unsafe { (self.func)(self.user_data) };
         if status == FLEX_SUCCESS {
             Ok(())

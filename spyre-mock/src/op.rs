@@ -27,24 +27,46 @@ use crate::record::EventRecord;
 /// it has run (or is dropped unrun), and drops it before calling the
 /// operation's completion.
 ///
-/// `bytes` is called once when the operation is enqueued (to check the
-/// size), once on an engine thread when it runs, and by the operation's
-/// `Debug` format; it must return the same length every time.
+/// `len` is called when the operation is enqueued (to check the size) and
+/// by the operation's `Debug` format, `bytes` once on an engine thread when
+/// it runs; the two must agree.
 pub trait HostSource: Send {
     /// The bytes to copy to the device.
     fn bytes(&self) -> &[u8];
+
+    /// How many bytes [`HostSource::bytes`] returns. The default calls it;
+    /// a source over memory it does not own (a C caller's) gives the length
+    /// without making a slice of bytes that are not yet the runtime's to
+    /// read.
+    fn len(&self) -> usize {
+        self.bytes().len()
+    }
+
+    /// Whether [`HostSource::len`] is 0.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// Host memory a D2H copy writes into. The operation owns the sink until it
 /// has run (or is dropped unrun), and drops it before calling the
 /// operation's completion, so the completion may read the bytes.
 ///
-/// `bytes_mut` is called once when the operation is enqueued (to check the
-/// size) and once on an engine thread when it runs; it must return the same
-/// length both times.
+/// `len` is called when the operation is enqueued (to check the size),
+/// `bytes_mut` once on an engine thread when it runs; the two must agree.
 pub trait HostSink: Send {
     /// The bytes the device data is copied into.
     fn bytes_mut(&mut self) -> &mut [u8];
+
+    /// How many bytes [`HostSink::bytes_mut`] returns, without making a
+    /// unique slice of them (at enqueue an earlier operation may still be
+    /// writing them).
+    fn len(&self) -> usize;
+
+    /// Whether [`HostSink::len`] is 0.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 impl HostSource for ReadLease {
@@ -68,6 +90,10 @@ impl HostSource for Box<[u8]> {
 impl HostSink for WriteLease {
     fn bytes_mut(&mut self) -> &mut [u8] {
         self
+    }
+
+    fn len(&self) -> usize {
+        <[u8]>::len(self)
     }
 }
 
@@ -186,8 +212,8 @@ impl Op {
     pub(crate) fn validate(&mut self) -> Result<()> {
         let call = self.call();
         match self {
-            Self::H2d { src, dst } => check_copy_size(call, src.bytes().len(), dst),
-            Self::D2h { src, dst } => check_copy_size(call, dst.bytes_mut().len(), src),
+            Self::H2d { src, dst } => check_copy_size(call, src.len(), dst),
+            Self::D2h { src, dst } => check_copy_size(call, dst.len(), src),
             Self::Fill { dst, format, .. } => check_fill_size(call, dst, *format),
             Self::Compute { .. }
             | Self::HostFn(_)
@@ -304,7 +330,7 @@ impl fmt::Debug for Op {
         match self {
             Self::H2d { src, dst } => f
                 .debug_struct("H2d")
-                .field("src_len", &src.bytes().len())
+                .field("src_len", &src.len())
                 .field("dst", dst)
                 .finish(),
             Self::D2h { src, .. } => f.debug_struct("D2h").field("src", src).finish(),
