@@ -235,8 +235,12 @@ impl DeviceMemory {
                 }
             }
             if need > 0 {
+                // A range never crosses a region: small regions make many
+                // ranges of an empty device too.
+                let longest = allocs.free.values().copied().max().unwrap_or(0);
                 return Err(out_of_memory(&format!(
-                    ", but spread over more than {MAX_ADDRESS_CHUNKS} free ranges (memory is too fragmented)"
+                    ", but in more than {MAX_ADDRESS_CHUNKS} free ranges (an allocation takes at most {MAX_ADDRESS_CHUNKS} chunks), the longest {longest} bytes; ranges end at the {}-byte regions' ends: freeing memory beside them, or larger regions (SPYRE_MOCK_REGION_BYTES), make them longer",
+                    self.region_bytes
                 )));
             }
         }
@@ -584,8 +588,27 @@ mod tests {
         // 128 separate free units of 128 bytes each.
         let err = mem.allocate(65 * 128).unwrap_err();
         assert_eq!(err.status(), Status::OUT_OF_MEMORY);
-        assert!(err.message().contains("fragmented"), "{err}");
+        assert!(
+            err.message().ends_with(
+                "16384 of 32768 bytes of device memory are free, but in more than 64 free ranges (an allocation takes at most 64 chunks), the longest 128 bytes; ranges end at the 32768-byte regions' ends: freeing memory beside them, or larger regions (SPYRE_MOCK_REGION_BYTES), make them longer"
+            ),
+            "{err}"
+        );
         assert_eq!(sizes(&mem.allocate(64 * 128).unwrap()).len(), 64);
+    }
+
+    #[test]
+    fn regions_too_small_for_an_allocation_are_named_on_an_empty_device() {
+        // An empty device of 512 regions of 128 bytes: 65 536 bytes free,
+        // but no allocation of more than 64 regions.
+        let mem = memory(65_536, 128);
+        let err = mem.allocate(65 * 128).unwrap_err();
+        assert_eq!(err.status(), Status::OUT_OF_MEMORY);
+        assert!(
+            err.message()
+                .contains("the longest 128 bytes; ranges end at the 128-byte regions' ends"),
+            "{err}"
+        );
     }
 
     #[test]
