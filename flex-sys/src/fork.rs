@@ -16,8 +16,7 @@
 //! The handler does nothing but an atomic add, which is async-signal-safe as
 //! the child of a multi-threaded process requires.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 /// Forks seen since [`watch_forks`] was first called, in the ancestry of
 /// this process (a child starts with its parent's count plus one).
@@ -37,22 +36,17 @@ extern "C" fn after_fork_in_child() {
 /// could not be registered; a later call tries again.
 ///
 /// Thread-safety: may be called from any thread, concurrently. Once the
-/// watcher is registered a call is one acquire load and takes no lock, so
-/// a child forked while another thread was inside this function can call
-/// it too. Only the first registration is serialized by a lock: a child
-/// forked in the moment another thread holds it, before anything was ever
-/// registered, would block in its own first call.
+/// watcher is registered a call is one acquire load. The first registration
+/// is made by one thread at a time, the others yielding meanwhile; a child
+/// forked while a thread of its parent was registering (that thread is not
+/// in the child) takes the registration over instead of waiting for it.
 pub fn watch_forks() -> Result<(), std::io::Error> {
-    static REGISTERED: AtomicBool = AtomicBool::new(false);
-    static REGISTERING: Mutex<()> = Mutex::new(());
-    if REGISTERED.load(Ordering::Acquire) {
-        return Ok(());
-    }
-    // A poisoned lock only means another caller panicked; the flag is still right.
-    let _registering = REGISTERING.lock().unwrap_or_else(PoisonError::into_inner);
-    if REGISTERED.load(Ordering::Acquire) {
-        return Ok(());
-    }
+    static WATCHER: Registration = Registration::new();
+    WATCHER.ensure(std::process::id(), register_handler)
+}
+
+/// Registers [`after_fork_in_child`] with `pthread_atfork`.
+fn register_handler() -> Result<(), std::io::Error> {
     #[cfg(unix)]
     {
         // SAFETY: `pthread_atfork` only stores the three function
@@ -67,8 +61,72 @@ pub fn watch_forks() -> Result<(), std::io::Error> {
         }
     }
     // (No fork() on other platforms: nothing to watch.)
-    REGISTERED.store(true, Ordering::Release);
     Ok(())
+}
+
+/// A registration made once per process, by one thread at a time, which a
+/// forked child can finish although the registering thread is the
+/// parent's.
+struct Registration {
+    done: AtomicBool,
+    /// The id of the process one of whose threads is registering, or 0.
+    /// A child of `fork()` finds its parent's id here if the parent was
+    /// registering at the fork.
+    registering: AtomicU32,
+}
+
+impl Registration {
+    const fn new() -> Self {
+        Self {
+            done: AtomicBool::new(false),
+            registering: AtomicU32::new(0),
+        }
+    }
+
+    /// Runs `register` unless a call of this process (or of an ancestor,
+    /// before the fork) has completed it; `process` is the caller's process
+    /// id.
+    fn ensure(
+        &self,
+        process: u32,
+        register: impl FnOnce() -> Result<(), std::io::Error>,
+    ) -> Result<(), std::io::Error> {
+        loop {
+            if self.done.load(Ordering::Acquire) {
+                return Ok(());
+            }
+            match self.registering.compare_exchange(
+                0,
+                process,
+                Ordering::Acquire,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break,
+                // A thread of an ancestor was registering at the fork: it
+                // is not in this process, so this call takes over. (If
+                // its handler was registered already, the child's forks
+                // then count twice: only inequality of generations is
+                // used.)
+                Err(holder)
+                    if holder != process
+                        && self
+                            .registering
+                            .compare_exchange(holder, process, Ordering::Acquire, Ordering::Acquire)
+                            .is_ok() =>
+                {
+                    break;
+                }
+                Err(_) => std::thread::yield_now(),
+            }
+        }
+        let result = if self.done.load(Ordering::Acquire) {
+            Ok(())
+        } else {
+            register().map(|()| self.done.store(true, Ordering::Release))
+        };
+        self.registering.store(0, Ordering::Release);
+        result
+    }
 }
 
 /// How many times this process's ancestry has forked since [`watch_forks`]
@@ -157,6 +215,45 @@ mod tests {
         stop.store(true, Ordering::Relaxed);
         caller.join().unwrap();
         assert_eq!(hung, 0, "children that hung in watch_forks, of 20");
+    }
+
+    /// A registration left half-done by a thread of another process (the
+    /// parent, at the fork) is taken over: before, the child's first call
+    /// blocked for ever on the registration lock that thread held.
+    #[test]
+    fn a_registration_an_ancestor_left_half_done_is_taken_over() {
+        let registration = Registration::new();
+        let parent = 7;
+        registration.registering.store(parent, Ordering::Release);
+        let mut calls = 0;
+        registration
+            .ensure(8, || {
+                calls += 1;
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(calls, 1);
+        assert_eq!(registration.registering.load(Ordering::Acquire), 0);
+        registration
+            .ensure(8, || unreachable!("done once"))
+            .unwrap();
+    }
+
+    #[test]
+    fn a_failed_registration_is_tried_again() {
+        let registration = Registration::new();
+        let err = registration
+            .ensure(8, || Err(std::io::Error::from_raw_os_error(libc::ENOMEM)))
+            .unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ENOMEM));
+        let mut calls = 0;
+        registration
+            .ensure(8, || {
+                calls += 1;
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(calls, 1);
     }
 
     #[test]

@@ -91,14 +91,12 @@
 //!   [`device_count`] or [`set_device`] before the start, which hold the
 //!   same lifecycle lock) gets [`Error::ForkedDuringStart`] from each of
 //!   those calls, at once: the lock names the fork generation that took
-//!   it ([`free_runtime`] does nothing there). (One window is left: a fork
-//!   during the process's first registration of its fork watcher, a few
-//!   instructions inside the first of those calls, leaves the
-//!   registration's lock held in the child, whose first such call then
-//!   blocks. And a child forked while another thread starts or ends a
-//!   thread inherits the Rust standard library's lock of thread starts
-//!   held: the software device's runtime in the child then
-//!   hangs starting its engines. A [`HostBuffer`] a copy had in flight at
+//!   it ([`free_runtime`] does nothing there; a fork during the process's
+//!   first registration of its fork watcher, inside the first of those
+//!   calls, leaves the child to finish that registration). (A child
+//!   forked while another thread starts or ends a thread inherits the
+//!   Rust standard library's lock of thread starts held: the software
+//!   device's runtime in the child then hangs starting its engines. A [`HostBuffer`] a copy had in flight at
 //!   the fork stays leased in the child for good: its `read` and `write`
 //!   block there, its `try_read` and `try_write` say `None`.)
 //! - **The runtime starts once.** A failed start leaves nothing behind and can
