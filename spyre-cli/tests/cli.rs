@@ -1212,8 +1212,38 @@ fn bench_refuses_sizes_and_children_that_cannot_run_before_measuring() {
         &["bench", "--budget-ms", "1", "--sizes", "1"],
         &[("SPYRE_MOCK_MEMORY_BYTES", "1048576")],
         &[
-            "the pipeline measurement's child runs (`spyre run --threads 1 --iterations 40 --size 1MiB`) do not fit this device: ",
+            "the pipeline measurement's child runs (`spyre run --threads 1 --iterations 40 --size 1MiB --mode serialized`) do not fit this device: ",
             "`spyre bench --pipeline false` skips that measurement",
+        ],
+    );
+    // 4 MiB holds 3 iterations of 1 MiB beside their programs (blocks of
+    // 349 696 bytes in 128 KiB-capped segments, one each: 11, one lost to
+    // the programs): the pipelined child's 2 fit, the serialized child's 4
+    // in flight do not.
+    refused(
+        &["bench", "--budget-ms", "1", "--sizes", "1"],
+        &[("SPYRE_MOCK_MEMORY_BYTES", "4194304")],
+        &[
+            "(`spyre run --threads 1 --iterations 40 --size 1MiB --mode serialized`) do not fit this device: ",
+            "at most 3 of them at once",
+        ],
+    );
+    // A 16 MiB copy on regions of 128 KiB spans 128 regions, and an
+    // allocation takes at most 64 chunks: refused before the 4 KiB one is
+    // measured, naming the smallest region that serves it (16 MiB / 64).
+    refused(
+        &[
+            "bench",
+            "--budget-ms",
+            "1",
+            "--pipeline",
+            "false",
+            "--sizes",
+            "4KiB,16MiB",
+        ],
+        &[("SPYRE_MOCK_REGION_BYTES", "131072")],
+        &[
+            "--sizes 16777216 (16 MiB) spans 128 memory regions of the software device, and an allocation takes at most 64: use regions of at least 262144 bytes (SPYRE_MOCK_REGION_BYTES) or a smaller size",
         ],
     );
 }

@@ -238,9 +238,17 @@ impl DeviceMemory {
                 // A range never crosses a region: small regions make many
                 // ranges of an empty device too.
                 let longest = allocs.free.values().copied().max().unwrap_or(0);
+                let why = if longest >= self.region_bytes {
+                    format!(
+                        "the free ranges are whole regions of {} bytes: larger regions (SPYRE_MOCK_REGION_BYTES) make fewer",
+                        self.region_bytes
+                    )
+                } else {
+                    "live allocations split them: freeing memory beside them makes them longer"
+                        .to_owned()
+                };
                 return Err(out_of_memory(&format!(
-                    ", but in more than {MAX_ADDRESS_CHUNKS} free ranges (an allocation takes at most {MAX_ADDRESS_CHUNKS} chunks), the longest {longest} bytes; ranges end at the {}-byte regions' ends: freeing memory beside them, or larger regions (SPYRE_MOCK_REGION_BYTES), make them longer",
-                    self.region_bytes
+                    ", but in more than {MAX_ADDRESS_CHUNKS} free ranges (an allocation takes at most {MAX_ADDRESS_CHUNKS} chunks), the longest {longest} bytes; {why}"
                 )));
             }
         }
@@ -590,7 +598,7 @@ mod tests {
         assert_eq!(err.status(), Status::OUT_OF_MEMORY);
         assert!(
             err.message().ends_with(
-                "16384 of 32768 bytes of device memory are free, but in more than 64 free ranges (an allocation takes at most 64 chunks), the longest 128 bytes; ranges end at the 32768-byte regions' ends: freeing memory beside them, or larger regions (SPYRE_MOCK_REGION_BYTES), make them longer"
+                "16384 of 32768 bytes of device memory are free, but in more than 64 free ranges (an allocation takes at most 64 chunks), the longest 128 bytes; live allocations split them: freeing memory beside them makes them longer"
             ),
             "{err}"
         );
@@ -605,8 +613,9 @@ mod tests {
         let err = mem.allocate(65 * 128).unwrap_err();
         assert_eq!(err.status(), Status::OUT_OF_MEMORY);
         assert!(
-            err.message()
-                .contains("the longest 128 bytes; ranges end at the 128-byte regions' ends"),
+            err.message().ends_with(
+                "the longest 128 bytes; the free ranges are whole regions of 128 bytes: larger regions (SPYRE_MOCK_REGION_BYTES) make fewer"
+            ),
             "{err}"
         );
     }

@@ -306,7 +306,7 @@ pub use error::{Error, EventRole, OutOfMemory, Result};
 pub use event::{SpyreEvent, SynchronizeFuture, capabilities};
 pub use flex_rt::{
     ADDRESS_ALIGNMENT, Capabilities, CompositeAddress, DataFormat, FlexError, HostBuffer,
-    LaunchOptions, LogicalAddress, MemoryInfo, MemoryLayout, Status, program,
+    LaunchOptions, LogicalAddress, MAX_ADDRESS_CHUNKS, MemoryInfo, MemoryLayout, Status, program,
 };
 pub use id::{
     DEFAULT_HOST_COMPUTE_STREAMS, HIGH_POOL_END, HIGH_POOL_START, HOST_COMPUTE_START,

@@ -17,7 +17,10 @@ use std::time::{Duration, Instant};
 
 use indicatif::ProgressBar;
 use serde::Serialize;
-use spyre_stream::{Device, HostBuffer, LaunchOptions, MemoryLayout, SpyreStream, Status};
+use spyre_stream::{
+    ADDRESS_ALIGNMENT, Device, HostBuffer, LaunchOptions, MAX_ADDRESS_CHUNKS, MemoryLayout,
+    SpyreStream, Status,
+};
 
 use crate::cli::BenchArgs;
 use crate::error::CliError;
@@ -282,6 +285,20 @@ fn check_size(size: u64, layout: Option<MemoryLayout>, mock: bool) -> Result<(),
             format_size(layout.total_bytes)
         )));
     }
+    if let Some(layout) = layout.filter(|_| mock) {
+        // An allocation takes at most MAX_ADDRESS_CHUNKS chunks, and the
+        // software device's free ranges never cross a region.
+        let regions = size.div_ceil(layout.region_bytes.max(1));
+        if regions > MAX_ADDRESS_CHUNKS as u64 {
+            let smallest = size
+                .div_ceil(MAX_ADDRESS_CHUNKS as u64)
+                .next_multiple_of(ADDRESS_ALIGNMENT);
+            return Err(CliError::Usage(format!(
+                "--sizes {size} ({}) spans {regions} memory regions of the software device, and an allocation takes at most {MAX_ADDRESS_CHUNKS}: use regions of at least {smallest} bytes (SPYRE_MOCK_REGION_BYTES) or a smaller size",
+                format_size(size)
+            )));
+        }
+    }
     let buffers = size.saturating_mul(copies_per_batch(size));
     let backed = match layout {
         Some(layout) if mock => size
@@ -381,7 +398,7 @@ impl BenchReport {
         );
         for r in &self.results {
             let size = r.size_bytes.map_or_else(|| "-".to_string(), format_size);
-            // Three decimals, or three significant digits for a value
+            // Three decimals, or four significant digits for a value
             // they would show as 0.000 (a 1-byte copy's GB/s).
             let value = if r.value != 0.0 && r.value.abs() < 1e-3 {
                 format!("{:.3e}", r.value)

@@ -107,8 +107,8 @@ fn timing_model(lookup: impl Fn(&str) -> Option<String>) -> Vec<(&'static str, S
 }
 
 /// Refuses, before any measurement, a device whose memory cannot hold the
-/// children's runs (as each child would refuse it, after every other
-/// measurement had run).
+/// children's runs, serialized or pipelined (as a child would refuse it,
+/// after every other measurement had run).
 ///
 /// # Errors
 /// [`CliError::Usage`] naming the child's invocation and why it does not
@@ -117,23 +117,28 @@ pub(super) fn check_capacity(layout: MemoryLayout) -> Result<(), CliError> {
     let size = crate::size::parse_size(SIZE).map_err(CliError::Usage)?;
     let iterations = ITERATIONS.parse().expect("a whole number");
     let plan = Plan::new(KernelArg::Axpy, size)?;
-    let args = RunArgs {
-        threads: 1,
-        iterations,
-        size,
-        kernel: KernelArg::Axpy,
-        mode: ModeArg::Pipelined,
-        in_flight: 4,
-        seed: 1,
-        json: true,
-        trace: None,
-        timeline: None,
-    };
-    crate::run::check_capacity(&plan, &args, layout).map_err(|refused| {
-        CliError::Usage(format!(
-            "the pipeline measurement's child runs (`spyre run --threads 1 --iterations {ITERATIONS} --size {SIZE}`) do not fit this device: {refused}; `spyre bench --pipeline false` skips that measurement"
-        ))
-    })
+    for mode in [ModeArg::Serialized, ModeArg::Pipelined] {
+        let args = RunArgs {
+            threads: 1,
+            iterations,
+            size,
+            kernel: KernelArg::Axpy,
+            mode,
+            // `spyre run`'s default, which the children keep.
+            in_flight: 4,
+            seed: 1,
+            json: true,
+            trace: None,
+            timeline: None,
+        };
+        crate::run::check_capacity(&plan, &args, layout).map_err(|refused| {
+            CliError::Usage(format!(
+                "the pipeline measurement's child runs (`spyre run --threads 1 --iterations {ITERATIONS} --size {SIZE} --mode {}`) do not fit this device: {refused}; `spyre bench --pipeline false` skips that measurement",
+                mode.name()
+            ))
+        })?;
+    }
+    Ok(())
 }
 
 /// One `spyre run` child in `mode`; returns its wall time and overlap.
