@@ -759,6 +759,64 @@ fn help_and_version_that_cannot_be_written_fail() {
     }
 }
 
+/// The process ids of `parent`'s children, from `/proc`.
+#[cfg(target_os = "linux")]
+fn children_of(parent: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            // The parent's id is the second field after the command, which
+            // is in parentheses and may hold spaces.
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                stat.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok())
+                    == Some(parent)
+            })
+        })
+        .collect()
+}
+
+/// `spyre bench` stopped by SIGTERM while a pipeline child runs takes the
+/// child with it (before, the child ran on, reparented).
+#[cfg(target_os = "linux")]
+#[test]
+fn a_stopped_bench_stops_its_child_run() {
+    use std::os::unix::process::ExitStatusExt;
+    use std::time::{Duration, Instant};
+    let mut command = Command::new(env!("CARGO_BIN_EXE_spyre"));
+    command.args(["bench", "--budget-ms", "1", "--sizes", "1"]);
+    clear_environment(&mut command);
+    // 20 ms operations: a child runs for seconds.
+    command
+        .env("SPYRE_BACKEND", "mock")
+        .env("SPYRE_MOCK_OP_LATENCY_US", "20000")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut bench = command.spawn().expect("the spyre binary runs");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let child = loop {
+        if let Some(&child) = children_of(bench.id()).first() {
+            break child;
+        }
+        assert!(Instant::now() < deadline, "no child run started");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let killed = Command::new("kill")
+        .args(["-TERM", &bench.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let status = bench.wait().unwrap();
+    assert_eq!(status.signal(), Some(15), "ended by the signal: {status:?}");
+    assert!(
+        !std::path::Path::new(&format!("/proc/{child}")).exists(),
+        "the child run {child} was left running"
+    );
+}
+
 #[test]
 fn info_json_describes_the_process() {
     let info = json(&["info", "--json"], &[]);
