@@ -32,7 +32,14 @@
 //!   it was allocated for. A free block is reused for that stream with no
 //!   synchronization (work enqueued later on a stream runs after work
 //!   enqueued earlier); for another stream only as a full device's last
-//!   resort (lent, below).
+//!   resort (lent, below). That rests on a stream running one operation
+//!   at a time, as the software device does and as PyTorch's allocator
+//!   takes a CUDA stream to. flex.h's `STRICT_ORDERING` promises only
+//!   that a stream's operations start and finish in order, and its
+//!   `pipeline_barrier` suggests that a card may overlap an operation's
+//!   pipeline stages with the next one's without it: on such a card, the
+//!   first launch of a block's new owner on the same stream would need
+//!   that barrier, which no launch sets today.
 //! - **Other streams.** A block used on other streams
 //!   ([`crate::DeviceBuffer::record_stream`]) is freed in their order: an
 //!   event (a marker event, reused) is recorded on each when the buffer is
