@@ -175,6 +175,12 @@ pub(crate) struct RunArgs {
     /// its end, as --trace.
     #[arg(long, value_name = "FILE.svg")]
     pub(crate) timeline: Option<std::path::PathBuf>,
+    /// Ends the run (exit 1) once standard input is closed: for a program
+    /// that runs `spyre run` as its child and holds the other end of that
+    /// pipe, so that the child does not outlive it however it ends
+    /// (`spyre bench`'s pipeline measurement).
+    #[arg(long, hide = true)]
+    pub(crate) exit_when_stdin_closes: bool,
 }
 
 /// Default transfer sizes of `spyre bench`.

@@ -9,17 +9,14 @@
 //! (`SPYRE_MOCK_COPY_BANDWIDTH`), four engines so that three stages can run
 //! at once — unless the environment already sets those variables.
 //!
-//! A SIGINT, SIGTERM or SIGHUP that stops this program kills the child
-//! running then too.
+//! Each child's standard input is a pipe this program holds: when this
+//! program ends, by any signal too, the child stops
+//! (`--exit-when-stdin-closes`).
 
-use std::io::Read as _;
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
-use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-use signal_hook::iterator::Signals;
 use spyre_stream::{BackendKind, MemoryLayout};
 
 use super::BenchResult;
@@ -137,6 +134,7 @@ pub(super) fn check_capacity(layout: MemoryLayout) -> Result<(), CliError> {
             json: true,
             trace: None,
             timeline: None,
+            exit_when_stdin_closes: false,
         };
         crate::run::check_capacity(&plan, &args, layout).map_err(|refused| {
             CliError::Usage(format!(
@@ -152,10 +150,10 @@ pub(super) fn check_capacity(layout: MemoryLayout) -> Result<(), CliError> {
 fn run_child(mode: &str, env: &[(&'static str, String)]) -> Result<(Duration, f64), CliError> {
     let exe = std::env::current_exe()
         .map_err(|e| CliError::Failed(format!("cannot find this program to run it again: {e}")))?;
-    let mut command = Command::new(exe);
-    command
+    let mut child = Command::new(exe)
         .args([
             "run",
+            "--exit-when-stdin-closes",
             "--threads",
             "1",
             "--iterations",
@@ -166,9 +164,19 @@ fn run_child(mode: &str, env: &[(&'static str, String)]) -> Result<(Duration, f6
             mode,
             "--json",
         ])
-        .envs(env.iter().map(|(k, v)| (k, v)));
-    let output = output_of(&mut command)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| CliError::Failed(format!("cannot start `spyre run --mode {mode}`: {e}")))?;
+    // Held until the child has ended: when this program ends, however it
+    // ends, the pipe closes and the child stops (`--exit-when-stdin-closes`).
+    let parent_alive = child.stdin.take();
+    let output = child
+        .wait_with_output()
         .map_err(|e| CliError::Failed(format!("cannot run `spyre run --mode {mode}`: {e}")))?;
+    drop(parent_alive);
     let stdout = String::from_utf8_lossy(&output.stdout);
     let report: Value = serde_json::from_str(stdout.trim()).map_err(|e| {
         CliError::Failed(format!(
@@ -198,89 +206,6 @@ fn run_child(mode: &str, env: &[(&'static str, String)]) -> Result<(Duration, f6
     let wall = report["wall_seconds"].as_f64().unwrap_or(0.0);
     let overlap = report["overlap"]["factor"].as_f64().unwrap_or(1.0);
     Ok((Duration::from_secs_f64(wall.max(0.0)), overlap))
-}
-
-/// The child `spyre run` running now: a SIGINT, SIGTERM or SIGHUP of this
-/// process kills and reaps it before the signal ends this process as it
-/// would have, so that stopping `spyre bench` does not leave its child
-/// running on.
-static CHILD: Mutex<Option<Child>> = Mutex::new(None);
-
-/// Watches for the signals that stop this process (once, from the first
-/// child on), on a thread of its own.
-fn watch_stop_signals() -> std::io::Result<()> {
-    static WATCHING: OnceLock<()> = OnceLock::new();
-    if WATCHING.get().is_some() {
-        return Ok(());
-    }
-    let mut signals = Signals::new([SIGINT, SIGTERM, SIGHUP])?;
-    std::thread::Builder::new()
-        .name("spyre-bench-signals".to_owned())
-        .spawn(move || {
-            // The first signal ends this process.
-            if let Some(signal) = signals.forever().next() {
-                if let Some(mut child) = lock_child().take() {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                }
-                // Ends this process as the signal's default action would
-                // (or, should that fail, with the shell's code for it).
-                let _ = signal_hook::low_level::emulate_default_handler(signal);
-                std::process::exit(128 + signal);
-            }
-        })?;
-    let _ = WATCHING.set(());
-    Ok(())
-}
-
-fn lock_child() -> std::sync::MutexGuard<'static, Option<Child>> {
-    CHILD.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// Runs `command` and returns its output, as `Command::output` does, with
-/// the child killed if this process is stopped by a signal meanwhile
-/// ([`CHILD`]). The child is spawned holding [`CHILD`]'s lock, so a signal
-/// that arrives during the spawn finds it there.
-fn output_of(command: &mut Command) -> std::io::Result<Output> {
-    watch_stop_signals()?;
-    let (mut stdout, mut stderr) = {
-        let mut slot = lock_child();
-        let mut child = command
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()?;
-        let pipes = (child.stdout.take(), child.stderr.take());
-        *slot = Some(child);
-        match pipes {
-            (Some(stdout), Some(stderr)) => (stdout, stderr),
-            _ => unreachable!("both were piped just above"),
-        }
-    };
-    let reading_stderr = std::thread::spawn(move || {
-        let mut bytes = Vec::new();
-        stderr.read_to_end(&mut bytes).map(|_| bytes)
-    });
-    let mut out = Vec::new();
-    let read = stdout.read_to_end(&mut out);
-    let err = reading_stderr
-        .join()
-        .unwrap_or_else(|_| Ok(Vec::new()))
-        .unwrap_or_default();
-    let Some(mut child) = lock_child().take() else {
-        // The signal thread killed the child and is ending this process:
-        // nothing more is reported.
-        loop {
-            std::thread::park();
-        }
-    };
-    let status = child.wait()?;
-    read?;
-    Ok(Output {
-        status,
-        stdout: out,
-        stderr: err,
-    })
 }
 
 /// The median of `values` (sorted in place); `values` is not empty.

@@ -202,6 +202,7 @@ mod tests {
             json: false,
             trace: None,
             timeline: None,
+            exit_when_stdin_closes: false,
         }
     }
 

@@ -97,6 +97,9 @@ fn timed_events_verdict(
 /// events; the stream layer's start error; [`CliError::Iteration`] for the
 /// first iteration that failed.
 pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
+    if args.exit_when_stdin_closes {
+        exit_when_stdin_closes()?;
+    }
     let plan = Plan::new(args.kernel, args.size)?;
     if let Some(path) = &args.timeline {
         timeline::check_path(path)?;
@@ -323,6 +326,29 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
             allocated_bytes_at_end: memory.allocated_bytes,
         },
     })
+}
+
+/// Ends this process (exit 1) once its standard input reaches its end or
+/// fails: a parent that holds the pipe's other end has ended, and its child
+/// run ends with it (`--exit-when-stdin-closes`).
+///
+/// # Errors
+/// [`CliError::Failed`] when the watching thread cannot be started.
+fn exit_when_stdin_closes() -> Result<(), CliError> {
+    std::thread::Builder::new()
+        .name("spyre-run-stdin".to_owned())
+        .spawn(|| {
+            let mut stdin = std::io::stdin().lock();
+            let mut byte = [0_u8; 64];
+            while matches!(std::io::Read::read(&mut stdin, &mut byte), Ok(n) if n > 0) {}
+            let _ = writeln!(
+                std::io::stderr(),
+                "error: standard input closed (the parent of this run has ended): stopping"
+            );
+            std::process::exit(i32::from(crate::error::EXIT_FAILURE));
+        })
+        .map(drop)
+        .map_err(|e| CliError::Failed(format!("cannot watch standard input: {e}")))
 }
 
 #[cfg(test)]
