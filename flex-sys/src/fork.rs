@@ -42,6 +42,9 @@ extern "C" fn after_fork_in_child() {
 /// in the child) takes the registration over instead of waiting for it.
 pub fn watch_forks() -> Result<(), std::io::Error> {
     static WATCHER: Registration = Registration::new();
+    if WATCHER.done.load(Ordering::Acquire) {
+        return Ok(());
+    }
     WATCHER.ensure(std::process::id(), register_handler)
 }
 

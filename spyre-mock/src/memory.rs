@@ -238,7 +238,12 @@ impl DeviceMemory {
                 // A range never crosses a region: small regions make many
                 // ranges of an empty device too.
                 let longest = allocs.free.values().copied().max().unwrap_or(0);
-                let why = if longest >= self.region_bytes {
+                // The ranges the placement walked: whole regions (then
+                // only larger regions help), or split by live allocations.
+                let whole_regions = pieces
+                    .iter()
+                    .all(|(key, _)| allocs.free.get(key).copied() == Some(self.region_bytes));
+                let why = if whole_regions {
                     format!(
                         "the free ranges are whole regions of {} bytes: larger regions (SPYRE_MOCK_REGION_BYTES) make fewer",
                         self.region_bytes
@@ -603,6 +608,36 @@ mod tests {
             "{err}"
         );
         assert_eq!(sizes(&mem.allocate(64 * 128).unwrap()).len(), 64);
+    }
+
+    #[test]
+    fn ranges_split_by_live_allocations_are_named_so_beside_whole_regions() {
+        // 100 regions of 1 KiB; in each of the first 70, 128 live bytes
+        // and 896 free after them; the last 30 wholly free. 65 KiB would
+        // take the 70 split ranges first, 64 of them only 56 KiB: the
+        // message blames the live allocations, though whole regions (the
+        // longest ranges) remain.
+        let mem = memory(100 * 1024, 1024);
+        let mut rests = Vec::new();
+        let kept: Vec<_> = (0..70)
+            .map(|_| {
+                let live = mem.allocate(128).unwrap();
+                rests.push(mem.allocate(896).unwrap());
+                live
+            })
+            .collect();
+        for rest in &rests {
+            mem.free(rest).unwrap();
+        }
+        assert_eq!(kept.len(), 70);
+        assert_eq!(mem.free_bytes(), 100 * 1024 - 70 * 128);
+        let err = mem.allocate(65 * 1024).unwrap_err();
+        assert!(
+            err.message().ends_with(
+                "the longest 1024 bytes; live allocations split them: freeing memory beside them makes them longer"
+            ),
+            "{err}"
+        );
     }
 
     #[test]
