@@ -34,6 +34,26 @@ pub(crate) fn check(needed: u64, what: &str) -> Result<(), CliError> {
     check_against(needed, available_bytes(), what)
 }
 
+/// Refuses `buffers` bytes of host buffers and `backed` bytes of the
+/// software device's memory regions (which it backs with host memory when
+/// they are first written), together, for `what`, when the host has less
+/// available; the message names both parts when there are regions.
+///
+/// # Errors
+/// As [`check`].
+pub(crate) fn check_with_regions(buffers: u64, backed: u64, what: &str) -> Result<(), CliError> {
+    let what = if backed > 0 {
+        format!(
+            "{what} ({} of host buffers, and {} of the software device's memory regions (SPYRE_MOCK_REGION_BYTES), which it backs with host memory when they are first written)",
+            format_size(buffers),
+            format_size(backed)
+        )
+    } else {
+        what.to_owned()
+    };
+    check(buffers.saturating_add(backed), &what)
+}
+
 fn check_against(needed: u64, available: Option<u64>, what: &str) -> Result<(), CliError> {
     match available {
         Some(available) if needed > available => Err(CliError::Usage(format!(

@@ -33,12 +33,19 @@ fn clear_environment(command: &mut Command) {
     }
 }
 
-/// `spyre` on the software device, with a clean environment plus `env`.
-fn spyre(args: &[&str], env: &[(&str, &str)]) -> Output {
+/// A `spyre` command with `args` on the software device, with a clean
+/// environment.
+fn spyre_command(args: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_spyre"));
     command.args(args);
     clear_environment(&mut command);
     command.env("SPYRE_BACKEND", "mock");
+    command
+}
+
+/// `spyre` on the software device, with a clean environment plus `env`.
+fn spyre(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut command = spyre_command(args);
     for (name, value) in env {
         command.env(name, value);
     }
@@ -705,11 +712,8 @@ fn a_closed_stderr_loses_the_log_not_the_run() {
     // The log's reader goes away before the run logs anything: every log
     // line meets a closed pipe (EPIPE), and the run must still finish and
     // report on stdout.
-    let mut command = Command::new(env!("CARGO_BIN_EXE_spyre"));
-    command.args(["run", "--threads", "1", "--iterations", "4", "--json"]);
-    clear_environment(&mut command);
+    let mut command = spyre_command(&["run", "--threads", "1", "--iterations", "4", "--json"]);
     command
-        .env("SPYRE_BACKEND", "mock")
         .env("RUST_LOG", "debug")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -727,11 +731,8 @@ fn a_closed_stderr_loses_the_log_not_the_run() {
 #[test]
 fn help_and_version_that_cannot_be_written_fail() {
     for flag in ["--help", "--version"] {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_spyre"));
-        command.arg(flag);
-        clear_environment(&mut command);
         let full = File::options().write(true).open("/dev/full").unwrap();
-        let output = command
+        let output = spyre_command(&[flag])
             .stdout(full)
             .stderr(Stdio::piped())
             .output()
@@ -747,10 +748,7 @@ fn help_and_version_that_cannot_be_written_fail() {
         // meets EPIPE.
         let (reader, writer) = std::io::pipe().unwrap();
         drop(reader);
-        let mut command = Command::new(env!("CARGO_BIN_EXE_spyre"));
-        command.arg(flag);
-        clear_environment(&mut command);
-        let output = command
+        let output = spyre_command(&[flag])
             .stdout(writer)
             .stderr(Stdio::piped())
             .output()
@@ -798,13 +796,10 @@ fn has_ended(pid: u32) -> bool {
 #[test]
 fn a_killed_bench_does_not_leave_its_child_run_running() {
     use std::time::{Duration, Instant};
-    let mut command = Command::new(env!("CARGO_BIN_EXE_spyre"));
-    command.args(["bench", "--budget-ms", "1", "--sizes", "1"]);
-    clear_environment(&mut command);
+    let mut command = spyre_command(&["bench", "--budget-ms", "1", "--sizes", "1"]);
     // 100 ms operations: the serialized child's 200 take 20 s, far past
     // the 3 s given below for it to stop.
     command
-        .env("SPYRE_BACKEND", "mock")
         .env("SPYRE_MOCK_OP_LATENCY_US", "100000")
         .stdout(Stdio::null())
         .stderr(Stdio::null());
@@ -1631,8 +1626,7 @@ fn a_trace_and_a_timeline_may_share_a_pipe() {
     let timeline = dir.join("stderr.svg");
     std::os::unix::fs::symlink("/dev/stderr", &timeline).unwrap();
     let (mut reader, writer) = std::io::pipe().unwrap();
-    let mut command = Command::new(env!("CARGO_BIN_EXE_spyre"));
-    command.args([
+    let mut command = spyre_command(&[
         "run",
         "--threads",
         "1",
@@ -1644,11 +1638,7 @@ fn a_trace_and_a_timeline_may_share_a_pipe() {
         "--timeline",
         timeline.to_str().unwrap(),
     ]);
-    clear_environment(&mut command);
-    command
-        .env("SPYRE_BACKEND", "mock")
-        .stdout(writer.try_clone().unwrap())
-        .stderr(writer);
+    command.stdout(writer.try_clone().unwrap()).stderr(writer);
     let mut child = command.spawn().expect("the spyre binary runs");
     drop(command);
     let mut output = String::new();
@@ -1709,16 +1699,14 @@ fn a_trace_to_the_file_standard_output_is_is_written_into_that_file() {
         .open(&out)
         .unwrap();
     let inode = std::fs::metadata(&out).unwrap().ino();
-    let mut command = Command::new(env!("CARGO_BIN_EXE_spyre"));
-    command.args([
+    let mut command = spyre_command(&[
         "run",
         "--iterations",
         "2",
         "--trace",
         link.to_str().unwrap(),
     ]);
-    clear_environment(&mut command);
-    command.env("SPYRE_BACKEND", "mock").stdout(stdout);
+    command.stdout(stdout);
     let output = command.output().expect("the spyre binary runs");
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     assert_eq!(

@@ -307,16 +307,7 @@ fn check_size(size: u64, layout: Option<MemoryLayout>, mock: bool) -> Result<(),
             .min(layout.total_bytes),
         _ => 0,
     };
-    let what = if backed > 0 {
-        format!(
-            "--sizes {size} ({} of host buffers, and {} of the software device's memory regions (SPYRE_MOCK_REGION_BYTES), which it backs with host memory when they are first written)",
-            format_size(buffers),
-            format_size(backed)
-        )
-    } else {
-        format!("--sizes {size}")
-    };
-    crate::host_memory::check(buffers.saturating_add(backed), &what)
+    crate::host_memory::check_with_regions(buffers, backed, &format!("--sizes {size}"))
 }
 
 /// A copy direction.

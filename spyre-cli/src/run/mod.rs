@@ -56,7 +56,6 @@ use crate::cli::{KernelArg, ModeArg, RunArgs};
 use crate::error::CliError;
 use crate::host_memory;
 use crate::output;
-use crate::size::format_size;
 
 /// Refuses, before any work, a runtime without timed events for `what`,
 /// which orders streams with events and times its stages with them: a
@@ -148,22 +147,14 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
     let backed = layout
         .filter(|_| info.backend == "mock")
         .map_or(0, |layout| capacity::backed_bytes(&plan, args, layout));
-    let what = if backed > 0 {
-        format!(
-            "--size {} with --threads {} and --in-flight {} ({} of host buffers, and {} of the software device's memory regions (SPYRE_MOCK_REGION_BYTES), which it backs with host memory when they are first written)",
-            args.size,
-            args.threads,
-            args.in_flight,
-            format_size(buffers),
-            format_size(backed)
-        )
-    } else {
-        format!(
+    host_memory::check_with_regions(
+        buffers,
+        backed,
+        &format!(
             "--size {} with --threads {} and --in-flight {}",
             args.size, args.threads, args.in_flight
-        )
-    };
-    host_memory::check(buffers.saturating_add(backed), &what)?;
+        ),
+    )?;
     if plan.kernel == KernelArg::Matmul
         && info.backend == "mock"
         && let Some(warning) =
