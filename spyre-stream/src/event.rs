@@ -202,7 +202,8 @@ impl SpyreEvent {
     fn record_counted(&self, stream: SpyreStream) -> Result<()> {
         let handle = stream.handle()?;
         if trace::is_on() {
-            let (completion, entry) = trace::record(stream, OperationKind::EventRecord, 0, None);
+            let (completion, entry) =
+                trace::record(stream, OperationKind::EventRecord, 0, false, None);
             let link = entry.link;
             let _order = self.trace_order.lock();
             if let Err(error) = handle.record_event(self.event(), None) {

@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use flex_rt::fork::{self, ForkGeneration};
-use flex_rt::{Backend, Runtime};
+use flex_rt::{Backend, Runtime, Stream};
 
 use crate::backend::{self, BackendKind};
 use crate::device::{Device, set_thread_device, thread_device};
@@ -16,6 +16,7 @@ use crate::error::{Error, Result};
 use crate::lifecycle_lock::LifecycleLock;
 use crate::marker::MarkerEvents;
 use crate::memory::allocator::CachingAllocator;
+use crate::memory::reuse_barrier::ReuseBarriers;
 use crate::pool::{PoolConfig, StreamPool};
 use crate::state::DeviceState;
 use crate::stream::SpyreStream;
@@ -523,13 +524,36 @@ fn bound_pool(running: &'static Running, requested: u8) -> Result<&'static Strea
 /// forked child.
 #[inline]
 pub(crate) fn pool_of(stream: SpyreStream) -> Result<&'static StreamPool<'static>> {
+    running_for(stream).map(|running| &running.pool)
+}
+
+/// What the launch chokepoint needs: `stream`'s handle, resolved as
+/// [`pool_of`] and [`StreamPool::resolve`] do, and the barrier requests of
+/// memory reused on the device's streams.
+///
+/// # Errors
+/// As [`pool_of`], and [`StreamPool::resolve`]'s.
+#[inline]
+pub(crate) fn launch_target(
+    stream: SpyreStream,
+) -> Result<(&'static dyn Stream, &'static ReuseBarriers)> {
+    let running = running_for(stream)?;
+    Ok((
+        running.pool.resolve(stream)?,
+        running.allocator.reuse_barriers(),
+    ))
+}
+
+/// The started runtime, for a call on `stream`: [`Error::NoHandle`] before
+/// the start.
+#[inline]
+fn running_for(stream: SpyreStream) -> Result<&'static Running> {
     match running() {
-        Ok(running) => Ok(&running.pool),
         Err(Error::NotStarted) => Err(Error::NoHandle {
             id: stream.id(),
             device: stream.device_index(),
         }),
-        Err(other) => Err(other),
+        started => started,
     }
 }
 

@@ -21,17 +21,39 @@ impl SpyreStream {
         runtime::pool_of(self)?.resolve(self)
     }
 
-    /// The launch chokepoint: resolves the handle and launches, recording
-    /// the operation in the trace and the counters when they are on (one
-    /// relaxed load decides).
+    /// The launch chokepoint: resolves the handle and launches, with a
+    /// pipeline barrier when memory was reused on the stream since the
+    /// last launch that carried one (`memory::reuse_barrier`; one acquire
+    /// load decides), recording the operation in the trace and the
+    /// counters when they are on (one relaxed load decides).
     fn launch(
         self,
+        kind: OperationKind,
+        bytes: u64,
+        mut options: LaunchOptions,
+        launch: impl FnOnce(&dyn Stream, LaunchOptions) -> flex_rt::Result<()>,
+    ) -> Result<()> {
+        let (handle, barriers) = runtime::launch_target(self)?;
+        let Some(reused) = barriers.uncovered(self) else {
+            return self.launch_instrumented(handle, kind, bytes, options, launch);
+        };
+        options.pipeline_barrier = true;
+        self.launch_instrumented(handle, kind, bytes, options, launch)?;
+        reused.cover();
+        Ok(())
+    }
+
+    /// The chokepoint's launch on `handle`, traced and counted when those
+    /// are on.
+    #[inline]
+    fn launch_instrumented(
+        self,
+        handle: &dyn Stream,
         kind: OperationKind,
         bytes: u64,
         options: LaunchOptions,
         launch: impl FnOnce(&dyn Stream, LaunchOptions) -> flex_rt::Result<()>,
     ) -> Result<()> {
-        let handle = self.handle()?;
         let flags = instrument::flags();
         if flags == 0 {
             return Ok(launch(handle, options)?);

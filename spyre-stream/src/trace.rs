@@ -70,6 +70,11 @@ pub struct TraceEntry {
     pub kind: OperationKind,
     /// Bytes copied or filled (0 for the other kinds).
     pub bytes: u64,
+    /// Whether it was launched with a pipeline barrier: asked for by the
+    /// caller ([`crate::LaunchOptions::pipeline_barrier`]), or added as the
+    /// stream's first launch after memory was reused on it (see
+    /// [`crate::DeviceBuffer`]).
+    pub pipeline_barrier: bool,
     /// When the host enqueued it.
     pub enqueued: Duration,
     /// When it started on the device, derived: a stream runs its
@@ -314,7 +319,7 @@ pub(crate) fn traced(
         pipeline_barrier,
         completion,
     } = options;
-    let (completion, entry) = record(stream, kind, bytes, completion);
+    let (completion, entry) = record(stream, kind, bytes, pipeline_barrier, completion);
     (
         LaunchOptions {
             pipeline_barrier,
@@ -330,6 +335,7 @@ pub(crate) fn record(
     stream: SpyreStream,
     kind: OperationKind,
     bytes: u64,
+    pipeline_barrier: bool,
     then: Option<Completion>,
 ) -> (Completion, Traced) {
     let log = Arc::clone(&log_slot().lock());
@@ -341,6 +347,7 @@ pub(crate) fn record(
             stream,
             kind,
             bytes,
+            pipeline_barrier,
             enqueued,
             started: None,
             finished: None,
@@ -391,6 +398,7 @@ pub(crate) fn record_wait(stream: SpyreStream, link: Option<u64>) {
         stream,
         kind: OperationKind::EventWait,
         bytes: 0,
+        pipeline_barrier: false,
         enqueued: now,
         started: None,
         finished: Some(now),
@@ -409,6 +417,7 @@ mod tests {
             stream: SpyreStream::from_parts(0, StreamId(id)),
             kind: OperationKind::H2d,
             bytes: 0,
+            pipeline_barrier: false,
             enqueued: Duration::from_micros(enqueued),
             started: None,
             finished: Some(Duration::from_micros(finished)),

@@ -148,6 +148,62 @@ fn a_dropped_block_is_reused_on_its_stream_without_a_device_call() {
     });
 }
 
+/// A block reused on its own stream makes the stream's next launch carry
+/// a pipeline barrier, whoever makes it, so that on a card that overlaps a
+/// stream's operations the new owner's work waits for the previous
+/// owner's; a launch that fails leaves the request for the next one, and
+/// the launches after the covering one, other streams' and memory new
+/// from the device ask for none. (A block split from a cached segment
+/// counts as reused, whether or not its bytes were used before.)
+#[test]
+fn the_first_launch_after_a_reuse_on_its_stream_carries_a_pipeline_barrier() {
+    isolated!(&[MOCK], || {
+        let (stream, other) = (pool_stream(), pool_stream());
+        spyre_stream::start_trace();
+        let mut first = DeviceBuffer::<u8>::new(stream, 1000).unwrap();
+        first.fill(stream, 1).unwrap();
+        let address = first.address().clone();
+        drop(first);
+        let mut again = DeviceBuffer::<u8>::new(stream, 1000).unwrap();
+        assert_eq!(again.address(), &address, "the cached block");
+        other
+            .launch_host_callback(|| {}, LaunchOptions::new())
+            .unwrap();
+        let short = HostBuffer::zeroed(8);
+        let refused = stream.launch_h2d(&short, again.address(), LaunchOptions::new());
+        assert!(refused.is_err(), "8 bytes into 1000: {refused:?}");
+        again.fill(stream, 2).unwrap();
+        again.fill(stream, 3).unwrap();
+        // Larger than a small request: a new segment, not the cache.
+        let fresh = DeviceBuffer::<u8>::new(stream, 2 * SMALL_REQUEST as usize).unwrap();
+        assert_eq!(stats().device_allocations, 2);
+        stream
+            .launch_host_callback(|| {}, LaunchOptions::new())
+            .unwrap();
+        stream.synchronize().unwrap();
+        assert_eq!(again.to_vec(stream).unwrap(), [3; 1000]);
+        let barriers: Vec<_> = spyre_stream::stop_trace()
+            .entries
+            .iter()
+            .map(|entry| (entry.stream, entry.kind, entry.pipeline_barrier))
+            .collect();
+        use spyre_stream::OperationKind::{D2h, Fill, HostCallback, Refused};
+        assert_eq!(
+            barriers,
+            [
+                (stream, Fill, false),
+                (other, HostCallback, false),
+                (stream, Refused, true),
+                (stream, Fill, true),
+                (stream, Fill, false),
+                (stream, HostCallback, false),
+                (stream, D2h, false),
+            ]
+        );
+        drop(fresh);
+    });
+}
+
 #[test]
 fn a_freed_block_serves_its_size_again_whole_and_a_smaller_size_split() {
     isolated!(&[MOCK], || {

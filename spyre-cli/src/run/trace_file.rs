@@ -86,6 +86,9 @@ fn write_events(out: &mut dyn Write, trace: &Trace) -> std::io::Result<TraceSumm
         if entry.bytes > 0 {
             args["bytes"] = json!(entry.bytes);
         }
+        if entry.pipeline_barrier {
+            args["pipeline_barrier"] = json!(true);
+        }
         let name = if entry.bytes > 0 {
             format!("{} {} B", entry.kind.name(), entry.bytes)
         } else {

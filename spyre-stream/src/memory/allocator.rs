@@ -32,14 +32,14 @@
 //!   it was allocated for. A free block is reused for that stream with no
 //!   synchronization (work enqueued later on a stream runs after work
 //!   enqueued earlier); for another stream only as a full device's last
-//!   resort (lent, below). That rests on a stream running one operation
-//!   at a time, as the software device does and as PyTorch's allocator
-//!   takes a CUDA stream to. flex.h's `STRICT_ORDERING` promises only
-//!   that a stream's operations start and finish in order, and its
-//!   `pipeline_barrier` suggests that a card may overlap an operation's
-//!   pipeline stages with the next one's without it: on such a card, the
-//!   first launch of a block's new owner on the same stream would need
-//!   that barrier, which no launch sets today.
+//!   resort (lent, below). PyTorch's allocator rests that on a CUDA
+//!   stream running one operation at a time. flex.h's `STRICT_ORDERING`
+//!   promises only that a stream's operations start and finish in order,
+//!   and its `pipeline_barrier` says that a card may overlap an operation
+//!   with the ones before it: so a block taken from its stream's cache
+//!   asks that the stream's next launch carry that barrier
+//!   ([`crate::memory::reuse_barrier`]), which keeps the new owner's work
+//!   from overlapping the previous owner's.
 //! - **Other streams.** A block used on other streams
 //!   ([`crate::DeviceBuffer::record_stream`]) is freed in their order: an
 //!   event (a marker event, reused) is recorded on each when the buffer is
@@ -118,6 +118,7 @@ use parking_lot::{Mutex, MutexGuard};
 
 use crate::error::{Error, OutOfMemory, Result};
 use crate::marker::{MarkerEvents, RuntimeEvent};
+use crate::memory::reuse_barrier::ReuseBarriers;
 use crate::stream::SpyreStream;
 
 /// Every block is a multiple of this many bytes (PyTorch's `kMinBlockSize`).
@@ -426,6 +427,21 @@ pub(crate) struct CachingAllocator {
     /// (which may not wait).
     /// Taken before `emptying`.
     retrying: Mutex<()>,
+    /// Barriers asked for by blocks reused on their own stream.
+    barriers: ReuseBarriers,
+}
+
+/// Where an allocated block came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Origin {
+    /// The stream's own cache: the previous owner's work on the stream may
+    /// still be running ([`ReuseBarriers`]).
+    Cache,
+    /// A new segment from the device.
+    Segment,
+    /// Another stream's cache, lent only once that stream had finished
+    /// its work.
+    Lent,
 }
 
 /// The two pools of cached blocks (PyTorch's small and large pools): a
@@ -659,6 +675,7 @@ impl CachingAllocator {
             emptying: Mutex::new(()),
             transit: Mutex::new(()),
             retrying: Mutex::new(()),
+            barriers: ReuseBarriers::new(),
         }
     }
 
@@ -671,15 +688,27 @@ impl CachingAllocator {
     /// give the memory even after the cache was emptied; the runtime's
     /// other errors.
     pub(crate) fn allocate(&self, stream: SpyreStream, bytes: u64) -> Result<Block> {
-        let block = self.take_block(stream, bytes)?;
+        let (block, origin) = self.take_block(stream, bytes)?;
         // Work enqueued from now on is the new owner's (a checking device
         // tells it from the previous owner's).
         self.runtime.note_reuse(&block.address);
+        if origin == Origin::Cache {
+            // The previous owner's work on the stream may still run.
+            self.barriers.request(stream);
+        }
         Ok(block)
     }
 
-    /// The block [`CachingAllocator::allocate`] hands out.
-    fn take_block(&self, stream: SpyreStream, bytes: u64) -> Result<Block> {
+    /// The barrier requests of blocks reused on their own stream, which
+    /// the launch chokepoint reads and covers.
+    #[inline]
+    pub(crate) fn reuse_barriers(&self) -> &ReuseBarriers {
+        &self.barriers
+    }
+
+    /// The block [`CachingAllocator::allocate`] hands out, and where it
+    /// came from.
+    fn take_block(&self, stream: SpyreStream, bytes: u64) -> Result<(Block, Origin)> {
         let rounded = round_request(bytes)?;
         let pool = Pool::of(rounded);
         let key = stream.id().get();
@@ -694,13 +723,13 @@ impl CachingAllocator {
             let mut state = self.state.lock();
             state.collect_deferred();
             if let Some(block) = state.take_recent(key, rounded, bytes, pieces)? {
-                return Ok(block);
+                return Ok((block, Origin::Cache));
             }
             state.merge_recent(Some(key));
             if let Some(block) =
                 state.take_cached(key, rounded, bytes, pieces, Serving::Pool(pool))?
             {
-                return Ok(block);
+                return Ok((block, Origin::Cache));
             }
         }
         let segment = match self.allocate_segment(rounded, Pieces::Refuse) {
@@ -713,7 +742,7 @@ impl CachingAllocator {
                     let mut state = self.state.lock();
                     let serving = Serving::SegmentsInUse;
                     if let Some(block) = state.take_cached(key, rounded, bytes, pieces, serving)? {
-                        return Ok(block);
+                        return Ok((block, Origin::Cache));
                     }
                     state.stats.alloc_retries += 1;
                 }
@@ -728,11 +757,11 @@ impl CachingAllocator {
                         if let Some(block) =
                             state.take_cached(key, rounded, bytes, Pieces::Accept, Serving::Any)?
                         {
-                            return Ok(block);
+                            return Ok((block, Origin::Cache));
                         }
                         drop(state);
                         if let Some(block) = self.lend_block(stream, rounded, bytes, pieces)? {
-                            return Ok(block);
+                            return Ok((block, Origin::Lent));
                         }
                         return Err(self.out_of_memory(bytes, error));
                     }
@@ -744,7 +773,7 @@ impl CachingAllocator {
         let mut state = self.state.lock();
         state.arrived(&segment);
         let whole = state.add_segment(segment, key, pool);
-        state.take(whole, rounded, bytes)
+        Ok((state.take(whole, rounded, bytes)?, Origin::Segment))
     }
 
     /// A segment for `rounded` bytes once the device was found full: the

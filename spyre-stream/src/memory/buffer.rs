@@ -45,12 +45,12 @@ use crate::stream::SpyreStream;
 /// cache for its stream (unless it was lent, below), where the next
 /// allocation on that stream of the same pool (up to 1 MiB, or larger, as
 /// PyTorch's small and large pools) may take it at once (work enqueued
-/// later on a stream runs after work enqueued earlier). That holds on a
-/// stream that runs one operation at a time, as the software device's
-/// do; flex.h promises only that a stream's operations start and finish
-/// in order, and on a card that overlapped them without
-/// `pipeline_barrier`, the new owner's first launch would need that
-/// barrier, which no launch sets today. If other streams
+/// later on a stream runs after work enqueued earlier). As flex.h lets a
+/// card overlap a stream's operations unless a launch asks for a
+/// `pipeline_barrier`, the stream's next launch after such a reuse carries
+/// that barrier (whatever it launches; a launch through a raw handle of
+/// [`crate::StreamPool::resolve`] neither carries nor clears it), so the
+/// new owner's work never overlaps the previous owner's. If other streams
 /// used it, an event is recorded on each, and
 /// the memory is reused only after all have completed. Device memory goes
 /// back to the device only by [`crate::empty_cache`], or when the device

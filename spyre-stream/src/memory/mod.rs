@@ -6,6 +6,7 @@ pub(crate) mod allocator;
 mod buffer;
 mod element;
 mod raw;
+pub(crate) mod reuse_barrier;
 mod stats;
 
 pub use allocator::{

@@ -1,0 +1,172 @@
+//! Pipeline barriers for memory reused on its own stream.
+//!
+//! The caching allocator hands a block freed on a stream to the next
+//! allocation on that stream at once (work enqueued later on a stream runs
+//! after work enqueued earlier). flex.h's `STRICT_ORDERING` promises only
+//! that a stream's operations start and finish in order, and its launches'
+//! `pipeline_barrier` ("start only after every operation enqueued before it
+//! on the stream has completed, with no overlap of pipeline stages") says
+//! that a card may overlap an operation with the ones before it. On such a
+//! card the new owner's first operation could run beside the previous
+//! owner's last one, on the same bytes. So a block taken from a stream's
+//! cache *requests* a barrier on that stream, and the next launch through
+//! [`crate::SpyreStream`]'s launch calls, whoever makes it, carries
+//! `pipeline_barrier` and so *covers* the request. The software device runs
+//! one operation of a stream at a time, where a barrier changes nothing.
+//!
+//! One covering launch is enough for every operation after it: it starts
+//! after everything enqueued before it has completed, the previous owner's
+//! work among it (enqueued before the block was freed, so before the
+//! request), and any later operation starts after it.
+//!
+//! Per stream slot, one word: the requests made (high half) and the
+//! requests covered (low half), each counting modulo 2³². A launch that
+//! finds them different sets the barrier, and once the launch has been
+//! enqueued, writes the count it saw as covered, only if the word is still
+//! what it saw. A request made meanwhile changes the word, so the write
+//! fails and the request stays for the next launch (which sets a barrier
+//! again: at worst one more than needed, never one fewer). A thread that
+//! finds the word covered has seen, through that write (release, then its
+//! acquire load), that the covering launch was enqueued: its own operation
+//! comes after it on the stream.
+//!
+//! Launches through a raw handle ([`crate::StreamPool::resolve`]) and
+//! record and wait operations neither carry nor cover a request.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::id::MAX_STREAM_SLOTS;
+use crate::stream::SpyreStream;
+
+/// The low half of a word: requests covered.
+const COVERED: u64 = u32::MAX as u64;
+/// One request, added to the high half.
+const ONE_REQUEST: u64 = 1 << 32;
+
+/// The barrier requests of one device's streams, one word per stream id.
+///
+/// Thread-safety: `Sync`; requests and launches may race freely (the
+/// module docs argue the protocol).
+pub(crate) struct ReuseBarriers {
+    words: [AtomicU64; MAX_STREAM_SLOTS],
+}
+
+/// A request a launch is about to cover: the word as the launch saw it.
+#[must_use = "cover the request once the launch has been enqueued"]
+pub(crate) struct Uncovered<'a> {
+    word: &'a AtomicU64,
+    seen: u64,
+}
+
+impl ReuseBarriers {
+    /// No request on any stream.
+    pub(crate) fn new() -> Self {
+        Self {
+            words: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+
+    /// Asks that the next launch on `stream` carry a pipeline barrier: a
+    /// block has just been taken from its cache for a new owner. Ids with
+    /// no slot (none the pool hands out) are ignored.
+    pub(crate) fn request(&self, stream: SpyreStream) {
+        if let Some(word) = stream.id().slot().map(|slot| &self.words[slot]) {
+            word.fetch_add(ONE_REQUEST, Ordering::Release);
+        }
+    }
+
+    /// The request a launch on `stream` must carry a barrier for, if any:
+    /// one acquire load.
+    #[inline]
+    pub(crate) fn uncovered(&self, stream: SpyreStream) -> Option<Uncovered<'_>> {
+        let word = &self.words[stream.id().slot()?];
+        let seen = word.load(Ordering::Acquire);
+        (seen >> 32 != seen & COVERED).then_some(Uncovered { word, seen })
+    }
+}
+
+impl Uncovered<'_> {
+    /// Marks the requests seen as covered, after the launch that carried
+    /// the barrier was enqueued. Not called when the launch failed: the
+    /// request stays for the next one.
+    pub(crate) fn cover(self) {
+        let covered = (self.seen & !COVERED) | (self.seen >> 32);
+        // Failure means the word changed: a new request (which must stay)
+        // or another launch's cover of at least as much.
+        let _ = self
+            .word
+            .compare_exchange(self.seen, covered, Ordering::AcqRel, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::id::StreamId;
+
+    fn stream(id: i64) -> SpyreStream {
+        SpyreStream::from_parts(0, StreamId(id))
+    }
+
+    #[test]
+    fn a_request_is_carried_by_the_next_launch_only() {
+        let barriers = ReuseBarriers::new();
+        assert!(barriers.uncovered(stream(3)).is_none());
+        barriers.request(stream(3));
+        assert!(barriers.uncovered(stream(4)).is_none(), "other streams");
+        barriers.uncovered(stream(3)).expect("requested").cover();
+        assert!(barriers.uncovered(stream(3)).is_none());
+    }
+
+    #[test]
+    fn a_launch_that_failed_leaves_the_request() {
+        let barriers = ReuseBarriers::new();
+        barriers.request(stream(1));
+        let seen = barriers.uncovered(stream(1)).expect("requested");
+        drop(seen);
+        assert!(barriers.uncovered(stream(1)).is_some());
+    }
+
+    #[test]
+    fn a_request_made_during_a_covering_launch_stays() {
+        let barriers = ReuseBarriers::new();
+        barriers.request(stream(2));
+        let launching = barriers.uncovered(stream(2)).expect("requested");
+        barriers.request(stream(2));
+        launching.cover();
+        barriers
+            .uncovered(stream(2))
+            .expect("the second request")
+            .cover();
+        assert!(barriers.uncovered(stream(2)).is_none());
+    }
+
+    #[test]
+    fn two_launches_covering_the_same_request_leave_it_covered() {
+        let barriers = ReuseBarriers::new();
+        barriers.request(stream(5));
+        barriers.request(stream(5));
+        let (first, second) = (
+            barriers.uncovered(stream(5)).expect("requested"),
+            barriers.uncovered(stream(5)).expect("requested"),
+        );
+        second.cover();
+        first.cover();
+        assert!(barriers.uncovered(stream(5)).is_none());
+    }
+
+    #[test]
+    fn the_counts_wrap() {
+        let barriers = ReuseBarriers::new();
+        let word = &barriers.words[6];
+        word.store(COVERED << 32 | COVERED, Ordering::Relaxed);
+        barriers.request(stream(6));
+        assert_eq!(
+            word.load(Ordering::Relaxed) >> 32,
+            0,
+            "the high half wrapped"
+        );
+        barriers.uncovered(stream(6)).expect("requested").cover();
+        assert!(barriers.uncovered(stream(6)).is_none());
+    }
+}
