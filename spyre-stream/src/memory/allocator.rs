@@ -197,6 +197,11 @@ pub(crate) struct Block {
     /// The stream the block was lent to, when it is not the segment's own
     /// ([`CachingAllocator::lend_block`]): its free waits for that stream.
     lent_to: Option<SpyreStream>,
+    /// Its segment's pool, and whether all `size` bytes lie in one chunk
+    /// of the segment: so that taking it back as a recent block looks up
+    /// no segment for the same pool and size.
+    pool: Pool,
+    one_chunk: bool,
 }
 
 /// What must happen before a block freed by a buffer that other streams
@@ -998,11 +1003,16 @@ impl CachingAllocator {
     /// A block lent to a stream other than its segment's
     /// ([`CachingAllocator::lend_block`]) waits for that stream as well.
     pub(crate) fn free(&self, block: Block, users: &[SpyreStream]) {
-        let fences: Vec<Fence> = users
-            .iter()
-            .chain(block.lent_to.as_ref())
-            .map(|&stream| self.fence(stream))
-            .collect();
+        let fences: Vec<Fence> = if users.is_empty() && block.lent_to.is_none() {
+            // The common case, without an iterator chain to collect.
+            Vec::new()
+        } else {
+            users
+                .iter()
+                .chain(block.lent_to.as_ref())
+                .map(|&stream| self.fence(stream))
+                .collect()
+        };
         let mut state = self.state.lock();
         state.stats.allocated_bytes -= block.size;
         state.stats.requested_bytes -= block.requested;
@@ -1317,12 +1327,11 @@ impl State {
         let pool = Pool::of(rounded);
         let Some(index) = self.recent.iter().rposition(|block| {
             block.stream == stream
-                && segments
-                    .get(block.segment)
-                    .is_some_and(|segment| segment.pool == pool)
+                && block.pool == pool
                 && block.size >= rounded
                 && !should_split(rounded, block.size - rounded)
                 && (pieces == Pieces::Accept
+                    || block.one_chunk
                     || segments.lie_in_one_chunk(block.segment, block.offset, rounded))
         }) else {
             return Ok(None);
@@ -1564,6 +1573,10 @@ impl State {
         // MIN_BLOCK (flex.h promises aligned starts, not sizes): the block
         // is then kept out of the cache, so that no later request picks it.
         let address = segment.address.slice(found.offset, requested)?;
+        let (pool, one_chunk) = (
+            segment.pool,
+            lies_in_one_chunk(&segment.address, found.offset, size),
+        );
         self.count_allocation(size, requested);
         Ok(Block {
             address,
@@ -1573,6 +1586,8 @@ impl State {
             size,
             requested,
             lent_to: None,
+            pool,
+            one_chunk,
         })
     }
 
@@ -1822,6 +1837,7 @@ mod tests {
         segment.pool = pool;
         let stream = segment.stream;
         let address = segment.address.slice(offset, requested).expect("inside");
+        let one_chunk = lies_in_one_chunk(&segment.address, offset, size);
         let mut state = State::default();
         let id = state.segments.push(segment);
         state.recent.push_back(Block {
@@ -1832,6 +1848,8 @@ mod tests {
             size,
             requested,
             lent_to: None,
+            pool,
+            one_chunk,
         });
         (state, stream)
     }
