@@ -261,6 +261,15 @@ fn copies_per_batch(size: u64) -> u64 {
     (BATCH_BYTES / size.max(1)).clamp(1, MAX_COPIES_PER_BATCH)
 }
 
+/// `size` as a host buffer's length.
+///
+/// # Errors
+/// [`CliError::Usage`] naming the size when it does not fit a `usize`.
+fn host_len(size: u64) -> Result<usize, CliError> {
+    usize::try_from(size)
+        .map_err(|_| CliError::Usage(format!("--sizes {size} is too large for this host")))
+}
+
 /// Refuses a transfer size this host or device cannot take, before any
 /// measurement: more than the device's memory, or more host memory than
 /// the host has for the largest batch's buffers (a D2H batch holds one
@@ -270,11 +279,7 @@ fn copies_per_batch(size: u64) -> u64 {
 /// # Errors
 /// [`CliError::Usage`] naming the size and what it needs.
 fn check_size(size: u64, layout: Option<MemoryLayout>, mock: bool) -> Result<(), CliError> {
-    if usize::try_from(size).is_err() {
-        return Err(CliError::Usage(format!(
-            "--sizes {size} is too large for this host"
-        )));
-    }
+    host_len(size)?;
     if let Some(layout) = layout
         && size > layout.total_bytes
     {
@@ -325,8 +330,7 @@ fn bandwidth(
     size: u64,
     direction: Direction,
 ) -> Result<BenchResult, CliError> {
-    let len = usize::try_from(size)
-        .map_err(|_| CliError::Usage(format!("--sizes {size} is too large for this host")))?;
+    let len = host_len(size)?;
     let copies = copies_per_batch(size);
     let device = spyre_stream::allocate(Device::CURRENT, size).map_err(|e| match e {
         spyre_stream::Error::Flex(flex) if flex.status() == Status::OUT_OF_MEMORY => {

@@ -93,13 +93,18 @@ impl PipelineTimes {
     }
 }
 
+/// The children's `--size` in bytes and their plan.
+fn child_plan() -> (u64, Plan) {
+    let size = crate::size::parse_size(SIZE).expect("SIZE is a size `spyre run` takes");
+    let plan = Plan::new(KernelArg::Axpy, size).expect("SIZE makes a plan");
+    (size, plan)
+}
+
 /// The `SPYRE_MOCK_*` timing model of the children, for the variables the
 /// environment leaves unset.
 fn timing_model(lookup: impl Fn(&str) -> Option<String>) -> Vec<(&'static str, String)> {
-    // 1 MiB makes operands of 349 524 bytes: copied in 1 ms at this rate.
-    let operand = Plan::new(KernelArg::Axpy, 1 << 20)
-        .map(|plan| plan.operand_bytes)
-        .unwrap_or(349_524);
+    // The children's operands, copied in 1 ms at this rate.
+    let operand = child_plan().1.operand_bytes;
     [
         ("SPYRE_MOCK_OP_LATENCY_US", "1000".to_owned()),
         ("SPYRE_MOCK_COPY_BANDWIDTH", (operand * 1000).to_string()),
@@ -118,9 +123,8 @@ fn timing_model(lookup: impl Fn(&str) -> Option<String>) -> Vec<(&'static str, S
 /// [`CliError::Usage`] naming the child's invocation and why it does not
 /// fit.
 pub(super) fn check_capacity(layout: MemoryLayout) -> Result<(), CliError> {
-    let size = crate::size::parse_size(SIZE).map_err(CliError::Usage)?;
+    let (size, plan) = child_plan();
     let iterations = ITERATIONS.parse().expect("a whole number");
-    let plan = Plan::new(KernelArg::Axpy, size)?;
     for mode in [ModeArg::Serialized, ModeArg::Pipelined] {
         let args = RunArgs {
             threads: 1,
