@@ -169,4 +169,64 @@ mod tests {
         barriers.uncovered(stream(6)).expect("requested").cover();
         assert!(barriers.uncovered(stream(6)).is_none());
     }
+
+    /// One step of a thread in [`every_interleaving_puts_a_barrier_between_the_owners`].
+    #[derive(Clone, Copy, Debug)]
+    enum Step {
+        /// The chokepoint's look for a request.
+        Look,
+        /// The launch of operation `n`, in the stream's submission order,
+        /// with a barrier if the look found a request.
+        Enqueue(u8),
+        /// The cover of what the look found, after the launch.
+        Cover,
+        /// A block reused on the stream.
+        Request,
+    }
+
+    /// Two threads each enqueue an operation of a block's owner, reuse
+    /// the block (the request) and enqueue the new owner's operation on
+    /// one stream, each launch as the chokepoint makes it (look, enqueue,
+    /// cover). In every one of the 3 432 interleavings of their steps,
+    /// each new owner's operation is behind a barrier set at or after it
+    /// was enqueued, after its previous owner's.
+    #[test]
+    fn every_interleaving_puts_a_barrier_between_the_owners() {
+        use Step::{Cover, Enqueue, Look, Request};
+        let programs = [
+            [Look, Enqueue(1), Cover, Request, Look, Enqueue(2), Cover],
+            [Look, Enqueue(3), Cover, Request, Look, Enqueue(4), Cover],
+        ];
+        // Bit i of a schedule: which thread takes step i.
+        let schedules: Vec<u32> = (0..1 << 14).filter(|s: &u32| s.count_ones() == 7).collect();
+        assert_eq!(schedules.len(), 3432, "14 choose 7");
+        for schedule in schedules {
+            let barriers = ReuseBarriers::new();
+            let mut next = [0; 2];
+            let mut looked: [Option<Uncovered<'_>>; 2] = [None, None];
+            let mut log = Vec::new();
+            for thread in (0..14).map(|i| (schedule >> i & 1) as usize) {
+                match programs[thread][next[thread]] {
+                    Look => looked[thread] = barriers.uncovered(stream(9)),
+                    Enqueue(op) => log.push((op, looked[thread].is_some())),
+                    Cover => {
+                        if let Some(found) = looked[thread].take() {
+                            found.cover();
+                        }
+                    }
+                    Request => barriers.request(stream(9)),
+                }
+                next[thread] += 1;
+            }
+            let place = |op| log.iter().position(|&(o, _)| o == op).expect("enqueued");
+            for (old, new) in [(1, 2), (3, 4)] {
+                assert!(
+                    log[place(old) + 1..=place(new)]
+                        .iter()
+                        .any(|&(_, barrier)| barrier),
+                    "no barrier between {old} and {new}: {log:?}"
+                );
+            }
+        }
+    }
 }
