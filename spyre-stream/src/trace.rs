@@ -6,8 +6,8 @@
 //! launch. On, each
 //! launch appends an entry under a mutex and carries a completion that
 //! stamps the time the runtime reported it finished. When it started on
-//! the device is derived: a stream runs its operations one at a time in
-//! order, so an operation starts when it was enqueued or when the one
+//! the device is derived as for a stream that runs its operations one at
+//! a time in order: an operation starts when it was enqueued or when the one
 //! before it on its stream finished, whichever is later (an operation held
 //! by a wait on an event counts from then too; the wait itself is an entry
 //! of its own, linked to the record it waits for).
@@ -71,14 +71,17 @@ pub struct TraceEntry {
     /// Bytes copied or filled (0 for the other kinds).
     pub bytes: u64,
     /// Whether it was launched with a pipeline barrier: asked for by the
-    /// caller ([`crate::LaunchOptions::pipeline_barrier`]), or added as the
-    /// stream's first launch after memory was reused on it (see
-    /// [`crate::DeviceBuffer`]).
+    /// caller ([`crate::LaunchOptions::pipeline_barrier`]), or added to the
+    /// stream's launches after memory was reused on it until one of them
+    /// has been enqueued (see [`crate::DeviceBuffer`]; a refused launch
+    /// shows it too, and launches made at the same time may each carry it).
     pub pipeline_barrier: bool,
     /// When the host enqueued it.
     pub enqueued: Duration,
-    /// When it started on the device, derived: a stream runs its
-    /// operations one at a time in order, so an operation starts when it
+    /// When it started on the device, derived as for a stream that runs
+    /// its operations one at a time in order (as the software device's
+    /// do; a card may overlap those without a pipeline barrier, which the
+    /// trace cannot see): an operation starts when it
     /// was enqueued or when the one before it on its stream finished,
     /// whichever is later. `None` until it finished.
     pub started: Option<Duration>,

@@ -39,7 +39,7 @@
 //!   with the ones before it: so a block taken from its stream's cache
 //!   asks that the stream's next launch carry that barrier
 //!   ([`crate::memory::reuse_barrier`]), which keeps the new owner's work
-//!   from overlapping the previous owner's.
+//!   launched through the stream from overlapping the previous owner's.
 //! - **Other streams.** A block used on other streams
 //!   ([`crate::DeviceBuffer::record_stream`]) is freed in their order: an
 //!   event (a marker event, reused) is recorded on each when the buffer is
@@ -106,7 +106,12 @@
 //!   nothing more (`flex_rt::Stream::query` reports it only then, also
 //!   where a flex library runs on behind a completion's panic that failed
 //!   the stream on flex-rt's side): its segments go back to the device like
-//!   an idle stream's, and a block used on it is cached again at once. A stream that needs shutdown
+//!   an idle stream's, and a block used on it is cached again at once. That
+//!   holds where a stream runs one operation at a time, as the software
+//!   device's do; on a card that overlapped them, an operation started
+//!   before the failure might still run when the failure is reported, and
+//!   its memory would have to wait for a synchronize first (not done
+//!   today). A stream that needs shutdown
 //!   may still be running the operation it was in: its memory, and blocks
 //!   used on it, wait until a synchronize (`empty_cache`, or the retry of a
 //!   full device) has seen it end.

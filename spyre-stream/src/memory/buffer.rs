@@ -48,9 +48,12 @@ use crate::stream::SpyreStream;
 /// later on a stream runs after work enqueued earlier). As flex.h lets a
 /// card overlap a stream's operations unless a launch asks for a
 /// `pipeline_barrier`, the stream's next launch after such a reuse carries
-/// that barrier (whatever it launches; a launch through a raw handle of
-/// [`crate::StreamPool::resolve`] neither carries nor clears it), so the
-/// new owner's work never overlaps the previous owner's. If other streams
+/// that barrier (whatever it launches), so the new owner's work launched
+/// through [`SpyreStream`] never overlaps the previous owner's. A launch
+/// through a raw handle ([`crate::StreamPool::resolve`],
+/// [`crate::default_stream_handle`]) neither carries nor clears it: after
+/// a reuse, launch through the stream first, or set the barrier yourself.
+/// If other streams
 /// used it, an event is recorded on each, and
 /// the memory is reused only after all have completed. Device memory goes
 /// back to the device only by [`crate::empty_cache`], or when the device

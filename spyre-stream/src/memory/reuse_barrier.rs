@@ -25,13 +25,17 @@
 //! enqueued, writes the count it saw as covered, only if the word is still
 //! what it saw. A request made meanwhile changes the word, so the write
 //! fails and the request stays for the next launch (which sets a barrier
-//! again: at worst one more than needed, never one fewer). A thread that
+//! again: at worst one more than needed per launch made at the same time,
+//! never one fewer). A request that would bring the count of requests
+//! round to the count covered (2³² of them with no launch between) counts
+//! twice, so that pending requests never read as covered. A thread that
 //! finds the word covered has seen, through that write (release, then its
 //! acquire load), that the covering launch was enqueued: its own operation
 //! comes after it on the stream.
 //!
-//! Launches through a raw handle ([`crate::StreamPool::resolve`]) and
-//! record and wait operations neither carry nor cover a request.
+//! Launches through a raw handle ([`crate::StreamPool::resolve`],
+//! [`crate::default_stream_handle`]) and record and wait operations
+//! neither carry nor cover a request.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -71,7 +75,15 @@ impl ReuseBarriers {
     /// no slot (none the pool hands out) are ignored.
     pub(crate) fn request(&self, stream: SpyreStream) {
         if let Some(word) = stream.id().slot().map(|slot| &self.words[slot]) {
-            word.fetch_add(ONE_REQUEST, Ordering::Release);
+            let _ = word.fetch_update(Ordering::Release, Ordering::Relaxed, |seen| {
+                let next = seen.wrapping_add(ONE_REQUEST);
+                // Never equal counts while requests are pending.
+                Some(if next >> 32 == next & COVERED {
+                    next.wrapping_add(ONE_REQUEST)
+                } else {
+                    next
+                })
+            });
         }
     }
 
@@ -168,6 +180,20 @@ mod tests {
         );
         barriers.uncovered(stream(6)).expect("requested").cover();
         assert!(barriers.uncovered(stream(6)).is_none());
+    }
+
+    /// 2³² - 1 requests pending (one fewer than the counts can tell
+    /// apart): one more must not make them read as covered.
+    #[test]
+    fn pending_requests_never_wrap_round_to_covered() {
+        let barriers = ReuseBarriers::new();
+        let word = &barriers.words[8];
+        word.store(4 << 32 | 5, Ordering::Relaxed);
+        assert!(barriers.uncovered(stream(8)).is_some());
+        barriers.request(stream(8));
+        assert!(barriers.uncovered(stream(8)).is_some(), "still pending");
+        barriers.uncovered(stream(8)).expect("pending").cover();
+        assert!(barriers.uncovered(stream(8)).is_none());
     }
 
     /// One step of a thread in [`every_interleaving_puts_a_barrier_between_the_owners`].
