@@ -217,6 +217,7 @@ mod tests {
     /// each new owner's operation is behind a barrier set at or after it
     /// was enqueued, after its previous owner's.
     #[test]
+    #[cfg_attr(miri, ignore = "3 432 schedules of safe code, about 100 s under Miri")]
     fn every_interleaving_puts_a_barrier_between_the_owners() {
         use Step::{Cover, Enqueue, Look, Request};
         let programs = [
