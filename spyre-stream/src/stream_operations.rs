@@ -22,9 +22,9 @@ impl SpyreStream {
     }
 
     /// The launch chokepoint: resolves the handle and launches, with a
-    /// pipeline barrier when memory was reused on the stream since the
-    /// last launch that carried one (`memory::reuse_barrier`; one acquire
-    /// load decides), recording the operation in the trace and the
+    /// pipeline barrier while memory reused on the stream has a request no
+    /// enqueued launch has covered yet (`memory::reuse_barrier`; one
+    /// acquire load decides), recording the operation in the trace and the
     /// counters when they are on (one relaxed load decides).
     fn launch(
         self,

@@ -174,6 +174,12 @@ fn the_first_launch_after_a_reuse_on_its_stream_carries_a_pipeline_barrier() {
         assert!(refused.is_err(), "8 bytes into 1000: {refused:?}");
         again.fill(stream, 2).unwrap();
         again.fill(stream, 3).unwrap();
+        assert_eq!(again.to_vec(stream).unwrap(), [3; 1000]);
+        drop(again);
+        // A smaller size: split from the merged cache, not a recent block.
+        let mut split = DeviceBuffer::<u8>::new(stream, 512).unwrap();
+        assert_eq!(split.address(), &address.slice(0, 512).unwrap());
+        split.fill(stream, 4).unwrap();
         // Larger than a small request: a new segment, not the cache.
         let fresh = DeviceBuffer::<u8>::new(stream, 2 * SMALL_REQUEST as usize).unwrap();
         assert_eq!(stats().device_allocations, 2);
@@ -181,7 +187,6 @@ fn the_first_launch_after_a_reuse_on_its_stream_carries_a_pipeline_barrier() {
             .launch_host_callback(|| {}, LaunchOptions::new())
             .unwrap();
         stream.synchronize().unwrap();
-        assert_eq!(again.to_vec(stream).unwrap(), [3; 1000]);
         let barriers: Vec<_> = spyre_stream::stop_trace()
             .entries
             .iter()
@@ -196,11 +201,12 @@ fn the_first_launch_after_a_reuse_on_its_stream_carries_a_pipeline_barrier() {
                 (stream, Refused, true),
                 (stream, Fill, true),
                 (stream, Fill, false),
-                (stream, HostCallback, false),
                 (stream, D2h, false),
+                (stream, Fill, true),
+                (stream, HostCallback, false),
             ]
         );
-        drop(fresh);
+        drop((fresh, split));
     });
 }
 

@@ -170,3 +170,48 @@ pub(crate) fn write_chrome_trace(
 ) -> Result<TraceSummary, CliError> {
     file.write_with("trace", |out| write_events(out, trace))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use spyre_stream::{SpyreStream, StreamId, TraceEntry};
+
+    use super::*;
+
+    /// A fill on stream 1 that ran from `at` µs for 1 µs.
+    fn fill(at: u64, pipeline_barrier: bool) -> TraceEntry {
+        TraceEntry {
+            stream: SpyreStream::from_parts(0, StreamId(1)),
+            kind: OperationKind::Fill,
+            bytes: 1024,
+            pipeline_barrier,
+            enqueued: Duration::from_micros(at),
+            started: Some(Duration::from_micros(at)),
+            finished: Some(Duration::from_micros(at + 1)),
+            failed: false,
+            link: None,
+        }
+    }
+
+    #[test]
+    fn a_slice_names_its_pipeline_barrier_only_when_it_had_one() {
+        let trace = Trace {
+            entries: vec![fill(0, false), fill(2, true)],
+        };
+        let mut out = Vec::new();
+        let summary = write_events(&mut out, &trace).unwrap();
+        assert_eq!((summary.operations, summary.streams), (2, 1));
+        let document: Value = serde_json::from_slice(&out).unwrap();
+        let args: Vec<&Value> = document["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["ph"] == "X")
+            .map(|e| &e["args"])
+            .collect();
+        assert_eq!(args.len(), 2);
+        assert!(args[0].get("pipeline_barrier").is_none(), "{}", args[0]);
+        assert_eq!(args[1]["pipeline_barrier"], true);
+    }
+}

@@ -202,10 +202,11 @@ pub(crate) struct Block {
     /// The stream the block was lent to, when it is not the segment's own
     /// ([`CachingAllocator::lend_block`]): its free waits for that stream.
     lent_to: Option<SpyreStream>,
-    /// Its segment's pool, and whether all `size` bytes lie in one chunk
-    /// of the segment: so that taking it back as a recent block looks up
-    /// no segment for the same pool and size.
+    /// Its segment's pool (kept here so that taking the block back as a
+    /// recent one looks up no segment).
     pool: Pool,
+    /// Whether all `size` bytes lie in one chunk of the segment (then so
+    /// does any request it serves; kept for the same reason).
     one_chunk: bool,
 }
 

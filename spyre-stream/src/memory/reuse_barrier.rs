@@ -42,8 +42,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::id::MAX_STREAM_SLOTS;
 use crate::stream::SpyreStream;
 
-/// The low half of a word: requests covered.
-const COVERED: u64 = u32::MAX as u64;
+/// The low half of a word, where the requests covered are counted.
+const LOW_HALF: u64 = u32::MAX as u64;
 /// One request, added to the high half.
 const ONE_REQUEST: u64 = 1 << 32;
 
@@ -78,7 +78,7 @@ impl ReuseBarriers {
             let _ = word.fetch_update(Ordering::Release, Ordering::Relaxed, |seen| {
                 let next = seen.wrapping_add(ONE_REQUEST);
                 // Never equal counts while requests are pending.
-                Some(if next >> 32 == next & COVERED {
+                Some(if next >> 32 == next & LOW_HALF {
                     next.wrapping_add(ONE_REQUEST)
                 } else {
                     next
@@ -93,7 +93,7 @@ impl ReuseBarriers {
     pub(crate) fn uncovered(&self, stream: SpyreStream) -> Option<Uncovered<'_>> {
         let word = &self.words[stream.id().slot()?];
         let seen = word.load(Ordering::Acquire);
-        (seen >> 32 != seen & COVERED).then_some(Uncovered { word, seen })
+        (seen >> 32 != seen & LOW_HALF).then_some(Uncovered { word, seen })
     }
 }
 
@@ -102,7 +102,7 @@ impl Uncovered<'_> {
     /// the barrier was enqueued. Not called when the launch failed: the
     /// request stays for the next one.
     pub(crate) fn cover(self) {
-        let covered = (self.seen & !COVERED) | (self.seen >> 32);
+        let covered = (self.seen & !LOW_HALF) | (self.seen >> 32);
         // Failure means the word changed: a new request (which must stay)
         // or another launch's cover of at least as much.
         let _ = self
@@ -171,7 +171,7 @@ mod tests {
     fn the_counts_wrap() {
         let barriers = ReuseBarriers::new();
         let word = &barriers.words[6];
-        word.store(COVERED << 32 | COVERED, Ordering::Relaxed);
+        word.store(LOW_HALF << 32 | LOW_HALF, Ordering::Relaxed);
         barriers.request(stream(6));
         assert_eq!(
             word.load(Ordering::Relaxed) >> 32,
@@ -182,8 +182,8 @@ mod tests {
         assert!(barriers.uncovered(stream(6)).is_none());
     }
 
-    /// 2³² - 1 requests pending (one fewer than the counts can tell
-    /// apart): one more must not make them read as covered.
+    /// 2³² - 1 requests pending, the most the counts can tell apart: one
+    /// more must not make them read as covered.
     #[test]
     fn pending_requests_never_wrap_round_to_covered() {
         let barriers = ReuseBarriers::new();
