@@ -1032,6 +1032,20 @@ fn a_full_device_does_not_wait_when_idle_streams_give_back_enough() {
 
 /// Fills the rest of the device (the default 1 GiB in 256 MiB regions)
 /// with one raw allocation, returned to be freed.
+/// Whether each of two empty launches on `stream` carried a pipeline
+/// barrier, read from a trace of them.
+fn next_launch_barriers(stream: SpyreStream) -> Vec<bool> {
+    spyre_stream::start_trace();
+    for _ in 0..2 {
+        stream
+            .launch_host_callback(|| {}, LaunchOptions::new())
+            .unwrap();
+    }
+    stream.synchronize().unwrap();
+    let trace = spyre_stream::stop_trace();
+    trace.entries.iter().map(|e| e.pipeline_barrier).collect()
+}
+
 fn fill_the_device() -> spyre_stream::CompositeAddress {
     let free = spyre_stream::memory_info(Device::CURRENT)
         .unwrap()
@@ -1062,6 +1076,9 @@ fn a_full_device_serves_a_small_request_from_a_large_segment_in_use() {
             (s.alloc_retries, s.device_frees, s.device_allocations),
             (0, 0, 1)
         );
+        // A block of the stream's own cache: its next launch carries a
+        // pipeline barrier.
+        assert_eq!(next_launch_barriers(stream), [true, false]);
         drop((small, big));
         spyre_stream::free(Device::CURRENT, &filled).unwrap();
     });
@@ -1124,6 +1141,8 @@ fn a_full_device_lends_a_finished_streams_cached_block_to_another_stream() {
         // no device call.
         let lent = DeviceBuffer::<u8>::new(borrower, 64 << 10).unwrap();
         assert_eq!(lent.address(), &address);
+        // Lent only once its owner had finished: no barrier asked.
+        assert_eq!(next_launch_barriers(borrower), [false, false]);
         let s = stats();
         assert_eq!((s.device_allocations, s.out_of_memory), (2, 1), "{s:?}");
         assert_eq!(
