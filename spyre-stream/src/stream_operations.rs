@@ -34,29 +34,17 @@ impl SpyreStream {
         launch: impl FnOnce(&dyn Stream, LaunchOptions) -> flex_rt::Result<()>,
     ) -> Result<()> {
         let (handle, barriers) = runtime::launch_target(self)?;
-        let Some(reused) = barriers.uncovered(self) else {
-            return self.launch_instrumented(handle, kind, bytes, options, launch);
-        };
-        options.pipeline_barrier = true;
-        self.launch_instrumented(handle, kind, bytes, options, launch)?;
-        reused.cover();
-        Ok(())
-    }
-
-    /// The chokepoint's launch on `handle`, traced and counted when those
-    /// are on.
-    #[inline]
-    fn launch_instrumented(
-        self,
-        handle: &dyn Stream,
-        kind: OperationKind,
-        bytes: u64,
-        options: LaunchOptions,
-        launch: impl FnOnce(&dyn Stream, LaunchOptions) -> flex_rt::Result<()>,
-    ) -> Result<()> {
+        let reused = barriers.uncovered(self);
+        if reused.is_some() {
+            options.pipeline_barrier = true;
+        }
         let flags = instrument::flags();
         if flags == 0 {
-            return Ok(launch(handle, options)?);
+            launch(handle, options)?;
+            if let Some(reused) = reused {
+                reused.cover();
+            }
+            return Ok(());
         }
         let (tracing, counting) = (
             flags & instrument::TRACE != 0,
@@ -82,6 +70,9 @@ impl SpyreStream {
         let unlaunched = Unlaunched { traced, counted };
         launch(handle, options)?;
         unlaunched.launched();
+        if let Some(reused) = reused {
+            reused.cover();
+        }
         Ok(())
     }
 
