@@ -236,16 +236,18 @@ pub trait Stream: Send + Sync + fmt::Debug {
     /// done, `Ok(false)` still running. Never blocks.
     ///
     /// # Errors
-    /// The stream's first error if it has failed, once none of its
-    /// operations runs any more: a backend whose stream fails while work
-    /// queued before the failure still runs (`HardwareStream` behind a
-    /// completion's panic) says `Ok(false)` until that work has ended, so
-    /// that a caller may take a failure to mean that the stream touches
-    /// device memory no more (the caching allocator does). The failed
-    /// operation's completion (host code) may still be running then. One
-    /// exception: `SHUTDOWN` (the stream needs a shutdown of its runtime)
-    /// is reported at once, while the operation the stream was running
-    /// goes on; only a `synchronize` tells that it ended.
+    /// The stream's first error if it has failed. A backend whose stream
+    /// fails on its own side while work queued before the failure still
+    /// runs (`HardwareStream` behind a completion's panic) says `Ok(false)`
+    /// until that work has ended. A failure the device reports says only
+    /// that the stream takes no more work: flex.h does not say that the
+    /// work begun before it has ended (a card may overlap a stream's
+    /// operations, and `SHUTDOWN`, the stream needing a shutdown of its
+    /// runtime, is reported at once while the operation the stream was
+    /// running goes on). A `synchronize` that returns the failure does say
+    /// it, for the work enqueued before it. The failed operation's
+    /// completion (host code) may still be running when the failure is
+    /// reported.
     fn query(&self) -> Result<bool>;
 
     /// Blocks until all work enqueued before the call has completed and its

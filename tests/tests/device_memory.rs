@@ -1456,29 +1456,62 @@ fn a_host_callback_may_empty_the_cache_and_retry_while_another_thread_empties_it
     });
 }
 
-/// A buffer used on a stream that had already failed: the failed stream
-/// runs nothing more, so the block is cached again at once and goes back to
-/// the device with `empty_cache`. Before, its fence (the stream idle, as
-/// the record on it was refused) never passed: the memory was lost for the
-/// life of the process.
+/// A buffer used on a stream that had already failed: a query reporting
+/// the failure does not say that the stream's work has ended (flex.h does
+/// not promise it; a card may overlap a stream's operations), so the block
+/// stays a pending free until `empty_cache`'s synchronize has seen the
+/// stream fail, and then goes back to the device. Before, it was cached
+/// again at once on the query's word; and before that, its fence (the
+/// stream idle, as the record on it was refused) never passed: the memory
+/// was lost for the life of the process.
 #[test]
-fn memory_used_on_a_failed_stream_is_reused_and_returned() {
+fn memory_used_on_a_failed_stream_is_returned_once_a_synchronize_saw_the_failure() {
     isolated!(&[MOCK], || {
         let (owner, failed) = (pool_stream(), pool_stream());
         fail(failed);
         let buffer = DeviceBuffer::<f32>::zeros(owner, 1024).unwrap();
         buffer.record_stream(failed).unwrap();
         drop(buffer);
-        assert_eq!(stats().pending_frees, 0);
+        assert_eq!(stats().pending_frees, 1, "not on the query's word");
         assert_eq!(empty_cache(Device::CURRENT).unwrap(), SMALL_SEGMENT);
-        assert_eq!(stats().reserved_bytes, 0);
+        let s = stats();
+        assert_eq!((s.pending_frees, s.reserved_bytes), (0, 0));
+    });
+}
+
+/// A block whose fence is an event recorded on another stream that fails
+/// before it reaches the event: the failed record does not say that the
+/// work begun before the failure has ended either, so the block stays a
+/// pending free until `empty_cache`'s synchronize has seen the stream fail.
+/// Before, the event's failure passed the fence at once.
+#[test]
+fn a_fence_whose_event_failed_waits_for_a_synchronize() {
+    isolated!(&[MOCK], || {
+        let (owner, other) = (pool_stream(), pool_stream());
+        let (release, _) = hold_running(other);
+        other
+            .launch_host_callback(
+                || panic!("failing the stream on purpose"),
+                LaunchOptions::new(),
+            )
+            .unwrap();
+        let buffer = DeviceBuffer::<f32>::zeros(owner, 1024).unwrap();
+        buffer.record_stream(other).unwrap();
+        // Its fence: an event recorded on `other` behind the failing callback.
+        drop(buffer);
+        drop(release);
+        assert!(other.synchronize().is_err());
+        assert_eq!(stats().pending_frees, 1, "not on the event's failure");
+        assert_eq!(empty_cache(Device::CURRENT).unwrap(), SMALL_SEGMENT);
+        let s = stats();
+        assert_eq!((s.pending_frees, s.reserved_bytes), (0, 0));
     });
 }
 
 /// A full device returns the cache of a failed stream before it retries, as
-/// `empty_cache` does (a failed stream runs nothing more). Before, only
-/// idle streams' cache went back, and the allocation failed with the
-/// failed stream's 3 MiB cached.
+/// `empty_cache` does, once its synchronize has seen the stream fail (a
+/// failed stream takes no more work). Before, only idle streams' cache went
+/// back, and the allocation failed with the failed stream's 3 MiB cached.
 #[test]
 fn a_full_device_returns_a_failed_streams_cache() {
     isolated!(&FOUR_MIB_DEVICE, || {

@@ -329,9 +329,8 @@ impl Stream for HardwareStream {
         const CALL: &str = "flex_stream_query";
         if status == sys::FLEX_NOT_READY {
             // Still running, behind a completion's panic too: the library
-            // runs the work it had queued (see the type's docs), and a
-            // failure reported now would read as a stream that runs
-            // nothing more (whose memory may be handed out again).
+            // runs the work it had queued (see the type's docs), and the
+            // panic's failure is reported once that work has ended.
             return Ok(false);
         }
         self.check_completions(CALL)?;

@@ -88,13 +88,13 @@
 //!   then it fails with [`Error::OutOfMemory`].
 //! - **Lent blocks.** A full device's last resort, before it fails, is a
 //!   cached block in a segment of another stream, lent if that stream is
-//!   seen idle (or failed) once the block is set aside: every use of a
+//!   seen idle once the block is set aside: every use of a
 //!   cached block was enqueued before its free, so none can still touch
 //!   it. (CUDA's stream-ordered pools reuse memory freed on another stream
 //!   opportunistically by default, once that free's own event has
 //!   completed; PyTorch's allocator fails instead.) A block in one chunk
 //!   is lent first where the request fits a region; streams with work
-//!   left (or that need shutdown, or cannot be queried) are passed over,
+//!   left (or that failed, or cannot be queried) are passed over,
 //!   as are the segments a waiting retry holds; nothing is waited for.
 //!   The block stays in its segment: when its buffer is dropped it waits
 //!   for the borrowing stream, as for a stream that used it, before it is
@@ -102,19 +102,16 @@
 //!   keep a partly used segment could fill the device while most of its
 //!   memory lies cached (a new pool stream per iteration, cycling through
 //!   the 64 pool streams).
-//! - **Failed streams.** A stream whose query reports its failure runs
-//!   nothing more (`flex_rt::Stream::query` reports it only then, also
-//!   where a flex library runs on behind a completion's panic that failed
-//!   the stream on flex-rt's side): its segments go back to the device like
-//!   an idle stream's, and a block used on it is cached again at once. That
-//!   holds where a stream runs one operation at a time, as the software
-//!   device's do; on a card that overlapped them, an operation started
-//!   before the failure might still run when the failure is reported, and
-//!   its memory would have to wait for a synchronize first (not done
-//!   today). A stream that needs shutdown
-//!   may still be running the operation it was in: its memory, and blocks
-//!   used on it, wait until a synchronize (`empty_cache`, or the retry of a
-//!   full device) has seen it end.
+//! - **Failed streams.** A failed stream takes no more work, but a query
+//!   that reports the failure does not say that the work begun before it
+//!   has ended: flex.h does not promise it, and a card that overlaps a
+//!   stream's operations may still run one (a stream that needs shutdown
+//!   goes on with the operation it was in). So a failed stream's memory,
+//!   and blocks used on it, wait until a synchronize (`empty_cache`, or the
+//!   retry of a full device) has returned the stream's failure once it
+//!   could take no more work: everything it ran has then ended. Until
+//!   then its segments stay cached, its blocks are not lent, and a block
+//!   used on it stays a pending free.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -224,23 +221,19 @@ enum Fence {
 }
 
 impl Fence {
-    /// Whether the stream has passed the point of the drop. An event whose
-    /// record failed has: a record's outcome is set when its stream reaches
-    /// it, after everything enqueued before it, and the stream's later work
-    /// never runs. A query that itself failed (an invalid handle, a status
-    /// flex.h does not define) says nothing of where the stream is, so the
-    /// block waits. A stream without an event (no marker event, or the
-    /// record was refused because the stream had already failed) must have
-    /// finished its work ([`has_finished_now`]): be idle, or have had an
-    /// operation fail, after which nothing of it runs. (A stream that needs
-    /// shutdown is neither: its fence is passed by `empty_cache` once a
-    /// synchronize saw its work end.)
+    /// Whether the stream has passed the point of the drop: the event has
+    /// completed, or, for a stream without an event (no marker event, or
+    /// the record was refused because the stream had already failed), the
+    /// stream is idle ([`has_finished_now`]). An event whose record failed
+    /// has not: flex.h does not say that the work begun before the failure
+    /// has ended (a card may overlap a stream's operations), and neither
+    /// does a query that itself failed. Those fences, and those of a stream
+    /// that failed or needs shutdown, are passed by a synchronize that saw
+    /// the stream's work end (`empty_cache`, or the retry of a full device:
+    /// [`State::pass_fences`]).
     fn passed(&self) -> bool {
         match self {
-            Fence::Event { event, .. } => match event.query() {
-                Ok(complete) => complete,
-                Err(error) => is_stream_failure(&error),
-            },
+            Fence::Event { event, .. } => matches!(event.query(), Ok(true)),
             Fence::Idle(stream) => has_finished_now(*stream),
         }
     }
@@ -1127,10 +1120,11 @@ impl CachingAllocator {
                 Err(_) => {}
             }
         }
-        // Blocks waiting for a failed stream to be idle (it never will be)
-        // are free of it now, and so are blocks freed before the wait that
-        // wait for a stream it waited for (which may be busy again).
-        self.state.lock().pass_idle_fences(&finished);
+        // Blocks waiting for a failed stream (to be idle, which it never
+        // will be, or for an event that failed) are free of it now, and so
+        // are blocks freed before the wait that wait for a stream it waited
+        // for (which may be busy again).
+        self.state.lock().pass_fences(&finished);
         finished
     }
 
@@ -1228,7 +1222,7 @@ impl CachingAllocator {
         state.stats
     }
 
-    /// The stream of this device with runtime id `id`.
+    /// The stream of this device with (pool) id `id`.
     fn stream(&self, id: i64) -> SpyreStream {
         SpyreStream::from_parts(self.runtime.logical_device() as u8, crate::StreamId(id))
     }
@@ -1249,19 +1243,16 @@ fn synchronize_finds_failed(stream: SpyreStream) -> bool {
 }
 
 /// Whether `stream` has no work left that could touch its memory, now,
-/// without waiting: it is idle, or one of its operations failed (a stream
-/// runs one operation at a time, in order: what came before the failed one
-/// has ended, and nothing after it runs). `false` while it has work, when
-/// it needs shutdown (`SHUTDOWN` is reported at once, while the operation
-/// it was running goes on: only a synchronize tells that it ended), when
-/// the query failed as a call (see [`is_stream_failure`]), or when the
-/// stream cannot be reached.
+/// without waiting: whether it is idle. A stream that has failed is not:
+/// flex.h does not say that the work begun before a failure has ended when
+/// a query reports it (a card that overlaps a stream's operations may still
+/// run one), nor does a stream that needs shutdown (reported at once, while
+/// the operation it was running goes on). Only a synchronize, which waits
+/// for that work, tells ([`synchronize_finds_failed`]). `false` too while
+/// it has work, when the query failed as a call, or when the stream cannot
+/// be reached.
 fn has_finished_now(stream: SpyreStream) -> bool {
-    match stream.query() {
-        Ok(idle) => idle,
-        Err(Error::Flex(error)) => is_stream_failure(&error) && error.status() != Status::SHUTDOWN,
-        Err(_) => false,
-    }
+    matches!(stream.query(), Ok(true))
 }
 
 /// Whether `len` bytes from `offset` of `address` lie in one of its
@@ -1512,22 +1503,23 @@ impl State {
         fences.chain(owners).collect()
     }
 
-    /// Drops the fences without an event ([`Fence::Idle`]) that a wait
-    /// passed: those of the streams it found failed and done, and those of
-    /// the streams it waited for on blocks freed before it began (their
-    /// point was enqueued before the synchronize, which saw it end, though
-    /// the stream may have been given more work since); then caches the
-    /// blocks whose fences have all passed.
-    fn pass_idle_fences(&mut self, finished: &Finished<'_>) {
+    /// Drops the fences that a wait passed: every fence of the streams it
+    /// found failed and done, and the fences without an event
+    /// ([`Fence::Idle`]) of the streams it waited for on blocks freed
+    /// before it began (their point was enqueued before the synchronize,
+    /// which saw it end, though the stream may have been given more work
+    /// since; an event fence of such a stream has completed); then caches
+    /// the blocks whose fences have all passed.
+    fn pass_fences(&mut self, finished: &Finished<'_>) {
         for entry in &mut self.deferred {
             let freed_before = entry.freed <= finished.frees_before_waiting;
             entry.fences.retain(|fence| {
-                let Fence::Idle(stream) = fence else {
-                    return true;
-                };
+                let (Fence::Event { stream, .. } | Fence::Idle(stream)) = fence;
                 let id = stream.id().get();
-                !(finished.failed_and_done.contains(&id)
-                    || freed_before && finished.waited.contains(&id))
+                let waited_for = matches!(fence, Fence::Idle(_))
+                    && freed_before
+                    && finished.waited.contains(&id);
+                !(finished.failed_and_done.contains(&id) || waited_for)
             });
         }
         self.collect_deferred();
