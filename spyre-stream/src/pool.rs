@@ -450,6 +450,7 @@ impl<'rt> StreamPool<'rt> {
 
     /// The default stream's runtime handle (`getDefaultStreamRuntimeHandle`),
     /// for code that talks to the runtime directly. No lock once initialized.
+    /// Its launches skip the reuse barrier as [`StreamPool::resolve`]'s do.
     ///
     /// # Errors
     /// As [`StreamPool::initialize`].
@@ -499,6 +500,12 @@ impl<'rt> StreamPool<'rt> {
     /// the host-compute ids, of the `initialized` flag). The handle stays
     /// valid because the table is append-only and the runtime outlives the
     /// pool.
+    ///
+    /// A launch on the handle goes around the stream layer: it neither
+    /// carries nor covers the `pipeline_barrier` that a reuse of device
+    /// memory asks for on the stream (see [`crate::DeviceBuffer`]). After
+    /// such a reuse, launch through the [`SpyreStream`] first, or set
+    /// [`LaunchOptions::pipeline_barrier`](crate::LaunchOptions::pipeline_barrier) yourself.
     ///
     /// # Errors
     /// [`Error::WrongDevice`] for a stream of another device;

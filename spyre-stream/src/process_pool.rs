@@ -34,6 +34,12 @@ pub fn default_stream(device: Device) -> Result<SpyreStream> {
 /// for code that talks to the runtime directly (a collective-communication
 /// backend, say).
 ///
+/// A launch on the handle goes around the stream layer: it neither carries
+/// nor covers the `pipeline_barrier` that a reuse of device memory asks for
+/// on the default stream (see [`crate::DeviceBuffer`]). After such a reuse,
+/// launch through [`default_stream`] first, or set
+/// [`LaunchOptions::pipeline_barrier`](crate::LaunchOptions::pipeline_barrier) yourself.
+///
 /// # Errors
 /// As [`stream_from_pool`].
 pub fn default_stream_handle(device: Device) -> Result<&'static dyn Stream> {
