@@ -67,8 +67,9 @@ const _: fn() = || {
 impl FlexLibrary {
     /// Loads the flex runtime library that the environment selects.
     ///
-    /// - If `FLEX_RUNTIME_LIB` is set (even to an empty value), exactly that
-    ///   path is opened; nothing else is tried. On failure the error is
+    /// - If `FLEX_RUNTIME_LIB` is set to a non-empty value, exactly that
+    ///   path is opened; nothing else is tried (empty means unset, as for
+    ///   every variable of the workspace). On failure the error is
     ///   [`LoadError::Env`], which names the variable and its value and
     ///   carries the underlying error.
     /// - Otherwise the soname `libflex.so.<major>` (`libflex.so.1` for ABI

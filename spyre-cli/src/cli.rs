@@ -1,5 +1,6 @@
 //! Command-line arguments (clap derive).
 
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::size::parse_positive_size;
@@ -210,12 +211,33 @@ pub(crate) struct BenchArgs {
     /// alternately; on the software device with a timing model in which
     /// copies and compute take comparable time). Reports both medians, the
     /// speedup and the overlap the events measured. Takes a few seconds.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    #[arg(
+        long,
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        value_name = "BOOL",
+        value_parser = bool_parser(),
+        ignore_case = true
+    )]
     pub(crate) pipeline: bool,
     /// Print one JSON object instead of a table; on failure, one JSON object
     /// {"error": MESSAGE, "exit_code": CODE}.
     #[arg(long)]
     pub(crate) json: bool,
+}
+
+/// Spellings of a boolean argument, on then off: the same as the
+/// environment's booleans (README), in any case.
+const BOOL_SPELLINGS: [[&str; 4]; 2] = [["true", "1", "on", "yes"], ["false", "0", "off", "no"]];
+
+/// Parses a boolean argument as any of [`BOOL_SPELLINGS`] (with
+/// `ignore_case`); clap's error lists them.
+fn bool_parser() -> impl TypedValueParser<Value = bool> {
+    PossibleValuesParser::new(BOOL_SPELLINGS.as_flattened()).map(|text| {
+        BOOL_SPELLINGS[0]
+            .iter()
+            .any(|on| text.eq_ignore_ascii_case(on))
+    })
 }
 
 /// Parses a whole number in `1..=max`, naming `what` and the text on error.
@@ -401,5 +423,28 @@ mod tests {
         };
         assert_eq!(bench.sizes, vec![1024, 2 << 20]);
         assert_eq!(bench.budget_ms, 250);
+    }
+
+    #[test]
+    fn pipeline_takes_the_environments_booleans_in_any_case() {
+        let pipeline = |args: &[&str]| match parse(args).map(|cli| cli.command) {
+            Ok(Command::Bench(bench)) => Ok(bench.pipeline),
+            Ok(_) => panic!("not bench"),
+            Err(err) => Err(err.kind()),
+        };
+        assert_eq!(pipeline(&["bench"]), Ok(true), "on by default");
+        for on in ["true", "1", "on", "yes", "YES", "True"] {
+            assert_eq!(pipeline(&["bench", "--pipeline", on]), Ok(true), "{on}");
+        }
+        for off in ["false", "0", "off", "no", "OFF", "No"] {
+            assert_eq!(pipeline(&["bench", "--pipeline", off]), Ok(false), "{off}");
+        }
+        for bad in ["maybe", "", "2", " yes"] {
+            assert_eq!(
+                pipeline(&["bench", "--pipeline", bad]),
+                Err(ErrorKind::InvalidValue),
+                "{bad:?}"
+            );
+        }
     }
 }

@@ -80,7 +80,8 @@ pub(crate) struct InfoReport {
     /// 1.0).
     pub(crate) events: Option<String>,
     /// The environment variables the stream layer and its backends read:
-    /// the value, or `null` when unset.
+    /// the value, or `null` when unset (an empty value, which they take as
+    /// unset, is shown as it is: `""`).
     pub(crate) environment: OrderedMap<Option<String>>,
     /// Why the runtime could not start, if it could not.
     pub(crate) error: Option<String>,

@@ -97,10 +97,20 @@ fn argument_error(error: &clap::Error) -> ExitCode {
 }
 
 /// Logs to stderr (lines that cannot be written are dropped), filtered by `RUST_LOG` (unset or empty: `warn`; a value
-/// that is not a filter: `warn`, with a warning that names it), in colour
+/// that is not a filter, or not Unicode: `warn`, with a warning that names it), in colour
 /// only when stderr is a terminal and `NO_COLOR` is unset or empty.
 fn init_tracing() {
-    let raw = std::env::var("RUST_LOG").ok().filter(|v| !v.is_empty());
+    let raw = match std::env::var("RUST_LOG") {
+        Ok(raw) => Some(raw).filter(|v| !v.is_empty()),
+        Err(std::env::VarError::NotPresent) => None,
+        Err(std::env::VarError::NotUnicode(raw)) => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "warning: RUST_LOG={raw:?} is not Unicode, so not a log filter; using `warn`"
+            );
+            None
+        }
+    };
     let filter = match raw.as_deref().map(EnvFilter::try_new) {
         None => EnvFilter::new("warn"),
         Some(Ok(filter)) => filter,

@@ -964,12 +964,12 @@ fn json_failures_print_one_json_line_naming_the_error() {
     );
     assert!(!error.starts_with("error:"), "{error}");
     // With what was expected, as on stderr (before, only the first line).
-    let output = spyre(&["bench", "--json", "--pipeline", "yes"], &[]);
+    let output = spyre(&["bench", "--json", "--pipeline", "maybe"], &[]);
     assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
     let report: Value = serde_json::from_str(&stdout(&output)).expect("stdout is JSON");
     assert_eq!(
         report["error"],
-        "invalid value 'yes' for '--pipeline <BOOL>' [possible values: true, false]"
+        "invalid value 'maybe' for '--pipeline <BOOL>' [possible values: true, 1, on, yes, false, 0, off, no]"
     );
     // Without --json, stdout stays empty.
     let output = spyre(&["run", "--iterations", "1"], &[("LOCAL_RANK", "abc")]);
@@ -1200,6 +1200,20 @@ fn an_empty_rust_log_is_unset_and_a_bad_one_is_named() {
     assert_eq!(output.status.code(), Some(0));
     assert!(
         stderr(&output).contains("RUST_LOG=\"a=b=c\" is not a log filter"),
+        "{}",
+        stderr(&output)
+    );
+    // Not Unicode (a lone 0xff byte): warned about too, not taken as unset.
+    let output = spyre_command(&args)
+        .env(
+            "RUST_LOG",
+            <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(b"debug\xff"),
+        )
+        .output()
+        .expect("the spyre binary runs");
+    assert_eq!(output.status.code(), Some(0));
+    assert!(
+        stderr(&output).contains("RUST_LOG=\"debug\\xFF\" is not Unicode"),
         "{}",
         stderr(&output)
     );

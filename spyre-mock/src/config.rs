@@ -261,7 +261,8 @@ impl MockConfig {
                 FlexError::invalid_argument(
                     CALL,
                     format!(
-                        "{name}={raw:?} is not valid: expected 1, true, yes, on, 0, false, no or off"
+                        "{name}={raw:?} is not valid: {}",
+                        flex_rt::env::BOOL_EXPECTED
                     ),
                 )
             })?;
@@ -749,6 +750,19 @@ mod tests {
         assert!(
             err.message().contains(
                 "SPYRE_MOCK_SYNC_POLICY=\"busy\" is not valid: expected auto, spin, yield or blocking"
+            ),
+            "{err}"
+        );
+
+        // Booleans: the workspace's spellings in any case, and its message.
+        for (raw, on) in [(" On ", true), ("NO", false)] {
+            let config = MockConfig::from_lookup(lookup(&[(ENV_DEVICE_SIDE_WAIT, raw)])).unwrap();
+            assert_eq!(config.device_side_wait(), on, "{raw:?}");
+        }
+        let err = MockConfig::from_lookup(lookup(&[(ENV_CHECK_REUSE, "maybe")])).unwrap_err();
+        assert!(
+            err.message().contains(
+                "SPYRE_MOCK_CHECK_REUSE=\"maybe\" is not valid: expected a boolean: 1, true, on or yes for on; 0, false, off or no for off (case-insensitive)"
             ),
             "{err}"
         );

@@ -31,9 +31,16 @@ impl Device {
     /// The device with logical index `index`.
     ///
     /// # Errors
-    /// [`Error::InvalidDeviceIndex`] when `index` is above 127.
+    /// [`Error::InvalidDeviceIndex`] when `index` is above 127 (expecting
+    /// 0..=127: an index given as `u8`, a stream's say, never means the
+    /// current device).
     pub fn from_index(index: u8) -> Result<Self> {
-        Self::new(i64::from(index))
+        i8::try_from(index)
+            .map(Self)
+            .map_err(|_| Error::InvalidDeviceIndex {
+                index: i64::from(index),
+                expected: "0..=127",
+            })
     }
 
     /// The raw index; -1 for [`Device::CURRENT`].
@@ -88,7 +95,11 @@ mod tests {
                 other => panic!("{other:?}"),
             }
         }
-        assert!(Device::from_index(200).is_err());
+        assert_eq!(Device::from_index(127).unwrap().explicit(), Some(127));
+        assert_eq!(
+            Device::from_index(200).unwrap_err().to_string(),
+            "device index 200 is out of range: expected 0..=127"
+        );
         let message = Device::new(128).unwrap_err().to_string();
         assert_eq!(
             message,

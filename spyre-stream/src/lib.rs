@@ -230,7 +230,10 @@
 //!   NORMAL runtime streams for host-compute ids.
 //! - [`free_runtime`] makes a later start an explicit error.
 //! - A failed pool initialization publishes nothing and can be retried.
-//! - `TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS` is parsed strictly and read once.
+//! - `TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS` is parsed strictly, and fixed
+//!   when the runtime starts. Before the start, [`host_compute_stream_by_id`]
+//!   and [`set_current_stream`] of a host-compute id read it again to check
+//!   the id (a value above 8 is then warned about at each read).
 //!   `LOCAL_RANK` (and the launchers' variables below) are parsed with
 //!   torch-spyre's `parse_local_rank` rules, but leading whitespace, which
 //!   its `strtoll` skips, is refused as any other stray character is.

@@ -515,6 +515,13 @@ fn bad_device_indices_end_to_end() {
             Device::new(-2).unwrap_err().to_string(),
             "device index -2 is out of range: expected -1 (the current device) or 0..=127"
         );
+        // A stream's device index is never the current device.
+        assert_eq!(
+            spyre_stream::set_current_stream(SpyreStream::from_parts(200, StreamId(1)))
+                .unwrap_err()
+                .to_string(),
+            "device index 200 is out of range: expected 0..=127"
+        );
         for index in [1, 2, 127] {
             let err = set_device(index).unwrap_err();
             assert!(
