@@ -3,7 +3,7 @@
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::size::parse_positive_size;
+use crate::size::{parse_listed_size, parse_positive_size};
 
 /// Most host threads `spyre run` accepts.
 pub(crate) const MAX_THREADS: usize = 1024;
@@ -195,13 +195,14 @@ pub(crate) struct BenchArgs {
     /// for the pipeline measurement.
     #[arg(long, value_name = "MS", default_value = "250", value_parser = parse_budget, allow_negative_numbers = true)]
     pub(crate) budget_ms: u64,
-    /// Transfer sizes for the H2D and D2H bandwidth, comma-separated.
+    /// Transfer sizes for the H2D and D2H bandwidth, comma-separated (so
+    /// no thousands separators: 4096 or 4KiB, not 4,096).
     #[arg(
         long,
         value_name = "BYTES,...",
         value_delimiter = ',',
         default_value = DEFAULT_BENCH_SIZES,
-        value_parser = parse_positive_size,
+        value_parser = parse_listed_size,
         allow_negative_numbers = true
     )]
     pub(crate) sizes: Vec<u64>,
@@ -423,6 +424,10 @@ mod tests {
         };
         assert_eq!(bench.sizes, vec![1024, 2 << 20]);
         assert_eq!(bench.budget_ms, 250);
+        // A thousands separator would split one size in two.
+        let err = parse(&["bench", "--sizes", "4,096"]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ValueValidation);
+        assert!(err.to_string().contains("\"096\" starts with 0"), "{err}");
     }
 
     #[test]

@@ -83,6 +83,26 @@ pub(crate) fn parse_positive_size(text: &str) -> Result<u64, String> {
     }
 }
 
+/// Parses one size of a comma-separated list (the value parser of
+/// `--sizes`): as [`parse_positive_size`], and refusing a number with a
+/// leading zero (`096`), which in a list is most likely the end of a
+/// number written with a thousands separator (`4,096` reads as 4 and 096).
+///
+/// # Errors
+/// As [`parse_positive_size`], and for a leading zero.
+pub(crate) fn parse_listed_size(text: &str) -> Result<u64, String> {
+    let trimmed = text.trim();
+    if trimmed.len() > 1
+        && trimmed.starts_with('0')
+        && trimmed[1..].starts_with(|c: char| c.is_ascii_digit())
+    {
+        return Err(format!(
+            "{text:?} starts with 0: `,` separates the sizes of the list, so a number written with a thousands separator (4,096) reads as two; write it without (4096) or with a unit (4KiB)"
+        ));
+    }
+    parse_positive_size(text)
+}
+
 /// A size for people: `512 B`, `4 KiB`, `1.33 MiB`.
 pub(crate) fn format_size(bytes: u64) -> String {
     const UNITS: [(&str, u64); 4] = [
@@ -159,6 +179,27 @@ mod tests {
         assert!(message.contains("\"0KiB\""), "{message}");
         assert!(message.contains("at least 1 byte"), "{message}");
         assert_eq!(parse_positive_size("1"), Ok(1));
+    }
+
+    #[test]
+    fn a_listed_size_with_a_leading_zero_is_taken_for_a_thousands_separator() {
+        for text in ["096", " 048", "00", "0KiB"] {
+            let message = parse_listed_size(text).unwrap_err();
+            assert!(message.contains(&format!("{text:?}")), "{message}");
+        }
+        assert!(
+            parse_listed_size("096")
+                .unwrap_err()
+                .contains("thousands separator")
+        );
+        assert!(
+            parse_listed_size("0")
+                .unwrap_err()
+                .contains("at least 1 byte")
+        );
+        assert_eq!(parse_listed_size("4096"), Ok(4096));
+        assert_eq!(parse_listed_size(" 4KiB"), Ok(4096));
+        assert_eq!(parse_listed_size("10"), Ok(10));
     }
 
     #[test]
