@@ -1154,6 +1154,40 @@ fn a_full_device_lends_a_finished_streams_cached_block_to_another_stream() {
     });
 }
 
+/// A failed stream's cached block is lent once a synchronize, made after
+/// its query reported the failure, has returned the failure too: the
+/// stream took no work after the query, and the synchronize waited for
+/// any it had begun (a card may overlap a stream's operations; the query
+/// alone does not say they ended). Before, with the query's word no
+/// longer taken, the allocation failed with the block cached.
+#[test]
+fn a_full_device_lends_a_failed_streams_cached_block_once_a_synchronize_saw_the_failure() {
+    isolated!(&[], || {
+        let system = MockSystem::builder()
+            .memory_bytes(4 << 20)
+            .region_bytes(4 << 20)
+            .build()
+            .unwrap();
+        let backend = SpyBackend::new(system);
+        spyre_stream::set_backend(Box::new(backend.clone())).unwrap();
+        let (owner, filler, borrower) = (pool_stream(), pool_stream(), pool_stream());
+        let (live, rest, address) = a_full_device_with_a_block_cached_for(owner, filler);
+        fail(owner);
+        let pool = spyre_stream::global_pool().unwrap();
+        let owner_id = pool.resolve(owner).unwrap().id();
+        let synchronizes = || {
+            let log = backend.runtime().unwrap().synchronize_log();
+            log.iter().filter(|&&id| id == owner_id).count()
+        };
+        let before = synchronizes();
+        let lent = DeviceBuffer::<u8>::new(borrower, 64 << 10).unwrap();
+        assert_eq!(lent.address(), &address);
+        assert_eq!(synchronizes(), before + 1, "one synchronize of the owner");
+        assert_eq!(next_launch_barriers(borrower), [false, false]);
+        drop((lent, live, rest));
+    });
+}
+
 #[test]
 fn a_lent_block_goes_back_to_its_owner_only_once_the_borrower_passes_the_drop() {
     isolated!(&FOUR_MIB_DEVICE, || {
@@ -1306,6 +1340,15 @@ fn a_failed_fence_query_keeps_a_block_from_its_next_owner() {
         other.synchronize().unwrap();
         assert_eq!(f32s(&read), [1.0; 1024]);
         assert_eq!(new.to_vec(own).unwrap(), [2.0; 1024]);
+        drop(new);
+        // The fence's query never answers, but `empty_cache`'s synchronize
+        // of `other`, made after the drop, sees its point pass: the block
+        // is cached and its segment goes back. (Before, it stayed a pending
+        // free for the life of the process.)
+        assert_eq!(stats().pending_frees, 1);
+        empty_cache(Device::CURRENT).unwrap();
+        let s = stats();
+        assert_eq!((s.pending_frees, s.reserved_bytes), (0, 0));
     });
 }
 

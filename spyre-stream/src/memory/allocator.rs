@@ -67,8 +67,8 @@
 //!   buffers still use (in one chunk where the request fits a region, as
 //!   a block of its own pool would): nothing is returned or waited for.
 //!   Otherwise the allocator returns the
-//!   whole free segments of streams that are idle or whose operation
-//!   failed to the device (waiting for no stream) and tries again; if that
+//!   whole free segments of streams that are idle to the device (waiting
+//!   for no stream) and tries again; if that
 //!   was not enough, it waits for the streams that hold whole free
 //!   segments and those that blocks freed in other streams' order wait
 //!   for, returns what they held, and tries once more (PyTorch's retry
@@ -88,7 +88,9 @@
 //!   then it fails with [`Error::OutOfMemory`].
 //! - **Lent blocks.** A full device's last resort, before it fails, is a
 //!   cached block in a segment of another stream, lent if that stream is
-//!   seen idle once the block is set aside: every use of a
+//!   seen idle once the block is set aside (or failed, and then seen
+//!   failed by a synchronize, which waits only for the work it began
+//!   before the failure): every use of a
 //!   cached block was enqueued before its free, so none can still touch
 //!   it. (CUDA's stream-ordered pools reuse memory freed on another stream
 //!   opportunistically by default, once that free's own event has
@@ -108,10 +110,12 @@
 //!   stream's operations may still run one (a stream that needs shutdown
 //!   goes on with the operation it was in). So a failed stream's memory,
 //!   and blocks used on it, wait until a synchronize (`empty_cache`, or the
-//!   retry of a full device) has returned the stream's failure once it
-//!   could take no more work: everything it ran has then ended. Until
-//!   then its segments stay cached, its blocks are not lent, and a block
-//!   used on it stays a pending free.
+//!   retry of a full device, which also lends its cached blocks after
+//!   such a synchronize) has returned the stream's failure once it could
+//!   take no more work: everything it ran has then ended. Until then its
+//!   segments stay cached and a block used on it stays a pending free;
+//!   from a host callback of the device, where no synchronize can be
+//!   made, they stay so.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -838,11 +842,13 @@ impl CachingAllocator {
     /// use of a cached block was enqueued before its free (uses on other
     /// streams are fenced before it is cached again), so once its stream
     /// is seen finished after the block was set aside, no work can touch
-    /// it. The best fit is lent, one lying in one chunk first where
-    /// `pieces` refuses several; a stream found busy is passed over, as are
-    /// the segments a waiting retry holds. The block stays in its segment:
-    /// when freed, it waits for `stream` (and its other users) before it
-    /// is cached again for the segment's stream. Nothing is waited for.
+    /// it ([`has_finished_or_failed`]). The best fit is lent, one lying in
+    /// one chunk first where `pieces` refuses several; a stream found busy
+    /// is passed over, as are the segments a waiting retry holds. The
+    /// block stays in its segment: when freed, it waits for `stream` (and
+    /// its other users) before it is cached again for the segment's
+    /// stream. Nothing is waited for but the work a failed stream began
+    /// before its failure.
     ///
     /// # Errors
     /// As [`State::take`].
@@ -868,7 +874,8 @@ impl CachingAllocator {
                 state.set_aside(found);
                 found
             };
-            let owner_finished = has_finished_now(self.stream(candidate.stream));
+            // No lock is held: a failed stream's synchronize may wait.
+            let owner_finished = has_finished_or_failed(self.stream(candidate.stream));
             let mut state = self.state.lock();
             if owner_finished {
                 let mut block = state.hand_out(candidate, rounded, requested)?;
@@ -1255,6 +1262,27 @@ fn has_finished_now(stream: SpyreStream) -> bool {
     matches!(stream.query(), Ok(true))
 }
 
+/// Whether `stream` has no work left that could touch its memory, waiting
+/// only for the work a failed stream began before its failure: it is idle
+/// now ([`has_finished_now`]), or its query reports its failure (not a
+/// shutdown, whose running operation may go on for long) and a synchronize
+/// made after that returns the failure too ([`synchronize_finds_failed`]):
+/// the stream took no work after the query, and the synchronize waited for
+/// the rest. Call holding no lock of the allocator. From a host callback of
+/// the device the synchronize is refused, and a failed stream counts as
+/// busy.
+fn has_finished_or_failed(stream: SpyreStream) -> bool {
+    match stream.query() {
+        Ok(idle) => idle,
+        Err(Error::Flex(error)) => {
+            is_stream_failure(&error)
+                && error.status() != Status::SHUTDOWN
+                && synchronize_finds_failed(stream)
+        }
+        Err(_) => false,
+    }
+}
+
 /// Whether `len` bytes from `offset` of `address` lie in one of its
 /// chunks.
 fn lies_in_one_chunk(address: &CompositeAddress, offset: u64, len: u64) -> bool {
@@ -1269,9 +1297,10 @@ fn lies_in_one_chunk(address: &CompositeAddress, offset: u64, len: u64) -> bool 
     false
 }
 
-/// Whether `error`, from a query or synchronize of a stream (or of an
-/// event's record), is the stream's own failure, which it reports once
-/// everything before has run or been skipped: an operation's failure
+/// Whether `error`, from a query or synchronize of a stream, is the
+/// stream's own failure (after which it takes no more work; only a
+/// synchronize that returns it says that the work enqueued before the call
+/// has ended): an operation's failure
 /// (`EXECUTION_FAILED`, `HOST_CALLBACK_FAILED`, `OUT_OF_MEMORY`), a wait on
 /// a failed event (`STREAM_FAILED`), a stream that needs shutdown
 /// (`SHUTDOWN`). Anything else is the call failing (an invalid handle, an
@@ -1504,22 +1533,19 @@ impl State {
     }
 
     /// Drops the fences that a wait passed: every fence of the streams it
-    /// found failed and done, and the fences without an event
-    /// ([`Fence::Idle`]) of the streams it waited for on blocks freed
-    /// before it began (their point was enqueued before the synchronize,
-    /// which saw it end, though the stream may have been given more work
-    /// since; an event fence of such a stream has completed); then caches
-    /// the blocks whose fences have all passed.
+    /// found failed and done, and the fences of the streams it waited for
+    /// on blocks freed before it began (their point was enqueued before the
+    /// synchronize, which saw it end, though the stream may have been given
+    /// more work since; an event fence whose query fails as a call is
+    /// passed so too); then caches the blocks whose fences have all passed.
     fn pass_fences(&mut self, finished: &Finished<'_>) {
         for entry in &mut self.deferred {
             let freed_before = entry.freed <= finished.frees_before_waiting;
             entry.fences.retain(|fence| {
                 let (Fence::Event { stream, .. } | Fence::Idle(stream)) = fence;
                 let id = stream.id().get();
-                let waited_for = matches!(fence, Fence::Idle(_))
-                    && freed_before
-                    && finished.waited.contains(&id);
-                !(finished.failed_and_done.contains(&id) || waited_for)
+                !(finished.failed_and_done.contains(&id)
+                    || freed_before && finished.waited.contains(&id))
             });
         }
         self.collect_deferred();
