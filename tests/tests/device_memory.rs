@@ -1154,6 +1154,19 @@ fn a_full_device_lends_a_finished_streams_cached_block_to_another_stream() {
     });
 }
 
+/// Makes the process-wide backend a [`SpyBackend`] over a 4 MiB device of
+/// one region (as `FOUR_MIB_DEVICE`), and returns it.
+fn spy_on_a_four_mib_device() -> SpyBackend {
+    let system = MockSystem::builder()
+        .memory_bytes(4 << 20)
+        .region_bytes(4 << 20)
+        .build()
+        .unwrap();
+    let backend = SpyBackend::new(system);
+    spyre_stream::set_backend(Box::new(backend.clone())).unwrap();
+    backend
+}
+
 /// A failed stream's cached block is lent once a synchronize, made after
 /// its query reported the failure, has returned the failure too: the
 /// stream took no work after the query, and the synchronize waited for
@@ -1163,13 +1176,7 @@ fn a_full_device_lends_a_finished_streams_cached_block_to_another_stream() {
 #[test]
 fn a_full_device_lends_a_failed_streams_cached_block_once_a_synchronize_saw_the_failure() {
     isolated!(&[], || {
-        let system = MockSystem::builder()
-            .memory_bytes(4 << 20)
-            .region_bytes(4 << 20)
-            .build()
-            .unwrap();
-        let backend = SpyBackend::new(system);
-        spyre_stream::set_backend(Box::new(backend.clone())).unwrap();
+        let backend = spy_on_a_four_mib_device();
         let (owner, filler, borrower) = (pool_stream(), pool_stream(), pool_stream());
         let (live, rest, address) = a_full_device_with_a_block_cached_for(owner, filler);
         fail(owner);
@@ -1662,13 +1669,7 @@ fn hold_running(
 #[test]
 fn a_stream_that_needs_shutdown_keeps_its_memory_until_its_operation_ends() {
     isolated!(&[], || {
-        let system = MockSystem::builder()
-            .memory_bytes(4 << 20)
-            .region_bytes(4 << 20)
-            .build()
-            .unwrap();
-        let backend = SpyBackend::new(system);
-        spyre_stream::set_backend(Box::new(backend.clone())).unwrap();
+        let backend = spy_on_a_four_mib_device();
         let (a, b, c) = (pool_stream(), pool_stream(), pool_stream());
         let pool = spyre_stream::global_pool().unwrap();
         let needs_shutdown = |stream: SpyreStream| {
