@@ -44,6 +44,13 @@ mod imp {
         pub(crate) fn lock(&self) -> parking_lot::MutexGuard<'_, T> {
             self.0.lock()
         }
+
+        /// Whether some thread holds the lock now (for tests of what runs
+        /// outside it).
+        #[cfg(test)]
+        pub(crate) fn is_locked(&self) -> bool {
+            self.0.is_locked()
+        }
     }
 }
 

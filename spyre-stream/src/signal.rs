@@ -54,28 +54,36 @@ impl Signal {
     /// instead of adding one, so each future holds at most one entry however
     /// often it is polled (`Waker::will_wake` may say no for the same task).
     /// The check and the registration happen under one lock, so a
-    /// completion between them cannot be missed.
+    /// completion between them cannot be missed. A waker replaced is
+    /// dropped after the lock, as in [`Signal::forget`].
     pub(crate) fn poll(
         &self,
         slot: &mut Option<usize>,
         cx: &mut Context<'_>,
     ) -> Poll<Result<(), FlexError>> {
-        let mut state = self.state.lock();
-        if let Some(outcome) = &state.outcome {
-            return Poll::Ready(outcome.clone());
-        }
-        let waker = cx.waker();
-        match *slot {
-            Some(index) if index < state.wakers.len() => {
-                if !state.wakers[index].will_wake(waker) {
-                    state.wakers[index] = waker.clone();
+        let replaced = {
+            let mut state = self.state.lock();
+            if let Some(outcome) = &state.outcome {
+                return Poll::Ready(outcome.clone());
+            }
+            let waker = cx.waker();
+            match *slot {
+                Some(index) if index < state.wakers.len() => {
+                    let registered = &mut state.wakers[index];
+                    if registered.will_wake(waker) {
+                        None
+                    } else {
+                        Some(std::mem::replace(registered, waker.clone()))
+                    }
+                }
+                _ => {
+                    *slot = Some(state.wakers.len());
+                    state.wakers.push(waker.clone());
+                    None
                 }
             }
-            _ => {
-                *slot = Some(state.wakers.len());
-                state.wakers.push(waker.clone());
-            }
-        }
+        };
+        drop(replaced);
         Poll::Pending
     }
 
@@ -104,7 +112,7 @@ impl Signal {
 
 #[cfg(all(test, not(spyre_loom)))]
 mod tests {
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::task::Wake;
 
     use flex_rt::Status;
@@ -161,6 +169,47 @@ mod tests {
         signal.complete(Ok(()));
         assert_eq!(first.0.load(Ordering::SeqCst), 0);
         assert_eq!(second.0.load(Ordering::SeqCst), 1);
+    }
+
+    /// A waker that notes, as its last reference goes, whether the lock of
+    /// the signal it was registered with was free then.
+    struct LockProbe {
+        signal: Arc<Signal>,
+        lock_was_free: Arc<AtomicBool>,
+    }
+
+    impl Wake for LockProbe {
+        fn wake(self: Arc<Self>) {}
+    }
+
+    impl Drop for LockProbe {
+        fn drop(&mut self) {
+            let free = !self.signal.state.is_locked();
+            self.lock_was_free.store(free, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn a_replaced_waker_is_dropped_after_the_lock() {
+        let signal = Signal::new();
+        let lock_was_free = Arc::new(AtomicBool::new(false));
+        let probe = Waker::from(Arc::new(LockProbe {
+            signal: Arc::clone(&signal),
+            lock_was_free: Arc::clone(&lock_was_free),
+        }));
+        let mut slot = None;
+        let mut cx = Context::from_waker(&probe);
+        assert!(signal.poll(&mut slot, &mut cx).is_pending());
+        // The signal holds the probe's last reference; a poll with another
+        // waker replaces it.
+        drop(probe);
+        let other = Waker::from(Arc::new(CountingWaker(AtomicUsize::new(0))));
+        let mut cx = Context::from_waker(&other);
+        assert!(signal.poll(&mut slot, &mut cx).is_pending());
+        assert!(
+            lock_was_free.load(Ordering::SeqCst),
+            "dropped under the signal's lock (its drop is the executor's code)"
+        );
     }
 
     #[test]

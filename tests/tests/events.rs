@@ -233,7 +233,12 @@ fn elapsed_time_racing_a_record_of_the_end_event_names_it() {
             }
             stop.store(true, Ordering::Relaxed);
         });
-        assert_eq!(measured + pending, 20_000);
+        // Both sides of the race were seen: the record pending (each is
+        // behind a 20 µs callback) and complete between two records.
+        assert!(
+            measured > 0 && pending > 0,
+            "{measured} measured, {pending} pending"
+        );
     });
 }
 
@@ -579,6 +584,14 @@ fn a_future_of_a_failed_record_never_resolves_ok() {
         resolved_ok, 0,
         "futures of a failed record resolved Ok ({} failed, {} pending)",
         outcomes[0], outcomes[1]
+    );
+    // A future made before the new record is bound to the failed one and
+    // resolves with its error at once (one that stayed pending would be a
+    // lost completion): the rounds that delay the record make some.
+    assert!(
+        outcomes[0] > 0,
+        "no future of the failed record failed ({} pending)",
+        outcomes[1]
     );
 }
 
