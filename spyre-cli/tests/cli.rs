@@ -835,6 +835,8 @@ fn info_json_describes_the_process() {
     );
     let host_waits = json(&["info", "--json"], &[("SPYRE_MOCK_DEVICE_SIDE_WAIT", "0")]);
     assert_eq!(host_waits["events"], "host-blocking waits, timing");
+    let untimed = json(&["info", "--json"], &[("SPYRE_MOCK_EVENT_TIMING", "0")]);
+    assert_eq!(untimed["events"], "device-side waits, no timing");
     assert_eq!(info["selected_backend"], "mock");
     assert!(
         info["compiled_backends"]
@@ -1217,6 +1219,37 @@ fn an_empty_rust_log_is_unset_and_a_bad_one_is_named() {
         "{}",
         stderr(&output)
     );
+}
+
+/// On a device that cannot time events, the pipelined mode (which times
+/// its stages with them) is a usage error naming the modes that work, and
+/// those run.
+#[test]
+fn a_device_without_event_timing_refuses_only_the_pipelined_mode() {
+    let untimed = [("SPYRE_MOCK_EVENT_TIMING", "0")];
+    let args = [
+        "run",
+        "--threads",
+        "1",
+        "--iterations",
+        "2",
+        "--size",
+        "4KiB",
+    ];
+    let output = spyre(&args, &untimed);
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains(
+            "`spyre run --mode pipelined` (the default) times its stages with events, and this runtime cannot time them: use `--mode per-iteration` or `--mode serialized`"
+        ),
+        "{}",
+        stderr(&output)
+    );
+    let output = spyre(
+        &[&args[..], &["--mode", "per-iteration"]].concat(),
+        &untimed,
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
 }
 
 #[test]

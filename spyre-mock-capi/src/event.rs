@@ -15,8 +15,9 @@ use crate::boundary::{Failure, boundary};
 use crate::handles::{self, EventEntry, refuse_in_callback};
 use crate::launch::completion_for;
 
-/// `flex_runtime_get_capability`: device-side waits as the device is
-/// configured (`SPYRE_MOCK_DEVICE_SIDE_WAIT`), event timing always.
+/// `flex_runtime_get_capability`: device-side waits and event timing as
+/// the device is configured (`SPYRE_MOCK_DEVICE_SIDE_WAIT`,
+/// `SPYRE_MOCK_EVENT_TIMING`).
 ///
 /// # Safety
 /// `value_out` is NULL or valid for writing an `int32_t`.

@@ -63,6 +63,10 @@ pub const ENV_SYNC_POLICY: &str = "SPYRE_MOCK_SYNC_POLICY";
 /// `wait_event` blocks the host until the event completes.
 pub const ENV_DEVICE_SIDE_WAIT: &str = "SPYRE_MOCK_DEVICE_SIDE_WAIT";
 
+/// Environment variable: whether events created with timing take device
+/// timestamps (a boolean; unset for yes): see [`MockConfig::event_timing`].
+pub const ENV_EVENT_TIMING: &str = "SPYRE_MOCK_EVENT_TIMING";
+
 /// Environment variable: whether the device checks every copy, fill and
 /// compute for memory reused too early (a boolean; unset for no): see
 /// [`MockConfig::check_reuse`].
@@ -70,7 +74,7 @@ pub const ENV_CHECK_REUSE: &str = "SPYRE_MOCK_CHECK_REUSE";
 
 /// The boolean variables of [`MockConfig::from_lookup`], in the order it
 /// reads them.
-const BOOL_ENV_VARS: [&str; 2] = [ENV_DEVICE_SIDE_WAIT, ENV_CHECK_REUSE];
+const BOOL_ENV_VARS: [&str; 3] = [ENV_DEVICE_SIDE_WAIT, ENV_EVENT_TIMING, ENV_CHECK_REUSE];
 
 /// The numeric variables of [`MockConfig::from_lookup`], in the order it
 /// reads them.
@@ -85,7 +89,7 @@ const NUMERIC_ENV_VARS: [&str; 6] = [
 
 /// Every environment variable [`MockConfig::from_lookup`] reads, in the order
 /// it reads them.
-pub const ENV_VARS: [&str; 10] = [
+pub const ENV_VARS: [&str; 11] = [
     ENV_DEVICES,
     ENV_MEMORY_BYTES,
     ENV_REGION_BYTES,
@@ -94,6 +98,7 @@ pub const ENV_VARS: [&str; 10] = [
     ENV_COPY_BANDWIDTH,
     ENV_SYNC_POLICY,
     ENV_DEVICE_SIDE_WAIT,
+    ENV_EVENT_TIMING,
     ENV_CHECK_REUSE,
     ENV_VISIBLE_DEVICES,
 ];
@@ -111,6 +116,7 @@ pub struct MockConfig {
     copy_bandwidth: Option<u64>,
     sync_policy: SyncPolicy,
     device_side_wait: bool,
+    event_timing: bool,
     check_reuse: bool,
     /// `None`: every device, in order.
     visible_devices: Option<Vec<u32>>,
@@ -127,6 +133,7 @@ impl Default for MockConfig {
             copy_bandwidth: None,
             sync_policy: SyncPolicy::Auto,
             device_side_wait: true,
+            event_timing: true,
             check_reuse: false,
             visible_devices: None,
         }
@@ -206,6 +213,16 @@ impl MockConfig {
         self.device_side_wait
     }
 
+    /// Whether events created with timing take device timestamps (default
+    /// true; `SPYRE_MOCK_EVENT_TIMING`), the runtime's `event_timing`
+    /// capability. When false, such events are still made and order work,
+    /// but their elapsed time is refused with
+    /// [`flex_rt::Status::UNSUPPORTED`], as on a card that cannot time
+    /// events (flex.h's `FLEX_CAPABILITY_EVENT_TIMING` of 0).
+    pub fn event_timing(&self) -> bool {
+        self.event_timing
+    }
+
     /// Whether the device checks for memory reused too early (default
     /// false; `SPYRE_MOCK_CHECK_REUSE`): an allocator above the runtime
     /// says when it hands memory out again
@@ -268,6 +285,7 @@ impl MockConfig {
             })?;
             builder = match name {
                 ENV_DEVICE_SIDE_WAIT => builder.device_side_wait(value),
+                ENV_EVENT_TIMING => builder.event_timing(value),
                 _ => builder.check_reuse(value),
             };
             used.push(format!("{name}={raw:?}"));
@@ -372,6 +390,9 @@ impl fmt::Display for MockConfig {
             "host blocks"
         };
         write!(f, ", event waits: {wait}")?;
+        if !self.event_timing {
+            write!(f, ", no event timing")?;
+        }
         if self.check_reuse {
             write!(f, ", reuse check on")?;
         }
@@ -410,6 +431,7 @@ pub struct MockSystemBuilder {
     copy_bandwidth: Option<u64>,
     sync_policy: SyncPolicy,
     device_side_wait: bool,
+    event_timing: bool,
     check_reuse: bool,
     visible_devices: Option<Vec<u32>>,
 }
@@ -435,6 +457,7 @@ impl Default for MockSystemBuilder {
             copy_bandwidth: defaults.copy_bandwidth,
             sync_policy: defaults.sync_policy,
             device_side_wait: defaults.device_side_wait,
+            event_timing: defaults.event_timing,
             check_reuse: defaults.check_reuse,
             visible_devices: None,
         }
@@ -510,6 +533,13 @@ impl MockSystemBuilder {
     /// (see [`MockConfig::device_side_wait`]).
     pub fn device_side_wait(mut self, device_side_wait: bool) -> Self {
         self.device_side_wait = device_side_wait;
+        self
+    }
+
+    /// Whether events created with timing take device timestamps (default
+    /// true; see [`MockConfig::event_timing`]).
+    pub fn event_timing(mut self, event_timing: bool) -> Self {
+        self.event_timing = event_timing;
         self
     }
 
@@ -622,6 +652,7 @@ impl MockSystemBuilder {
             copy_bandwidth: self.copy_bandwidth,
             sync_policy: self.sync_policy,
             device_side_wait: self.device_side_wait,
+            event_timing: self.event_timing,
             check_reuse: self.check_reuse,
             visible_devices: self.visible_devices,
         })
@@ -758,7 +789,10 @@ mod tests {
         for (raw, on) in [(" On ", true), ("NO", false)] {
             let config = MockConfig::from_lookup(lookup(&[(ENV_DEVICE_SIDE_WAIT, raw)])).unwrap();
             assert_eq!(config.device_side_wait(), on, "{raw:?}");
+            let config = MockConfig::from_lookup(lookup(&[(ENV_EVENT_TIMING, raw)])).unwrap();
+            assert_eq!(config.event_timing(), on, "{raw:?}");
         }
+        assert!(MockConfig::default().event_timing(), "on by default");
         let err = MockConfig::from_lookup(lookup(&[(ENV_CHECK_REUSE, "maybe")])).unwrap_err();
         assert!(
             err.message().contains(

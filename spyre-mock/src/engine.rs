@@ -128,6 +128,9 @@ pub(crate) struct Device {
     /// Whether waits on events are held by the scheduler (else they block
     /// the calling thread).
     pub(crate) device_side_wait: bool,
+    /// Whether events made with timing take timestamps (else their elapsed
+    /// time is refused).
+    pub(crate) event_timing: bool,
     /// Whether the use-after-free detector is on.
     pub(crate) check_reuse: bool,
     /// Moved (release, under the scheduler lock) when a launch makes a
@@ -164,6 +167,7 @@ impl Device {
             work: Condvar::new(),
             sync_policy: config.sync_policy(),
             device_side_wait: config.device_side_wait(),
+            event_timing: config.event_timing(),
             check_reuse: config.check_reuse(),
             work_epoch: CachePadded::new(AtomicU64::new(0)),
             live_events: AtomicUsize::new(0),

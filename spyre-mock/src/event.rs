@@ -169,6 +169,13 @@ impl Event for MockEvent {
                 ),
             ));
         }
+        if !self.device.event_timing {
+            return Err(FlexError::new(
+                Status::UNSUPPORTED,
+                CALL,
+                "this device takes no event timestamps (SPYRE_MOCK_EVENT_TIMING is off; the runtime's event_timing capability is false)",
+            ));
+        }
         let mut times = [Instant::now(); 2];
         for ((name, event), time) in [("start", self), ("end", end)].into_iter().zip(&mut times) {
             if !event.timing {

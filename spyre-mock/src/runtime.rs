@@ -261,12 +261,13 @@ impl Runtime for MockRuntime {
         })
     }
 
-    /// Timing always; device-side waits unless configured off
-    /// ([`MockConfig::device_side_wait`](crate::MockConfig::device_side_wait)).
+    /// Device-side waits and event timing, each unless configured off
+    /// ([`MockConfig::device_side_wait`](crate::MockConfig::device_side_wait),
+    /// [`MockConfig::event_timing`](crate::MockConfig::event_timing)).
     fn capabilities(&self) -> Result<Capabilities> {
         Ok(Capabilities {
             device_side_wait: self.device.device_side_wait,
-            event_timing: true,
+            event_timing: self.device.event_timing,
         })
     }
 

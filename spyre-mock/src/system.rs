@@ -140,6 +140,7 @@ impl Backend for MockSystem {
             ),
             ("sync_policy", c.sync_policy().as_str().to_string()),
             ("device_side_wait", c.device_side_wait().to_string()),
+            ("event_timing", c.event_timing().to_string()),
             ("check_reuse", c.check_reuse().to_string()),
         ]);
         details

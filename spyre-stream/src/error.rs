@@ -209,7 +209,8 @@ pub enum Error {
 
     /// The runtime cannot do what was asked: events, capabilities and
     /// memory info with a flex library of ABI 1.0 ("unsupported by this flex
-    /// library (ABI 1.0)", naming the missing function).
+    /// library (ABI 1.0)", naming the missing function), and events with
+    /// timing on a device that cannot time them.
     #[error("{0}")]
     Unsupported(FlexError),
     /// [`crate::SpyreEvent::elapsed_time`] with an event created without

@@ -132,7 +132,9 @@ impl SpyreEvent {
     /// [`SpyreEvent::elapsed_time`]. Slightly more costly to complete.
     ///
     /// # Errors
-    /// As [`SpyreEvent::new`].
+    /// As [`SpyreEvent::new`]; [`Error::Unsupported`] when the device
+    /// cannot time events ([`capabilities`]`.event_timing` is false), so
+    /// that the lack shows here rather than at the first `elapsed_time`.
     pub fn with_timing() -> Result<Self> {
         Self::create(true)
     }
@@ -143,6 +145,19 @@ impl SpyreEvent {
             .runtime()
             .create_event(timing)
             .map_err(Error::from_abi_1_1_call)?;
+        if timing
+            && !pool
+                .runtime()
+                .capabilities()
+                .map_err(Error::from_abi_1_1_call)?
+                .event_timing
+        {
+            return Err(Error::Unsupported(FlexError::new(
+                Status::UNSUPPORTED,
+                "flex_event_create",
+                "this device cannot time events (its event_timing capability is false): create the event with SpyreEvent::new and time on the host",
+            )));
+        }
         Ok(Self::of(RuntimeEvent::owned(event), pool.device(), timing))
     }
 

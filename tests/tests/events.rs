@@ -627,6 +627,44 @@ fn events_through_the_ffi_path() {
     });
 }
 
+/// On a device that cannot time events, `with_timing` says so at once, with
+/// what to do instead, rather than at the first `elapsed_time`; untimed
+/// events work.
+fn a_device_without_event_timing_refuses_timed_events() {
+    assert!(!capabilities(Device::CURRENT).unwrap().event_timing);
+    let err = SpyreEvent::with_timing().unwrap_err();
+    assert!(
+        matches!(&err, Error::Unsupported(inner) if inner.status() == Status::UNSUPPORTED),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string()
+            .contains("this device cannot time events (its event_timing capability is false)"),
+        "{err}"
+    );
+    let event = SpyreEvent::new().unwrap();
+    event.record(pool_stream()).unwrap();
+    event.synchronize().unwrap();
+}
+
+const UNTIMED: (&str, &str) = ("SPYRE_MOCK_EVENT_TIMING", "0");
+
+#[test]
+fn a_device_without_event_timing_refuses_timed_events_in_process() {
+    isolated!(
+        &[MOCK, UNTIMED],
+        a_device_without_event_timing_refuses_timed_events
+    );
+}
+
+#[test]
+fn a_device_without_event_timing_refuses_timed_events_through_the_ffi_path() {
+    isolated!(mock_cdylib; &[UNTIMED], || {
+        set_backend(Box::new(HardwareBackend::open(mock_cdylib()).unwrap())).unwrap();
+        a_device_without_event_timing_refuses_timed_events();
+    });
+}
+
 #[test]
 fn a_flex_1_0_library_reports_events_unsupported_naming_the_function() {
     isolated!(mock_cdylib; &[("SPYRE_MOCK_ABI_VERSION", "1.0")], || {

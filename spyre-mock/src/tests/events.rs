@@ -57,6 +57,32 @@ fn elapsed_time_follows_the_op_latency_and_the_copy_bandwidth() {
 }
 
 #[test]
+fn a_device_without_event_timing_says_so_and_refuses_elapsed_times() {
+    let rt = MockSystem::builder()
+        .memory_bytes(1 << 20)
+        .region_bytes(1 << 18)
+        .event_timing(false)
+        .build()
+        .unwrap()
+        .create_mock_runtime(0)
+        .unwrap();
+    assert!(!rt.capabilities().unwrap().event_timing);
+    let s = stream(&rt);
+    // Timed events are still made, and order work as any event does.
+    let [start, end] = [(); 2].map(|()| rt.create_event(true).unwrap());
+    s.record_event(&*start, None).unwrap();
+    s.record_event(&*end, None).unwrap();
+    end.synchronize().unwrap();
+    assert!(end.query().unwrap());
+    let error = start.elapsed_nanos(&*end).unwrap_err();
+    assert_eq!(error.status(), Status::UNSUPPORTED, "{error}");
+    assert!(
+        error.message().contains("SPYRE_MOCK_EVENT_TIMING is off"),
+        "{error}"
+    );
+}
+
+#[test]
 fn a_gate_holds_no_engine() {
     // One engine: if the waiting stream parked it, the third stream could
     // never run.
