@@ -16,6 +16,11 @@
 //! without (host-blocking waits, like today's card), and through the FFI
 //! path. Deterministic per seed: `SPYRE_STRESS_SEED`, `SPYRE_STRESS_OPS`
 //! (operations per worker, default 4 000).
+//!
+//! The second half does the same through the stream layer (`SpyreEvent`
+//! over pool streams, default 2 000 operations per worker), adding
+//! awaited futures and elapsed times, and chains that end in an awaited
+//! future instead of a wait.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -23,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use flex_rt::{Backend, Event, LaunchOptions, Runtime, Stream, StreamMode, StreamPriority};
 use spyre_mock::MockSystem;
+use spyre_stream::{Device, Error, SpyreEvent, SpyreStream, stream_from_pool};
 use spyre_testkit::SplitMix64;
 use spyre_tests::isolated;
 use spyre_tests::reliability::{DropCounter, ops_per_worker, run_bounded, seed};
@@ -239,5 +245,203 @@ fn random_events_through_the_ffi_path() {
         let backend = flex_rt::HardwareBackend::open(spyre_tests::mock_cdylib()).unwrap();
         let runtime: &'static dyn Runtime = Box::leak(backend.create_runtime(0).unwrap());
         stress("events-ffi", runtime);
+    });
+}
+
+// ------------------------------------------------- the stream layer's events
+
+/// Streams of the pool the layer-level workers share.
+const POOL_STREAMS: usize = 6;
+
+/// What the layer-level workers share: `SpyreEvent`s, half of them timed,
+/// replaced (the old one dropped) at random.
+struct LayerShared {
+    streams: Vec<SpyreStream>,
+    events: Vec<Mutex<Arc<SpyreEvent>>>,
+    launched: AtomicU64,
+    ran: Arc<AtomicU64>,
+    violations: AtomicU64,
+}
+
+impl LayerShared {
+    fn event(&self, k: usize) -> Arc<SpyreEvent> {
+        Arc::clone(&self.events[k].lock().unwrap())
+    }
+}
+
+fn layer_event(timed: bool) -> Arc<SpyreEvent> {
+    Arc::new(if timed {
+        SpyreEvent::with_timing().expect("event")
+    } else {
+        SpyreEvent::new().expect("event")
+    })
+}
+
+/// One layer-level worker: random records, waits, queries, synchronizes,
+/// awaits, elapsed times, replacements and launches on the shared events
+/// and streams, and produce → record → wait → consume chains (one through
+/// a device-side or host wait, one through an awaited future) on an event
+/// of its own.
+fn layer_worker(shared: &LayerShared, index: usize, seed: u64, ops: usize) {
+    let mut rng = SplitMix64::new(seed ^ (index as u64).wrapping_mul(0xA24B_AED4_963E_E407));
+    let own = SpyreEvent::new().expect("event");
+    let pick = |rng: &mut SplitMix64| shared.streams[rng.below(POOL_STREAMS as u64) as usize];
+    for _ in 0..ops {
+        let s = pick(&mut rng);
+        let k = rng.below(EVENTS as u64) as usize;
+        match rng.below(10) {
+            0 | 1 => {
+                let ran = Arc::clone(&shared.ran);
+                s.launch_host_callback(
+                    move || {
+                        ran.fetch_add(1, Ordering::SeqCst);
+                    },
+                    spyre_stream::LaunchOptions::new(),
+                )
+                .expect("launch");
+                shared.launched.fetch_add(1, Ordering::SeqCst);
+            }
+            2 => shared.event(k).record(s).expect("record"),
+            3 => shared.event(k).wait(s).expect("wait"),
+            4 => {
+                shared.event(k).query().expect("query");
+            }
+            5 => {
+                if rng.below(2) == 0 {
+                    shared.event(k).synchronize().expect("event synchronize");
+                } else {
+                    futures_executor::block_on(shared.event(k).synchronize_async())
+                        .expect("awaited");
+                }
+            }
+            6 => {
+                // Timed pairs only (even slots); either may be recorded
+                // again meanwhile: a value or a typed precondition error.
+                let (start, end) = (shared.event(0), shared.event(2));
+                match start.elapsed_time(&end) {
+                    Ok(_)
+                    | Err(
+                        Error::EventNotRecorded { .. }
+                        | Error::EventNotComplete { .. }
+                        | Error::EventsOutOfOrder { .. },
+                    ) => {}
+                    Err(other) => panic!("elapsed_time: {other:?}"),
+                }
+            }
+            7 => {
+                let fresh = layer_event(k.is_multiple_of(2));
+                drop(std::mem::replace(
+                    &mut *shared.events[k].lock().unwrap(),
+                    fresh,
+                ));
+            }
+            _ => {
+                let produced = Arc::new(AtomicBool::new(false));
+                let p = Arc::clone(&produced);
+                s.launch_host_callback(
+                    move || p.store(true, Ordering::SeqCst),
+                    spyre_stream::LaunchOptions::new(),
+                )
+                .expect("produce");
+                own.record(s).expect("record");
+                if rng.below(2) == 0 {
+                    let consumer = pick(&mut rng);
+                    own.wait(consumer).expect("wait");
+                    let (p, seen) = (produced, Arc::new(AtomicBool::new(false)));
+                    let checked = Arc::clone(&seen);
+                    consumer
+                        .launch_host_callback(
+                            move || checked.store(p.load(Ordering::SeqCst), Ordering::SeqCst),
+                            spyre_stream::LaunchOptions::new(),
+                        )
+                        .expect("consume");
+                    consumer.synchronize().expect("consumer synchronize");
+                    if !seen.load(Ordering::SeqCst) {
+                        shared.violations.fetch_add(1, Ordering::SeqCst);
+                    }
+                } else {
+                    futures_executor::block_on(own.synchronize_async()).expect("awaited");
+                    if !produced.load(Ordering::SeqCst) {
+                        shared.violations.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Runs the layer-level workers on the process-wide runtime and checks
+/// the outcome: 0 ordering violations, every launch ran once, 0 hangs, and
+/// every stream idle and every shared event complete at the end.
+fn stress_the_layer(name: &str) {
+    let seed = seed();
+    let ops = ops_per_worker(2_000);
+    let shared = Arc::new(LayerShared {
+        streams: (0..POOL_STREAMS)
+            .map(|i| stream_from_pool(Device::CURRENT, -((i % 2) as i32)).expect("stream"))
+            .collect(),
+        events: (0..EVENTS)
+            .map(|k| Mutex::new(layer_event(k.is_multiple_of(2))))
+            .collect(),
+        launched: AtomicU64::new(0),
+        ran: Arc::new(AtomicU64::new(0)),
+        violations: AtomicU64::new(0),
+    });
+    let started = Instant::now();
+    let workers: Vec<Box<dyn FnOnce() + Send>> = (0..WORKERS)
+        .map(|index| {
+            let shared = Arc::clone(&shared);
+            Box::new(move || layer_worker(&shared, index, seed, ops)) as Box<dyn FnOnce() + Send>
+        })
+        .collect();
+    run_bounded(name, LIMIT, workers);
+    for stream in &shared.streams {
+        stream.synchronize().expect("synchronize");
+    }
+    for k in 0..EVENTS {
+        assert_eq!(shared.event(k).query().ok(), Some(true), "event {k}");
+    }
+    let launched = shared.launched.load(Ordering::SeqCst);
+    eprintln!(
+        "{name}: {WORKERS} workers x {ops} ops, {launched} launches, seed {seed:#x}, {:?}",
+        started.elapsed()
+    );
+    assert!(launched > 0);
+    assert_eq!(
+        shared.ran.load(Ordering::SeqCst),
+        launched,
+        "every launch ran once"
+    );
+    assert_eq!(
+        shared.violations.load(Ordering::SeqCst),
+        0,
+        "ordering violations"
+    );
+}
+
+#[test]
+fn random_spyre_events_across_threads_and_pool_streams() {
+    isolated!(&[("SPYRE_BACKEND", "mock")], || stress_the_layer(
+        "layer-events"
+    ));
+}
+
+#[test]
+fn random_spyre_events_with_host_blocking_waits() {
+    isolated!(
+        &[
+            ("SPYRE_BACKEND", "mock"),
+            ("SPYRE_MOCK_DEVICE_SIDE_WAIT", "0")
+        ],
+        || stress_the_layer("layer-events-host-wait")
+    );
+}
+
+#[test]
+fn random_spyre_events_through_the_ffi_path() {
+    isolated!(mock_cdylib; &[], || {
+        let backend = flex_rt::HardwareBackend::open(spyre_tests::mock_cdylib()).unwrap();
+        spyre_stream::set_backend(Box::new(backend)).unwrap();
+        stress_the_layer("layer-events-ffi");
     });
 }
