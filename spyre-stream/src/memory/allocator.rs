@@ -96,8 +96,9 @@
 //!   opportunistically by default, once that free's own event has
 //!   completed; PyTorch's allocator fails instead.) A block in one chunk
 //!   is lent first where the request fits a region; streams with work
-//!   left (or that failed, or cannot be queried) are passed over,
-//!   as are the segments a waiting retry holds; nothing is waited for.
+//!   left (or that need shutdown, or cannot be queried) are passed over,
+//!   as are the segments a waiting retry holds; nothing is waited for but
+//!   a failed stream's work begun before its failure.
 //!   The block stays in its segment: when its buffer is dropped it waits
 //!   for the borrowing stream, as for a stream that used it, before it is
 //!   cached again for its segment's stream. Without it, streams that each
