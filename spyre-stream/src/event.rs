@@ -141,16 +141,13 @@ impl SpyreEvent {
 
     fn create(timing: bool) -> Result<Self> {
         let pool = runtime::pool_for(Device::CURRENT)?;
-        let event = pool
-            .runtime()
-            .create_event(timing)
-            .map_err(Error::from_abi_1_1_call)?;
+        // A runtime that cannot say (a flex library of ABI 1.0 has no
+        // events either, which the creation below reports) is not refused.
         if timing
-            && !pool
+            && pool
                 .runtime()
                 .capabilities()
-                .map_err(Error::from_abi_1_1_call)?
-                .event_timing
+                .is_ok_and(|capabilities| !capabilities.event_timing)
         {
             return Err(Error::Unsupported(FlexError::new(
                 Status::UNSUPPORTED,
@@ -158,6 +155,10 @@ impl SpyreEvent {
                 "this device cannot time events (its event_timing capability is false): create the event with SpyreEvent::new and time on the host",
             )));
         }
+        let event = pool
+            .runtime()
+            .create_event(timing)
+            .map_err(Error::from_abi_1_1_call)?;
         Ok(Self::of(RuntimeEvent::owned(event), pool.device(), timing))
     }
 

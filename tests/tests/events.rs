@@ -219,7 +219,15 @@ fn elapsed_time_racing_a_record_of_the_end_event_names_it() {
                     end.synchronize().unwrap();
                 }
             });
-            for _ in 0..20_000 {
+            // At least 20 000 calls, and on until both sides of the race
+            // were seen (the recording thread may start late on a loaded
+            // machine), for at most 20 s.
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            let mut calls = 0;
+            while calls < 20_000
+                || (measured == 0 || pending == 0) && std::time::Instant::now() < deadline
+            {
+                calls += 1;
                 match start.elapsed_time(&end) {
                     Ok(_) => measured += 1,
                     Err(Error::EventNotComplete {
