@@ -583,8 +583,10 @@ flex_status_t flex_event_synchronize(flex_event_t *event);
  *  FLEX_ERROR_INVALID_HANDLE; FLEX_ERROR_INVALID_ARGUMENT (nanoseconds_out
  *  NULL, an event created without FLEX_EVENT_TIMING, an event never
  *  recorded, or events of different runtimes); FLEX_NOT_READY (an event has
- *  not completed); the record's error if a record failed. The
- *  last-error message names the precondition that failed. */
+ *  not completed); the record's error if a record failed;
+ *  FLEX_ERROR_UNSUPPORTED when the runtime cannot time events
+ *  (FLEX_CAPABILITY_EVENT_TIMING is 0). The last-error message names the
+ *  precondition that failed. */
 flex_status_t flex_event_elapsed_time(flex_event_t *start, flex_event_t *end,
                                       int64_t *nanoseconds_out);
 

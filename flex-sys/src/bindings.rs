@@ -977,7 +977,7 @@ impl FlexApi {
         }
     }
     #[must_use]
-    #[doc = " Writes the device time from the completion of `start` to the completion\n  of `end`, in nanoseconds, to *nanoseconds_out (negative when `end`\n  completed first). Timestamps are taken when the device reaches each event\n  in stream order, not when the host recorded it. Returns FLEX_SUCCESS;\n  FLEX_ERROR_INVALID_HANDLE; FLEX_ERROR_INVALID_ARGUMENT (nanoseconds_out\n  NULL, an event created without FLEX_EVENT_TIMING, an event never\n  recorded, or events of different runtimes); FLEX_NOT_READY (an event has\n  not completed); the record's error if a record failed. The\n  last-error message names the precondition that failed."]
+    #[doc = " Writes the device time from the completion of `start` to the completion\n  of `end`, in nanoseconds, to *nanoseconds_out (negative when `end`\n  completed first). Timestamps are taken when the device reaches each event\n  in stream order, not when the host recorded it. Returns FLEX_SUCCESS;\n  FLEX_ERROR_INVALID_HANDLE; FLEX_ERROR_INVALID_ARGUMENT (nanoseconds_out\n  NULL, an event created without FLEX_EVENT_TIMING, an event never\n  recorded, or events of different runtimes); FLEX_NOT_READY (an event has\n  not completed); the record's error if a record failed;\n  FLEX_ERROR_UNSUPPORTED when the runtime cannot time events\n  (FLEX_CAPABILITY_EVENT_TIMING is 0). The last-error message names the\n  precondition that failed."]
     pub unsafe fn flex_event_elapsed_time(
         &self,
         start: *mut flex_event_t,

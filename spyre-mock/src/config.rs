@@ -248,7 +248,8 @@ impl MockConfig {
     /// [`flex_rt::Status::INVALID_ARGUMENT`] naming the variable and its raw
     /// value when a value is not a decimal number of the right range, not a
     /// sync policy (`SPYRE_MOCK_SYNC_POLICY`) or not a boolean
-    /// (`SPYRE_MOCK_DEVICE_SIDE_WAIT`, `SPYRE_MOCK_CHECK_REUSE`), or when
+    /// (`SPYRE_MOCK_DEVICE_SIDE_WAIT`, `SPYRE_MOCK_EVENT_TIMING`,
+    /// `SPYRE_MOCK_CHECK_REUSE`), or when
     /// the values together fail the builder's checks (then the message names
     /// every variable that was set).
     pub fn from_lookup<F>(mut lookup: F) -> Result<Self>

@@ -837,7 +837,7 @@ impl CachingAllocator {
     }
 
     /// The last resort of a full device: a cached block of another stream
-    /// that has finished its work now ([`has_finished_now`]), lent to
+    /// that has finished its work ([`has_finished_or_failed`]), lent to
     /// `stream` for `rounded` bytes (CUDA's opportunistic reuse of a
     /// stream-ordered pool; PyTorch's caching allocator never lends). Every
     /// use of a cached block was enqueued before its free (uses on other

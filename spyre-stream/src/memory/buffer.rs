@@ -99,7 +99,8 @@ impl<T: DeviceElement> DeviceBuffer<T> {
     /// time, so it may also wait for another thread's. If that is still not
     /// enough, a block cached for another stream that has finished its
     /// work now is lent (as CUDA's stream-ordered pools reuse memory
-    /// opportunistically), waiting for nothing. Called from a
+    /// opportunistically), waiting for nothing but, where that stream has
+    /// failed, the work it began before its failure. Called from a
     /// completion or host callback of the device, it waits for no stream
     /// (the device refuses that wait) nor for another thread, and may fail
     /// instead.
