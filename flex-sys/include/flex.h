@@ -261,7 +261,9 @@ flex_status_t flex_runtime_create(int32_t logical_device,
  *  device memory, stops its threads. The handle and every stream handle of
  *  it are invalid afterwards. Must not be called from a completion callback
  *  or a host function of this runtime, nor while another thread uses it.
- *  Returns FLEX_SUCCESS or FLEX_ERROR_INVALID_HANDLE (NULL). */
+ *  Returns FLEX_SUCCESS, FLEX_ERROR_INVALID_HANDLE (NULL), or
+ *  FLEX_ERROR_UNSUPPORTED (called from a completion callback or host
+ *  function of this runtime; nothing is destroyed). */
 flex_status_t flex_runtime_destroy(flex_runtime_t *runtime);
 
 /** Writes the logical device the runtime is bound to to *device_out.
@@ -362,9 +364,10 @@ flex_status_t flex_stream_query(flex_stream_t *stream);
 /** Blocks until every operation enqueued before the call has completed and
  *  its completion callback has returned, and every wait enqueued before it
  *  (flex_stream_wait_event) has passed. Returns FLEX_SUCCESS, the stream's
- *  first error if it has failed (sticky: later calls return it again), or
- *  FLEX_ERROR_INVALID_HANDLE. Must not be called from a completion callback
- *  or host function of the same runtime. */
+ *  first error if it has failed (sticky: later calls return it again),
+ *  FLEX_ERROR_INVALID_HANDLE, or FLEX_ERROR_UNSUPPORTED when called from a
+ *  completion callback or host function of the same runtime, which it must
+ *  not be. */
 flex_status_t flex_stream_synchronize(flex_stream_t *stream);
 
 /** Writes 1 to *needs_shutdown_out if the stream has entered a state that
@@ -391,8 +394,9 @@ flex_status_t flex_stream_needs_shutdown(flex_stream_t *stream,
 /* ------------------------------------------------------------------------ */
 
 /** Host-to-device copy of dst->total size bytes from `host_src` to `dst`.
- *  host_src must stay valid and unchanged until the completion callback is
- *  called. INVALID_ARGUMENT: host_src or dst NULL, empty or misaligned dst. */
+ *  host_src must stay valid and unchanged (written neither by the host nor
+ *  by another operation in flight, such as a D2H into overlapping bytes)
+ *  until the completion callback is called. INVALID_ARGUMENT: host_src or dst NULL, empty or misaligned dst. */
 flex_status_t flex_launch_h2d(flex_stream_t *stream, const void *host_src,
                               const flex_composite_address_t *dst,
                               int32_t pipeline_barrier,
@@ -400,7 +404,9 @@ flex_status_t flex_launch_h2d(flex_stream_t *stream, const void *host_src,
 
 /** Device-to-host copy of src's total size bytes from `src` to `host_dst`.
  *  host_dst must stay valid, and must be neither read nor written by the
- *  host, until the completion callback is called. INVALID_ARGUMENT: a NULL
+ *  host nor by another operation in flight (a D2H into overlapping bytes,
+ *  on any stream, or an H2D from them), until the completion callback is
+ *  called: two such operations would race. INVALID_ARGUMENT: a NULL
  *  pointer, an empty or misaligned src. */
 flex_status_t flex_launch_d2h(flex_stream_t *stream,
                               const flex_composite_address_t *src,

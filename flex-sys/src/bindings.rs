@@ -549,7 +549,7 @@ impl FlexApi {
         }
     }
     #[must_use]
-    #[doc = " Destroys a runtime: waits for all work on all its streams to finish and\n  for every completion callback to return, destroys its streams, frees its\n  device memory, stops its threads. The handle and every stream handle of\n  it are invalid afterwards. Must not be called from a completion callback\n  or a host function of this runtime, nor while another thread uses it.\n  Returns FLEX_SUCCESS or FLEX_ERROR_INVALID_HANDLE (NULL)."]
+    #[doc = " Destroys a runtime: waits for all work on all its streams to finish and\n  for every completion callback to return, destroys its streams, frees its\n  device memory, stops its threads. The handle and every stream handle of\n  it are invalid afterwards. Must not be called from a completion callback\n  or a host function of this runtime, nor while another thread uses it.\n  Returns FLEX_SUCCESS, FLEX_ERROR_INVALID_HANDLE (NULL), or\n  FLEX_ERROR_UNSUPPORTED (called from a completion callback or host\n  function of this runtime; nothing is destroyed)."]
     pub unsafe fn flex_runtime_destroy(&self, runtime: *mut flex_runtime_t) -> flex_status_t {
         unsafe {
             (self
@@ -713,7 +713,7 @@ impl FlexApi {
         }
     }
     #[must_use]
-    #[doc = " Blocks until every operation enqueued before the call has completed and\n  its completion callback has returned, and every wait enqueued before it\n  (flex_stream_wait_event) has passed. Returns FLEX_SUCCESS, the stream's\n  first error if it has failed (sticky: later calls return it again), or\n  FLEX_ERROR_INVALID_HANDLE. Must not be called from a completion callback\n  or host function of the same runtime."]
+    #[doc = " Blocks until every operation enqueued before the call has completed and\n  its completion callback has returned, and every wait enqueued before it\n  (flex_stream_wait_event) has passed. Returns FLEX_SUCCESS, the stream's\n  first error if it has failed (sticky: later calls return it again),\n  FLEX_ERROR_INVALID_HANDLE, or FLEX_ERROR_UNSUPPORTED when called from a\n  completion callback or host function of the same runtime, which it must\n  not be."]
     pub unsafe fn flex_stream_synchronize(&self, stream: *mut flex_stream_t) -> flex_status_t {
         unsafe {
             (self
@@ -737,7 +737,7 @@ impl FlexApi {
         }
     }
     #[must_use]
-    #[doc = " Host-to-device copy of dst->total size bytes from `host_src` to `dst`.\n  host_src must stay valid and unchanged until the completion callback is\n  called. INVALID_ARGUMENT: host_src or dst NULL, empty or misaligned dst."]
+    #[doc = " Host-to-device copy of dst->total size bytes from `host_src` to `dst`.\n  host_src must stay valid and unchanged (written neither by the host nor\n  by another operation in flight, such as a D2H into overlapping bytes)\n  until the completion callback is called. INVALID_ARGUMENT: host_src or dst NULL, empty or misaligned dst."]
     pub unsafe fn flex_launch_h2d(
         &self,
         stream: *mut flex_stream_t,
@@ -760,7 +760,7 @@ impl FlexApi {
         }
     }
     #[must_use]
-    #[doc = " Device-to-host copy of src's total size bytes from `src` to `host_dst`.\n  host_dst must stay valid, and must be neither read nor written by the\n  host, until the completion callback is called. INVALID_ARGUMENT: a NULL\n  pointer, an empty or misaligned src."]
+    #[doc = " Device-to-host copy of src's total size bytes from `src` to `host_dst`.\n  host_dst must stay valid, and must be neither read nor written by the\n  host nor by another operation in flight (a D2H into overlapping bytes,\n  on any stream, or an H2D from them), until the completion callback is\n  called: two such operations would race. INVALID_ARGUMENT: a NULL\n  pointer, an empty or misaligned src."]
     pub unsafe fn flex_launch_d2h(
         &self,
         stream: *mut flex_stream_t,

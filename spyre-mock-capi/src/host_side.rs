@@ -22,9 +22,10 @@ impl RawSource {
     ///
     /// # Safety
     /// `ptr` is non-null and points to `len` bytes (`len <= isize::MAX`) that
-    /// stay valid and unchanged until the operation's completion is called
-    /// (or, without a completion, until the operation has completed) —
-    /// flex.h's promise for `host_src`.
+    /// stay valid and unchanged (by the host and by other operations in
+    /// flight, such as a D2H into overlapping bytes) until the operation's
+    /// completion is called (or, without a completion, until the operation
+    /// has completed) — flex.h's promise for `host_src`.
     pub(super) unsafe fn new(ptr: *const c_void, len: usize) -> Self {
         Self {
             ptr: ptr.cast(),
@@ -64,10 +65,11 @@ impl RawSink {
     ///
     /// # Safety
     /// `ptr` is non-null and points to `len` writable bytes
-    /// (`len <= isize::MAX`) that stay valid, and that the host neither reads
-    /// nor writes, until the operation's completion is called (or, without a
-    /// completion, until the operation has completed) — flex.h's promise for
-    /// `host_dst`.
+    /// (`len <= isize::MAX`) that stay valid, and that neither the host nor
+    /// another operation in flight (a D2H into overlapping bytes on any
+    /// stream, an H2D from them) reads or writes, until the operation's
+    /// completion is called (or, without a completion, until the operation
+    /// has completed) — flex.h's promise for `host_dst`.
     pub(super) unsafe fn new(ptr: *mut c_void, len: usize) -> Self {
         Self {
             ptr: ptr.cast(),
