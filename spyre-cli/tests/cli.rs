@@ -647,18 +647,20 @@ fn bad_environment_exits_2_naming_the_value() {
     );
 }
 
+/// A small run: one thread, two iterations of 4 KiB.
+const SMALL_RUN: [&str; 7] = [
+    "run",
+    "--threads",
+    "1",
+    "--iterations",
+    "2",
+    "--size",
+    "4KiB",
+];
+
 #[test]
 fn a_run_names_its_device_and_what_chose_it() {
-    let args = [
-        "run",
-        "--json",
-        "--threads",
-        "1",
-        "--iterations",
-        "2",
-        "--size",
-        "4KiB",
-    ];
+    let args = [&SMALL_RUN[..], &["--json"]].concat();
     let report = json(&args, &[]);
     assert_eq!(report["device"], 0);
     assert_eq!(report["device_source"], "default");
@@ -666,15 +668,7 @@ fn a_run_names_its_device_and_what_chose_it() {
     assert_eq!(report["device"], 1);
     assert_eq!(report["device_source"], "LOCAL_RANK");
     let output = spyre(
-        &[
-            "run",
-            "--threads",
-            "1",
-            "--iterations",
-            "2",
-            "--size",
-            "4KiB",
-        ],
+        &SMALL_RUN,
         &[("SPYRE_MOCK_DEVICES", "2"), ("LOCAL_RANK", "1")],
     );
     assert!(
@@ -1227,15 +1221,7 @@ fn an_empty_rust_log_is_unset_and_a_bad_one_is_named() {
 #[test]
 fn a_device_without_event_timing_refuses_only_the_pipelined_mode() {
     let untimed = [("SPYRE_MOCK_EVENT_TIMING", "0")];
-    let args = [
-        "run",
-        "--threads",
-        "1",
-        "--iterations",
-        "2",
-        "--size",
-        "4KiB",
-    ];
+    let args = SMALL_RUN;
     let output = spyre(&args, &untimed);
     assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
     assert!(

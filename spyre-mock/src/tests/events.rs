@@ -9,25 +9,30 @@ use super::{Log, block, runtime, stream};
 use crate::op::Op;
 use crate::system::MockSystem;
 
-/// A runtime whose every operation takes `latency` and whose copies move
-/// `bandwidth` bytes per second.
-fn timed_runtime(latency: Duration, bandwidth: u64) -> crate::MockRuntime {
-    MockSystem::builder()
-        .memory_bytes(1 << 20)
-        .region_bytes(1 << 18)
-        .op_latency(latency)
-        .copy_bandwidth(bandwidth)
-        .build()
-        .unwrap()
-        .create_mock_runtime(0)
-        .unwrap()
+/// A runtime of a 1 MiB device, configured further by `configure`.
+fn runtime_with(
+    configure: impl FnOnce(crate::MockSystemBuilder) -> crate::MockSystemBuilder,
+) -> crate::MockRuntime {
+    configure(
+        MockSystem::builder()
+            .memory_bytes(1 << 20)
+            .region_bytes(1 << 18),
+    )
+    .build()
+    .unwrap()
+    .create_mock_runtime(0)
+    .unwrap()
 }
 
 #[test]
 fn elapsed_time_follows_the_op_latency_and_the_copy_bandwidth() {
     // Three fills of 2 ms each, then a 100 000-byte copy at 10 MB/s: 2 ms of
     // latency plus 10 ms of transfer. Records themselves take no time.
-    let rt = timed_runtime(Duration::from_millis(2), 10_000_000);
+    // Every operation takes 2 ms; copies move 10 MB/s.
+    let rt = runtime_with(|b| {
+        b.op_latency(Duration::from_millis(2))
+            .copy_bandwidth(10_000_000)
+    });
     let s = stream(&rt);
     let address = rt.allocate(100_000).unwrap();
     let [start, after_fills, end] = [(); 3].map(|()| rt.create_event(true).unwrap());
@@ -58,14 +63,7 @@ fn elapsed_time_follows_the_op_latency_and_the_copy_bandwidth() {
 
 #[test]
 fn a_device_without_event_timing_says_so_and_refuses_elapsed_times() {
-    let rt = MockSystem::builder()
-        .memory_bytes(1 << 20)
-        .region_bytes(1 << 18)
-        .event_timing(false)
-        .build()
-        .unwrap()
-        .create_mock_runtime(0)
-        .unwrap();
+    let rt = runtime_with(|b| b.event_timing(false));
     assert!(!rt.capabilities().unwrap().event_timing);
     let s = stream(&rt);
     // Timed events are still made, and order work as any event does.
