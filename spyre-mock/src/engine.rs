@@ -21,15 +21,16 @@
 //! nobody, and those before the last one a lone `synchronize` waits for
 //! wake nobody either.
 //!
-//! When no other stream is ready, an engine takes the operations queued
-//! behind its job on the same stream as well (up to [`BATCH_LIMIT`] in
-//! all; see [`Scheduler::take_batch`]) and runs them one after another,
-//! publishing each completion without the lock, so a busy stream costs one
-//! lock round trip per batch rather than per operation. It stops wherever
-//! running them one at a time could differ: when another stream becomes
-//! ready (the ready order decides again), when the stream fails or its
-//! shutdown state or slowdown changes, and at a record's mark, a marker
-//! operation or a device-side wait. Order, errors and wake-ups are those
+//! An engine takes the operations queued behind its job on the same stream
+//! as well (up to [`BATCH_LIMIT`] in all; see [`Scheduler::take_batch`])
+//! and runs them one after another, publishing each completion without the
+//! lock, so a busy stream costs one lock round trip per batch rather than
+//! per operation. Streams of the same or a lower priority wait for the
+//! batch (a device orders nothing between them). It stops wherever
+//! running them one at a time could differ otherwise: when a stream of
+//! higher priority becomes ready (it starts first), when the stream fails
+//! or its shutdown state or slowdown changes, and at a record's mark, a
+//! marker operation or a device-side wait. Errors and wake-ups are those
 //! of one operation at a time.
 use std::cell::Cell;
 use std::collections::VecDeque;
@@ -135,11 +136,14 @@ pub(crate) struct Device {
     pub(crate) check_reuse: bool,
     /// Moved (release, under the scheduler lock) when a launch makes a
     /// stream ready, when a busy engine sees more streams ready than it
-    /// takes while another engine is idle or running a batch
-    /// ([`Device::mark_work`]), and when the runtime shuts down: what a
-    /// watching engine watches instead of taking the scheduler lock, and
-    /// what stops a batch.
+    /// takes while another engine is idle ([`Device::mark_work`]), and
+    /// when the runtime shuts down: what a watching engine watches instead
+    /// of taking the scheduler lock.
     pub(crate) work_epoch: CachePadded<AtomicU64>,
+    /// Moved (release, under the scheduler lock) each time a high-priority
+    /// stream is made ready: what stops a batch of a normal-priority
+    /// stream ([`Scheduler::take_batch`]).
+    high_ready_epoch: Arc<CachePadded<AtomicU64>>,
     /// Events of the runtime made and not dropped yet
     /// ([`crate::MockRuntime::live_events`]).
     pub(crate) live_events: AtomicUsize,
@@ -154,6 +158,7 @@ pub(crate) struct Device {
 impl Device {
     /// Fresh device state: empty memory, no streams.
     pub(crate) fn new(index: u32, config: &MockConfig) -> Self {
+        let scheduler = Scheduler::new(config.check_reuse());
         Self {
             index,
             engines: config.engines() as usize,
@@ -163,7 +168,8 @@ impl Device {
                 op_latency: config.op_latency(),
                 copy_bandwidth: config.copy_bandwidth(),
             },
-            scheduler: CachePadded::new(Mutex::new_deferring(Scheduler::new(config.check_reuse()))),
+            high_ready_epoch: scheduler.high_ready_epoch(),
+            scheduler: CachePadded::new(Mutex::new_deferring(scheduler)),
             work: Condvar::new(),
             sync_policy: config.sync_policy(),
             device_side_wait: config.device_side_wait(),
@@ -219,8 +225,7 @@ impl Device {
 
     /// Moves the work epoch: a stream was made ready. Called with the
     /// scheduler lock held, so that whoever sees the stream ready (under
-    /// the lock) sees the epoch moved too: a watching engine, and an engine
-    /// running a batch, which stops there.
+    /// the lock) sees the epoch moved too: a watching engine.
     pub(crate) fn mark_work(&self) {
         self.work_epoch.fetch_add(1, Ordering::Release);
     }
@@ -387,31 +392,26 @@ fn engine_main(device: Arc<Device>) {
                 }
                 // More streams waiting (launched, or made ready again as an
                 // operation finished): `run_job` makes sure an idle engine
-                // looks, whoever was woken for them before, and an engine
-                // running a batch stops. With every engine busy and none in
-                // a batch there is no one to tell: each takes the next
-                // ready stream when it comes back for work.
-                let announce = (scheduler.has_ready()
-                    && (scheduler.busy < device.engines || scheduler.batching > 0))
+                // looks, whoever was woken for them before. With every
+                // engine busy there is no one to tell: each takes the next
+                // ready stream when it comes back for work (a batch of
+                // lower priority stops by itself, `Scheduler::take_batch`).
+                let announce = (scheduler.has_ready() && scheduler.busy < device.engines)
                     .then_some(scheduler.watching != 0);
                 if announce.is_some() {
                     device.mark_work();
                 }
-                if batch_limit > 0 {
-                    scheduler.take_batch(&job, batch_limit, &mut batch);
-                }
+                let high_ready_epoch = if batch_limit > 0 {
+                    scheduler.take_batch(&job, batch_limit, &mut batch)
+                } else {
+                    None
+                };
                 let taken = batch.len();
                 let batch = Batch {
-                    work_epoch: if taken > 0 {
-                        device.work_epoch.load(Ordering::Acquire)
-                    } else {
-                        0
-                    },
+                    high_ready_epoch,
                     rest: &mut batch,
                 };
-                scheduler.batching += usize::from(taken > 0);
                 let ran_all = run_job(&device, &mut scheduler, job, announce, batch);
-                scheduler.batching -= usize::from(taken > 0);
                 if !ran_all {
                     batch_limit = 0;
                     backoff = BATCH_BACKOFF;
@@ -476,8 +476,9 @@ fn engine_main(device: Arc<Device>) {
 
 /// Operations an engine runs at most from one stream per lock round trip:
 /// its job and up to this many minus one taken with it
-/// ([`Scheduler::take_batch`]).
-const BATCH_LIMIT: usize = 32;
+/// ([`Scheduler::take_batch`]); so also the most operations of one stream
+/// that a ready stream of the same priority waits for on one engine.
+pub(crate) const BATCH_LIMIT: usize = 32;
 
 /// Jobs an engine runs alone after a batch was cut short, before it takes
 /// one more operation with a job again.
@@ -488,10 +489,12 @@ const BATCH_BACKOFF: u32 = 16;
 struct Batch<'a> {
     /// Still to run, in stream order; what is left goes back to the stream.
     rest: &'a mut VecDeque<Pending>,
-    /// [`Device::work_epoch`] when the batch was taken, no stream being
-    /// ready then: the batch stops once it moves (a stream became ready),
-    /// so that the ready order decides the next operation.
-    work_epoch: u64,
+    /// [`Device::high_ready_epoch`] when the batch of a normal-priority
+    /// stream was taken: the batch stops once it moves (a high-priority
+    /// stream became ready), so that the ready order decides the next
+    /// operation. `None` for a high-priority stream, which nothing
+    /// outranks.
+    high_ready_epoch: Option<u64>,
 }
 
 /// One operation run without the lock: its call name, its result, its
@@ -513,7 +516,8 @@ impl Ran {
 }
 
 /// Runs one job, then the batch taken with it while each operation
-/// succeeds, no other stream is ready and the stream does not change;
+/// succeeds, no stream of higher priority becomes ready and the stream
+/// does not change;
 /// `scheduler` is locked on entry and on return, and unlocked while user
 /// code runs. With `announce` (whether an engine was watching; the work
 /// is marked already), first wakes an idle engine for the other ready
@@ -564,7 +568,9 @@ fn run_job(
         let mut ran = run_op(device, stream, pending, verdict);
         if let Some((progress, changes)) = &watch {
             while ran.succeeded()
-                && device.work_epoch.load(Ordering::Acquire) == batch.work_epoch
+                && batch
+                    .high_ready_epoch
+                    .is_none_or(|epoch| device.high_ready_epoch.load(Ordering::Acquire) == epoch)
                 && progress.changes() == *changes
                 && let Some(next) = batch.rest.pop_front()
             {

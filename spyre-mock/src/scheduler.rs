@@ -11,10 +11,17 @@
 //! runs at most one operation at a time: from taking it until its
 //! completion has returned, the stream is *running* and not ready.
 //!
-//! An engine that takes a stream's front operation while no other stream
-//! is ready may take the operations queued behind it as well, to run them
-//! without the lock in between ([`Scheduler::take_batch`]): as long as no
-//! other stream becomes ready they are what it would take next anyway.
+//! An engine that takes a stream's front operation may take the operations
+//! queued behind it as well, to run them without the lock in between
+//! ([`Scheduler::take_batch`]): a *batch*, of at most
+//! [`crate::engine::BATCH_LIMIT`] operations. Streams of the same or a
+//! lower priority wait for it, even where their front operation was
+//! enqueued first: a device orders nothing between streams beyond their
+//! priority (`flex.h`), and one operation at a time per lock round trip
+//! would keep the engines from keeping up with their callers. A
+//! high-priority stream made ready during a batch of a normal-priority
+//! stream stops it, so queued work of high-priority streams still starts
+//! first.
 //!
 //! A device-side wait on an event is a *gate* in the waiting stream: it
 //! holds the operations enqueued after it until the event's record has
@@ -177,6 +184,12 @@ pub(crate) struct Scheduler {
     /// launch (under its stream's inbox lock, not this one's); on a cache
     /// line of its own, as only launching threads write it.
     order: Arc<CachePadded<AtomicU64>>,
+    /// Moved (release, under this lock) each time a high-priority stream
+    /// is made ready: what a batch of a normal-priority stream watches
+    /// without the lock, and stops at ([`Self::take_batch`]). Shared with
+    /// the engines ([`Self::high_ready_epoch`]); on a cache line of its
+    /// own, as engines read it between the operations of a batch.
+    high_ready_epoch: Arc<CachePadded<std::sync::atomic::AtomicU64>>,
     /// Set when the runtime is dropped: engines exit once nothing is ready.
     pub(crate) shutting_down: bool,
     /// Engines that have stopped for good after the shutdown began; the
@@ -192,10 +205,6 @@ pub(crate) struct Scheduler {
     /// busy one); the busy one wakes a blocked engine when it sees more
     /// ready streams.
     pub(crate) busy: usize,
-    /// Engines running a batch now ([`Self::take_batch`]): while one is,
-    /// a busy engine that sees more ready streams moves the work epoch, so
-    /// that the batch stops and the ready order decides again.
-    pub(crate) batching: usize,
     /// Stream ids `synchronize` was called on, in call order; the most
     /// recent [`SYNCHRONIZE_LOG_LIMIT`] calls.
     synchronize_log: VecDeque<u64>,
@@ -318,6 +327,12 @@ impl Scheduler {
         self.streams
             .iter()
             .any(|s| s.error.is_some() || s.needs_shutdown)
+    }
+
+    /// The epoch moved each time a high-priority stream is made ready, for
+    /// the engines to watch without the lock ([`Self::take_batch`]).
+    pub(crate) fn high_ready_epoch(&self) -> Arc<CachePadded<std::sync::atomic::AtomicU64>> {
+        Arc::clone(&self.high_ready_epoch)
     }
 
     /// Whether some stream is ready.
@@ -577,6 +592,9 @@ impl Scheduler {
             record.mark_ready(Instant::now());
         }
         self.ready.push(state.priority, front.seq, index);
+        if state.priority == StreamPriority::High {
+            self.high_ready_epoch.fetch_add(1, Ordering::Release);
+        }
         state.in_ready = true;
         true
     }
@@ -611,32 +629,43 @@ impl Scheduler {
     /// Moves up to `limit` more operations of `job`'s stream, whose front
     /// operation an engine has just taken ([`Self::next_job`]), into
     /// `batch`, for that engine to run one after another without taking
-    /// the lock between them ([`crate::engine`]). Each is what
-    /// [`Self::next_job`] would take next, as long as no other stream
-    /// becomes ready (the engine stops the batch when one does: a stream
-    /// made ready moves the device's work epoch under the lock, or is
-    /// taken at once by the engine that made it ready; see
-    /// [`crate::engine`]), so the ready order is the same.
+    /// the lock between them ([`crate::engine`]). Returns the value of the
+    /// high-ready epoch the batch must stop at once it moves, `None` if
+    /// the stream has high priority (nothing outranks it) or nothing was
+    /// taken.
     ///
-    /// Takes nothing while another stream is ready, when the stream has
-    /// failed or needs shutdown, with the use-after-free detector on, or
-    /// behind an event record's marker operation (its completion opens the
-    /// gates of streams waiting on it, in [`Self::finish`]); and stops
-    /// before an operation held by a device-side wait, before a marker
-    /// operation, and after the operation that reaches a record's mark:
-    /// each of those needs the lock as it is passed. Operations the engine
-    /// does not run go back with [`Self::put_back`].
-    pub(crate) fn take_batch(&mut self, job: &Job, limit: usize, batch: &mut VecDeque<Pending>) {
-        if !self.ready.is_empty()
-            || self.reuse.is_some()
+    /// Streams of the stream's own priority or lower that are ready, or
+    /// become ready, wait for the batch: a device orders nothing between
+    /// streams beyond priority (`flex.h`: queued work of high-priority
+    /// streams starts first), and the batch is bounded by `limit`. A
+    /// high-priority stream does not: the job's stream was the first of
+    /// the ready order, so none was ready as the batch was taken, and one
+    /// made ready later moves the high-ready epoch under the lock, which
+    /// stops a normal-priority batch before its next operation.
+    ///
+    /// Takes nothing when the stream has failed or needs shutdown, with
+    /// the use-after-free detector on, or behind an event record's marker
+    /// operation (its completion opens the gates of streams waiting on it,
+    /// in [`Self::finish`]); and stops before an operation held by a
+    /// device-side wait, before a marker operation, and after the
+    /// operation that reaches a record's mark: each of those needs the
+    /// lock as it is passed. Operations the engine does not run go back
+    /// with [`Self::put_back`].
+    pub(crate) fn take_batch(
+        &mut self,
+        job: &Job,
+        limit: usize,
+        batch: &mut VecDeque<Pending>,
+    ) -> Option<u64> {
+        if self.reuse.is_some()
             || !matches!(job.verdict, Verdict::Run { .. })
             || matches!(job.pending.op, Op::Record(_))
         {
-            return;
+            return None;
         }
         let state = &mut self.streams[job.stream];
         if state.error.is_some() || state.needs_shutdown {
-            return;
+            return None;
         }
         if state.queue.len() < limit {
             state.inbox.lock().move_into(&mut state.queue);
@@ -657,6 +686,8 @@ impl Scheduler {
             .take_while(|pending| !matches!(pending.op, Op::Record(_)))
             .count();
         batch.extend(state.queue.drain(..take));
+        let outranked = take > 0 && state.priority != StreamPriority::High;
+        outranked.then(|| self.high_ready_epoch.load(Ordering::Acquire))
     }
 
     /// Returns the operations of stream `index` that an engine took with

@@ -126,9 +126,10 @@ impl MockStream {
     }
 
     /// Admits work to the scheduler with `admit`, runs `on_admitted` under
-    /// the scheduler lock if it was, and, if the stream became ready, tells
-    /// the engines: the work epoch moves under the lock (a watching engine
-    /// sees it), and a blocked one is woken after it when none is watching.
+    /// the scheduler lock if it was, and, if the stream became ready while
+    /// no other was, tells the engines: the work epoch moves under the lock
+    /// (a watching engine sees it), and a blocked one is woken after it
+    /// when none is watching.
     /// What `admit` refused is dropped after the lock is released (it may
     /// hold user code).
     fn submit<R>(
@@ -136,23 +137,31 @@ impl MockStream {
         admit: impl FnOnce(&mut Scheduler) -> std::result::Result<bool, Refused<R>>,
         on_admitted: impl FnOnce(),
     ) -> Result<()> {
-        let (admitted, watched) = {
+        let (admitted, tell) = {
             let mut scheduler = self.device.scheduler.lock();
+            // Streams ready already have an engine coming for them: one
+            // busy, which takes the next ready stream when it comes back,
+            // or one told when the first of them was made ready, which
+            // tells the next idle one when it sees more (`crate::engine`).
+            // So only a stream made ready while none was tells the engines
+            // (as an executor wakes a worker only for an empty queue).
+            let others_ready = scheduler.has_ready();
             let admitted = admit(&mut scheduler);
             if admitted.is_ok() {
                 on_admitted();
             }
-            if matches!(admitted, Ok(true)) {
-                self.device.mark_work();
-            }
+            let tell = matches!(admitted, Ok(true)) && !others_ready;
             // Under the lock, where watchers come and go: one that is
             // watching now takes the lock and looks before it blocks.
-            let watched = scheduler.watching != 0;
+            let watched = tell.then(|| {
+                self.device.mark_work();
+                scheduler.watching != 0
+            });
             (admitted, watched)
         };
         match admitted {
-            Ok(became_ready) => {
-                if became_ready {
+            Ok(_) => {
+                if let Some(watched) = tell {
                     self.device.wake_idle(watched);
                 }
                 Ok(())

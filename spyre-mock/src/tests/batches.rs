@@ -1,7 +1,8 @@
 //! Batches: an engine runs a stream's queued operations one after another
-//! without the scheduler lock, and stops wherever running them one at a
-//! time could differ: another stream made ready, a change of the stream's
-//! state, a record's mark. And a thread blocked on the stream is woken by
+//! without the scheduler lock, at most `BATCH_LIMIT` while streams of its
+//! priority wait, and stops wherever running them one at a time could
+//! differ otherwise: a stream of higher priority made ready, a change of
+//! the stream's state, a record's mark. And a thread blocked on the stream is woken by
 //! the operation of a batch that completes what it waits for, not at the
 //! batch's end (nor by each operation before it).
 
@@ -44,13 +45,14 @@ fn logged(s: &MockStream, log: &Log, name: &'static str) {
         .unwrap();
 }
 
-#[test]
-fn a_high_priority_launch_during_a_batch_runs_before_the_rest_of_it() {
-    // One engine. While it runs `a1`, taken with `a2` and `a3` behind it,
-    // a high-priority stream gets work: one at a time, the engine would take
-    // that next; the batch must stop after `a1` for the same order.
+/// One engine. While it runs `a1`, taken with `a2` and `a3` behind it, a
+/// high-priority stream gets work; with `others_ready`, a normal-priority
+/// stream `n` is ready all along (launched after `a3`). Returns the order
+/// the operations ran in.
+fn high_priority_launch_during_a_batch(others_ready: bool) -> Vec<String> {
     let rt = runtime(1);
     let s = stream(&rt);
+    let n = stream(&rt);
     let high = rt
         .create_mock_stream(StreamPriority::High, StreamMode::StrictOrdering, false)
         .unwrap();
@@ -59,13 +61,83 @@ fn a_high_priority_launch_during_a_batch_runs_before_the_rest_of_it() {
     let (running, answer) = handshake(s, &log, "a1");
     logged(s, &log, "a2");
     logged(s, &log, "a3");
+    if others_ready {
+        logged(n, &log, "n");
+    }
     drop(release);
     running.recv_timeout(DEADLOCK).unwrap();
     logged(high, &log, "high");
     answer.send(()).unwrap();
-    s.synchronize().unwrap();
-    high.synchronize().unwrap();
-    assert_eq!(log.take(), ["a1", "high", "a2", "a3"]);
+    for stream in [s, n, high] {
+        stream.synchronize().unwrap();
+    }
+    log.take()
+}
+
+#[test]
+fn a_high_priority_launch_during_a_batch_runs_before_the_rest_of_it() {
+    // One at a time, the engine would take the high-priority work next;
+    // the batch must stop after `a1` for the same order.
+    assert_eq!(
+        high_priority_launch_during_a_batch(false),
+        ["a1", "high", "a2", "a3"]
+    );
+}
+
+#[test]
+fn a_high_priority_launch_stops_a_batch_while_other_streams_are_ready() {
+    // A batch does not stop for `n`, but the high-priority launch, which
+    // finds a stream ready and so tells no engine, must still stop it
+    // after `a1`. Then `a2` and `a3`, older than `n`, run first.
+    assert_eq!(
+        high_priority_launch_during_a_batch(true),
+        ["a1", "high", "a2", "a3", "n"]
+    );
+}
+
+#[test]
+fn an_equal_priority_stream_waits_for_one_batch_at_most() {
+    // One engine. Stream `a` has 40 operations queued behind a blocked one,
+    // and `b` one operation launched after `a`'s first: `b`'s is older
+    // than `a`'s other 39, yet may wait for the batch taken with `a`'s
+    // first (a device orders nothing between streams of one priority),
+    // but for no more than that: it runs within the first `BATCH_LIMIT`
+    // operations, and `a`'s run in their order around it. First 200
+    // operations queued on a third stream let the engine's batches grow to
+    // their largest.
+    let rt = runtime(1);
+    let (a, b, warm_up) = (stream(&rt), stream(&rt), stream(&rt));
+    let release = block(warm_up);
+    let count = Arc::new(AtomicUsize::new(0));
+    for _ in 0..200 {
+        launch_counted(warm_up, &count);
+    }
+    drop(release);
+    warm_up.synchronize().unwrap();
+    let log = Log::default();
+    let release = block(a);
+    let launch = |s: &MockStream, name: String| {
+        let log = log.clone();
+        s.launch_host_callback(Box::new(move || log.push(name)), LaunchOptions::new())
+            .unwrap();
+    };
+    launch(a, "a0".to_owned());
+    launch(b, "b".to_owned());
+    for i in 1..40 {
+        launch(a, format!("a{i}"));
+    }
+    drop(release);
+    a.synchronize().unwrap();
+    b.synchronize().unwrap();
+    let ran = log.take();
+    let b_at = ran.iter().position(|name| name == "b").unwrap();
+    assert!(
+        b_at <= crate::engine::BATCH_LIMIT,
+        "`b` ran after {b_at} operations of `a`: {ran:?}"
+    );
+    let a_order: Vec<String> = (0..40).map(|i| format!("a{i}")).collect();
+    let ran_a: Vec<&String> = ran.iter().filter(|name| *name != "b").collect();
+    assert_eq!(ran_a, a_order.iter().collect::<Vec<_>>());
 }
 
 #[test]

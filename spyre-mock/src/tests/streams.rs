@@ -692,28 +692,38 @@ fn under_auto_no_idle_engine_watches_while_another_is_busy() {
 }
 
 #[test]
-fn a_busy_engine_tells_no_one_about_ready_streams_while_every_engine_is_busy() {
+fn engines_are_told_of_a_ready_stream_only_when_none_is_coming_for_it() {
     // Two engines, each held by a blocked stream; `c` and `d` get one
-    // operation each. When the first engine is released it takes `c` with
-    // `d` still ready, and then `d`: with the other engine busy (and in no
-    // batch) and none idle, there is no one to wake or stop, so the work
-    // epoch stays where the two launches left it.
+    // operation each. `c`'s launch makes the first stream ready and tells
+    // the engines (the work epoch moves by one); `d`'s finds `c` ready,
+    // which an engine is coming for already, so it moves nothing. When the
+    // first engine is released it takes `c` with `d` still ready, and then
+    // `d`: with the other engine busy and none idle, there is no one to
+    // wake, so the epoch does not move either.
     let rt = runtime_with_policy(2, SyncPolicy::Blocking);
     let device = rt.device_weak().upgrade().unwrap();
+    let epoch = || device.work_epoch.load(Ordering::SeqCst);
     let (a, b, c, d) = (stream(&rt), stream(&rt), stream(&rt), stream(&rt));
     let release_a = block(a);
     let release_b = block(b);
     let ran = Arc::new(AtomicUsize::new(0));
+    let before = epoch();
     launch_counted(c, &ran);
+    let after_c = epoch();
     launch_counted(d, &ran);
-    let epoch = device.work_epoch.load(Ordering::SeqCst);
+    let after_d = epoch();
+    assert_eq!(
+        (after_c - before, after_d - after_c),
+        (1, 0),
+        "the work epoch's moves by the launches on `c` and `d`"
+    );
     release_a.send(()).unwrap();
     c.synchronize().unwrap();
     d.synchronize().unwrap();
     assert_eq!(ran.load(Ordering::SeqCst), 2);
     assert_eq!(
-        device.work_epoch.load(Ordering::SeqCst),
-        epoch,
+        epoch(),
+        after_d,
         "the work epoch moved while every engine was busy"
     );
     release_b.send(()).unwrap();
