@@ -116,11 +116,12 @@ pub(crate) struct Device {
     token: u64,
     pub(crate) memory: DeviceMemory,
     timing: Timing,
-    /// On cache lines of its own, as is the work epoch: the lock word is
-    /// taken by the engines for every job and by every launch on an idle
-    /// stream, and the epoch is read by an engine between the operations
-    /// of a batch, so sharing a line would make those launches miss in the
-    /// cache.
+    /// On cache lines of its own, as are the work epoch and the high-ready
+    /// epoch: the lock word is taken by the engines for every job and by
+    /// every launch on an idle stream, and the epochs are read by engines
+    /// without the lock (a watching engine, and one between the operations
+    /// of a batch), so sharing a line would make those launches miss in
+    /// the cache.
     pub(crate) scheduler: CachePadded<Mutex<Scheduler>>,
     /// Engines wait here for work.
     pub(crate) work: Condvar,
@@ -134,16 +135,16 @@ pub(crate) struct Device {
     pub(crate) event_timing: bool,
     /// Whether the use-after-free detector is on.
     pub(crate) check_reuse: bool,
-    /// Moved (release, under the scheduler lock) when a launch makes a
-    /// stream ready, when a busy engine sees more streams ready than it
-    /// takes while another engine is idle ([`Device::mark_work`]), and
-    /// when the runtime shuts down: what a watching engine watches instead
-    /// of taking the scheduler lock.
+    /// Moved (release, under the scheduler lock) when a launch makes the
+    /// first stream ready (none was), when a busy engine sees more streams
+    /// ready than it takes while another engine is idle
+    /// ([`Device::mark_work`]), and when the runtime shuts down: what a
+    /// watching engine watches instead of taking the scheduler lock.
     pub(crate) work_epoch: CachePadded<AtomicU64>,
     /// Moved (release, under the scheduler lock) each time a high-priority
     /// stream is made ready: what stops a batch of a normal-priority
     /// stream ([`Scheduler::take_batch`]).
-    high_ready_epoch: Arc<CachePadded<AtomicU64>>,
+    pub(crate) high_ready_epoch: Arc<CachePadded<AtomicU64>>,
     /// Events of the runtime made and not dropped yet
     /// ([`crate::MockRuntime::live_events`]).
     pub(crate) live_events: AtomicUsize,
@@ -375,11 +376,11 @@ fn engine_main(device: Arc<Device>) {
     // empty between jobs, kept for its capacity.
     let mut batch = VecDeque::new();
     // How many to take at most: doubled after a batch that took as many as
-    // it could and ran whole; after a batch cut short (another stream made
-    // ready, a change or a failure of the stream), none for the next
-    // `BATCH_BACKOFF` jobs, then one: where other streams keep becoming
-    // ready, an engine does not move operations out of a queue and back
-    // again for nothing.
+    // it could and ran whole; after a batch cut short (a high-priority
+    // stream made ready, a change or a failure of the stream), none for the
+    // next `BATCH_BACKOFF` jobs, then one: where high-priority streams keep
+    // becoming ready, an engine does not move operations out of a queue
+    // and back again for nothing.
     let mut batch_limit = 1;
     let mut backoff = 0;
     loop {

@@ -42,7 +42,13 @@
 //!   first, then the stream whose next operation was enqueued earliest.
 //!   The priority is strict: while high-priority streams keep every engine
 //!   busy, normal streams wait, and so does a `synchronize` of them (or of
-//!   the device).
+//!   the device). Between streams of one priority the order is not strict
+//!   (`flex.h` promises none): an engine that takes a stream's operation
+//!   runs up to 31 more queued behind it before it picks again, so a
+//!   stream of the same priority may wait for up to 32 operations of each
+//!   such stream ahead of it, even where its own was enqueued first. A
+//!   high-priority stream made ready meanwhile stops such a run of a
+//!   normal-priority stream before its next operation.
 //! - Completions and host callbacks run on engine threads, never inside the
 //!   launch call, with no lock held, in FIFO order per stream. A host
 //!   callback holds its stream and its engine until it returns. A panic in

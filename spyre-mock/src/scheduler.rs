@@ -545,8 +545,15 @@ impl Scheduler {
     /// stream of a closed one (so that a record that fails later fails an
     /// idle stream too). A stream that has failed passes its gates without
     /// waiting: nothing behind them runs. Returns whether the stream became
-    /// ready.
+    /// ready. A high-priority stream made ready moves the high-ready
+    /// epoch, which stops batches of normal-priority streams.
     fn schedule(&mut self, index: usize) -> bool {
+        self.schedule_telling_batches(index, true)
+    }
+
+    /// [`Self::schedule`], moving the high-ready epoch for a high-priority
+    /// stream made ready only if `tell_batches`.
+    fn schedule_telling_batches(&mut self, index: usize, tell_batches: bool) -> bool {
         loop {
             let state = &mut self.streams[index];
             if state.running || state.in_ready {
@@ -592,7 +599,7 @@ impl Scheduler {
             record.mark_ready(Instant::now());
         }
         self.ready.push(state.priority, front.seq, index);
-        if state.priority == StreamPriority::High {
+        if tell_batches && state.priority == StreamPriority::High {
             self.high_ready_epoch.fetch_add(1, Ordering::Release);
         }
         state.in_ready = true;
@@ -758,7 +765,9 @@ impl Scheduler {
     /// Marks the running operation of stream `index` complete (its
     /// completion has returned), wakes the threads blocked on the stream
     /// if one looks again at the new count, and makes the stream ready
-    /// again if it has more work. Returns whether it did.
+    /// again if it has more work. Returns whether it did. Called by the
+    /// engine that ran the operation, which takes its next job
+    /// ([`Self::next_job`]) before it releases the lock.
     ///
     /// Streams blocked on a record of this stream are looked at again (the
     /// finished operation may be that record, or have reached its mark in
@@ -782,7 +791,13 @@ impl Scheduler {
         for waiter in std::mem::take(&mut state.waiters) {
             self.schedule(waiter);
         }
-        self.schedule(index)
+        // The engine that finished the operation takes the next job at
+        // once, under this lock hold: a high-priority stream made ready
+        // again here is what it takes (any other high-priority stream
+        // ready now moved the epoch as it became ready, after every batch
+        // running now was taken), so batches on other engines need not
+        // stop for it.
+        self.schedule_telling_batches(index, false)
     }
 }
 

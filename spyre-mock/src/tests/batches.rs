@@ -45,7 +45,8 @@ fn logged(s: &MockStream, log: &Log, name: &'static str) {
         .unwrap();
 }
 
-/// One engine. While it runs `a1`, taken with `a2` and `a3` behind it, a
+/// One engine. While it runs `a1`, with `a2` and `a3` queued behind it (`a2`
+/// taken with it: the engine's batches start at one more), a
 /// high-priority stream gets work; with `others_ready`, a normal-priority
 /// stream `n` is ready all along (launched after `a3`). Returns the order
 /// the operations ran in.
@@ -96,13 +97,40 @@ fn a_high_priority_launch_stops_a_batch_while_other_streams_are_ready() {
 }
 
 #[test]
+fn a_high_priority_stream_made_ready_again_by_its_own_engine_stops_no_batch() {
+    // The engine that finishes an operation of a high-priority stream with
+    // more queued takes that stream (or another high-priority one, which
+    // moved the epoch as it became ready) before it lets the lock go:
+    // batches running on other engines need not stop for it. Launching
+    // `h`'s work moves the epoch once (the stream made ready); its
+    // operations finishing with more queued behind them move it no more.
+    let rt = runtime(1);
+    let device = rt.device_weak().upgrade().unwrap();
+    let epoch = || device.high_ready_epoch.load(Ordering::SeqCst);
+    let h = rt
+        .create_mock_stream(StreamPriority::High, StreamMode::StrictOrdering, false)
+        .unwrap();
+    let before = epoch();
+    let release = block(h);
+    let count = Arc::new(AtomicUsize::new(0));
+    for _ in 0..3 {
+        launch_counted(h, &count);
+    }
+    drop(release);
+    h.synchronize().unwrap();
+    assert_eq!(count.load(Ordering::SeqCst), 3);
+    assert_eq!(epoch() - before, 1, "moves of the high-ready epoch");
+}
+
+#[test]
 fn an_equal_priority_stream_waits_for_one_batch_at_most() {
     // One engine. Stream `a` has 40 operations queued behind a blocked one,
     // and `b` one operation launched after `a`'s first: `b`'s is older
     // than `a`'s other 39, yet may wait for the batch taken with `a`'s
     // first (a device orders nothing between streams of one priority),
-    // but for no more than that: it runs within the first `BATCH_LIMIT`
-    // operations, and `a`'s run in their order around it. First 200
+    // but for no more than that: at most `BATCH_LIMIT` operations run
+    // before it (here exactly that many, `a0` to `a31`), and `a`'s run in
+    // their order around it. First 200
     // operations queued on a third stream let the engine's batches grow to
     // their largest.
     let rt = runtime(1);
