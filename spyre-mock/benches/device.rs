@@ -131,9 +131,10 @@ impl Executor {
         Self { shared, workers }
     }
 
-    /// Queues `job`; wakes a worker only when the queue was empty, as the
-    /// mock wakes an engine only when a stream becomes ready (a worker that
-    /// takes a job and sees more wakes the next one).
+    /// Queues `job`; wakes a worker only when the queue was empty, as a
+    /// launch on the mock wakes an engine only when it makes the first
+    /// stream ready (a worker that takes a job and sees more wakes the next
+    /// one, as an engine does).
     fn submit(&self, job: Job) {
         let mut state = self.shared.state.lock();
         let was_empty = state.queue.is_empty();

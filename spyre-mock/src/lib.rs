@@ -46,7 +46,8 @@
 //!   (`flex.h` promises none): an engine that takes a stream's operation
 //!   runs up to 31 more queued behind it before it picks again, so a
 //!   stream of the same priority may wait for up to 32 operations of each
-//!   such stream ahead of it, even where its own was enqueued first. A
+//!   such stream ahead of it, and of each run already going on an engine
+//!   when it became ready, even where its own was enqueued first. A
 //!   high-priority stream made ready meanwhile stops such a run of a
 //!   normal-priority stream before its next operation.
 //! - Completions and host callbacks run on engine threads, never inside the

@@ -791,12 +791,15 @@ impl Scheduler {
         for waiter in std::mem::take(&mut state.waiters) {
             self.schedule(waiter);
         }
-        // The engine that finished the operation takes the next job at
-        // once, under this lock hold: a high-priority stream made ready
-        // again here is what it takes (any other high-priority stream
-        // ready now moved the epoch as it became ready, after every batch
-        // running now was taken), so batches on other engines need not
-        // stop for it.
+        // The engine that finished the operation takes its next job in this
+        // lock hold; if this stream has high priority, that job is of a
+        // high-priority stream: this one, or an older one that is ready. A normal-priority batch running on
+        // another engine was taken while no high-priority stream was ready,
+        // so any that is ready now became ready since, moving the epoch
+        // (a stream made ready again by its own engine, as here, is taken
+        // at once), and that batch has stopped. So this stream, if it is
+        // not what this engine takes, is not held up by such a batch, and
+        // batches need not stop for it.
         self.schedule_telling_batches(index, false)
     }
 }

@@ -99,9 +99,9 @@ fn a_high_priority_launch_stops_a_batch_while_other_streams_are_ready() {
 #[test]
 fn a_high_priority_stream_made_ready_again_by_its_own_engine_stops_no_batch() {
     // The engine that finishes an operation of a high-priority stream with
-    // more queued takes that stream (or another high-priority one, which
-    // moved the epoch as it became ready) before it lets the lock go:
-    // batches running on other engines need not stop for it. Launching
+    // more queued takes a high-priority stream before it lets the lock go
+    // (`Scheduler::finish` says why batches running on other engines need
+    // not stop for this one). This counts the epoch's moves only. Launching
     // `h`'s work moves the epoch once (the stream made ready); its
     // operations finishing with more queued behind them move it no more.
     let rt = runtime(1);
@@ -128,9 +128,9 @@ fn an_equal_priority_stream_waits_for_one_batch_at_most() {
     // and `b` one operation launched after `a`'s first: `b`'s is older
     // than `a`'s other 39, yet may wait for the batch taken with `a`'s
     // first (a device orders nothing between streams of one priority),
-    // but for no more than that: at most `BATCH_LIMIT` operations run
-    // before it (here exactly that many, `a0` to `a31`), and `a`'s run in
-    // their order around it. First 200
+    // but for no more than that: exactly `BATCH_LIMIT` operations run
+    // before it (`a0` and the 31 taken with it: the limit, and a batch of
+    // one more would pass it), and `a`'s run in their order around it. First 200
     // operations queued on a third stream let the engine's batches grow to
     // their largest.
     let rt = runtime(1);
@@ -159,9 +159,10 @@ fn an_equal_priority_stream_waits_for_one_batch_at_most() {
     b.synchronize().unwrap();
     let ran = log.take();
     let b_at = ran.iter().position(|name| name == "b").unwrap();
-    assert!(
-        b_at <= crate::engine::BATCH_LIMIT,
-        "`b` ran after {b_at} operations of `a`: {ran:?}"
+    assert_eq!(
+        b_at,
+        crate::engine::BATCH_LIMIT,
+        "operations of `a` before `b`: {ran:?}"
     );
     let a_order: Vec<String> = (0..40).map(|i| format!("a{i}")).collect();
     let ran_a: Vec<&String> = ran.iter().filter(|name| *name != "b").collect();
