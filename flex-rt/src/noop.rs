@@ -9,8 +9,10 @@
 //! borrows stay valid for the runtime's life, as the contract requires.
 //!
 //! Knobs a test can turn: a delay in every stream creation (a slow vendor
-//! runtime), a number of coming stream creations that fail, and a hook that
-//! runs inside every `synchronize` (to hold a stream "busy").
+//! runtime), a number of coming stream creations that fail, a hook that
+//! runs inside every `synchronize` (to hold a stream "busy"), and a status
+//! every elapsed time fails with once its checks pass (a runtime that
+//! contradicts its own event queries).
 //!
 //! What it does not model, where the [`crate::Stream`] and
 //! [`crate::Event`] contracts ask more: failures. A panic in a host
@@ -113,6 +115,7 @@ pub type CreationHook = Box<dyn Fn(StreamPriority) + Send + Sync>;
 pub struct NoopBackend {
     devices: u32,
     creation_delay: Duration,
+    elapsed_failure: Option<Status>,
 }
 
 impl NoopBackend {
@@ -122,12 +125,20 @@ impl NoopBackend {
         Self {
             devices,
             creation_delay: Duration::ZERO,
+            elapsed_failure: None,
         }
     }
 
     /// Makes every stream creation of the runtimes it creates take `delay`.
     pub fn with_creation_delay(mut self, delay: Duration) -> Self {
         self.creation_delay = delay;
+        self
+    }
+
+    /// Makes the runtimes it creates fail every elapsed time with `status`
+    /// ([`NoopRuntime::with_elapsed_time_failure`]).
+    pub fn with_elapsed_time_failure(mut self, status: Status) -> Self {
+        self.elapsed_failure = Some(status);
         self
     }
 }
@@ -152,9 +163,11 @@ impl Backend for NoopBackend {
                 ),
             ));
         }
-        Ok(Box::new(
-            NoopRuntime::new(logical_device).with_creation_delay(self.creation_delay),
-        ))
+        let runtime = NoopRuntime::new(logical_device).with_creation_delay(self.creation_delay);
+        Ok(Box::new(match self.elapsed_failure {
+            Some(status) => runtime.with_elapsed_time_failure(status),
+            None => runtime,
+        }))
     }
 }
 
@@ -181,6 +194,7 @@ pub struct NoopRuntime {
     creation_hook: Option<CreationHook>,
     fail_next: AtomicUsize,
     next_offset: AtomicU64,
+    elapsed_failure: Option<Status>,
 }
 
 impl NoopRuntime {
@@ -213,6 +227,7 @@ impl NoopRuntime {
             creation_hook: None,
             fail_next: AtomicUsize::new(0),
             next_offset: AtomicU64::new(0),
+            elapsed_failure: None,
         }
     }
 
@@ -226,6 +241,16 @@ impl NoopRuntime {
     /// creation delay (a test can block there to keep a creation "slow").
     pub fn with_creation_hook(mut self, hook: CreationHook) -> Self {
         self.creation_hook = Some(hook);
+        self
+    }
+
+    /// Makes every elapsed time between events of this runtime fail with
+    /// `status` once its own checks (timing, recorded) pass, although the
+    /// events' queries report them complete: a runtime that contradicts
+    /// itself, for tests of what callers do then (a caller that retries on
+    /// [`Status::NOT_READY`] must not retry for ever).
+    pub fn with_elapsed_time_failure(mut self, status: Status) -> Self {
+        self.elapsed_failure = Some(status);
         self
     }
 
@@ -351,6 +376,7 @@ impl Runtime for NoopRuntime {
             owner: Arc::as_ptr(&self.shared) as usize,
             timing,
             recorded: AtomicBool::new(false),
+            elapsed_failure: self.elapsed_failure,
         }))
     }
 }
@@ -364,6 +390,9 @@ struct NoopEvent {
     owner: usize,
     timing: bool,
     recorded: AtomicBool,
+    /// What every elapsed time fails with once its checks pass
+    /// ([`NoopRuntime::with_elapsed_time_failure`]).
+    elapsed_failure: Option<Status>,
 }
 
 impl NoopEvent {
@@ -424,7 +453,14 @@ impl Event for NoopEvent {
                 ));
             }
         }
-        Ok(0)
+        match self.elapsed_failure {
+            Some(status) => Err(FlexError::new(
+                status,
+                CALL,
+                "injected by NoopRuntime::with_elapsed_time_failure",
+            )),
+            None => Ok(0),
+        }
     }
 
     fn as_any(&self) -> &dyn Any {

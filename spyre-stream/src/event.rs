@@ -114,6 +114,12 @@ struct Shared {
     made: AtomicU64,
 }
 
+/// Measurements [`SpyreEvent::elapsed_time`] makes at most when the
+/// runtime reports an event pending or failed that was complete when
+/// checked: each retry follows a record made by another thread in between,
+/// and a runtime that contradicts its own queries gets its error returned.
+const ELAPSED_TIME_ATTEMPTS: u32 = 16;
+
 impl SpyreEvent {
     /// An event without timing (`torch.cuda.Event()`), on the process's
     /// device; starts the runtime if needed, as [`crate::stream_from_pool`]
@@ -411,7 +417,9 @@ impl SpyreEvent {
     /// failed (also when another thread records either event again during
     /// the call, and the new record is pending or fails);
     /// [`Error::EventsOutOfOrder`] when `end` completed before this event;
-    /// the runtime's other errors ([`Error::Flex`]);
+    /// the runtime's other errors ([`Error::Flex`]), among them its
+    /// `NOT_READY` if it keeps reporting pending events whose queries say
+    /// they completed (after 16 measurements);
     /// [`Error::ForkedProcess`] in a child forked after the start, before
     /// any of those.
     pub fn elapsed_time(&self, end: &SpyreEvent) -> Result<Duration> {
@@ -432,18 +440,23 @@ impl SpyreEvent {
         for (which, event) in both {
             event.check_complete(which)?;
         }
+        let mut attempts = 0;
         let nanos = loop {
+            attempts += 1;
             match self.event().elapsed_nanos(end.event()) {
                 Ok(nanos) => break nanos,
                 // Recorded again by another thread since the check above:
                 // the event whose new record is pending, or failed, is
                 // named as the check names it; if that record has completed
-                // too, measure again.
+                // too, measure again (a bounded number of times: a runtime
+                // that keeps refusing events its own queries report
+                // complete gets its error returned, not a loop for ever).
                 Err(error)
-                    if matches!(
-                        error.status(),
-                        Status::NOT_READY | Status::STREAM_FAILED | Status::SHUTDOWN
-                    ) =>
+                    if attempts < ELAPSED_TIME_ATTEMPTS
+                        && matches!(
+                            error.status(),
+                            Status::NOT_READY | Status::STREAM_FAILED | Status::SHUTDOWN
+                        ) =>
                 {
                     for (which, event) in both {
                         event.check_complete(which)?;

@@ -250,6 +250,31 @@ fn elapsed_time_racing_a_record_of_the_end_event_names_it() {
     });
 }
 
+/// A runtime that keeps answering `NOT_READY` for events its own queries
+/// report complete (the no-op backend, told to): `elapsed_time` measures
+/// again a bounded number of times, then returns the runtime's error
+/// instead of looping for ever.
+#[test]
+fn elapsed_time_returns_the_runtimes_error_when_it_contradicts_its_queries() {
+    isolated!(&[MOCK], || {
+        let backend =
+            flex_rt::noop::NoopBackend::new(1).with_elapsed_time_failure(Status::NOT_READY);
+        set_backend(Box::new(backend)).unwrap();
+        let stream = pool_stream();
+        let (start, end) = (
+            SpyreEvent::with_timing().unwrap(),
+            SpyreEvent::with_timing().unwrap(),
+        );
+        start.record(stream).unwrap();
+        end.record(stream).unwrap();
+        assert!(start.query().unwrap() && end.query().unwrap());
+        match start.elapsed_time(&end) {
+            Err(Error::Flex(source)) => assert_eq!(source.status(), Status::NOT_READY, "{source}"),
+            other => panic!("expected the runtime's NOT_READY, got {other:?}"),
+        }
+    });
+}
+
 #[test]
 fn a_thousand_awaits_on_one_current_thread_runtime_never_block_it() {
     isolated!(&[MOCK], || {
