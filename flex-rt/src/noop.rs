@@ -108,7 +108,7 @@ pub type CreationHook = Box<dyn Fn(StreamPriority) + Send + Sync>;
 
 /// A [`Backend`] of no-op runtimes: `devices` logical devices, each
 /// [`Backend::create_runtime`] a fresh [`NoopRuntime`] with this backend's
-/// stream-creation delay.
+/// stream-creation delay and elapsed-time failure.
 ///
 /// `Send + Sync`; `Clone` shares nothing.
 #[derive(Clone, Debug)]
@@ -382,7 +382,8 @@ impl Runtime for NoopRuntime {
 }
 
 /// An event of a [`NoopRuntime`]: complete as soon as it is recorded, since
-/// work takes no time; elapsed times are 0.
+/// work takes no time; elapsed times are 0 (or the runtime's
+/// [`NoopRuntime::with_elapsed_time_failure`]).
 #[derive(Debug)]
 struct NoopEvent {
     device: u32,
@@ -693,6 +694,31 @@ mod tests {
         ] {
             assert_eq!(err.status(), Status::INVALID_ARGUMENT, "{err}");
         }
+    }
+
+    #[test]
+    fn an_elapsed_time_failure_comes_after_the_events_checks() {
+        let runtime = NoopBackend::new(1)
+            .with_elapsed_time_failure(Status::NOT_READY)
+            .create_runtime(0)
+            .unwrap();
+        let stream = runtime.default_stream();
+        let (start, end) = (
+            runtime.create_event(true).unwrap(),
+            runtime.create_event(true).unwrap(),
+        );
+        assert_eq!(
+            start.elapsed_nanos(&*end).unwrap_err().status(),
+            Status::INVALID_ARGUMENT,
+            "never recorded: checked first"
+        );
+        stream.record_event(&*start, None).unwrap();
+        stream.record_event(&*end, None).unwrap();
+        assert_eq!((start.query(), end.query()), (Ok(true), Ok(true)));
+        assert_eq!(
+            start.elapsed_nanos(&*end).unwrap_err().status(),
+            Status::NOT_READY
+        );
     }
 
     #[test]

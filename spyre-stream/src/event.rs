@@ -114,10 +114,20 @@ struct Shared {
     made: AtomicU64,
 }
 
+impl Shared {
+    /// Records begun and made, in that order.
+    fn records(&self) -> (u64, u64) {
+        let begun = self.begun.load(Ordering::SeqCst);
+        (begun, self.made.load(Ordering::SeqCst))
+    }
+}
+
 /// Measurements [`SpyreEvent::elapsed_time`] makes at most when the
 /// runtime reports an event pending or failed that was complete when
-/// checked: each retry follows a record made by another thread in between,
-/// and a runtime that contradicts its own queries gets its error returned.
+/// checked. Each retry follows a record by another thread in between (a
+/// runtime that disagrees with its own queries without one gets its error
+/// returned at once); the bound ends the call even while another thread
+/// records the events again and again.
 const ELAPSED_TIME_ATTEMPTS: u32 = 16;
 
 impl SpyreEvent {
@@ -418,8 +428,10 @@ impl SpyreEvent {
     /// the call, and the new record is pending or fails);
     /// [`Error::EventsOutOfOrder`] when `end` completed before this event;
     /// the runtime's other errors ([`Error::Flex`]), among them its
-    /// `NOT_READY` if it keeps reporting pending events whose queries say
-    /// they completed (after 16 measurements);
+    /// `NOT_READY`, `STREAM_FAILED` or `SHUTDOWN` when it reports a record
+    /// pending or failed that its query found complete, with no record of
+    /// another thread in between to explain it (or after 16 measurements
+    /// that each had one);
     /// [`Error::ForkedProcess`] in a child forked after the start, before
     /// any of those.
     pub fn elapsed_time(&self, end: &SpyreEvent) -> Result<Duration> {
@@ -437,6 +449,11 @@ impl SpyreEvent {
                 return Err(Error::EventNotRecorded { which });
             }
         }
+        // Both events' records begun and made, taken before each check: a
+        // record of another thread in progress then, or begun since, is
+        // what can make a measurement disagree with the check.
+        let records = || both.map(|(_, event)| event.shared.records());
+        let mut before = records();
         for (which, event) in both {
             event.check_complete(which)?;
         }
@@ -445,22 +462,28 @@ impl SpyreEvent {
             attempts += 1;
             match self.event().elapsed_nanos(end.event()) {
                 Ok(nanos) => break nanos,
-                // Recorded again by another thread since the check above:
-                // the event whose new record is pending, or failed, is
-                // named as the check names it; if that record has completed
-                // too, measure again (a bounded number of times: a runtime
-                // that keeps refusing events its own queries report
-                // complete gets its error returned, not a loop for ever).
+                // Recorded again by another thread since the check: the
+                // event whose new record is pending, or failed, is named as
+                // the check names it; if that record has completed too,
+                // measure again. Without such a record (or after
+                // `ELAPSED_TIME_ATTEMPTS` measurements) the runtime
+                // contradicts its own queries: its error is returned.
                 Err(error)
-                    if attempts < ELAPSED_TIME_ATTEMPTS
-                        && matches!(
-                            error.status(),
-                            Status::NOT_READY | Status::STREAM_FAILED | Status::SHUTDOWN
-                        ) =>
+                    if matches!(
+                        error.status(),
+                        Status::NOT_READY | Status::STREAM_FAILED | Status::SHUTDOWN
+                    ) =>
                 {
+                    let after = records();
                     for (which, event) in both {
                         event.check_complete(which)?;
                     }
+                    let recorded_meanwhile =
+                        after != before || before.iter().any(|(begun, made)| begun != made);
+                    if !recorded_meanwhile || attempts >= ELAPSED_TIME_ATTEMPTS {
+                        return Err(error.into());
+                    }
+                    before = after;
                 }
                 Err(error) => return Err(error.into()),
             }

@@ -250,10 +250,10 @@ fn elapsed_time_racing_a_record_of_the_end_event_names_it() {
     });
 }
 
-/// A runtime that keeps answering `NOT_READY` for events its own queries
-/// report complete (the no-op backend, told to): `elapsed_time` measures
-/// again a bounded number of times, then returns the runtime's error
-/// instead of looping for ever.
+/// A runtime that answers `NOT_READY` for events its own queries report
+/// complete (the no-op backend, told to), with no other thread recording
+/// them: `elapsed_time` returns the runtime's error, the injected one,
+/// instead of measuring again for ever.
 #[test]
 fn elapsed_time_returns_the_runtimes_error_when_it_contradicts_its_queries() {
     isolated!(&[MOCK], || {
@@ -269,7 +269,13 @@ fn elapsed_time_returns_the_runtimes_error_when_it_contradicts_its_queries() {
         end.record(stream).unwrap();
         assert!(start.query().unwrap() && end.query().unwrap());
         match start.elapsed_time(&end) {
-            Err(Error::Flex(source)) => assert_eq!(source.status(), Status::NOT_READY, "{source}"),
+            Err(Error::Flex(source)) => {
+                assert_eq!(source.status(), Status::NOT_READY, "{source}");
+                assert!(
+                    source.to_string().contains("with_elapsed_time_failure"),
+                    "the injected error: {source}"
+                );
+            }
             other => panic!("expected the runtime's NOT_READY, got {other:?}"),
         }
     });
