@@ -163,11 +163,9 @@ impl Backend for NoopBackend {
                 ),
             ));
         }
-        let runtime = NoopRuntime::new(logical_device).with_creation_delay(self.creation_delay);
-        Ok(Box::new(match self.elapsed_failure {
-            Some(status) => runtime.with_elapsed_time_failure(status),
-            None => runtime,
-        }))
+        let mut runtime = NoopRuntime::new(logical_device).with_creation_delay(self.creation_delay);
+        runtime.elapsed_failure = self.elapsed_failure;
+        Ok(Box::new(runtime))
     }
 }
 
@@ -669,21 +667,29 @@ mod tests {
         assert_eq!(runtime.calls().stream_creations_failed, 2);
     }
 
-    #[test]
-    fn events_complete_at_once_and_belong_to_their_runtime() {
-        let runtime = NoopRuntime::new(0);
-        let other = NoopRuntime::new(0);
+    /// Two events with timing of `runtime`, recorded one after the other on
+    /// its default stream; their elapsed time is refused before that.
+    fn recorded_timed_pair(runtime: &dyn Runtime) -> (Box<dyn Event>, Box<dyn Event>) {
         let stream = runtime.default_stream();
         let start = runtime.create_event(true).unwrap();
         let end = runtime.create_event(true).unwrap();
         assert_eq!(
             start.elapsed_nanos(&*end).unwrap_err().status(),
             Status::INVALID_ARGUMENT,
-            "never recorded"
+            "never recorded: checked first"
         );
         stream.record_event(&*start, None).unwrap();
         stream.record_event(&*end, None).unwrap();
         assert_eq!(start.query(), Ok(true));
+        (start, end)
+    }
+
+    #[test]
+    fn events_complete_at_once_and_belong_to_their_runtime() {
+        let runtime = NoopRuntime::new(0);
+        let other = NoopRuntime::new(0);
+        let stream = runtime.default_stream();
+        let (start, end) = recorded_timed_pair(&runtime);
         assert_eq!(start.elapsed_nanos(&*end), Ok(0));
         stream.wait_event(&*start).unwrap();
         let foreign = other.create_event(false).unwrap();
@@ -702,19 +708,8 @@ mod tests {
             .with_elapsed_time_failure(Status::NOT_READY)
             .create_runtime(0)
             .unwrap();
-        let stream = runtime.default_stream();
-        let (start, end) = (
-            runtime.create_event(true).unwrap(),
-            runtime.create_event(true).unwrap(),
-        );
-        assert_eq!(
-            start.elapsed_nanos(&*end).unwrap_err().status(),
-            Status::INVALID_ARGUMENT,
-            "never recorded: checked first"
-        );
-        stream.record_event(&*start, None).unwrap();
-        stream.record_event(&*end, None).unwrap();
-        assert_eq!((start.query(), end.query()), (Ok(true), Ok(true)));
+        let (start, end) = recorded_timed_pair(&*runtime);
+        assert_eq!(end.query(), Ok(true));
         assert_eq!(
             start.elapsed_nanos(&*end).unwrap_err().status(),
             Status::NOT_READY

@@ -383,8 +383,7 @@ impl SpyreEvent {
     /// asks the runtime, so that a record counted as begun after this is
     /// one the future may not be bound to.
     fn awaited(&self) -> Awaited {
-        let begun = self.shared.begun.load(Ordering::SeqCst);
-        let made = self.shared.made.load(Ordering::SeqCst);
+        let (begun, made) = self.shared.records();
         Awaited {
             shared: Arc::clone(&self.shared),
             begun: (made == begun).then_some(begun),

@@ -111,15 +111,21 @@ fn a_high_priority_stream_made_ready_again_by_its_own_engine_stops_no_batch() {
         .create_mock_stream(StreamPriority::High, StreamMode::StrictOrdering, false)
         .unwrap();
     let before = epoch();
-    let release = block(h);
-    let count = Arc::new(AtomicUsize::new(0));
-    for _ in 0..3 {
-        launch_counted(h, &count);
+    assert_eq!(run_queued_behind_a_block(h, 3), 3);
+    assert_eq!(epoch() - before, 1, "moves of the high-ready epoch");
+}
+
+/// Queues `count` operations on `s` behind a blocked one, releases it, and
+/// waits for them; returns how many ran.
+fn run_queued_behind_a_block(s: &MockStream, count: usize) -> usize {
+    let release = block(s);
+    let ran = Arc::new(AtomicUsize::new(0));
+    for _ in 0..count {
+        launch_counted(s, &ran);
     }
     drop(release);
-    h.synchronize().unwrap();
-    assert_eq!(count.load(Ordering::SeqCst), 3);
-    assert_eq!(epoch() - before, 1, "moves of the high-ready epoch");
+    s.synchronize().unwrap();
+    ran.load(Ordering::SeqCst)
 }
 
 #[test]
@@ -130,18 +136,12 @@ fn an_equal_priority_stream_waits_for_one_batch_at_most() {
     // first (a device orders nothing between streams of one priority),
     // but for no more than that: exactly `BATCH_LIMIT` operations run
     // before it (`a0` and the 31 taken with it: the limit, and a batch of
-    // one more would pass it), and `a`'s run in their order around it. First 200
-    // operations queued on a third stream let the engine's batches grow to
-    // their largest.
+    // one more would pass it), and `a`'s run in their order around it.
+    // First 200 operations queued on a third stream let the engine's
+    // batches grow to their largest.
     let rt = runtime(1);
     let (a, b, warm_up) = (stream(&rt), stream(&rt), stream(&rt));
-    let release = block(warm_up);
-    let count = Arc::new(AtomicUsize::new(0));
-    for _ in 0..200 {
-        launch_counted(warm_up, &count);
-    }
-    drop(release);
-    warm_up.synchronize().unwrap();
+    run_queued_behind_a_block(warm_up, 200);
     let log = Log::default();
     let release = block(a);
     let launch = |s: &MockStream, name: String| {
