@@ -115,6 +115,16 @@ impl RuntimeState {
 
     /// Blocks until every stream is idle and no completion is pending,
     /// including work that completions launched meanwhile.
+    ///
+    /// A completion can launch onto a stream after the check below has
+    /// found that stream idle, and return before the check ends, so that
+    /// every stream and the delivery queue look idle while the launch is
+    /// queued. The check is therefore framed by two readings of the
+    /// streams' enqueued counts ([`RuntimeState::enqueued`]). If both find
+    /// the same, nothing was enqueued between them, and every operation
+    /// enqueued before the first was found complete, its completion
+    /// returned: no code of the runtime is left running that could launch
+    /// more (flex.h forbids other threads to use the runtime meanwhile).
     pub(super) fn drain_all(&self) {
         loop {
             for id in 0..self.runtime.stream_count() as u64 {
@@ -122,6 +132,7 @@ impl RuntimeState {
                     self.drain_stream(stream);
                 }
             }
+            let before = self.enqueued();
             let streams_idle = (0..self.runtime.stream_count() as u64)
                 .filter_map(|id| self.runtime.mock_stream(id))
                 .all(|stream| stream.pending_operations() == 0);
@@ -129,11 +140,37 @@ impl RuntimeState {
                 .late
                 .as_ref()
                 .is_none_or(|late| late.queue().pending(None) == 0);
-            if streams_idle && late_idle {
+            #[cfg(test)]
+            if let Some(launch) = LAUNCH_DURING_DRAIN_CHECK.take() {
+                launch();
+            }
+            if streams_idle && late_idle && self.enqueued() == before {
                 return;
             }
         }
     }
+
+    /// The number of streams and the operations enqueued on them so far:
+    /// both only grow, so two equal readings mean no stream was created
+    /// and nothing was enqueued in between.
+    fn enqueued(&self) -> (usize, u64) {
+        let streams = self.runtime.stream_count();
+        let operations = (0..streams as u64)
+            .filter_map(|id| self.runtime.mock_stream(id))
+            .map(MockStream::enqueued_operations)
+            .sum();
+        (streams, operations)
+    }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Called once, if set, by [`RuntimeState::drain_all`] on this thread
+    /// between its check and its second reading: a launch made there
+    /// stands for one that a completion makes after the check has passed
+    /// its stream, and returns from before the check ends.
+    pub(super) static LAUNCH_DURING_DRAIN_CHECK: RefCell<Option<Box<dyn FnOnce()>>> =
+        const { RefCell::new(None) };
 }
 
 /// The failure of a call on a runtime created before a `fork()`, in the

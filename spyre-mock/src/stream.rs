@@ -198,6 +198,17 @@ impl MockStream {
         self.progress.pending()
     }
 
+    /// Operations enqueued on the stream so far, counted as
+    /// [`MockStream::pending_operations`] counts them; never decreases.
+    /// Two equal readings mean that nothing was enqueued on the stream in
+    /// between: a caller that must find the runtime quiet (the C
+    /// library's `flex_runtime_destroy`, which waits for the work that
+    /// completions launch) reads it before and after its check. Takes no
+    /// lock.
+    pub fn enqueued_operations(&self) -> u64 {
+        self.progress.submitted()
+    }
+
     /// Whether a thread is blocked on the stream right now
     /// (`synchronize`, or a wait for one of its event records).
     #[cfg(test)]

@@ -1383,6 +1383,62 @@ fn destroy_waits_for_pending_work_and_completions() {
     assert_eq!(*recorder.statuses.lock(), vec![FLEX_SUCCESS; 3]);
 }
 
+/// A completion that launches `returns_status` onto `target`, completed
+/// into `recorder`, and keeps that launch's status.
+struct Forwarder {
+    target: *mut flex_stream_t,
+    launch: Mutex<Option<flex_status_t>>,
+    recorder: Recorder,
+}
+
+unsafe extern "C" fn forward(user_data: *mut c_void, _status: flex_status_t) {
+    // SAFETY: the test passes a `Forwarder` that outlives the runtime.
+    let forwarder = unsafe { &*user_data.cast::<Forwarder>() };
+    let status = host(
+        forwarder.target,
+        returns_status,
+        (&raw const SUCCESS).cast_mut().cast(),
+        completion(&forwarder.recorder),
+    );
+    *forwarder.launch.lock() = Some(status);
+}
+
+#[test]
+fn destroy_waits_for_work_launched_after_its_check_passed_the_stream() {
+    // The launch made during `drain_all`'s check stands for a completion's
+    // launch onto a stream the check had found idle. Before the fix,
+    // destroy returned with it queued; its completion, launching in turn,
+    // found the runtime's handles gone (INVALID_HANDLE).
+    let rt = Rt::new();
+    let (first, second) = (rt.create_stream(0), rt.create_stream(0));
+    let forwarder = Forwarder {
+        target: second,
+        launch: Mutex::new(None),
+        recorder: Recorder::default(),
+    };
+    let (first, user_data) = (first as usize, ptr::from_ref(&forwarder) as usize);
+    handles::LAUNCH_DURING_DRAIN_CHECK.set(Some(Box::new(move || {
+        let then = flex_completion_t {
+            fn_: Some(forward),
+            user_data: user_data as *mut c_void,
+        };
+        let status = host(
+            first as *mut flex_stream_t,
+            returns_status,
+            (&raw const SUCCESS).cast_mut().cast(),
+            then,
+        );
+        assert_eq!(status, FLEX_SUCCESS, "the launch during the check");
+    })));
+    assert_eq!(rt.destroy(), FLEX_SUCCESS);
+    assert!(
+        handles::LAUNCH_DURING_DRAIN_CHECK.take().is_none(),
+        "the check made the launch"
+    );
+    assert_eq!(*forwarder.launch.lock(), Some(FLEX_SUCCESS));
+    assert_eq!(*forwarder.recorder.statuses.lock(), [FLEX_SUCCESS]);
+}
+
 #[test]
 fn stream_destroy_waits_for_the_stream() {
     let rt = Rt::new();

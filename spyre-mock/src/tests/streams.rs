@@ -212,6 +212,34 @@ fn query_reports_completion_of_earlier_work() {
 }
 
 #[test]
+fn enqueued_operations_count_every_accepted_launch_and_never_fall() {
+    let rt = runtime(2);
+    let s = stream(&rt);
+    assert_eq!(s.enqueued_operations(), 0);
+    let release = block(s);
+    s.launch_host_callback(Box::new(|| {}), LaunchOptions::new())
+        .unwrap();
+    assert_eq!(s.enqueued_operations(), 2, "the block and the callback");
+    release.send(()).unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(
+        (s.enqueued_operations(), s.pending_operations()),
+        (2, 0),
+        "completion lowers the pending count, not the enqueued one"
+    );
+    s.close();
+    assert!(
+        s.launch_host_callback(Box::new(|| {}), LaunchOptions::new())
+            .is_err()
+    );
+    assert_eq!(
+        s.enqueued_operations(),
+        2,
+        "a refused launch is not counted"
+    );
+}
+
+#[test]
 fn query_is_false_while_a_completion_runs() {
     let rt = runtime(2);
     let rt = Arc::new(rt);
