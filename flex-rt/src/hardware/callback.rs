@@ -45,7 +45,10 @@
 //!
 //! No Rust panic unwinds into the library: both trampolines run every piece
 //! of user code (closures and the drops of what they captured) under
-//! `catch_unwind` and report a panic with `tracing::error!`.
+//! `catch_unwind` and report a panic with `tracing::error!`. The
+//! application's `tracing` subscriber is user code too: a panic from it
+//! stops at [`stop_at_boundary`], around the whole of each trampoline,
+//! after the stream's state has been updated.
 
 use std::cell::Cell;
 use std::ffi::c_void;
@@ -372,6 +375,23 @@ impl Drop for CallbackScope {
     }
 }
 
+/// Runs the whole of a trampoline and returns what it returns; if a panic
+/// escapes it, stops the panic here and returns `on_panic`. The
+/// trampolines run user code under `catch_unwind` already, but they also
+/// log with `tracing`, and the subscriber the application installed is
+/// user code that may panic too. Unwinding out of an `extern "C"` function
+/// would abort the process; this stops it instead (the panic hook has
+/// reported it).
+fn stop_at_boundary<R>(on_panic: R, body: impl FnOnce() -> R) -> R {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(value) => value,
+        Err(panic) => {
+            drop_panic(panic);
+            on_panic
+        }
+    }
+}
+
 /// The `flex_completion_fn` of every launch.
 ///
 /// Moves the [`Payload`] out of its block, gives the block back (to its
@@ -393,6 +413,16 @@ pub(super) unsafe extern "C" fn completion_trampoline(
     user_data: *mut c_void,
     status: sys::flex_status_t,
 ) {
+    // SAFETY: this function's contract is `completion_body`'s.
+    stop_at_boundary((), || unsafe { completion_body(user_data, status) });
+}
+
+/// The body of [`completion_trampoline`], under the same contract.
+///
+/// # Safety
+///
+/// As [`completion_trampoline`]'s.
+unsafe fn completion_body(user_data: *mut c_void, status: sys::flex_status_t) {
     let Some(block) = NonNull::new(user_data.cast::<Block<Payload>>()) else {
         tracing::error!(
             status,
@@ -414,13 +444,9 @@ pub(super) unsafe extern "C" fn completion_trampoline(
     let _scope = CallbackScope::enter(meta.runtime);
     if let Err(panic) = catch_unwind(AssertUnwindSafe(move || payload.complete(status, stream))) {
         let message = panic_message(&*panic);
-        tracing::error!(
-            call = meta.call,
-            stream = ?meta.stream_id,
-            "a completion callback panicked: {message}; the panic was stopped at the flex boundary"
-        );
         // After an operation that succeeded, the panic is the stream's
         // first error (after one that failed, the library has the first).
+        // Noted before the log, whose subscriber is user code too.
         if status == sys::FLEX_SUCCESS
             && let (Some(stream), Some(stream_id), Some(place)) = (stream, meta.stream_id, place)
         {
@@ -434,6 +460,11 @@ pub(super) unsafe extern "C" fn completion_trampoline(
             );
         }
         drop_panic(panic);
+        tracing::error!(
+            call = meta.call,
+            stream = ?meta.stream_id,
+            "a completion callback panicked: {message}; the panic was stopped at the flex boundary"
+        );
     }
 }
 
@@ -455,6 +486,18 @@ pub(super) unsafe extern "C" fn completion_trampoline(
 /// [`Submission::host_user_data`] of a submission that was handed over and
 /// whose completion has not been called yet.
 pub(super) unsafe extern "C" fn host_fn_trampoline(user_data: *mut c_void) -> sys::flex_status_t {
+    // SAFETY: this function's contract is `host_fn_body`'s.
+    stop_at_boundary(sys::FLEX_ERROR_HOST_CALLBACK_FAILED, || unsafe {
+        host_fn_body(user_data)
+    })
+}
+
+/// The body of [`host_fn_trampoline`], under the same contract.
+///
+/// # Safety
+///
+/// As [`host_fn_trampoline`]'s.
+unsafe fn host_fn_body(user_data: *mut c_void) -> sys::flex_status_t {
     let Some(block) = NonNull::new(user_data.cast::<Block<Payload>>()) else {
         tracing::error!(
             "flex called a host function with a null user_data; failing it (the library broke flex.h)"
@@ -487,15 +530,17 @@ pub(super) unsafe extern "C" fn host_fn_trampoline(user_data: *mut c_void) -> sy
         Ok(()) => sys::FLEX_SUCCESS,
         Err(panic) => {
             let message = panic_message(&*panic);
+            // Kept and noted before the log, whose subscriber is user code
+            // too.
+            if let Some(stream) = home {
+                stream.note_host_panic(&message);
+            }
+            slot.state.lock().panic = Some(message.clone());
+            drop_panic(panic);
             tracing::error!(
                 "a host callback panicked: {message}; the panic was stopped at the flex boundary \
                  and the operation fails with FLEX_ERROR_HOST_CALLBACK_FAILED"
             );
-            if let Some(stream) = home {
-                stream.note_host_panic(&message);
-            }
-            slot.state.lock().panic = Some(message);
-            drop_panic(panic);
             sys::FLEX_ERROR_HOST_CALLBACK_FAILED
         }
     }
@@ -964,6 +1009,40 @@ mod tests {
         );
     }
 
+    /// The panic is noted and kept before it is logged: a subscriber that
+    /// panics as it logs costs neither the stream's note nor the
+    /// completion's message.
+    #[test]
+    fn a_host_function_panic_is_noted_before_a_panicking_log() {
+        let cache = Arc::new(PayloadCache::new());
+        let mut free = FreeBlocks::new();
+        let results = Arc::default();
+        let drops = Arc::new(AtomicUsize::new(0));
+        let payload = Payload::new(
+            meta("flex_launch_host_callback"),
+            Some(recording_completion(&results, &drops)),
+            Lease::None,
+            Some(Box::new(|| panic!("no weights"))),
+        );
+        // SAFETY: `cache` outlives the submission and its completion, and
+        // `free` holds only its block.
+        let panicking = unsafe { Submission::cached(payload, &cache, &mut free) };
+        tracing::subscriber::with_default(PanickingSubscriber, || {
+            assert_eq!(
+                run_host_fn(&panicking),
+                sys::FLEX_ERROR_HOST_CALLBACK_FAILED
+            );
+        });
+        assert_eq!(cache.host_panic(), Some("no weights"));
+        launch_then_complete(panicking, sys::FLEX_ERROR_HOST_CALLBACK_FAILED);
+        let results = results.lock();
+        assert_eq!(
+            results[0].as_ref().unwrap_err().message(),
+            "the host callback launched by flex_launch_host_callback on stream 7 panicked: \
+             no weights"
+        );
+    }
+
     /// A completion that panics after its operation succeeded fails its
     /// stream on flex-rt's side (noted in the cache); after an operation
     /// that failed, the library's error is the stream's first, and nothing
@@ -1064,6 +1143,39 @@ mod tests {
         launch_then_complete(submission, sys::FLEX_SUCCESS);
         assert_eq!(*inside.lock(), Some((true, false)));
         assert!(!in_callback_of(RUNTIME));
+    }
+
+    /// A `tracing` subscriber that panics on every event.
+    struct PanickingSubscriber;
+
+    impl tracing::Subscriber for PanickingSubscriber {
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            tracing::span::Id::from_u64(1)
+        }
+        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn event(&self, _: &tracing::Event<'_>) {
+            panic!("the subscriber failed");
+        }
+        fn enter(&self, _: &tracing::span::Id) {}
+        fn exit(&self, _: &tracing::span::Id) {}
+    }
+
+    #[test]
+    fn a_panicking_subscriber_stops_at_the_trampolines() {
+        // Both trampolines log the null user_data; the subscriber's panic
+        // would unwind out of an `extern "C"` function, which aborts the
+        // test binary.
+        tracing::subscriber::with_default(PanickingSubscriber, || {
+            // SAFETY: null is explicitly allowed by both contracts.
+            unsafe { completion_trampoline(std::ptr::null_mut(), sys::FLEX_SUCCESS) };
+            // SAFETY: as above.
+            let status = unsafe { host_fn_trampoline(std::ptr::null_mut()) };
+            assert_eq!(status, sys::FLEX_ERROR_HOST_CALLBACK_FAILED);
+        });
     }
 
     #[test]
