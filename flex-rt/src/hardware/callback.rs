@@ -165,13 +165,17 @@ impl Payload {
         // is dropped without running, as the trait documents. Its drop is
         // user code: a panic there must not cost the caller its completion.
         if let Err(panic) = catch_unwind(AssertUnwindSafe(move || drop(callback))) {
-            tracing::error!(
-                call = meta.call,
-                stream = ?meta.stream_id,
-                "dropping a host callback that never ran panicked: {}; the completion still runs",
-                panic_message(&*panic)
-            );
+            let message = panic_message(&*panic);
             drop_panic(panic);
+            // Nor a panic of the log's subscriber, which is user code too.
+            stop_at_boundary((), || {
+                tracing::error!(
+                    call = meta.call,
+                    stream = ?meta.stream_id,
+                    "dropping a host callback that never ran panicked: {message}; the completion \
+                     still runs"
+                );
+            });
         }
         if let Some(completion) = completion {
             let stream_panic = stream.and_then(PayloadCache::host_panic);
@@ -375,13 +379,13 @@ impl Drop for CallbackScope {
     }
 }
 
-/// Runs the whole of a trampoline and returns what it returns; if a panic
-/// escapes it, stops the panic here and returns `on_panic`. The
-/// trampolines run user code under `catch_unwind` already, but they also
-/// log with `tracing`, and the subscriber the application installed is
-/// user code that may panic too. Unwinding out of an `extern "C"` function
-/// would abort the process; this stops it instead (the panic hook has
-/// reported it).
+/// Runs `body`, the whole of a trampoline or a log inside one, and returns
+/// what it returns; if a panic escapes it, stops the panic here and
+/// returns `on_panic`. The trampolines run user code under `catch_unwind`
+/// already, but they also log with `tracing`, and the subscriber the
+/// application installed is user code that may panic too. Unwinding out
+/// of an `extern "C"` function would abort the process; this stops it
+/// instead (the panic hook has reported it).
 fn stop_at_boundary<R>(on_panic: R, body: impl FnOnce() -> R) -> R {
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(value) => value,
@@ -687,27 +691,29 @@ mod tests {
 
     #[test]
     fn a_panic_dropping_an_unrun_host_callback_still_runs_the_completion() {
-        let results = Arc::default();
-        let drops = Arc::new(AtomicUsize::new(0));
-        let host: HostCallback = {
-            let captured = PanicOnDrop;
-            Box::new(move || {
-                let _captured = &captured;
-            })
-        };
-        let payload = Payload::new(
-            meta("flex_launch_host_callback"),
-            Some(recording_completion(&results, &drops)),
-            Lease::None,
-            Some(host),
-        );
-        // The stream failed before the host function's turn: it never runs.
-        launch_then_complete(Submission::new(payload), sys::FLEX_ERROR_STREAM_FAILED);
-        let results = results.lock();
-        assert_eq!(results.len(), 1, "the completion ran once");
-        let err = results[0].as_ref().unwrap_err();
-        assert_eq!(err.status(), Status::STREAM_FAILED);
-        assert_eq!(drops.load(Ordering::SeqCst), 1);
+        also_with_a_panicking_log(|| {
+            let results = Arc::default();
+            let drops = Arc::new(AtomicUsize::new(0));
+            let host: HostCallback = {
+                let captured = PanicOnDrop;
+                Box::new(move || {
+                    let _captured = &captured;
+                })
+            };
+            let payload = Payload::new(
+                meta("flex_launch_host_callback"),
+                Some(recording_completion(&results, &drops)),
+                Lease::None,
+                Some(host),
+            );
+            // The stream failed before the host function's turn: it never runs.
+            launch_then_complete(Submission::new(payload), sys::FLEX_ERROR_STREAM_FAILED);
+            let results = results.lock();
+            assert_eq!(results.len(), 1, "the completion ran once");
+            let err = results[0].as_ref().unwrap_err();
+            assert_eq!(err.status(), Status::STREAM_FAILED);
+            assert_eq!(drops.load(Ordering::SeqCst), 1);
+        });
     }
 
     #[test]
@@ -961,86 +967,54 @@ mod tests {
     /// operation of the stream that never ran names it in its completion.
     #[test]
     fn a_host_function_panic_is_noted_for_its_stream_before_it_returns() {
-        let cache = Arc::new(PayloadCache::new());
-        let mut free = FreeBlocks::new();
-        let results = Arc::default();
-        let drops = Arc::new(AtomicUsize::new(0));
-        let payload = |host: Option<HostCallback>| {
-            Payload::new(
-                meta("flex_launch_host_callback"),
-                Some(recording_completion(&results, &drops)),
-                Lease::None,
-                host,
-            )
-        };
-        // SAFETY: `cache` outlives both submissions and their completions,
-        // and `free` holds only its blocks.
-        let (panicking, behind) = unsafe {
-            (
-                Submission::cached(
-                    payload(Some(Box::new(|| panic!("no weights")))),
-                    &cache,
-                    &mut free,
-                ),
-                Submission::cached(payload(Some(Box::new(|| {}))), &cache, &mut free),
-            )
-        };
-        assert_eq!(
-            run_host_fn(&panicking),
-            sys::FLEX_ERROR_HOST_CALLBACK_FAILED
-        );
-        assert_eq!(cache.host_panic(), Some("no weights"), "noted on return");
-        launch_then_complete(panicking, sys::FLEX_ERROR_HOST_CALLBACK_FAILED);
-        launch_then_complete(behind, sys::FLEX_ERROR_STREAM_FAILED);
-        let results = results.lock();
-        let messages: Vec<&str> = results
-            .iter()
-            .map(|result| result.as_ref().unwrap_err().message())
-            .collect();
-        assert_eq!(
-            messages,
-            [
-                "the host callback launched by flex_launch_host_callback on stream 7 panicked: \
-                 no weights",
-                "the operation launched by flex_launch_host_callback on stream 7 did not \
-                 complete; the host callback launched by flex_launch_host_callback on stream 7 \
-                 panicked: no weights",
-            ]
-        );
-    }
-
-    /// The panic is noted and kept before it is logged: a subscriber that
-    /// panics as it logs costs neither the stream's note nor the
-    /// completion's message.
-    #[test]
-    fn a_host_function_panic_is_noted_before_a_panicking_log() {
-        let cache = Arc::new(PayloadCache::new());
-        let mut free = FreeBlocks::new();
-        let results = Arc::default();
-        let drops = Arc::new(AtomicUsize::new(0));
-        let payload = Payload::new(
-            meta("flex_launch_host_callback"),
-            Some(recording_completion(&results, &drops)),
-            Lease::None,
-            Some(Box::new(|| panic!("no weights"))),
-        );
-        // SAFETY: `cache` outlives the submission and its completion, and
-        // `free` holds only its block.
-        let panicking = unsafe { Submission::cached(payload, &cache, &mut free) };
-        tracing::subscriber::with_default(PanickingSubscriber, || {
+        also_with_a_panicking_log(|| {
+            let cache = Arc::new(PayloadCache::new());
+            let mut free = FreeBlocks::new();
+            let results = Arc::default();
+            let drops = Arc::new(AtomicUsize::new(0));
+            let payload = |host: Option<HostCallback>| {
+                Payload::new(
+                    meta("flex_launch_host_callback"),
+                    Some(recording_completion(&results, &drops)),
+                    Lease::None,
+                    host,
+                )
+            };
+            // SAFETY: `cache` outlives both submissions and their completions,
+            // and `free` holds only its blocks.
+            let (panicking, behind) = unsafe {
+                (
+                    Submission::cached(
+                        payload(Some(Box::new(|| panic!("no weights")))),
+                        &cache,
+                        &mut free,
+                    ),
+                    Submission::cached(payload(Some(Box::new(|| {}))), &cache, &mut free),
+                )
+            };
             assert_eq!(
                 run_host_fn(&panicking),
                 sys::FLEX_ERROR_HOST_CALLBACK_FAILED
             );
+            assert_eq!(cache.host_panic(), Some("no weights"), "noted on return");
+            launch_then_complete(panicking, sys::FLEX_ERROR_HOST_CALLBACK_FAILED);
+            launch_then_complete(behind, sys::FLEX_ERROR_STREAM_FAILED);
+            let results = results.lock();
+            let messages: Vec<&str> = results
+                .iter()
+                .map(|result| result.as_ref().unwrap_err().message())
+                .collect();
+            assert_eq!(
+                messages,
+                [
+                    "the host callback launched by flex_launch_host_callback on stream 7 panicked: \
+                     no weights",
+                    "the operation launched by flex_launch_host_callback on stream 7 did not \
+                     complete; the host callback launched by flex_launch_host_callback on stream 7 \
+                     panicked: no weights",
+                ]
+            );
         });
-        assert_eq!(cache.host_panic(), Some("no weights"));
-        launch_then_complete(panicking, sys::FLEX_ERROR_HOST_CALLBACK_FAILED);
-        let results = results.lock();
-        assert_eq!(
-            results[0].as_ref().unwrap_err().message(),
-            "the host callback launched by flex_launch_host_callback on stream 7 panicked: \
-             no weights"
-        );
     }
 
     /// A completion that panics after its operation succeeded fails its
@@ -1049,31 +1023,33 @@ mod tests {
     /// is noted.
     #[test]
     fn a_completion_panic_after_success_is_noted_for_its_stream() {
-        for (status, noted) in [
-            (sys::FLEX_ERROR_EXECUTION_FAILED, None),
-            (
-                sys::FLEX_SUCCESS,
-                Some(
-                    "the completion callback of the operation launched by flex_launch_fill on \
-                     stream 7 panicked: completion boom",
+        also_with_a_panicking_log(|| {
+            for (status, noted) in [
+                (sys::FLEX_ERROR_EXECUTION_FAILED, None),
+                (
+                    sys::FLEX_SUCCESS,
+                    Some(
+                        "the completion callback of the operation launched by flex_launch_fill on \
+                         stream 7 panicked: completion boom",
+                    ),
                 ),
-            ),
-        ] {
-            let cache = Arc::new(PayloadCache::new());
-            let mut free = FreeBlocks::new();
-            let payload = Payload::new(
-                meta("flex_launch_fill"),
-                Some(Box::new(|_| panic!("completion boom"))),
-                Lease::None,
-                None,
-            );
-            // SAFETY: `cache` outlives the submission and its completion,
-            // and `free` holds only its blocks.
-            let submission = unsafe { Submission::cached(payload, &cache, &mut free) };
-            launch_then_complete(submission, status);
-            assert_eq!(cache.completion_panic(), noted, "status {status}");
-            assert_eq!(cache.host_panic(), None);
-        }
+            ] {
+                let cache = Arc::new(PayloadCache::new());
+                let mut free = FreeBlocks::new();
+                let payload = Payload::new(
+                    meta("flex_launch_fill"),
+                    Some(Box::new(|_| panic!("completion boom"))),
+                    Lease::None,
+                    None,
+                );
+                // SAFETY: `cache` outlives the submission and its completion,
+                // and `free` holds only its blocks.
+                let submission = unsafe { Submission::cached(payload, &cache, &mut free) };
+                launch_then_complete(submission, status);
+                assert_eq!(cache.completion_panic(), noted, "status {status}");
+                assert_eq!(cache.host_panic(), None);
+            }
+        });
     }
 
     /// A noted panic is named after the errors of a failed stream only
@@ -1162,6 +1138,14 @@ mod tests {
         }
         fn enter(&self, _: &tracing::span::Id) {}
         fn exit(&self, _: &tracing::span::Id) {}
+    }
+
+    /// Runs `test` as it is, then again with a `tracing` subscriber on this
+    /// thread that panics on every event: the trampolines' logs, whose
+    /// subscriber is user code, must cost nothing the test checks.
+    fn also_with_a_panicking_log(test: impl Fn()) {
+        test();
+        tracing::subscriber::with_default(PanickingSubscriber, test);
     }
 
     #[test]
