@@ -132,6 +132,11 @@ impl RuntimeState {
                     self.drain_stream(stream);
                 }
             }
+            // And the completions of no stream (`flex_event_notify`'s):
+            // blocked on here, not looped on below.
+            if let Some(late) = &self.late {
+                late.queue().wait_idle(None);
+            }
             let before = self.enqueued();
             let streams_idle = (0..self.runtime.stream_count() as u64)
                 .filter_map(|id| self.runtime.mock_stream(id))
@@ -166,9 +171,9 @@ impl RuntimeState {
 #[cfg(test)]
 thread_local! {
     /// Called once, if set, by [`RuntimeState::drain_all`] on this thread
-    /// between its check and its second reading: a launch made there
-    /// stands for one that a completion makes after the check has passed
-    /// its stream, and returns from before the check ends.
+    /// between its check and its second reading. A launch made there
+    /// stands for one made by a completion that runs after the check has
+    /// passed the stream launched on, and returns before the check ends.
     pub(super) static LAUNCH_DURING_DRAIN_CHECK: RefCell<Option<Box<dyn FnOnce()>>> =
         const { RefCell::new(None) };
 }

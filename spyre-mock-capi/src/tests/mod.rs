@@ -1403,12 +1403,24 @@ unsafe extern "C" fn forward(user_data: *mut c_void, _status: flex_status_t) {
     *forwarder.launch.lock() = Some(status);
 }
 
+/// A host function that returns once the runtime at `user_data` has left
+/// the handle table, or after 100 ms.
+unsafe extern "C" fn returns_once_destroyed(user_data: *mut c_void) -> flex_status_t {
+    let deadline = Instant::now() + Duration::from_millis(100);
+    while handles::runtime(user_data.cast()).is_ok() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    FLEX_SUCCESS
+}
+
 #[test]
 fn destroy_waits_for_work_launched_after_its_check_passed_the_stream() {
     // The launch made during `drain_all`'s check stands for a completion's
     // launch onto a stream the check had found idle. Before the fix,
-    // destroy returned with it queued; its completion, launching in turn,
-    // found the runtime's handles gone (INVALID_HANDLE).
+    // destroy took the runtime out of the handle table without waiting
+    // for it; the operation ran as the runtime was dropped (it waits here
+    // until then), and its completion's own launch failed with
+    // INVALID_HANDLE.
     let rt = Rt::new();
     let (first, second) = (rt.create_stream(0), rt.create_stream(0));
     let forwarder = Forwarder {
@@ -1417,6 +1429,7 @@ fn destroy_waits_for_work_launched_after_its_check_passed_the_stream() {
         recorder: Recorder::default(),
     };
     let (first, user_data) = (first as usize, ptr::from_ref(&forwarder) as usize);
+    let runtime = rt.0 as usize;
     handles::LAUNCH_DURING_DRAIN_CHECK.set(Some(Box::new(move || {
         let then = flex_completion_t {
             fn_: Some(forward),
@@ -1424,8 +1437,8 @@ fn destroy_waits_for_work_launched_after_its_check_passed_the_stream() {
         };
         let status = host(
             first as *mut flex_stream_t,
-            returns_status,
-            (&raw const SUCCESS).cast_mut().cast(),
+            returns_once_destroyed,
+            runtime as *mut c_void,
             then,
         );
         assert_eq!(status, FLEX_SUCCESS, "the launch during the check");
