@@ -127,10 +127,8 @@ impl RuntimeState {
     /// more (flex.h forbids other threads to use the runtime meanwhile).
     pub(super) fn drain_all(&self) {
         loop {
-            for id in 0..self.runtime.stream_count() as u64 {
-                if let Some(stream) = self.runtime.mock_stream(id) {
-                    self.drain_stream(stream);
-                }
+            for stream in self.streams() {
+                self.drain_stream(stream);
             }
             // And the completions of no stream (`flex_event_notify`'s):
             // blocked on here, not looped on below.
@@ -138,8 +136,8 @@ impl RuntimeState {
                 late.queue().wait_idle(None);
             }
             let before = self.enqueued();
-            let streams_idle = (0..self.runtime.stream_count() as u64)
-                .filter_map(|id| self.runtime.mock_stream(id))
+            let streams_idle = self
+                .streams()
                 .all(|stream| stream.pending_operations() == 0);
             let late_idle = self
                 .late
@@ -159,12 +157,16 @@ impl RuntimeState {
     /// both only grow, so two equal readings mean no stream was created
     /// and nothing was enqueued in between.
     fn enqueued(&self) -> (usize, u64) {
-        let streams = self.runtime.stream_count();
-        let operations = (0..streams as u64)
-            .filter_map(|id| self.runtime.mock_stream(id))
-            .map(MockStream::enqueued_operations)
-            .sum();
-        (streams, operations)
+        self.streams()
+            .fold((0, 0), |(streams, operations), stream| {
+                (streams + 1, operations + stream.enqueued_operations())
+            })
+    }
+
+    /// Every stream of the runtime, destroyed ones too (their memory lives
+    /// until the runtime's destroy), in id order.
+    pub(super) fn streams(&self) -> impl Iterator<Item = &MockStream> {
+        (0..self.runtime.stream_count() as u64).filter_map(|id| self.runtime.mock_stream(id))
     }
 }
 

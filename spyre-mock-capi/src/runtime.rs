@@ -217,9 +217,9 @@ pub unsafe extern "C" fn flex_runtime_has_stream_error(
         state.check_switch(CALL)?;
         let out = out_param(has_error_out, "has_error_out")?;
         let retired = state.retired.lock().clone();
-        let has_error = (0..state.runtime.stream_count() as u64)
-            .filter(|id| !retired.contains(id))
-            .filter_map(|id| state.runtime.mock_stream(id))
+        let has_error = state
+            .streams()
+            .filter(|s| !retired.contains(&s.id()))
             .any(|s| s.query().is_err() || s.needs_shutdown().unwrap_or(false));
         // SAFETY: flex.h: `has_error_out` points to a writable `int32_t`
         // when not NULL; checked non-null and aligned.

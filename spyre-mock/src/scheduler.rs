@@ -793,13 +793,13 @@ impl Scheduler {
         }
         // The engine that finished the operation takes its next job in this
         // lock hold; if this stream has high priority, that job is of a
-        // high-priority stream: this one, or an older one that is ready. A normal-priority batch running on
-        // another engine was taken while no high-priority stream was ready,
-        // so any that is ready now became ready since, moving the epoch
-        // (a stream made ready again by its own engine, as here, is taken
-        // at once), and that batch has stopped. So this stream, if it is
-        // not what this engine takes, is not held up by such a batch, and
-        // batches need not stop for it.
+        // high-priority stream: this one, or an older one that is ready. A
+        // normal-priority batch running on another engine was taken while
+        // no high-priority stream was ready, so any that is ready now
+        // became ready since, moving the epoch (a stream made ready again
+        // by its own engine, as here, is taken at once), and that batch has
+        // stopped. So this stream, if it is not what this engine takes, is
+        // not held up by such a batch, and batches need not stop for it.
         self.schedule_telling_batches(index, false)
     }
 }
