@@ -9,9 +9,9 @@
 //!   and committed, so building needs no libclang. The functions are the
 //!   fields of [`bindings::FlexApi`], resolved from a loaded library.
 //! - [`FlexLibrary`]: opens a library, checks its ABI version and that it
-//!   exports every function of `flex.h`, and keeps it loaded for as long as
-//!   any [`Arc`](std::sync::Arc) to it lives. There is no link-time dependency
-//!   on any vendor library.
+//!   exports every function of `flex.h`, and, once it has passed those
+//!   checks, keeps it loaded for the rest of the process. There is no
+//!   link-time dependency on any vendor library.
 //!
 //! This crate's own `unsafe` code is the loading (`dlopen`, `dlsym`,
 //! `dladdr`, the version call), copying the library's strings, and the

@@ -32,9 +32,17 @@ fn default_candidates() -> [String; 2] {
 ///
 /// Obtain one with [`FlexLibrary::load`] (the library the environment
 /// selects) or [`FlexLibrary::open`] (an explicit path). Both hand out an
-/// [`Arc`]: the library stays loaded until the last `Arc` is dropped, so
-/// anything that calls into it should hold a clone. Function pointers copied
-/// out of [`FlexLibrary::api`] are valid only while an `Arc` lives.
+/// [`Arc`]; anything that calls into the library should hold a clone.
+/// Function pointers copied out of [`FlexLibrary::api`] are valid only
+/// while an `Arc` lives.
+///
+/// A library that passed the checks stays loaded for the rest of the
+/// process, after its last `Arc` is dropped too (`RTLD_NODELETE`): a flex
+/// library may leave its own code to run after its last handle is closed
+/// (threads it started, destructors it registered for the threads that
+/// called it), and unmapping it under them would crash the process. A
+/// library refused by the checks is closed again, and unloaded if nothing
+/// else has it loaded.
 ///
 /// # Thread safety
 ///
@@ -145,11 +153,15 @@ impl FlexLibrary {
     ///    for a library reporting minor version 1 or later, every function in
     ///    [`crate::ABI_1_1_SYMBOLS`] too. A 1.0 library loads without the
     ///    1.1 functions; [`FlexLibrary::require`] reports them unsupported.
+    /// 4. The library is marked to stay loaded for the rest of the process
+    ///    (see [`FlexLibrary`]).
     ///
     /// # Errors
     ///
     /// - [`LoadError::Open`]: step 1 failed (missing file, a directory, not a
-    ///   shared library, a wrong architecture, an unresolvable dependency);
+    ///   shared library, a wrong architecture, an unresolvable dependency),
+    ///   or step 4 did (the dynamic loader could not find the library it
+    ///   had just opened);
     /// - [`LoadError::MissingSymbol`]: `flex_get_api_version` or another
     ///   function the reported version requires is not exported;
     /// - [`LoadError::AbiMismatch`]: the library reports another major
@@ -173,8 +185,9 @@ impl FlexLibrary {
         }
 
         // SAFETY: `dlopen` is unsafe because it runs the library's
-        // initialisers now and its finalisers at `dlclose`, which may have any
-        // requirement. The contract of this loader, stated on `FlexLibrary`
+        // initialisers now and its finalisers when it is unloaded (at
+        // `dlclose` if the checks refuse it, else at exit), which may have
+        // any requirement. The contract of this loader, stated on `FlexLibrary`
         // ("Trust"), is that the file is a flex runtime library, whose
         // initialisers need nothing from the caller. The handle is owned by
         // the returned value and, later, by `FlexApi`, so it is closed exactly
@@ -235,6 +248,10 @@ impl FlexLibrary {
                 path,
             });
         }
+        pin(name).map_err(|reason| LoadError::Open {
+            path: path.clone(),
+            reason,
+        })?;
         Ok(FlexLibrary {
             api,
             path,
@@ -381,6 +398,35 @@ fn loaded_file(library: &Library) -> Option<PathBuf> {
         let address = unsafe { library.get::<*mut c_void>(name.as_bytes()) }.ok()?;
         defining_file(*address)
     })
+}
+
+/// Keeps the library that `name` opened (still open through the caller's
+/// handle) loaded for the rest of the process, whatever handles are
+/// closed later: `dlopen(name, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE)`,
+/// whose handle is closed again at once (the flag stays). A flex library
+/// may leave code of its own to run after its last handle is closed:
+/// threads it started, or destructors it registered for the threads that
+/// called it (the software device's C library gives each such thread's
+/// read-section slot back as the thread exits). Unmapping it under them
+/// would crash the process.
+///
+/// # Errors
+/// The dynamic loader's reason, if it cannot find the library loaded.
+fn pin(name: &OsStr) -> Result<(), String> {
+    // SAFETY: with `RTLD_NOLOAD` nothing is loaded and no initialiser runs:
+    // `dlopen` only finds the object the caller's handle keeps loaded (the
+    // same name resolves to it, as the loader looks loaded objects up by
+    // name first) and marks it never to be unloaded. The handle is closed
+    // when `pinned` is dropped, which unloads nothing.
+    let pinned = unsafe {
+        Library::open(
+            Some(name),
+            RTLD_NOW | libc::RTLD_NOLOAD | libc::RTLD_NODELETE,
+        )
+    }
+    .map_err(|e| format!("cannot keep the checked library loaded: {e}"))?;
+    drop(pinned);
+    Ok(())
 }
 
 /// The file of the loaded object that contains `address`, via `dladdr`.

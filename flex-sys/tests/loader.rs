@@ -386,6 +386,38 @@ fn open_is_never_cached_and_each_handle_keeps_the_library_loaded() {
     );
 }
 
+/// Whether `path` is mapped into this process.
+#[cfg(target_os = "linux")]
+fn mapped(path: &Path) -> bool {
+    std::fs::read_to_string("/proc/self/maps")
+        .expect("the process's mappings")
+        .contains(&path.display().to_string())
+}
+
+/// A library that passed the checks stays loaded after its last handle is
+/// dropped; one the checks refused is unloaded. Each uses a stub of its own
+/// (an unused define makes a distinct file), which no other test opens.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_checked_library_stays_loaded_and_a_refused_one_is_unloaded() {
+    let kept = Stub::new().define("FLEX_TEST_KEPT_LOADED").build();
+    assert!(!mapped(&kept), "mapped before it was opened");
+    let library = FlexLibrary::open(&kept).expect("open");
+    assert!(mapped(&kept), "not mapped once opened");
+    drop(library);
+    assert!(mapped(&kept), "unmapped after its last handle was dropped");
+
+    let refused = Stub::new()
+        .version(2, 0)
+        .define("FLEX_TEST_UNLOADED")
+        .build();
+    assert!(matches!(
+        FlexLibrary::open(&refused),
+        Err(LoadError::AbiMismatch { .. })
+    ));
+    assert!(!mapped(&refused), "a refused library stayed mapped");
+}
+
 // ---------------------------------------------------------------------------
 // FLEX_RUNTIME_LIB through load_from (no environment involved)
 // ---------------------------------------------------------------------------

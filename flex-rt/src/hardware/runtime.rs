@@ -51,9 +51,9 @@ use crate::types::{MemoryInfo, StreamMode, StreamPriority};
 ///
 /// Every step runs even if an earlier one failed. `Drop` never panics: it
 /// logs each failure with `tracing::warn!`. [`HardwareRuntime::close`]
-/// returns them all instead. The library reference is released last; a
-/// context dropped while its thread is unwinding from a panic keeps the
-/// library loaded rather than unload it during unwinding.
+/// returns them all instead. The library reference is released last (the
+/// library itself stays loaded for the rest of the process: see
+/// [`FlexLibrary`]).
 ///
 /// `flex.h` forbids destroying a runtime from one of its own completion or
 /// host callbacks (it would wait for itself). If the last owner drops the
@@ -575,12 +575,6 @@ impl Drop for HardwareRuntime {
         }
         for failure in self.teardown() {
             tracing::warn!(logical_device, "dropping a flex runtime: {failure}");
-        }
-        if std::thread::panicking() {
-            // Never unload the library while unwinding: keep it loaded for
-            // the rest of the process (whether or not the teardown managed
-            // to destroy the runtime).
-            std::mem::forget(Arc::clone(&self.lib));
         }
     }
 }
