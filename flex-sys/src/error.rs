@@ -101,6 +101,25 @@ pub enum LoadError {
         /// The file that was loaded.
         path: PathBuf,
     },
+
+    /// The library passed the checks, but the dynamic loader could not
+    /// mark it to stay loaded for the rest of the process (see
+    /// [`crate::FlexLibrary`]); it was closed again. Not expected on any
+    /// supported system: the loader has just opened that library.
+    #[error(
+        "{} passed the flex checks, but the dynamic loader could not mark it to stay loaded \
+         ({reason}), so it was closed again: unloading it later could crash threads that still \
+         run its code. Load it by an absolute path (FLEX_RUNTIME_LIB=/path/to/libflex.so.{major}); \
+         if that fails too, report this with the output of `ldd --version`",
+        path.display(),
+        major = AbiVersion::CURRENT.major
+    )]
+    KeepLoaded {
+        /// The file that was loaded.
+        path: PathBuf,
+        /// The dynamic loader's description (`dlerror()`), if it gave one.
+        reason: String,
+    },
 }
 
 /// A function of a later ABI minor version than the loaded library's: the
@@ -256,6 +275,22 @@ mod tests {
             "/usr/lib/libflex.so.1 does not export `flex_launch_fill`, which flex ABI 1.0 \
              requires, so it is not a complete flex runtime library (a stub, an older build, or \
              another library). Install a complete flex runtime, or point FLEX_RUNTIME_LIB at one"
+        );
+    }
+
+    #[test]
+    fn keep_loaded_names_the_path_the_reason_and_what_to_do() {
+        let e = LoadError::KeepLoaded {
+            path: "/usr/lib/libflex.so.1".into(),
+            reason: "dlopen failed".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "/usr/lib/libflex.so.1 passed the flex checks, but the dynamic loader could not mark \
+             it to stay loaded (dlopen failed), so it was closed again: unloading it later could \
+             crash threads that still run its code. Load it by an absolute path \
+             (FLEX_RUNTIME_LIB=/path/to/libflex.so.1); if that fails too, report this with the \
+             output of `ldd --version`"
         );
     }
 

@@ -35,7 +35,9 @@
 //!
 //! [`FlexLibrary::open`] loads an explicit path, and
 //! [`FlexLibrary::load_from`] does what `load` does with a given value of
-//! `FLEX_RUNTIME_LIB`. None of them caches anything.
+//! `FLEX_RUNTIME_LIB`. None of them caches anything, but a library that
+//! passed the checks stays loaded (step 4 below), and the dynamic loader
+//! gives it again for a later load of the same name.
 //!
 //! # Checks at load time
 //!
@@ -52,6 +54,11 @@
 //!    [`MissingFunction`] ("unsupported by this flex library (ABI 1.0)")
 //!    naming the function, so callers report the feature unsupported
 //!    instead of calling a function the library does not promise.
+//! 4. The library is marked to stay loaded for the rest of the process
+//!    (`RTLD_NODELETE`, on Linux, macOS and the BSDs): code of its own may
+//!    still run after its last handle is closed (its threads, destructors
+//!    it registered for the threads that called it). A failure is
+//!    [`LoadError::KeepLoaded`].
 //!
 //! [`FlexLibrary::path`] then tells which file was actually loaded.
 //! Nothing in this crate panics on a bad library; every failure is a

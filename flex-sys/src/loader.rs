@@ -37,12 +37,15 @@ fn default_candidates() -> [String; 2] {
 /// while an `Arc` lives.
 ///
 /// A library that passed the checks stays loaded for the rest of the
-/// process, after its last `Arc` is dropped too (`RTLD_NODELETE`): a flex
-/// library may leave its own code to run after its last handle is closed
-/// (threads it started, destructors it registered for the threads that
-/// called it), and unmapping it under them would crash the process. A
-/// library refused by the checks is closed again, and unloaded if nothing
-/// else has it loaded.
+/// process, after its last `Arc` is dropped too (`RTLD_NODELETE`, on
+/// Linux, macOS and the BSDs): a flex library may leave its own code to run
+/// after its last handle is closed (threads it started, destructors it
+/// registered for the threads that called it), and unmapping it under them
+/// would crash the process. So for the rest of the process, opening the
+/// same name again gives that same library, even if the file has been
+/// replaced meanwhile. A library refused by the checks is closed again,
+/// and unloaded unless something else has it loaded (its initialisers
+/// have run by then: see "Trust").
 ///
 /// # Thread safety
 ///
@@ -89,8 +92,10 @@ impl FlexLibrary {
     ///   opened the error is [`LoadError::NotFound`], listing each name with
     ///   the dynamic loader's reason.
     ///
-    /// Each call opens the library afresh (the dynamic loader shares one
-    /// mapping between handles to the same file); nothing is cached.
+    /// Each call opens the library afresh and checks it again; the dynamic
+    /// loader shares one mapping between handles to the same file, and
+    /// finds a library already loaded by the same name (so one loaded
+    /// earlier in the process, which stays loaded: see [`FlexLibrary`]).
     ///
     /// # Errors
     ///
@@ -136,7 +141,9 @@ impl FlexLibrary {
     }
 
     /// Opens the flex runtime library at `path` and checks it. Never cached:
-    /// every call opens the file again and returns a new `Arc`.
+    /// every call opens it again, checks it and returns a new `Arc` (the
+    /// dynamic loader gives the library already loaded by that name, if
+    /// any: see [`FlexLibrary`]).
     ///
     /// Steps, each a distinct error:
     ///
@@ -159,13 +166,13 @@ impl FlexLibrary {
     /// # Errors
     ///
     /// - [`LoadError::Open`]: step 1 failed (missing file, a directory, not a
-    ///   shared library, a wrong architecture, an unresolvable dependency),
-    ///   or step 4 did (the dynamic loader could not find the library it
-    ///   had just opened);
+    ///   shared library, a wrong architecture, an unresolvable dependency);
     /// - [`LoadError::MissingSymbol`]: `flex_get_api_version` or another
     ///   function the reported version requires is not exported;
     /// - [`LoadError::AbiMismatch`]: the library reports another major
-    ///   version.
+    ///   version;
+    /// - [`LoadError::KeepLoaded`]: step 4 failed (the dynamic loader did
+    ///   not find the library it had just opened).
     pub fn open(path: impl AsRef<Path>) -> Result<Arc<FlexLibrary>, LoadError> {
         Self::open_name(path.as_ref().as_os_str()).map(Arc::new)
     }
@@ -186,8 +193,8 @@ impl FlexLibrary {
 
         // SAFETY: `dlopen` is unsafe because it runs the library's
         // initialisers now and its finalisers when it is unloaded (at
-        // `dlclose` if the checks refuse it, else at exit), which may have
-        // any requirement. The contract of this loader, stated on `FlexLibrary`
+        // `dlclose` if the checks refuse it and nothing else has it loaded,
+        // else at exit), which may have any requirement. The contract of this loader, stated on `FlexLibrary`
         // ("Trust"), is that the file is a flex runtime library, whose
         // initialisers need nothing from the caller. The handle is owned by
         // the returned value and, later, by `FlexApi`, so it is closed exactly
@@ -248,7 +255,7 @@ impl FlexLibrary {
                 path,
             });
         }
-        pin(name).map_err(|reason| LoadError::Open {
+        pin(name).map_err(|reason| LoadError::KeepLoaded {
             path: path.clone(),
             reason,
         })?;
@@ -402,30 +409,58 @@ fn loaded_file(library: &Library) -> Option<PathBuf> {
 
 /// Keeps the library that `name` opened (still open through the caller's
 /// handle) loaded for the rest of the process, whatever handles are
-/// closed later: `dlopen(name, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE)`,
-/// whose handle is closed again at once (the flag stays). A flex library
-/// may leave code of its own to run after its last handle is closed:
-/// threads it started, or destructors it registered for the threads that
-/// called it (the software device's C library gives each such thread's
-/// read-section slot back as the thread exits). Unmapping it under them
-/// would crash the process.
+/// closed later: `dlopen(name, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD |
+/// RTLD_NODELETE)`, whose handle is closed again at once (the flag
+/// stays). A flex library may leave code of its own to run after its last
+/// handle is closed: threads it started, or destructors it registered for
+/// the threads that called it (the software device's C library gives each
+/// such thread's read-section slot back as the thread exits). Unmapping it
+/// under them would crash the process.
 ///
 /// # Errors
-/// The dynamic loader's reason, if it cannot find the library loaded.
+/// The dynamic loader's reason, if it does not find the library loaded.
+#[cfg(any(
+    target_os = "linux",
+    target_os = "android",
+    target_vendor = "apple",
+    target_os = "freebsd",
+    target_os = "dragonfly",
+    target_os = "openbsd",
+    target_os = "illumos",
+    target_os = "solaris"
+))]
 fn pin(name: &OsStr) -> Result<(), String> {
-    // SAFETY: with `RTLD_NOLOAD` nothing is loaded and no initialiser runs:
-    // `dlopen` only finds the object the caller's handle keeps loaded (the
-    // same name resolves to it, as the loader looks loaded objects up by
-    // name first) and marks it never to be unloaded. The handle is closed
-    // when `pinned` is dropped, which unloads nothing.
+    // SAFETY: with `RTLD_NOLOAD`, `dlopen` loads nothing and runs no
+    // initialiser: it returns a handle to an object already loaded, if it
+    // finds one by `name`, and marks that object never to be unloaded.
+    // glibc looks loaded objects up by the names they were opened by
+    // before anything else, so it finds the object the caller's handle
+    // keeps loaded. Closing the new handle (as `pinned` drops) unloads
+    // nothing.
     let pinned = unsafe {
         Library::open(
             Some(name),
-            RTLD_NOW | libc::RTLD_NOLOAD | libc::RTLD_NODELETE,
+            RTLD_NOW | RTLD_LOCAL | libc::RTLD_NOLOAD | libc::RTLD_NODELETE,
         )
     }
-    .map_err(|e| format!("cannot keep the checked library loaded: {e}"))?;
+    .map_err(|e| e.to_string())?;
     drop(pinned);
+    Ok(())
+}
+
+/// Where the dynamic loader has no `RTLD_NODELETE`, a library is not
+/// pinned: it is unloaded once its last handle is closed.
+#[cfg(not(any(
+    target_os = "linux",
+    target_os = "android",
+    target_vendor = "apple",
+    target_os = "freebsd",
+    target_os = "dragonfly",
+    target_os = "openbsd",
+    target_os = "illumos",
+    target_os = "solaris"
+)))]
+fn pin(_name: &OsStr) -> Result<(), String> {
     Ok(())
 }
 

@@ -67,7 +67,7 @@ fn the_library_is_linked_to_stay_loaded_after_it_is_closed() {
         .arg("-d")
         .arg(mock_cdylib())
         .output()
-        .expect("run readelf");
+        .expect("readelf (binutils, installed with the C compiler) runs");
     assert!(output.status.success(), "readelf failed: {output:?}");
     let dynamic = String::from_utf8_lossy(&output.stdout);
     let flags = dynamic
