@@ -638,15 +638,14 @@ pub fn hazard_tracker_enabled() -> bool {
 }
 
 /// Sets whether streams created from now on track hazards
-/// (`set_hazard_tracker_enabled`, a testing and tuning hook). Starts the runtime if needed.
+/// (`set_hazard_tracker_enabled`, a testing and tuning hook). Starts the
+/// runtime on the current device if needed.
 ///
 /// # Errors
-/// The start error.
+/// The start error; [`Error::OtherDevice`] when the runtime runs on
+/// another device than this thread's current one (nothing is changed).
 pub fn set_hazard_tracker_enabled(enabled: bool) -> Result<()> {
-    start_on(Device::CURRENT)?
-        .0
-        .pool
-        .set_hazard_tracker_enabled(enabled);
+    pool_for(Device::CURRENT)?.set_hazard_tracker_enabled(enabled);
     Ok(())
 }
 

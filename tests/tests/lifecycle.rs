@@ -1000,6 +1000,35 @@ fn once_started_the_thread_device_can_only_be_the_runtime_device() {
     });
 }
 
+/// The one way left for a thread's device to differ from the runtime's (a
+/// `set_device` before a start that named another device): every call on
+/// its current device fails with `OtherDevice`, the hazard-tracker switch
+/// too, and changes nothing.
+#[test]
+fn a_thread_set_to_another_device_before_the_start_changes_nothing_of_it() {
+    isolated!(&[MOCK, ("SPYRE_MOCK_DEVICES", "2")], || {
+        set_device(1).unwrap();
+        let stream = stream_from_pool(Device::new(0).unwrap(), -1).unwrap();
+        assert_eq!(stream.device_index(), 0);
+        let other = |err: Error| {
+            assert!(
+                matches!(
+                    err,
+                    Error::OtherDevice {
+                        requested: 1,
+                        bound: 0
+                    }
+                ),
+                "{err:?}"
+            );
+        };
+        other(spyre_stream::set_hazard_tracker_enabled(true).unwrap_err());
+        assert!(!spyre_stream::hazard_tracker_enabled(), "changed anyway");
+        other(stream_from_pool(Device::CURRENT, -1).unwrap_err());
+        other(synchronize_device(Device::CURRENT).unwrap_err());
+    });
+}
+
 #[test]
 fn requests_refused_for_their_arguments_bind_nothing() {
     isolated!(&[MOCK, ("SPYRE_MOCK_DEVICES", "2")], || {
