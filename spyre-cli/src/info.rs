@@ -203,7 +203,9 @@ impl InfoReport {
             self.selected_backend.unwrap_or("invalid")
         );
         for (name, value) in &self.backend_details.0 {
-            let _ = writeln!(out, "  {name:<16}{value}");
+            // In the column of the values above, one space at least after
+            // a longer name.
+            let _ = writeln!(out, "  {name:<15} {value}");
         }
         let _ = writeln!(
             out,

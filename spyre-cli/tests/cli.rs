@@ -895,6 +895,8 @@ fn info_text_lists_every_variable() {
         "high            33–64",
         "host compute    65–68 (4 stream(s))",
         "hazard tracking   on",
+        "  engines         2\n",
+        "  device_side_wait true\n",
         "events            device-side waits, timing",
         "device memory     1073741824 bytes (1 GiB), 1073741824 free",
         "SPYRE_HAZARD_TRACKER                 = \"1\"",
