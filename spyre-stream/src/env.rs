@@ -61,11 +61,22 @@ pub(crate) fn var(name: &str) -> Option<String> {
     flex_rt::env::var(name)
 }
 
-fn invalid(variable: &'static str, value: &str, reason: impl Into<String>) -> Error {
+/// [`Error::InvalidEnv`] for `variable`'s raw `value`, refused for
+/// `reason`; the reason says so too when the value has spaces around it,
+/// which this layer's variables refuse (the software device's
+/// `SPYRE_MOCK_*` ones accept them), so that an error whose value looks
+/// right tells why.
+pub(crate) fn invalid(variable: &'static str, value: &str, reason: impl Into<String>) -> Error {
+    let mut reason = reason.into();
+    if value.trim() != value {
+        reason.push_str(
+            "; spaces around the value are not accepted (the stream layer reads its variables strictly)",
+        );
+    }
     Error::InvalidEnv {
         variable,
         value: value.to_owned(),
-        reason: reason.into(),
+        reason,
     }
 }
 
@@ -266,6 +277,26 @@ mod tests {
         );
     }
 
+    /// A value with spaces around it is refused, and the reason says why
+    /// (the message otherwise shows a value that looks right); one without
+    /// gets no such note.
+    #[test]
+    fn values_refused_for_spaces_around_them_say_so() {
+        const NOTE: &str = "; spaces around the value are not accepted (the stream layer reads its variables strictly)";
+        let refusals = [
+            parse_local_rank(Some("0 ")).unwrap_err(),
+            parse_host_compute_streams(Some(" 3")).unwrap_err(),
+            parse_hazard_tracker(Some("1\t")).unwrap_err(),
+            crate::backend::parse_backend(Some("mock ")).unwrap_err(),
+        ];
+        for err in refusals {
+            let (value, why) = reason(err);
+            assert!(why.ends_with(NOTE), "{value:?}: {why}");
+        }
+        let (_, why) = reason(parse_local_rank(Some("abc")).unwrap_err());
+        assert_eq!(why, "LOCAL_RANK is not a valid integer: expected 0..=127");
+    }
+
     #[test]
     fn the_innermost_launcher_chooses_the_device() {
         let env = |pairs: &'static [(&'static str, &'static str)]| {
@@ -374,7 +405,7 @@ mod tests {
         ] {
             assert!(!parse_hazard_tracker(raw).unwrap(), "{raw:?}");
         }
-        for raw in ["2", " 1", "enabled", "-"] {
+        for raw in ["2", "enabled", "-"] {
             let message = parse_hazard_tracker(Some(raw)).unwrap_err().to_string();
             assert_eq!(
                 message,

@@ -222,6 +222,18 @@ fn host_compute_oracle(raw: Option<&str>) -> Option<usize> {
     }
 }
 
+/// The error `SPYRE_BACKEND=raw` gets when `raw` names no backend: the
+/// reason, and, for a value with spaces around it, the note that the
+/// stream layer refuses them.
+fn backend_refusal(raw: &str) -> String {
+    let spaces = if raw.trim() == raw {
+        ""
+    } else {
+        "; spaces around the value are not accepted (the stream layer reads its variables strictly)"
+    };
+    format!("SPYRE_BACKEND={raw:?} is invalid: expected `mock` or `hardware`{spaces}")
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(1024))]
 
@@ -273,7 +285,7 @@ proptest! {
             (Some("hardware"), Ok(kind)) => prop_assert_eq!(kind, BackendKind::Hardware),
             (Some(raw), Err(err)) if raw != "mock" && raw != "hardware" => prop_assert_eq!(
                 err.to_string(),
-                format!("SPYRE_BACKEND={raw:?} is invalid: expected `mock` or `hardware`")
+                backend_refusal(raw)
             ),
             (raw, got) => prop_assert!(false, "SPYRE_BACKEND={raw:?}: {got:?}"),
         }
@@ -341,7 +353,7 @@ fn backend_near_misses_are_refused() {
         for raw in near {
             assert_eq!(
                 parse_backend(Some(&raw)).unwrap_err().to_string(),
-                format!("SPYRE_BACKEND={raw:?} is invalid: expected `mock` or `hardware`")
+                backend_refusal(&raw)
             );
         }
     }
@@ -465,7 +477,7 @@ fn backend_values_end_to_end() {
             } else {
                 assert_eq!(
                     err.to_string(),
-                    format!("SPYRE_BACKEND={raw:?} is invalid: expected `mock` or `hardware`")
+                    backend_refusal(&raw)
                 );
             }
             assert!(spyre_stream::runtime_info().is_none());
