@@ -647,6 +647,35 @@ fn bad_environment_exits_2_naming_the_value() {
     );
 }
 
+/// `FLEX_RUNTIME_LIB` set while the software device is chosen is not used,
+/// and the run says so on stderr rather than silently running on the
+/// software device; without the variable there is no such warning.
+#[test]
+fn a_flex_library_named_for_a_mock_run_is_reported_unused() {
+    let args = [
+        "run",
+        "--threads",
+        "1",
+        "--iterations",
+        "1",
+        "--size",
+        "4KiB",
+    ];
+    let warning = "FLEX_RUNTIME_LIB is set, but the software device was chosen";
+    let output = spyre(
+        &args,
+        &[
+            ("SPYRE_BACKEND", "mock"),
+            ("FLEX_RUNTIME_LIB", "/nonexistent/libflex.so.1"),
+        ],
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(stderr(&output).contains(warning), "{}", stderr(&output));
+    let output = spyre(&args, &[("SPYRE_BACKEND", "mock")]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(!stderr(&output).contains(warning), "{}", stderr(&output));
+}
+
 /// A small run: one thread, two iterations of 4 KiB.
 const SMALL_RUN: [&str; 7] = [
     "run",

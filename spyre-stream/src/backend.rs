@@ -76,7 +76,8 @@ pub fn parse_backend(raw: Option<&str>) -> Result<BackendKind> {
 }
 
 /// Creates the backend of `kind`: the software device configured from its
-/// `SPYRE_MOCK_*` variables, or the flex library found through
+/// `SPYRE_MOCK_*` variables (with a warning when `FLEX_RUNTIME_LIB` is set,
+/// as it is then not used), or the flex library found through
 /// `FLEX_RUNTIME_LIB` and the default library names.
 ///
 /// # Errors
@@ -85,9 +86,19 @@ pub fn parse_backend(raw: Option<&str>) -> Result<BackendKind> {
 pub(crate) fn create(kind: BackendKind) -> Result<Box<dyn Backend>> {
     match kind {
         #[cfg(feature = "mock")]
-        BackendKind::Mock => Ok(Box::new(
-            spyre_mock::MockSystem::from_env().map_err(Error::BackendConfig)?,
-        )),
+        BackendKind::Mock => {
+            if crate::env::var(flex_rt::RUNTIME_LIB_ENV).is_some() {
+                // Never silently another device than the one asked for.
+                tracing::warn!(
+                    "{} is set, but the software device was chosen (SPYRE_BACKEND, or a build \
+                     without the `hardware` feature): no flex library is loaded",
+                    flex_rt::RUNTIME_LIB_ENV
+                );
+            }
+            Ok(Box::new(
+                spyre_mock::MockSystem::from_env().map_err(Error::BackendConfig)?,
+            ))
+        }
         #[cfg(feature = "hardware")]
         BackendKind::Hardware => Ok(Box::new(
             flex_rt::HardwareBackend::load().map_err(|e| Error::Load(std::sync::Arc::new(e)))?,
