@@ -147,8 +147,10 @@ pub enum Error {
     ThreadExiting,
 
     /// The logical device is not below the number of visible devices.
+    /// The message begins with torch-spyre's text, then says what chose
+    /// the device and what to do.
     #[error(
-        "Device index out of bounds. logical_device_id={device}, number of visible devices={count}; the device came from {}",
+        "Device index out of bounds. logical_device_id={device}, number of visible devices={count}; the device came from {}. Use a device below {count} (one process per visible device), or make more devices visible (SPYRE_DEVICES; the software device has SPYRE_MOCK_DEVICES of them)",
         chosen_by.description()
     )]
     DeviceOutOfRange {
