@@ -109,10 +109,9 @@ pub enum LoadError {
     #[error(
         "{} passed the flex checks, but the dynamic loader could not mark it to stay loaded \
          ({reason}), so it was closed again: unloading it later could crash threads that still \
-         run its code. Load it by an absolute path (FLEX_RUNTIME_LIB=/path/to/libflex.so.{major}); \
-         if that fails too, report this with the output of `ldd --version`",
-        path.display(),
-        major = AbiVersion::CURRENT.major
+         run its code. This is not expected of a supported system's C library; report it with \
+         the output of `ldd --version`",
+        path.display()
     )]
     KeepLoaded {
         /// The file that was loaded.
@@ -279,7 +278,7 @@ mod tests {
     }
 
     #[test]
-    fn keep_loaded_names_the_path_the_reason_and_what_to_do() {
+    fn keep_loaded_names_the_path_and_the_reason() {
         let e = LoadError::KeepLoaded {
             path: "/usr/lib/libflex.so.1".into(),
             reason: "dlopen failed".into(),
@@ -288,9 +287,8 @@ mod tests {
             e.to_string(),
             "/usr/lib/libflex.so.1 passed the flex checks, but the dynamic loader could not mark \
              it to stay loaded (dlopen failed), so it was closed again: unloading it later could \
-             crash threads that still run its code. Load it by an absolute path \
-             (FLEX_RUNTIME_LIB=/path/to/libflex.so.1); if that fails too, report this with the \
-             output of `ldd --version`"
+             crash threads that still run its code. This is not expected of a supported system's \
+             C library; report it with the output of `ldd --version`"
         );
     }
 

@@ -55,10 +55,10 @@
 //!    naming the function, so callers report the feature unsupported
 //!    instead of calling a function the library does not promise.
 //! 4. The library is marked to stay loaded for the rest of the process
-//!    (`RTLD_NODELETE`, on Linux, macOS and the BSDs): code of its own may
-//!    still run after its last handle is closed (its threads, destructors
-//!    it registered for the threads that called it). A failure is
-//!    [`LoadError::KeepLoaded`].
+//!    (`RTLD_NODELETE`, on Linux, macOS, FreeBSD, OpenBSD and illumos, not
+//!    NetBSD): code of its own may still run after its last handle is
+//!    closed (its threads, destructors it registered for the threads that
+//!    called it). A failure is [`LoadError::KeepLoaded`].
 //!
 //! [`FlexLibrary::path`] then tells which file was actually loaded.
 //! Nothing in this crate panics on a bad library; every failure is a

@@ -38,10 +38,10 @@ fn default_candidates() -> [String; 2] {
 ///
 /// A library that passed the checks stays loaded for the rest of the
 /// process, after its last `Arc` is dropped too (`RTLD_NODELETE`, on
-/// Linux, macOS and the BSDs): a flex library may leave its own code to run
-/// after its last handle is closed (threads it started, destructors it
-/// registered for the threads that called it), and unmapping it under them
-/// would crash the process. So for the rest of the process, opening the
+/// Linux, macOS, FreeBSD, OpenBSD and illumos, not NetBSD): a flex library
+/// may leave its own code to run after its last handle is closed (threads
+/// it started, destructors it registered for the threads that called it),
+/// and unmapping it under them would crash the process. So for the rest of the process, opening the
 /// same name again gives that same library, even if the file has been
 /// replaced meanwhile. A library refused by the checks is closed again,
 /// and unloaded unless something else has it loaded (its initialisers
@@ -194,11 +194,12 @@ impl FlexLibrary {
         // SAFETY: `dlopen` is unsafe because it runs the library's
         // initialisers now and its finalisers when it is unloaded (at
         // `dlclose` if the checks refuse it and nothing else has it loaded,
-        // else at exit), which may have any requirement. The contract of this loader, stated on `FlexLibrary`
-        // ("Trust"), is that the file is a flex runtime library, whose
-        // initialisers need nothing from the caller. The handle is owned by
-        // the returned value and, later, by `FlexApi`, so it is closed exactly
-        // once, after the last use of any symbol from it.
+        // else at exit), which may have any requirement. The contract of
+        // this loader, stated on `FlexLibrary` ("Trust"), is that the file
+        // is a flex runtime library, whose initialisers need nothing from
+        // the caller. The handle is owned by the returned value and, later,
+        // by `FlexApi`, so it is closed exactly once, after the last use of
+        // any symbol from it.
         let library = unsafe { Library::open(Some(name), RTLD_NOW | RTLD_LOCAL) }
             .map_err(|e| refuse(&e.to_string()))?;
         let path = loaded_file(&library).unwrap_or_else(|| fallback_path(name));

@@ -371,7 +371,7 @@ fn invalid_utf8_in_a_message_is_replaced() {
 }
 
 #[test]
-fn open_is_never_cached_and_each_handle_keeps_the_library_loaded() {
+fn open_is_never_cached_and_a_handle_works_after_another_is_dropped() {
     let path = Stub::new().build();
     let first = FlexLibrary::open(&path).unwrap();
     let second = FlexLibrary::open(&path).unwrap();
