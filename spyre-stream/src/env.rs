@@ -61,6 +61,10 @@ pub(crate) fn var(name: &str) -> Option<String> {
     flex_rt::env::var(name)
 }
 
+/// What [`invalid`] adds to the reason for a value with spaces around it.
+const SPACES_NOTE: &str =
+    "; spaces around the value are not accepted (the stream layer reads its variables strictly)";
+
 /// [`Error::InvalidEnv`] for `variable`'s raw `value`, refused for
 /// `reason`; the reason says so too when the value has spaces around it,
 /// which this layer's variables refuse (the software device's
@@ -69,9 +73,7 @@ pub(crate) fn var(name: &str) -> Option<String> {
 pub(crate) fn invalid(variable: &'static str, value: &str, reason: impl Into<String>) -> Error {
     let mut reason = reason.into();
     if value.trim() != value {
-        reason.push_str(
-            "; spaces around the value are not accepted (the stream layer reads its variables strictly)",
-        );
+        reason.push_str(SPACES_NOTE);
     }
     Error::InvalidEnv {
         variable,
@@ -282,7 +284,6 @@ mod tests {
     /// gets no such note.
     #[test]
     fn values_refused_for_spaces_around_them_say_so() {
-        const NOTE: &str = "; spaces around the value are not accepted (the stream layer reads its variables strictly)";
         let refusals = [
             parse_local_rank(Some("0 ")).unwrap_err(),
             parse_host_compute_streams(Some(" 3")).unwrap_err(),
@@ -291,7 +292,7 @@ mod tests {
         ];
         for err in refusals {
             let (value, why) = reason(err);
-            assert!(why.ends_with(NOTE), "{value:?}: {why}");
+            assert!(why.ends_with(SPACES_NOTE), "{value:?}: {why}");
         }
         let (_, why) = reason(parse_local_rank(Some("abc")).unwrap_err());
         assert_eq!(why, "LOCAL_RANK is not a valid integer: expected 0..=127");

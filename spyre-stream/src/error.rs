@@ -148,10 +148,11 @@ pub enum Error {
 
     /// The logical device is not below the number of visible devices.
     /// The message begins with torch-spyre's text, then says what chose
-    /// the device and what to do.
+    /// the device and what to do about it.
     #[error(
-        "Device index out of bounds. logical_device_id={device}, number of visible devices={count}; the device came from {}. Use a device below {count} (one process per visible device), or make more devices visible (SPYRE_DEVICES; the software device has SPYRE_MOCK_DEVICES of them)",
-        chosen_by.description()
+        "Device index out of bounds. logical_device_id={device}, number of visible devices={count}; the device came from {}: {}",
+        chosen_by.description(),
+        out_of_range_advice(*count, *chosen_by)
     )]
     DeviceOutOfRange {
         /// The logical device asked for.
@@ -356,5 +357,45 @@ impl Error {
     }
 }
 
+/// What to do about [`Error::DeviceOutOfRange`], by what chose the device.
+fn out_of_range_advice(count: u32, chosen_by: crate::DeviceSource) -> String {
+    match (count, chosen_by) {
+        (0, _) => "no device is visible to this process".to_owned(),
+        (_, crate::DeviceSource::LocalRank(_)) => {
+            format!("local ranks must be below {count}: start one rank per visible device")
+        }
+        _ => format!("use a device below {count}"),
+    }
+}
+
 /// Result with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::DeviceSource;
+
+    /// The advice follows what chose the device: a launcher's rank is told
+    /// the ranks that fit, a device named in code the devices that do, and
+    /// a process that sees no device is told so rather than "below 0".
+    #[test]
+    fn a_device_out_of_range_is_told_what_fits() {
+        let message = |device, count, chosen_by| {
+            Error::DeviceOutOfRange {
+                device,
+                count,
+                chosen_by,
+            }
+            .to_string()
+        };
+        assert_eq!(
+            message(2, 2, DeviceSource::Requested),
+            "Device index out of bounds. logical_device_id=2, number of visible devices=2; the device came from the device named by the first call: use a device below 2"
+        );
+        assert_eq!(
+            message(0, 0, DeviceSource::Default),
+            "Device index out of bounds. logical_device_id=0, number of visible devices=0; the device came from default (no current device, no launcher's local rank set): no device is visible to this process"
+        );
+    }
+}

@@ -543,7 +543,7 @@ fn bad_device_indices_end_to_end() {
             assert_eq!(
                 err.to_string(),
                 format!(
-                    "Device index out of bounds. logical_device_id={index}, number of visible devices=1; the device came from the thread's current device (set_device). Use a device below 1 (one process per visible device), or make more devices visible (SPYRE_DEVICES; the software device has SPYRE_MOCK_DEVICES of them)"
+                    "Device index out of bounds. logical_device_id={index}, number of visible devices=1; the device came from the thread's current device (set_device): use a device below 1"
                 )
             );
         }

@@ -255,7 +255,7 @@ fn a_device_beyond_the_visible_count_is_refused_with_both_numbers() {
         );
         assert_eq!(
             err.to_string(),
-            "Device index out of bounds. logical_device_id=1, number of visible devices=1; the device came from LOCAL_RANK. Use a device below 1 (one process per visible device), or make more devices visible (SPYRE_DEVICES; the software device has SPYRE_MOCK_DEVICES of them)"
+            "Device index out of bounds. logical_device_id=1, number of visible devices=1; the device came from LOCAL_RANK: local ranks must be below 1: start one rank per visible device"
         );
         assert!(matches!(
             set_device(1),
@@ -1141,7 +1141,7 @@ fn a_rank_beyond_the_devices_is_refused_naming_its_variable() {
             let err = start_runtime().unwrap_err();
             assert_eq!(
                 err.to_string(),
-                "Device index out of bounds. logical_device_id=4, number of visible devices=4; the device came from Open MPI's local rank (OMPI_COMM_WORLD_LOCAL_RANK). Use a device below 4 (one process per visible device), or make more devices visible (SPYRE_DEVICES; the software device has SPYRE_MOCK_DEVICES of them)"
+                "Device index out of bounds. logical_device_id=4, number of visible devices=4; the device came from Open MPI's local rank (OMPI_COMM_WORLD_LOCAL_RANK): local ranks must be below 4: start one rank per visible device"
             );
         }
     );
