@@ -25,8 +25,8 @@
 //! [`FlexLibrary::load`]:
 //!
 //! 1. If the environment variable `FLEX_RUNTIME_LIB` is set (and not empty:
-//!    an empty value means unset), exactly that path, and nothing else. A failure is [`LoadError::Env`], naming the
-//!    variable and its value.
+//!    an empty value means unset), exactly that path, and nothing else. A
+//!    failure is [`LoadError::Env`], naming the variable and its value.
 //! 2. Otherwise the soname `libflex.so.1` (`libflex.so.<major>` for ABI major
 //!    version `<major>`), then `libflex.so`, searched by the dynamic loader
 //!    (`LD_LIBRARY_PATH`, the `ldconfig` cache, the default directories).
@@ -55,10 +55,11 @@
 //!    naming the function, so callers report the feature unsupported
 //!    instead of calling a function the library does not promise.
 //! 4. The library is marked to stay loaded for the rest of the process
-//!    (`RTLD_NODELETE`, on Linux, macOS, FreeBSD, OpenBSD and illumos, not
-//!    NetBSD): code of its own may still run after its last handle is
-//!    closed (its threads, destructors it registered for the threads that
-//!    called it). A failure is [`LoadError::KeepLoaded`].
+//!    (`RTLD_NODELETE`, on Linux, Android, Apple systems, FreeBSD,
+//!    DragonFly, OpenBSD, illumos and Solaris; not NetBSD): code of its own
+//!    may still run after its last handle is closed (its threads,
+//!    destructors it registered for the threads that called it). A failure
+//!    is [`LoadError::KeepLoaded`].
 //!
 //! [`FlexLibrary::path`] then tells which file was actually loaded.
 //! Nothing in this crate panics on a bad library; every failure is a

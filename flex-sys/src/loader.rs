@@ -38,10 +38,11 @@ fn default_candidates() -> [String; 2] {
 ///
 /// A library that passed the checks stays loaded for the rest of the
 /// process, after its last `Arc` is dropped too (`RTLD_NODELETE`, on
-/// Linux, macOS, FreeBSD, OpenBSD and illumos, not NetBSD): a flex library
-/// may leave its own code to run after its last handle is closed (threads
-/// it started, destructors it registered for the threads that called it),
-/// and unmapping it under them would crash the process. So for the rest of the process, opening the
+/// Linux, Android, Apple systems, FreeBSD, DragonFly, OpenBSD, illumos and
+/// Solaris; not NetBSD): a flex library may leave its own code to run after
+/// its last handle is closed (threads it started, destructors it
+/// registered for the threads that called it), and unmapping it under them
+/// would crash the process. So for the rest of the process, opening the
 /// same name again gives that same library, even if the file has been
 /// replaced meanwhile. A library refused by the checks is closed again,
 /// and unloaded unless something else has it loaded (its initialisers
@@ -318,9 +319,10 @@ impl FlexLibrary {
     /// was resolved and checked when the library was loaded. So the
     /// generated methods (`api.flex_get_device_count(..)` and so on) can
     /// never reach the `expect` inside them, provided an ABI 1.1 method is
-    /// called only after [`FlexLibrary::require`] returned `Ok` for it. They remain `unsafe`: each call must follow
-    /// the rules `flex.h` documents for that function (valid pointers and
-    /// handles, thread restrictions, lifetimes of buffers).
+    /// called only after [`FlexLibrary::require`] returned `Ok` for it. They
+    /// remain `unsafe`: each call must follow the rules `flex.h` documents
+    /// for that function (valid pointers and handles, thread restrictions,
+    /// lifetimes of buffers).
     ///
     /// The function pointers are valid as long as this `FlexLibrary` is
     /// alive; keep an `Arc<FlexLibrary>` next to anything that uses them.
