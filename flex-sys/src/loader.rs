@@ -418,52 +418,42 @@ fn loaded_file(library: &Library) -> Option<PathBuf> {
 /// handle is closed: threads it started, or destructors it registered for
 /// the threads that called it (the software device's C library gives each
 /// such thread's read-section slot back as the thread exits). Unmapping it
-/// under them would crash the process.
+/// under them would crash the process. Where the C library has no
+/// `RTLD_NODELETE` (outside the `cfg` list below, NetBSD among them), it
+/// does nothing: a library is unloaded once its last handle is closed.
 ///
 /// # Errors
 /// The dynamic loader's reason, if it does not find the library loaded.
-#[cfg(any(
-    target_os = "linux",
-    target_os = "android",
-    target_vendor = "apple",
-    target_os = "freebsd",
-    target_os = "dragonfly",
-    target_os = "openbsd",
-    target_os = "illumos",
-    target_os = "solaris"
-))]
 fn pin(name: &OsStr) -> Result<(), String> {
-    // SAFETY: with `RTLD_NOLOAD`, `dlopen` loads nothing and runs no
-    // initialiser: it returns a handle to an object already loaded, if it
-    // finds one by `name`, and marks that object never to be unloaded.
-    // glibc looks loaded objects up by the names they were opened by
-    // before anything else, so it finds the object the caller's handle
-    // keeps loaded. Closing the new handle (as `pinned` drops) unloads
-    // nothing.
-    let pinned = unsafe {
-        Library::open(
-            Some(name),
-            RTLD_NOW | RTLD_LOCAL | libc::RTLD_NOLOAD | libc::RTLD_NODELETE,
-        )
+    #[cfg(any(
+        target_os = "linux",
+        target_os = "android",
+        target_vendor = "apple",
+        target_os = "freebsd",
+        target_os = "dragonfly",
+        target_os = "openbsd",
+        target_os = "illumos",
+        target_os = "solaris"
+    ))]
+    {
+        // SAFETY: with `RTLD_NOLOAD`, `dlopen` loads nothing and runs no
+        // initialiser: it returns a handle to an object already loaded, if
+        // it finds one by `name`, and marks that object never to be
+        // unloaded. glibc looks loaded objects up by the names they were
+        // opened by before anything else, so it finds the object the
+        // caller's handle keeps loaded. Closing the new handle (as `pinned`
+        // drops) unloads nothing.
+        let pinned = unsafe {
+            Library::open(
+                Some(name),
+                RTLD_NOW | RTLD_LOCAL | libc::RTLD_NOLOAD | libc::RTLD_NODELETE,
+            )
+        }
+        .map_err(|e| e.to_string())?;
+        drop(pinned);
     }
-    .map_err(|e| e.to_string())?;
-    drop(pinned);
-    Ok(())
-}
-
-/// Where the dynamic loader has no `RTLD_NODELETE`, a library is not
-/// pinned: it is unloaded once its last handle is closed.
-#[cfg(not(any(
-    target_os = "linux",
-    target_os = "android",
-    target_vendor = "apple",
-    target_os = "freebsd",
-    target_os = "dragonfly",
-    target_os = "openbsd",
-    target_os = "illumos",
-    target_os = "solaris"
-)))]
-fn pin(_name: &OsStr) -> Result<(), String> {
+    // Read only where the pin is compiled.
+    let _ = name;
     Ok(())
 }
 

@@ -652,15 +652,7 @@ fn bad_environment_exits_2_naming_the_value() {
 /// software device; without the variable there is no such warning.
 #[test]
 fn a_flex_library_named_for_a_mock_run_is_reported_unused() {
-    let args = [
-        "run",
-        "--threads",
-        "1",
-        "--iterations",
-        "1",
-        "--size",
-        "4KiB",
-    ];
+    let args = SMALL_RUN;
     let warning = "FLEX_RUNTIME_LIB is set, but the software device was chosen";
     let output = spyre(
         &args,

@@ -141,16 +141,7 @@ fn local_rank_selects_the_device_and_other_devices_are_refused() {
             );
 
             let err = stream_from_pool(Device::new(0).unwrap(), 0).unwrap_err();
-            assert!(
-                matches!(
-                    err,
-                    Error::OtherDevice {
-                        requested: 0,
-                        bound: 2
-                    }
-                ),
-                "{err:?}"
-            );
+            assert_other_device(&err, 0, 2);
             assert_eq!(
                 err.to_string(),
                 "device 0 was requested, but this process uses device 2: one Spyre device per process is supported; use device 2, or start one process per device"
@@ -179,16 +170,7 @@ fn local_rank_selects_the_device_and_other_devices_are_refused() {
                 "{err}"
             );
             let err = synchronize_device(Device::new(1).unwrap()).unwrap_err();
-            assert!(
-                matches!(
-                    err,
-                    Error::OtherDevice {
-                        requested: 1,
-                        bound: 2
-                    }
-                ),
-                "{err:?}"
-            );
+            assert_other_device(&err, 1, 2);
             assert!(matches!(
                 foreign.query(),
                 Err(Error::WrongDevice {
@@ -975,21 +957,21 @@ fn a_failed_start_reads_the_corrected_environment_on_retry() {
     );
 }
 
+/// Asserts that `err` is `OtherDevice` for device `requested` of a
+/// runtime on device `bound`.
+#[track_caller]
+fn assert_other_device(err: &Error, requested: u8, bound: u8) {
+    assert!(
+        matches!(err, Error::OtherDevice { requested: r, bound: b } if (*r, *b) == (requested, bound)),
+        "{err:?}"
+    );
+}
+
 #[test]
 fn once_started_the_thread_device_can_only_be_the_runtime_device() {
     isolated!(&[MOCK, ("SPYRE_MOCK_DEVICES", "2")], || {
         start_runtime().unwrap();
-        let err = set_device(1).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                Error::OtherDevice {
-                    requested: 1,
-                    bound: 0
-                }
-            ),
-            "{err:?}"
-        );
+        assert_other_device(&set_device(1).unwrap_err(), 1, 0);
         assert_eq!(
             spyre_stream::current_device().unwrap(),
             0,
@@ -1010,22 +992,14 @@ fn a_thread_set_to_another_device_before_the_start_changes_nothing_of_it() {
         set_device(1).unwrap();
         let stream = stream_from_pool(Device::new(0).unwrap(), -1).unwrap();
         assert_eq!(stream.device_index(), 0);
-        let other = |err: Error| {
-            assert!(
-                matches!(
-                    err,
-                    Error::OtherDevice {
-                        requested: 1,
-                        bound: 0
-                    }
-                ),
-                "{err:?}"
-            );
-        };
-        other(spyre_stream::set_hazard_tracker_enabled(true).unwrap_err());
+        assert_other_device(
+            &spyre_stream::set_hazard_tracker_enabled(true).unwrap_err(),
+            1,
+            0,
+        );
         assert!(!spyre_stream::hazard_tracker_enabled(), "changed anyway");
-        other(stream_from_pool(Device::CURRENT, -1).unwrap_err());
-        other(synchronize_device(Device::CURRENT).unwrap_err());
+        assert_other_device(&stream_from_pool(Device::CURRENT, -1).unwrap_err(), 1, 0);
+        assert_other_device(&synchronize_device(Device::CURRENT).unwrap_err(), 1, 0);
     });
 }
 
