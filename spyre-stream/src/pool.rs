@@ -203,7 +203,8 @@ impl PoolCursor {
 /// by one release store of the `initialized` flag; a reader resolves an
 /// initialization id only after seeing the flag (acquire), so it sees all of
 /// them or none. A failed initialization writes nothing, and a later call
-/// retries.
+/// retries; it creates only the host-compute streams the failed one did
+/// not, so none is created twice or left unused.
 ///
 /// This is a value; the process-wide pool of the spec is one of them, behind
 /// the crate's free functions. Tests and embedders may build their own.
@@ -220,8 +221,11 @@ pub struct StreamPool<'rt> {
     handles: [WriteOnce<&'rt dyn Stream>; MAX_STREAM_SLOTS],
     /// Set (release) once id 0 and the host-compute ids are written.
     initialized: AtomicBool,
-    /// The exclusive section: initialization.
-    initialization: Mutex<()>,
+    /// The exclusive section: initialization. Holds the host-compute
+    /// streams an initialization created before it failed, for the next
+    /// one to publish: a retry creates only the rest, so no stream is
+    /// created twice for one id and none is left unused.
+    initialization: Mutex<Vec<&'rt dyn Stream>>,
     /// The round robin of ids 1–32.
     normal: PoolCursor,
     /// The round robin of ids 33–64.
@@ -254,7 +258,7 @@ impl<'rt> StreamPool<'rt> {
             track_hazards: AtomicBool::new(config.track_hazards),
             handles: std::array::from_fn(|_| WriteOnce::new()),
             initialized: AtomicBool::new(false),
-            initialization: Mutex::new(()),
+            initialization: Mutex::new(Vec::new()),
             normal: PoolCursor::new(),
             high: PoolCursor::new(),
             next_host_compute: AtomicUsize::new(0),
@@ -302,7 +306,8 @@ impl<'rt> StreamPool<'rt> {
     ///
     /// # Errors
     /// The runtime's error if a host-compute stream cannot be created; then
-    /// nothing is published and the next call retries.
+    /// nothing is published and the next call retries, keeping the streams
+    /// created before the failure (it creates only the rest).
     #[inline]
     pub fn initialize(&self) -> Result<()> {
         if self.is_initialized() {
@@ -314,30 +319,26 @@ impl<'rt> StreamPool<'rt> {
     /// [`StreamPool::initialize`] once the flag was seen unset.
     #[cold]
     fn initialize_slow(&self) -> Result<()> {
-        let _exclusive = self.initialization.lock();
+        let mut created = self.initialization.lock();
         if self.initialized.load(Ordering::Relaxed) {
             // Written under this same lock: no ordering needed.
             return Ok(());
         }
         let default = self.runtime.default_stream();
-        let mut host_compute: [Option<&'rt dyn Stream>; MAX_HOST_COMPUTE_STREAMS] =
-            [None; MAX_HOST_COMPUTE_STREAMS];
-        for slot in host_compute
-            .iter_mut()
-            .take(self.config.host_compute_streams)
-        {
-            *slot = Some(self.create_stream(StreamPriority::High)?);
+        // Kept as they are created: a failure (an error, or a panic of the
+        // runtime's) leaves them for the next call.
+        while created.len() < self.config.host_compute_streams {
+            let stream = self.create_stream(StreamPriority::High)?;
+            created.push(stream);
         }
         // Written once: a failed initialization wrote nothing, so every
         // slot here is still empty.
         let written = self.handles[0].set(default);
         debug_assert!(written, "slot 0 is written once");
         let first = HOST_COMPUTE_START as usize;
-        for (slot, handle) in self.handles[first..].iter().zip(host_compute) {
-            if let Some(handle) = handle {
-                let written = slot.set(handle);
-                debug_assert!(written, "a host-compute slot is written once");
-            }
+        for (slot, handle) in self.handles[first..].iter().zip(created.drain(..)) {
+            let written = slot.set(handle);
+            debug_assert!(written, "a host-compute slot is written once");
         }
         // Publishes every slot written above (release).
         self.initialized.store(true, Ordering::Release);

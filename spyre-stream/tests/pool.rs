@@ -122,7 +122,7 @@ fn initialization_maps_the_default_and_host_compute_streams() {
 }
 
 #[test]
-fn a_failed_initialization_publishes_nothing_and_a_retry_succeeds() {
+fn a_failed_initialization_publishes_nothing_and_a_retry_creates_only_the_rest() {
     let rt = runtime();
     let pool = pool(rt);
     // The third host-compute stream fails: two were created, none published.
@@ -141,6 +141,9 @@ fn a_failed_initialization_publishes_nothing_and_a_retry_succeeds() {
     // The fault is spent: the next call initializes and assigns id 1.
     assert_eq!(pool.stream_from_pool(0).unwrap().id(), StreamId(1));
     assert_eq!(pool.mapped_ids().len(), 6);
+    // The two streams created before the failure are the ones published:
+    // the default, four host-compute streams and id 1, each created once.
+    assert_eq!(rt.stream_count(), 1 + 4 + 1);
 }
 
 #[test]
