@@ -2,7 +2,9 @@
 
 use flex_rt::FlexError;
 
-use crate::id::StreamId;
+use crate::id::{
+    HIGH_POOL_END, HOST_COMPUTE_START, MAX_HOST_COMPUTE_STREAMS, NORMAL_POOL_START, StreamId,
+};
 
 /// Everything that can go wrong in the stream layer. Each variant carries the
 /// facts a caller needs: the id, the device indices, the variable and its raw
@@ -14,9 +16,12 @@ use crate::id::StreamId;
 #[non_exhaustive]
 pub enum Error {
     /// An operation on a stream id that has no runtime handle: an id never
-    /// handed out by the pool, or a pool that was never initialized.
+    /// handed out by the pool, or a pool that was never initialized. After
+    /// torch-spyre's text, the message says which ids get a handle when,
+    /// by the id's range.
     #[error(
-        "SpyreStream: no flex handle for stream id {id} — was the stream pool initialized for this device? (device {device})"
+        "SpyreStream: no flex handle for stream id {id} — was the stream pool initialized for this device? (device {device}); {}",
+        no_handle_advice(*id)
     )]
     NoHandle {
         /// The id that has no handle.
@@ -357,6 +362,24 @@ impl Error {
     }
 }
 
+/// When an id of [`Error::NoHandle`]'s range gets its handle (the id alone
+/// says which range; not whether the pool has started).
+fn no_handle_advice(id: StreamId) -> String {
+    const HOST_COMPUTE_END: i64 = HOST_COMPUTE_START + MAX_HOST_COMPUTE_STREAMS as i64 - 1;
+    match id.get() {
+        0 => "the default stream (id 0) is mapped when the pool initializes, on the first call that needs the runtime".to_owned(),
+        NORMAL_POOL_START..=HIGH_POOL_END => format!(
+            "a pool id (1–64) gets its stream when stream_from_pool first hands it out; a SpyreStream made with from_parts for id {id} before that has none"
+        ),
+        HOST_COMPUTE_START..=HOST_COMPUTE_END => format!(
+            "host-compute ids run from {HOST_COMPUTE_START} to 64+N, N from TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS (4 unless set, at most {MAX_HOST_COMPUTE_STREAMS}), and are mapped when the pool initializes"
+        ),
+        _ => format!(
+            "no stream has id {id}: ids are 0 (the default stream), 1–32 (normal priority), 33–64 (high priority) and {HOST_COMPUTE_START}–{HOST_COMPUTE_END} (host compute)"
+        ),
+    }
+}
+
 /// What to do about [`Error::DeviceOutOfRange`], by what chose the device.
 fn out_of_range_advice(count: u32, chosen_by: crate::DeviceSource) -> String {
     match (count, chosen_by) {
@@ -375,6 +398,36 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 mod tests {
     use super::*;
     use crate::DeviceSource;
+
+    /// The advice for an id without a handle names when its range gets
+    /// one; an id outside every range is told the ranges.
+    #[test]
+    fn an_id_without_a_handle_is_told_when_ids_like_it_get_one() {
+        let advice = |id| {
+            let message = Error::NoHandle {
+                id: StreamId(id),
+                device: 2,
+            }
+            .to_string();
+            message.split_once("(device 2); ").unwrap().1.to_owned()
+        };
+        assert_eq!(
+            advice(0),
+            "the default stream (id 0) is mapped when the pool initializes, on the first call that needs the runtime"
+        );
+        assert!(advice(1).starts_with("a pool id (1–64) gets its stream"));
+        assert!(advice(64).ends_with("from_parts for id 64 before that has none"));
+        assert!(advice(65).starts_with("host-compute ids run from 65 to 64+N"));
+        assert!(advice(72).starts_with("host-compute ids run from 65 to 64+N"));
+        for id in [-1, 73, i64::MIN] {
+            assert_eq!(
+                advice(id),
+                format!(
+                    "no stream has id {id}: ids are 0 (the default stream), 1–32 (normal priority), 33–64 (high priority) and 65–72 (host compute)"
+                )
+            );
+        }
+    }
 
     /// The advice follows what chose the device: a launcher's rank is told
     /// the ranks that fit, a device named in code the devices that do, and

@@ -173,13 +173,34 @@ fn resolving_an_unmapped_id_names_it() {
             matches!(err, Error::NoHandle { id: StreamId(i), device: 0 } if i == id),
             "{err:?}"
         );
-        assert_eq!(
-            err.to_string(),
-            format!(
-                "SpyreStream: no flex handle for stream id {id} — was the stream pool initialized for this device? (device 0)"
-            )
+        let message = err.to_string();
+        assert!(
+            message.starts_with(&format!(
+                "SpyreStream: no flex handle for stream id {id} — was the stream pool initialized for this device? (device 0); "
+            )),
+            "{message}"
         );
     }
+    // What the message adds, by the id's range.
+    let advice = |id| {
+        let message = pool
+            .resolve(SpyreStream::from_parts(0, StreamId(id)))
+            .unwrap_err()
+            .to_string();
+        message.split_once("(device 0); ").unwrap().1.to_owned()
+    };
+    assert_eq!(
+        advice(33),
+        "a pool id (1–64) gets its stream when stream_from_pool first hands it out; a SpyreStream made with from_parts for id 33 before that has none"
+    );
+    assert_eq!(
+        advice(69),
+        "host-compute ids run from 65 to 64+N, N from TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS (4 unless set, at most 8), and are mapped when the pool initializes"
+    );
+    assert_eq!(
+        advice(73),
+        "no stream has id 73: ids are 0 (the default stream), 1–32 (normal priority), 33–64 (high priority) and 65–72 (host compute)"
+    );
     let err = pool
         .resolve(SpyreStream::from_parts(3, StreamId(0)))
         .unwrap_err();

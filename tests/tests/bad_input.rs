@@ -56,10 +56,21 @@ fn any_id() -> impl Strategy<Value = i64> {
 }
 
 fn assert_no_handle(err: Error, id: i64) {
+    // When the id's range gets its handle, written out from the id space
+    // (id 0 is always mapped here).
+    let advice = match id {
+        1..=64 => format!(
+            "a pool id (1–64) gets its stream when stream_from_pool first hands it out; a SpyreStream made with from_parts for id {id} before that has none"
+        ),
+        65..=72 => "host-compute ids run from 65 to 64+N, N from TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS (4 unless set, at most 8), and are mapped when the pool initializes".to_owned(),
+        _ => format!(
+            "no stream has id {id}: ids are 0 (the default stream), 1–32 (normal priority), 33–64 (high priority) and 65–72 (host compute)"
+        ),
+    };
     assert_eq!(
         err.to_string(),
         format!(
-            "SpyreStream: no flex handle for stream id {id} — was the stream pool initialized for this device? (device 0)"
+            "SpyreStream: no flex handle for stream id {id} — was the stream pool initialized for this device? (device 0); {advice}"
         )
     );
     assert!(
