@@ -131,9 +131,9 @@ impl Shared {
 const ELAPSED_TIME_ATTEMPTS: u32 = 16;
 
 impl SpyreEvent {
-    /// An event without timing (`torch.cuda.Event()`), on the process's
-    /// device; starts the runtime if needed, as [`crate::stream_from_pool`]
-    /// does.
+    /// An event without timing (`torch.cuda.Event()`), on the calling
+    /// thread's current device (the process's one device); starts the
+    /// runtime if needed, as [`crate::stream_from_pool`] does.
     ///
     /// # Errors
     /// As [`crate::stream_from_pool`] for the current device;

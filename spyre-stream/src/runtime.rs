@@ -335,9 +335,12 @@ pub fn set_device(index: i64) -> Result<()> {
 /// starting it (or inside another call that starts, frees or loads it);
 /// [`Error::RuntimeReset`] after [`free_runtime`]; [`Error::InvalidEnv`] for
 /// a malformed variable; [`Error::DeviceOutOfRange`]; the backend's load or
-/// configuration error; the runtime's creation error.
+/// configuration error; the runtime's creation error;
+/// [`Error::OtherDevice`] when the runtime has started on another device
+/// than the calling thread's current one (set with [`set_device`] before
+/// another thread started it), as for every call on the current device.
 pub fn start_runtime() -> Result<()> {
-    start_on(Device::CURRENT).map(drop)
+    pool_for(Device::CURRENT).map(drop)
 }
 
 /// Starts the runtime on the device `device` names (see [`resolve`]) unless

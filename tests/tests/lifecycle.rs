@@ -1000,6 +1000,10 @@ fn a_thread_set_to_another_device_before_the_start_changes_nothing_of_it() {
         assert!(!spyre_stream::hazard_tracker_enabled(), "changed anyway");
         assert_other_device(&stream_from_pool(Device::CURRENT, -1).unwrap_err(), 1, 0);
         assert_other_device(&synchronize_device(Device::CURRENT).unwrap_err(), 1, 0);
+        // The runtime has started, but not on this thread's device.
+        assert_other_device(&spyre_stream::start_runtime().unwrap_err(), 1, 0);
+        set_device(0).unwrap();
+        spyre_stream::start_runtime().unwrap();
     });
 }
 
