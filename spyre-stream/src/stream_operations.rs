@@ -95,7 +95,9 @@ impl SpyreStream {
     /// while waiting.
     ///
     /// # Errors
-    /// As [`SpyreStream::query`].
+    /// As [`SpyreStream::query`]; [`crate::Error::Flex`] with `UNSUPPORTED`
+    /// when called from a host callback or an operation's completion (a
+    /// thread of the device's runtime), where the wait could never end.
     pub fn synchronize(self) -> Result<()> {
         Ok(self.handle()?.synchronize()?)
     }

@@ -272,7 +272,11 @@ impl<T: DeviceElement> DeviceBuffer<T> {
     /// # Errors
     /// [`Error::LengthMismatch`] naming both lengths; as
     /// [`SpyreStream::launch_d2h`] and [`SpyreStream::synchronize`] (the
-    /// stream's error if it failed; `out` is unchanged then).
+    /// stream's error if it failed; `out` is unchanged then). From a host
+    /// callback or an operation's completion the synchronize is refused
+    /// (`UNSUPPORTED`) after the copy was enqueued, and `out` is unchanged:
+    /// there, enqueue [`DeviceBuffer::copy_to_host_buffer`] and read the
+    /// host buffer once the stream has passed it.
     pub fn copy_to_host(&self, stream: SpyreStream, out: &mut [T]) -> Result<()> {
         self.check_len("copy_to_host", out.len())?;
         let staged = HostBuffer::zeroed(self.size_bytes() as usize);
