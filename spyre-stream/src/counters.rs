@@ -109,10 +109,14 @@ pub fn enable_counters() {
 /// The counters of the process's device and its streams now: relaxed
 /// reads, no lock; a snapshot taken while operations run may pair a
 /// stream's counts from slightly different moments. All zero before
-/// [`enable_counters`].
+/// [`enable_counters`], and in a child forked after the start (the counts
+/// it inherited are the parent's).
 pub fn counters() -> CountersSnapshot {
-    let device_index = crate::runtime::started_device().unwrap_or(0);
     let mut snapshot = CountersSnapshot::default();
+    if crate::runtime::check_not_forked().is_err() {
+        return snapshot;
+    }
+    let device_index = crate::runtime::started_device().unwrap_or(0);
     for (id, slot) in SLOTS.iter().enumerate() {
         let launched = slot.launched.load(Ordering::Relaxed);
         if launched == 0 {

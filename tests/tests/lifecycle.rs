@@ -679,11 +679,13 @@ fn a_forked_child_neither_reads_nor_touches_the_parents_trace() {
 #[test]
 fn a_forked_child_gets_a_clear_error_from_every_entry_point_never_a_hang() {
     isolated!(&[MOCK], || {
+        spyre_stream::enable_counters();
         let stream = stream_from_pool(Device::CURRENT, 0).unwrap();
         stream
             .launch_host_callback(|| {}, LaunchOptions::new())
             .unwrap();
         stream.synchronize().unwrap();
+        assert_eq!(spyre_stream::counters().device.launched, 1);
         let parent = std::process::id();
 
         let outcome = fork_and_wait(Duration::from_secs(30), move || {
@@ -731,6 +733,8 @@ fn a_forked_child_gets_a_clear_error_from_every_entry_point_never_a_hang() {
             );
             assert_eq!(device_state(), DeviceState::NotInitialized);
             assert!(runtime_info().is_none());
+            // The counts the child inherited are the parent's.
+            assert_eq!(spyre_stream::counters(), Default::default());
             let message = synchronize_device(Device::CURRENT).unwrap_err().to_string();
             let child = std::process::id();
             for needle in [
