@@ -91,6 +91,17 @@ pub enum Error {
         current: u32,
     },
 
+    /// A call that starts, frees or loads the runtime (or installs or
+    /// counts through its backend) was made on a thread already inside
+    /// one: from a backend's [`flex_rt::Backend::device_count`] or
+    /// [`flex_rt::Backend::create_runtime`], which the start calls with the
+    /// runtime's lifecycle lock held. Refused rather than waiting for
+    /// itself; nothing was changed by it.
+    #[error(
+        "a call that starts, frees or loads the Spyre runtime was made from inside another one on the same thread (a backend's device_count or create_runtime, which the start calls): it would wait for itself; a backend must not call the stream layer"
+    )]
+    LifecycleReentered,
+
     /// The process is a child of `fork()` of a process that installed a
     /// backend with [`crate::set_backend`] and had not started the runtime:
     /// the child does not use that backend (a library it loaded, and any

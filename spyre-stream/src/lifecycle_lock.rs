@@ -17,6 +17,7 @@
 //! times in a process's life, never on a stream's path, and a sleep, unlike
 //! a parked thread, leaves nothing in a table that a fork could copy.
 
+use std::cell::Cell;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -31,6 +32,14 @@ use crate::error::{Error, Result};
 const YIELDS: u32 = 16;
 /// The longest sleep between two looks at the lock.
 const LONGEST_SLEEP: Duration = Duration::from_millis(1);
+
+thread_local! {
+    /// Whether the calling thread holds a [`LifecycleLock`] (the process
+    /// has one, the runtime's): a call that
+    /// takes it again (from a backend's methods, which a start calls with
+    /// it held) is refused instead of waiting for itself.
+    static HOLDING: Cell<bool> = const { Cell::new(false) };
+}
 
 /// A lock whose holder is known by fork generation.
 ///
@@ -67,7 +76,8 @@ impl<T> LifecycleLock<T> {
     /// ancestor held it (that thread is not in the child, and its half-done
     /// work is the parent's); [`Error::ForkWatch`] when the fork watcher,
     /// which must count forks before the lock is first taken, cannot be
-    /// registered.
+    /// registered; [`Error::LifecycleReentered`] when the calling thread
+    /// holds it already.
     pub(crate) fn lock(&self) -> Result<LifecycleGuard<'_, T>> {
         fork::watch_forks().map_err(|e| Error::ForkWatch(std::sync::Arc::new(e)))?;
         let mine = fork::fork_generation().wrapping_mul(2).wrapping_add(1);
@@ -78,6 +88,7 @@ impl<T> LifecycleLock<T> {
                 .compare_exchange_weak(0, mine, Ordering::Acquire, Ordering::Relaxed)
             {
                 Ok(_) => {
+                    HOLDING.set(true);
                     return Ok(LifecycleGuard {
                         lock: self,
                         value: Some(self.value.lock()),
@@ -89,6 +100,10 @@ impl<T> LifecycleLock<T> {
                         current: std::process::id(),
                     });
                 }
+                // Held in this process by this thread: it would wait for
+                // itself. (A child forked by the holder saw another
+                // generation above.)
+                Err(_) if HOLDING.get() => return Err(Error::LifecycleReentered),
                 Err(_) => {
                     if looks < YIELDS {
                         std::thread::yield_now();
@@ -123,6 +138,7 @@ impl<T> Drop for LifecycleGuard<'_, T> {
         // The mutex first: once the word is 0, the next holder (or a child
         // forked from here on) finds the mutex free too.
         drop(self.value.take());
+        HOLDING.set(false);
         self.lock.holder.store(0, Ordering::Release);
     }
 }

@@ -167,7 +167,8 @@ pub(crate) fn check_not_forked() -> Result<()> {
 /// was inside one of the calls that start, free or load the runtime;
 /// [`Error::RuntimeAlreadyStarted`] once the runtime has started;
 /// [`Error::RuntimeReset`] after [`free_runtime`]; [`Error::ForkWatch`]
-/// when the fork watcher cannot be registered.
+/// when the fork watcher cannot be registered;
+/// [`Error::LifecycleReentered`] from a backend's methods during a start.
 pub fn set_backend(backend: Box<dyn Backend>) -> Result<()> {
     check_not_forked()?;
     let mut slot = LIFECYCLE.lock()?;
@@ -338,7 +339,9 @@ pub fn set_device(index: i64) -> Result<()> {
 /// configuration error; the runtime's creation error;
 /// [`Error::OtherDevice`] when the runtime has started on another device
 /// than the calling thread's current one (set with [`set_device`] before
-/// another thread started it), as for every call on the current device.
+/// another thread started it), as for every call on the current device;
+/// [`Error::LifecycleReentered`] from a backend's methods during a start
+/// (before the runtime has started).
 pub fn start_runtime() -> Result<()> {
     pool_for(Device::CURRENT).map(drop)
 }
@@ -604,7 +607,8 @@ pub fn device_state() -> DeviceState {
 /// [`Error::ForkedProcess`] in a child forked after the start;
 /// [`Error::ForkedDuringStart`] before the start, in a child forked while
 /// a parent thread was inside a call that starts, frees or loads the
-/// runtime.
+/// runtime; [`Error::LifecycleReentered`] before the start, from a
+/// backend's methods during a start.
 pub fn device_count() -> Result<u32> {
     if let Some(running) = RUNNING.get() {
         return Ok(running.check_process()?.backend.device_count()?);

@@ -621,6 +621,74 @@ fn a_child_forked_during_the_start_gets_an_error_from_every_lifecycle_call_never
     });
 }
 
+/// A software device whose `device_count` and `create_runtime` call the
+/// stream layer back, as a backend must not, and keep what it answered.
+#[derive(Debug, Default)]
+struct ReenteringBackend {
+    system: MockSystem,
+    answers: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl ReenteringBackend {
+    fn ask(&self) {
+        let answers = [
+            spyre_stream::device_count().map(drop),
+            start_runtime(),
+            set_device(0),
+            spyre_stream::set_backend(Box::new(MockSystem::default())),
+        ];
+        let mut kept = self.answers.lock().unwrap();
+        kept.extend(answers.into_iter().map(|a| format!("{a:?}")));
+    }
+}
+
+impl flex_rt::Backend for ReenteringBackend {
+    fn name(&self) -> &'static str {
+        "mock"
+    }
+
+    fn device_count(&self) -> flex_rt::Result<u32> {
+        self.ask();
+        self.system.device_count()
+    }
+
+    fn create_runtime(&self, logical_device: u32) -> flex_rt::Result<Box<dyn flex_rt::Runtime>> {
+        self.ask();
+        self.system.create_runtime(logical_device)
+    }
+}
+
+#[test]
+fn a_backend_that_calls_the_stream_layer_during_the_start_is_refused_not_hung() {
+    // The start calls the backend with the lifecycle lock held; before the
+    // fix a call back into the layer waited for that lock for ever. Run on
+    // a thread of its own, so that a hang fails the test at the bound.
+    isolated!(&[MOCK], || {
+        let backend = ReenteringBackend::default();
+        let answers = Arc::clone(&backend.answers);
+        spyre_stream::set_backend(Box::new(backend)).unwrap();
+        let (done, started) = std::sync::mpsc::channel();
+        std::thread::spawn(move || done.send(start_runtime()).unwrap());
+        let started = started
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the start hung on a call back from its backend");
+        started.unwrap();
+        // Called twice (device_count, then create_runtime), each call of the
+        // four refused.
+        let answers = answers.lock().unwrap();
+        assert_eq!(answers.len(), 8, "{answers:?}");
+        for answer in answers.iter() {
+            assert_eq!(answer, "Err(LifecycleReentered)");
+        }
+        // The start itself went through, on device 0, with the backend.
+        assert_eq!(runtime_info().unwrap().device, 0);
+        stream_from_pool(Device::CURRENT, 0)
+            .unwrap()
+            .synchronize()
+            .unwrap();
+    });
+}
+
 #[test]
 fn a_child_forked_before_the_start_must_install_its_own_backend() {
     // The parent installs a software device of three devices and forks
