@@ -87,6 +87,21 @@ const NUMERIC_ENV_VARS: [&str; 6] = [
     ENV_COPY_BANDWIDTH,
 ];
 
+/// The range a numeric variable accepts where it is narrower than the
+/// integer it is read into (what [`MockSystemBuilder::build_config`]
+/// checks), for the error of a value too large to read.
+fn accepted_range(name: &str) -> Option<String> {
+    match name {
+        ENV_DEVICES => Some(format!(
+            "between 1 and {} (flex.h counts devices in int32_t)",
+            i32::MAX
+        )),
+        ENV_ENGINES => Some(format!("between 1 and {MAX_ENGINES}")),
+        ENV_OP_LATENCY_US => Some(format!("at most {} (1 s)", MAX_OP_LATENCY.as_micros())),
+        _ => None,
+    }
+}
+
 /// Every environment variable [`MockConfig::from_lookup`] reads, in the order
 /// it reads them.
 pub const ENV_VARS: [&str; 11] = [
@@ -297,22 +312,28 @@ impl MockConfig {
             if value.is_empty() {
                 continue;
             }
-            let number = flex_rt::env::parse_u64(value).map_err(|expected| {
+            // A number too large for the integer it is read into is told the
+            // variable's own range where that is narrower.
+            let out_of_range = |fallback: String| {
+                let expected =
+                    accepted_range(name).map_or(fallback, |range| format!("it must be {range}"));
                 FlexError::invalid_argument(
                     CALL,
                     format!("{name}={raw:?} is not valid: {expected}"),
                 )
+            };
+            let number = flex_rt::env::parse_u64(value).map_err(|expected| {
+                match value.parse::<u64>().map_err(|e| e.kind().clone()) {
+                    Err(std::num::IntErrorKind::PosOverflow) => out_of_range(expected),
+                    _ => FlexError::invalid_argument(
+                        CALL,
+                        format!("{name}={raw:?} is not valid: {expected}"),
+                    ),
+                }
             })?;
             let narrow = |number: u64| {
-                u32::try_from(number).map_err(|_| {
-                    FlexError::invalid_argument(
-                        CALL,
-                        format!(
-                            "{name}={raw:?} is not valid: it must be at most {}",
-                            u32::MAX
-                        ),
-                    )
-                })
+                u32::try_from(number)
+                    .map_err(|_| out_of_range(format!("it must be at most {}", u32::MAX)))
             };
             builder = match name {
                 ENV_DEVICES => builder.devices(narrow(number)?),
@@ -733,7 +754,22 @@ mod tests {
         for (name, raw, needle) in [
             (ENV_DEVICES, "two", "SPYRE_MOCK_DEVICES=\"two\""),
             (ENV_ENGINES, "-1", "SPYRE_MOCK_ENGINES=\"-1\""),
-            (ENV_ENGINES, "99999999999", "at most 4294967295"),
+            (ENV_ENGINES, "99999999999", "it must be between 1 and 256"),
+            (
+                ENV_ENGINES,
+                "18446744073709551616",
+                "SPYRE_MOCK_ENGINES=\"18446744073709551616\" is not valid: it must be between 1 and 256",
+            ),
+            (
+                ENV_DEVICES,
+                "18446744073709551615",
+                "SPYRE_MOCK_DEVICES=\"18446744073709551615\" is not valid: it must be between 1 and 2147483647 (flex.h counts devices in int32_t)",
+            ),
+            (
+                ENV_OP_LATENCY_US,
+                "18446744073709551616",
+                "SPYRE_MOCK_OP_LATENCY_US=\"18446744073709551616\" is not valid: it must be at most 1000000 (1 s)",
+            ),
             (
                 ENV_MEMORY_BYTES,
                 "99999999999999999999",
