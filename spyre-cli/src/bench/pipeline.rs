@@ -140,10 +140,13 @@ pub(super) fn check_capacity(layout: MemoryLayout) -> Result<(), CliError> {
             timeline: None,
             exit_when_stdin_closes: false,
         };
+        // The run's own advice names its flags, which the children's
+        // invocation fixes.
         crate::run::check_capacity(&plan, &args, layout).map_err(|refused| {
             CliError::Usage(format!(
-                "the pipeline measurement's child runs (`spyre run --threads 1 --iterations {ITERATIONS} --size {SIZE} --mode {}`) do not fit this device: {refused}; `spyre bench --pipeline false` skips that measurement",
-                mode.name()
+                "the pipeline measurement's child runs (`spyre run --threads 1 --iterations {ITERATIONS} --size {SIZE} --mode {}`) do not fit this device: {}; `spyre bench --pipeline false` skips that measurement",
+                mode.name(),
+                refused.reason
             ))
         })?;
     }

@@ -43,6 +43,22 @@ pub(super) fn backed_bytes(plan: &Plan, args: &RunArgs, layout: MemoryLayout) ->
     regions.max(1).saturating_mul(region).min(memory)
 }
 
+/// Why [`check_capacity`] refused a run, and what of `spyre run`'s to
+/// change.
+#[derive(Debug)]
+pub(crate) struct Refusal {
+    /// What does not fit, and why.
+    pub(crate) reason: String,
+    /// The flags to change.
+    pub(crate) advice: String,
+}
+
+impl From<Refusal> for CliError {
+    fn from(Refusal { reason, advice }: Refusal) -> Self {
+        CliError::Usage(format!("{reason}; {advice}"))
+    }
+}
+
 /// Refuses a run that the software device's memory cannot hold, before any
 /// work starts: an operand larger than a region, or more iterations in
 /// flight than the caching allocator holds operand blocks for (each block
@@ -55,7 +71,7 @@ pub(crate) fn check_capacity(
     plan: &Plan,
     args: &RunArgs,
     layout: MemoryLayout,
-) -> Result<(), CliError> {
+) -> Result<(), Refusal> {
     let MemoryLayout {
         total_bytes: memory,
         region_bytes: region,
@@ -74,14 +90,17 @@ pub(crate) fn check_capacity(
                 largest_operand.saturating_mul(3)
             )
         };
-        return Err(CliError::Usage(format!(
-            "--size {} needs operands of {} bytes ({}), each in a block of {block} bytes (the allocator rounds to {MIN_BLOCK}), but one memory region of the device holds {} bytes ({}) and a block must lie in one region; {advice}",
-            args.size,
-            plan.operand_bytes,
-            format_size(plan.operand_bytes),
-            region,
-            format_size(region),
-        )));
+        return Err(Refusal {
+            reason: format!(
+                "--size {} needs operands of {} bytes ({}), each in a block of {block} bytes (the allocator rounds to {MIN_BLOCK}), but one memory region of the device holds {} bytes ({}) and a block must lie in one region",
+                args.size,
+                plan.operand_bytes,
+                format_size(plan.operand_bytes),
+                region,
+                format_size(region),
+            ),
+            advice,
+        });
     }
     let per_thread = per_thread_on_device(args);
     let in_flight = (args.threads as u64).saturating_mul(per_thread);
@@ -120,23 +139,28 @@ pub(crate) fn check_capacity(
         fits
     };
     if iterations_held == 0 {
-        return Err(CliError::Usage(format!(
-            "--size {} needs {BLOCKS_PER_ITERATION} blocks of {block} bytes per iteration, each in one memory region, but the device has {memory} bytes ({}) in regions of {region} bytes, where the caching allocator's segments hold {blocks_held} such block{} beside the programs; use a smaller --size",
-            args.size,
-            format_size(memory),
-            if blocks_held == 1 { "" } else { "s" }
-        )));
+        return Err(Refusal {
+            reason: format!(
+                "--size {} needs {BLOCKS_PER_ITERATION} blocks of {block} bytes per iteration, each in one memory region, but the device has {memory} bytes ({}) in regions of {region} bytes, where the caching allocator's segments hold {blocks_held} such block{} beside the programs",
+                args.size,
+                format_size(memory),
+                if blocks_held == 1 { "" } else { "s" }
+            ),
+            advice: "use a smaller --size".to_owned(),
+        });
     }
     if in_flight > held(in_flight) {
-        let advice = capacity_advice(args.mode, args.threads as u64, per_thread, iterations_held);
-        return Err(CliError::Usage(format!(
-            "--size {} with --threads {} and --in-flight {} (--mode {}) keeps {in_flight} iterations' memory on the device, each in {BLOCKS_PER_ITERATION} blocks of {block} bytes that must each lie in one memory region, but the device has {memory} bytes ({}) in regions of {region} bytes, where the caching allocator's segments hold at most {iterations_held} of them at once beside their programs; {advice}",
-            args.size,
-            args.threads,
-            args.in_flight,
-            args.mode.name(),
-            format_size(memory)
-        )));
+        return Err(Refusal {
+            reason: format!(
+                "--size {} with --threads {} and --in-flight {} (--mode {}) keeps {in_flight} iterations' memory on the device, each in {BLOCKS_PER_ITERATION} blocks of {block} bytes that must each lie in one memory region, but the device has {memory} bytes ({}) in regions of {region} bytes, where the caching allocator's segments hold at most {iterations_held} of them at once beside their programs",
+                args.size,
+                args.threads,
+                args.in_flight,
+                args.mode.name(),
+                format_size(memory)
+            ),
+            advice: capacity_advice(args.mode, args.threads as u64, per_thread, iterations_held),
+        });
     }
     Ok(())
 }
