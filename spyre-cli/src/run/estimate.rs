@@ -16,6 +16,11 @@ use crate::verify;
 /// Runs estimated to take longer than this get a warning before they start.
 pub(crate) const WARN_AFTER: Duration = Duration::from_secs(60);
 
+/// The `--size` the warning suggests for a quick run, and the side of the
+/// matrices it makes (the run's plan: the square root of a twelfth).
+const QUICK_SIZE: &str = "64KiB";
+const QUICK_SIDE: u64 = ((64 << 10) / 12_u64).isqrt();
+
 /// Side of the matrix timed to measure the host's multiply-add rate.
 const CALIBRATION_N: usize = 64;
 
@@ -59,8 +64,14 @@ pub(crate) fn matmul_warning(n: u64, iterations: u64, threads: usize, rate: f64)
     let work = matmul_work(n, iterations);
     let estimate = seconds(work, rate, threads.min(cores));
     (estimate > WARN_AFTER.as_secs_f64()).then(|| {
+        // A size no larger than the one suggested is told only the rest.
+        let advice = if n > QUICK_SIDE {
+            format!("a smaller --size (e.g. {QUICK_SIZE}) or fewer --iterations")
+        } else {
+            "fewer --iterations".to_owned()
+        };
         format!(
-            "spyre run: matmul {n}×{n} × {iterations} iterations is {work:.2e} multiply-adds (device and host reference); at the {rate:.2e}/s per core measured here that is about {} on the software device. Use a smaller --size (e.g. 64KiB) or fewer --iterations for a quick run.",
+            "spyre run: matmul {n}×{n} × {iterations} iterations is {work:.2e} multiply-adds (device and host reference); at the {rate:.2e}/s per core measured here that is about {} on the software device. Use {advice} for a quick run.",
             human(estimate)
         )
     })
@@ -106,6 +117,24 @@ mod tests {
         assert!(warning.contains("2.00e9 multiply-adds"), "{warning}");
         // 2 × 100³ = 2e6 at 1e7/s: 0.2 s.
         assert_eq!(matmul_warning(100, 1, 1, 1.0e7), None);
+    }
+
+    #[test]
+    fn a_size_no_larger_than_the_suggested_one_is_told_only_fewer_iterations() {
+        // 64 KiB holds operands of 5 461 elements (a twelfth of its bytes):
+        // 73×73 matrices (73² = 5 329, 74² = 5 476).
+        assert_eq!(QUICK_SIDE, 73);
+        for (n, advice) in [
+            (1, "Use fewer --iterations for a quick run."),
+            (73, "Use fewer --iterations for a quick run."),
+            (
+                74,
+                "Use a smaller --size (e.g. 64KiB) or fewer --iterations for a quick run.",
+            ),
+        ] {
+            let warning = matmul_warning(n, u64::MAX, 1, 1.0e7).unwrap();
+            assert!(warning.ends_with(advice), "{warning}");
+        }
     }
 
     #[test]
