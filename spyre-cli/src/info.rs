@@ -200,7 +200,9 @@ impl InfoReport {
             "backend           {} (compiled: {}; selected by build and SPYRE_BACKEND: {})",
             self.backend.unwrap_or("not started"),
             self.compiled_backends.join(", "),
-            self.selected_backend.unwrap_or("invalid")
+            // The start's error (below) says why, for a backend this build
+            // lacks as for a misspelled one.
+            self.selected_backend.unwrap_or("none (see error)")
         );
         for (name, value) in &self.backend_details.0 {
             // In the column of the values above, one space at least after

@@ -586,6 +586,18 @@ fn bad_environment_exits_2_naming_the_value() {
         &[("SPYRE_BACKEND", "gpu")],
         &["SPYRE_BACKEND=\"gpu\""],
     );
+    // `info` reports what it can, and points at the error for the backend.
+    let output = spyre(&["info"], &[("SPYRE_BACKEND", "gpu")]);
+    assert_eq!(output.status.code(), Some(2));
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        text.contains("selected by build and SPYRE_BACKEND: none (see error))\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("\nerror             starting the Spyre runtime: SPYRE_BACKEND=\"gpu\" is invalid"),
+        "{text}"
+    );
     refused(
         &["run", "--iterations", "1"],
         &[("LOCAL_RANK", "abc")],
