@@ -323,7 +323,7 @@ impl MockConfig {
                 )
             };
             let number = flex_rt::env::parse_u64(value).map_err(|expected| {
-                match value.parse::<u64>().map_err(|e| e.kind().clone()) {
+                match value.parse::<u64>().map_err(|e| *e.kind()) {
                     Err(std::num::IntErrorKind::PosOverflow) => out_of_range(expected),
                     _ => FlexError::invalid_argument(
                         CALL,
