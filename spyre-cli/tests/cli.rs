@@ -851,6 +851,85 @@ fn a_killed_bench_does_not_leave_its_child_run_running() {
     assert!(has_ended(child), "the child run {child} was left running");
 }
 
+/// A run ended by SIGTERM or SIGINT while it writes its trace removes the
+/// new file it was writing beside the trace (before, it stayed, named
+/// `.NAME.XXXXXX.partial`, some hundred megabytes), and ends by the
+/// signal; the trace file it created stays empty. A run that started with
+/// SIGINT ignored (a shell's background job) keeps it ignored.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_run_ended_by_a_signal_while_writing_its_trace_leaves_no_partial_file() {
+    use std::os::unix::process::ExitStatusExt;
+    use std::time::{Duration, Instant};
+    // 20 000 iterations make a trace of about 47 MB: its write takes long
+    // enough to be caught in the act.
+    let dir = std::env::temp_dir().join(format!("spyre-signal-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let partials = || {
+        std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|name| name.ends_with(".partial"))
+            .collect::<Vec<_>>()
+    };
+    for (signal, name, ignored) in [(15, "TERM", false), (2, "INT", false), (2, "INT", true)] {
+        let trace = dir.join(format!("trace-{name}-{ignored}.json"));
+        let args = [
+            "run",
+            "--threads",
+            "2",
+            "--iterations",
+            "20000",
+            "--size",
+            "12",
+        ];
+        let mut command = spyre_command(&args);
+        command.arg("--trace").arg(&trace);
+        if ignored {
+            // Started as a shell starts a background job: SIGINT ignored.
+            let program = command.get_program().to_owned();
+            let args: Vec<_> = command.get_args().map(ToOwned::to_owned).collect();
+            command = Command::new("sh");
+            command
+                .args(["-c", "trap '' INT; exec \"$0\" \"$@\""])
+                .arg(program)
+                .args(args);
+            clear_environment(&mut command);
+            command.env("SPYRE_BACKEND", "mock");
+        }
+        let mut run = command
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the spyre binary runs");
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while partials().is_empty() {
+            assert!(
+                run.try_wait().unwrap().is_none(),
+                "the run ended before its trace was written"
+            );
+            assert!(Instant::now() < deadline, "no trace was being written");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let sent = Command::new("kill")
+            .args([format!("-{name}"), run.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+        let status = run.wait().unwrap();
+        assert_eq!(partials(), Vec::<String>::new(), "SIG{name}");
+        let written = std::fs::metadata(&trace).unwrap().len();
+        if ignored {
+            assert!(status.success(), "SIG{name} ignored: {status:?}");
+            assert!(written > 0, "the trace was written whole");
+        } else {
+            assert_eq!(status.signal(), Some(signal), "SIG{name}: {status:?}");
+            assert_eq!(written, 0, "SIG{name}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn info_json_describes_the_process() {
     let info = json(&["info", "--json"], &[]);

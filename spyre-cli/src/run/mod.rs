@@ -30,6 +30,7 @@
 mod buffers;
 mod capacity;
 mod estimate;
+mod interrupt;
 mod lane;
 mod outcome;
 mod output_file;

@@ -8,9 +8,12 @@
 //! link names, in its directory), given the file's mode, and renamed over
 //! it once complete. So a run that is interrupted (Ctrl-C, a kill), even
 //! while it writes, or whose write fails (a full disk) leaves a file that
-//! existed as it was (a file the run created stays empty); an interrupt
-//! during the write may leave the new file's part, named
-//! `.NAME.XXXXXX.partial`, beside it. The file's owner becomes the user
+//! existed as it was (a file the run created stays empty). A signal that
+//! ends the process during the write removes the new file's part
+//! ([`super::interrupt`]; on Linux, for `SIGINT`, `SIGTERM` and `SIGHUP`
+//! unless the process started with them ignored); elsewhere, and for a
+//! kill that cannot be caught, it may stay, named `.NAME.XXXXXX.partial`,
+//! beside the file. The file's owner becomes the user
 //! who ran, and other hard links to it keep the old contents. The write is
 //! made in place (the file emptied, then written) where no file can be made
 //! beside it (a directory the user may not write to) or renamed over it (a
@@ -22,6 +25,7 @@ use std::fs::File;
 use std::io::{BufWriter, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
+use super::interrupt::RemovedOnSignal;
 use crate::error::CliError;
 
 /// An output file opened before the run, written once after it.
@@ -109,7 +113,7 @@ impl OutputFile {
             .as_ref()
             .filter(|meta| !names_a_system_file(&path) && !is_standard_output(meta))
             .and_then(|meta| Some((beside(&path).ok()?, meta.permissions())));
-        let Some(((temp, target), mode)) = replaced else {
+        let Some((((temp, target), _listed), mode)) = replaced else {
             return write_in_place(&file, regular.is_some(), contents).map_err(failed);
         };
         let mut out = BufWriter::new(temp);
@@ -221,16 +225,24 @@ fn is_standard_output(_: &std::fs::Metadata) -> bool {
 }
 
 /// A new, empty file in the directory of the file `path` names (symbolic
-/// links resolved), to be renamed over it, and that file's path.
-fn beside(path: &Path) -> std::io::Result<(tempfile::NamedTempFile, PathBuf)> {
+/// links resolved), to be renamed over it, and that file's path; the new
+/// file is removed should a signal end the process while the guard lives.
+fn beside(path: &Path) -> std::io::Result<((tempfile::NamedTempFile, PathBuf), RemovedOnSignal)> {
     let target = std::fs::canonicalize(path)?;
-    let dir = target.parent().unwrap_or(Path::new("/"));
-    let name = target.file_name().unwrap_or_default().to_string_lossy();
-    let temp = tempfile::Builder::new()
-        .prefix(&format!(".{name}."))
-        .suffix(".partial")
-        .tempfile_in(dir)?;
-    Ok((temp, target))
+    let dir = target.parent().unwrap_or(Path::new("/")).to_owned();
+    let name = target
+        .file_name()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .into_owned();
+    RemovedOnSignal::make(|| {
+        let temp = tempfile::Builder::new()
+            .prefix(&format!(".{name}."))
+            .suffix(".partial")
+            .tempfile_in(&dir)?;
+        let made = temp.path().to_owned();
+        Ok(((temp, target), made))
+    })
 }
 
 /// `path` with symbolic links and `.`/`..` resolved: the file itself when
