@@ -595,7 +595,9 @@ fn bad_environment_exits_2_naming_the_value() {
         "{text}"
     );
     assert!(
-        text.contains("\nerror             starting the Spyre runtime: SPYRE_BACKEND=\"gpu\" is invalid"),
+        text.contains(
+            "\nerror             starting the Spyre runtime: SPYRE_BACKEND=\"gpu\" is invalid"
+        ),
         "{text}"
     );
     refused(
