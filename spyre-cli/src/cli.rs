@@ -159,15 +159,19 @@ pub(crate) struct RunArgs {
     pub(crate) json: bool,
     /// Write a trace of every device operation to FILE in the Chrome trace
     /// event format (open it in Perfetto or chrome://tracing): one track
-    /// per stream, each operation from its start to its finish on the
-    /// device, waits on events as arrows from the records they waited for.
+    /// per stream, each operation from when its stream reached it (its
+    /// launch, or the end of the operation before it) to its finish on the
+    /// device, time it waited for a free engine included; waits on events
+    /// as arrows from the records they waited for.
     /// FILE is opened before the run (a path that cannot be opened for
     /// writing exits 2 at once) and replaced whole when the run ends, after
     /// a failure too (a write that fails then, on a full disk say, exits 1
     /// naming FILE); an interrupted run (Ctrl-C) or a failed write leaves a
     /// FILE that existed as it was, and one it created empty. The
-    /// operations are kept in memory until then (about 1.5 KB per
-    /// iteration) and the file is written one event at a time.
+    /// operations are kept in memory until then (about 2.5 KB per
+    /// iteration, 3.5 KB with --timeline: a run that the host's available
+    /// memory cannot trace exits 2 before it starts) and the file is
+    /// written one event at a time.
     #[arg(long, value_name = "FILE")]
     pub(crate) trace: Option<std::path::PathBuf>,
     /// Draw the same trace as a timeline into FILE (SVG: a name ending in

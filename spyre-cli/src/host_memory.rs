@@ -34,17 +34,23 @@ pub(crate) fn check(needed: u64, what: &str) -> Result<(), CliError> {
     check_against(needed, available_bytes(), what)
 }
 
-/// Refuses `buffers` bytes of host buffers and `backed` bytes of the
-/// software device's memory regions (which it backs with host memory when
-/// they are first written), together, for `what`, when the host has less
-/// available; the message names both parts when there are regions.
+/// Refuses `buffers` bytes of host memory (what `held` names: host
+/// buffers, say) and `backed` bytes of the software device's memory
+/// regions (which it backs with host memory when they are first written),
+/// together, for `what`, when the host has less available; the message
+/// names both parts when there are regions.
 ///
 /// # Errors
 /// As [`check`].
-pub(crate) fn check_with_regions(buffers: u64, backed: u64, what: &str) -> Result<(), CliError> {
+pub(crate) fn check_with_regions(
+    buffers: u64,
+    held: &str,
+    backed: u64,
+    what: &str,
+) -> Result<(), CliError> {
     let what = if backed > 0 {
         format!(
-            "{what} ({} of host buffers, and {} of the software device's memory regions (SPYRE_MOCK_REGION_BYTES), which it backs with host memory when they are first written)",
+            "{what} ({} of {held}, and {} of the software device's memory regions (SPYRE_MOCK_REGION_BYTES), which it backs with host memory when they are first written)",
             format_size(buffers),
             format_size(backed)
         )

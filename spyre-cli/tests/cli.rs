@@ -579,6 +579,57 @@ fn bad_sizes_exit_2_naming_the_value() {
     );
 }
 
+/// A trace too large for the host's memory is refused before the run
+/// starts (before, the run grew until the host ran out of memory, and left
+/// the trace empty), and no file is created.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_run_whose_trace_the_host_cannot_hold_is_refused_before_it_starts() {
+    let path = std::env::temp_dir().join(format!("spyre-huge-trace-{}.json", std::process::id()));
+    let path_text = path.to_str().unwrap();
+    // 2 × 10^10 iterations at 2 500 bytes: 5 × 10^13 bytes (45.47 TiB).
+    let huge = ["run", "--threads", "2", "--iterations", "10000000000"];
+    for (flag, per_iteration, total) in [
+        ("--trace", "2500", "45.47 TiB"),
+        ("--timeline", "3500", "63.66 TiB"),
+    ] {
+        let file = format!(
+            "{path_text}.{}",
+            if flag == "--trace" { "json" } else { "svg" }
+        );
+        let mut run = spyre_command(&huge)
+            .args([flag, file.as_str()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the spyre binary runs");
+        // A run that started anyway would take years: stopped at the bound.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while run.try_wait().unwrap().is_none() {
+            if std::time::Instant::now() > deadline {
+                let _ = run.kill();
+                let _ = run.wait();
+                let _ = std::fs::remove_file(&file);
+                panic!("{flag}: the run started");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let output = run.wait_with_output().unwrap();
+        let err = stderr(&output);
+        assert_eq!(output.status.code(), Some(2), "{flag}: {err}");
+        for needle in [
+            &format!(
+                "tracing 20000000000 iterations (the trace is kept in memory until the run ends: {total} at about {per_iteration} bytes an iteration; fewer --iterations, or no --trace and --timeline, need less)"
+            )[..],
+            "of host buffers and the trace",
+            "of host memory, but the host has",
+        ] {
+            assert!(err.contains(needle), "{needle:?} not in: {err}");
+        }
+        assert!(!std::path::Path::new(&file).exists(), "{file} was created");
+    }
+}
+
 #[test]
 fn bad_environment_exits_2_naming_the_value() {
     refused(

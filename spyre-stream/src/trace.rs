@@ -83,7 +83,8 @@ pub struct TraceEntry {
     /// do; a card may overlap those without a pipeline barrier, which the
     /// trace cannot see): an operation starts when it
     /// was enqueued or when the one before it on its stream finished,
-    /// whichever is later. `None` until it finished.
+    /// whichever is later. So time it waited for a free engine (behind
+    /// other streams' work) counts as running. `None` until it finished.
     pub started: Option<Duration>,
     /// When the runtime reported it finished (`None`: not by the time the
     /// trace stopped). An event wait finishes when it is enqueued. An

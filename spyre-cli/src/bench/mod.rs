@@ -312,7 +312,12 @@ fn check_size(size: u64, layout: Option<MemoryLayout>, mock: bool) -> Result<(),
             .min(layout.total_bytes),
         _ => 0,
     };
-    crate::host_memory::check_with_regions(buffers, backed, &format!("--sizes {size}"))
+    crate::host_memory::check_with_regions(
+        buffers,
+        "host buffers",
+        backed,
+        &format!("--sizes {size}"),
+    )
 }
 
 /// A copy direction.

@@ -176,7 +176,8 @@ pub(crate) struct OverlapReport {
     /// Device time from a thread's first stage start to its last stage end
     /// (the longest over the threads), in seconds.
     pub(crate) span_seconds: f64,
-    /// Stage time over span: the stages in flight on average. 1 when the
+    /// Stage time over span: the stages in flight (running, or waiting for
+    /// a free engine) on average. 1 when the
     /// stages of one thread ran one after another with no gap, up to 3 per
     /// thread when all three were in flight all the time (the threads'
     /// stage times add up, and they run at once).
