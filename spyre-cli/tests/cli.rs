@@ -534,6 +534,44 @@ fn bad_sizes_exit_2_naming_the_value() {
             "lower --threads to at most 10",
         ],
     );
+    // Operands of 32 KiB fill the 1 MiB segments of a 2 MiB device, 32 to
+    // each, and a program cut from a free one leaves a rest no operand
+    // fits: one block each, so 64 blocks hold 16 iterations, not the 21
+    // the operands alone would. 16 in flight run (before, 17 to 20 passed
+    // the check and ran out of memory at the 17th).
+    let small_operands = [
+        ("SPYRE_MOCK_MEMORY_BYTES", "2097152"),
+        ("SPYRE_MOCK_REGION_BYTES", "1048576"),
+    ];
+    let at_the_limit = |in_flight| {
+        [
+            "run",
+            "--size",
+            "96KiB",
+            "--mode",
+            "per-iteration",
+            "--threads",
+            "1",
+            "--iterations",
+            "20",
+            "--in-flight",
+            in_flight,
+        ]
+    };
+    let fits = json(
+        &[&at_the_limit("16")[..], &["--json"]].concat(),
+        &small_operands,
+    );
+    assert_eq!(u64_of(&fits, "iterations_verified"), 20);
+    refused(
+        &at_the_limit("17"),
+        &small_operands,
+        &[
+            "keeps 17 iterations' memory",
+            "hold at most 16 of them at once beside their programs",
+            "lower --in-flight to at most 16",
+        ],
+    );
     // Operands that fill their segments leave no room for the programs:
     // 12 MiB holds 12 operands of 1 MiB, 4 iterations, but the programs
     // take a segment of 384 KiB (1/32 of the device), leaving 11 operands,

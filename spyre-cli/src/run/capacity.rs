@@ -1,6 +1,6 @@
 //! The up-front check that the device's memory holds a run.
 
-use spyre_stream::{MIN_BLOCK, MemoryLayout, allocations_held, segment_bytes};
+use spyre_stream::{MIN_BLOCK, MemoryLayout, SMALL_REQUEST, allocations_held, segment_bytes};
 
 use super::plan::{BLOCKS_PER_ITERATION, DESCRIPTOR_BYTES, Plan};
 use crate::cli::{ModeArg, RunArgs};
@@ -64,7 +64,8 @@ impl From<Refusal> for CliError {
 /// flight than the caching allocator holds operand blocks for (each block
 /// the size it rounds an operand to, packed into its segments, each in one
 /// region: [`allocations_held`]) beside the iterations' programs (in
-/// segments of their own). The allocator keeps segments per stream,
+/// segments of their own, or, for small operands that fill their segments,
+/// one operand block each). The allocator keeps segments per stream,
 /// so a run close to the limit may still need it to return its cache and
 /// retry, or fail with a named out-of-memory error.
 pub(crate) fn check_capacity(
@@ -104,16 +105,27 @@ pub(crate) fn check_capacity(
     }
     let per_thread = per_thread_on_device(args);
     let in_flight = (args.threads as u64).saturating_mul(per_thread);
-    // Each iteration in flight also holds its program, a small block:
-    // counted as taking segments of their own, each costing the operands
-    // the segments it covers (the allocator's small pool: they share the
-    // operands' segments only where the operands are small too, which
-    // this does not count on). So what fits depends on how many are in
-    // flight: `held(n)` iterations fit beside the programs of `n`.
+    // Each iteration in flight also holds its program, a small block. So
+    // what fits depends on how many are in flight: `held(n)` iterations
+    // fit beside the programs of `n`.
     let program_segment = segment_bytes(layout, DESCRIPTOR_BYTES).max(MIN_BLOCK);
     let operand_segment = segment_bytes(layout, plan.operand_bytes).max(block);
     let operand_blocks = allocations_held(layout, plan.operand_bytes);
+    // Operands of the allocator's small pool, several to a segment with no
+    // room left beside them, share their segments with the programs: a
+    // program may then be cut from a free operand block, whose rest no
+    // operand fits. Counted as one operand block per program (measured:
+    // 2 MiB in regions of 1 MiB, operands of 32 KiB, 32 to a segment:
+    // 16 iterations in flight on one thread ran, 17 ran out of memory).
+    let cut_from_operands = block <= SMALL_REQUEST
+        && operand_segment / block > 1
+        && operand_segment % block < DESCRIPTOR_BYTES.next_multiple_of(MIN_BLOCK);
     let blocks_beside = |n: u64| {
+        if cut_from_operands {
+            return operand_blocks.saturating_sub(n);
+        }
+        // Else the programs take segments of their own, each costing the
+        // operands the segments it covers.
         let programs = n
             .div_ceil(program_segment / MIN_BLOCK)
             .saturating_mul(program_segment);
