@@ -473,7 +473,7 @@ fn bad_sizes_exit_2_naming_the_value() {
             "--threads 1 and --in-flight 3 (--mode per-iteration) keeps 3 iterations' memory on the device",
             "3 blocks of 104857600 bytes",
             "where the caching allocator's segments hold at most 2 of them at once beside their programs",
-            "lower --in-flight to at most 2 (or --threads or --size)",
+            "lower --in-flight to at most 2 (or --size)",
         ],
     );
     // 300 MiB fits two iterations: the advice names only what would fit
@@ -569,8 +569,24 @@ fn bad_sizes_exit_2_naming_the_value() {
         &[
             "keeps 17 iterations' memory",
             "hold at most 16 of them at once beside their programs",
-            "lower --in-flight to at most 16",
+            "lower --in-flight to at most 16 (or --size)",
         ],
+    );
+    // With two threads, fewer threads is advice too.
+    refused(
+        &[
+            "run",
+            "--size",
+            "96KiB",
+            "--mode",
+            "per-iteration",
+            "--threads",
+            "2",
+            "--in-flight",
+            "9",
+        ],
+        &small_operands,
+        &["lower --in-flight to at most 8 (or --threads or --size)"],
     );
     // Operands that fill their segments leave no room for the programs:
     // 12 MiB holds 12 operands of 1 MiB, 4 iterations, but the programs

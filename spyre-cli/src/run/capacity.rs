@@ -205,8 +205,10 @@ fn capacity_advice(mode: ModeArg, threads: u64, per_thread: u64, iterations_held
             )
         }
         ModeArg::PerIteration | ModeArg::Serialized if threads <= iterations_held => format!(
-            "lower --in-flight to at most {} (or --threads or --size)",
-            iterations_held / threads
+            "lower --in-flight to at most {} (or {}--size)",
+            iterations_held / threads,
+            // One thread has none to spare.
+            if threads > 1 { "--threads or " } else { "" }
         ),
         ModeArg::PerIteration | ModeArg::Serialized => format!(
             "even one iteration per thread does not fit: lower --threads to at most {iterations_held} or use a smaller --size"
