@@ -119,7 +119,7 @@ impl ModeArg {
 /// Arguments of `spyre run`.
 #[derive(Debug, Args)]
 pub(crate) struct RunArgs {
-    /// Host threads submitting work.
+    /// Host threads submitting work (1 to 1024).
     #[arg(long, value_name = "T", default_value = "2", value_parser = parse_threads, allow_negative_numbers = true)]
     pub(crate) threads: usize,
     /// Iterations per thread.
@@ -145,8 +145,8 @@ pub(crate) struct RunArgs {
     /// iteration) or `serialized` (one stream per thread).
     #[arg(long, value_enum, default_value_t = ModeArg::Pipelined)]
     pub(crate) mode: ModeArg,
-    /// Iterations each thread keeps in flight; it waits for the oldest before
-    /// starting another.
+    /// Iterations each thread keeps in flight (1 to 1024); it waits for the
+    /// oldest before starting another.
     #[arg(long, value_name = "K", default_value = "4", value_parser = parse_in_flight, allow_negative_numbers = true)]
     pub(crate) in_flight: usize,
     /// Seed of the input generator; each iteration derives its own seed from

@@ -244,11 +244,16 @@ impl InfoReport {
             );
             let _ = writeln!(
                 out,
-                "  {:<16}{}–{} ({} stream(s))",
+                "  {:<16}{}–{} ({} stream{})",
                 "host compute",
                 pool.host_compute[0],
                 pool.host_compute[1],
-                pool.host_compute_streams
+                pool.host_compute_streams,
+                if pool.host_compute_streams == 1 {
+                    ""
+                } else {
+                    "s"
+                }
             );
         }
         let _ = writeln!(

@@ -356,6 +356,19 @@ fn refused(args: &[&str], env: &[(&str, &str)], needles: &[&str]) {
 #[test]
 fn bad_counts_exit_2_naming_the_value() {
     refused(
+        &[
+            "run",
+            "--threads",
+            "2",
+            "--iterations",
+            "18446744073709551615",
+        ],
+        &[],
+        &[
+            "--threads 2 × --iterations 18446744073709551615 is more iterations than can be counted; the two together must be at most 18446744073709551615 (use fewer --iterations)",
+        ],
+    );
+    refused(
         &["run", "--threads", "0"],
         &[],
         &["'0'", "--threads", "must be at least 1"],
@@ -1104,6 +1117,8 @@ fn info_follows_the_environment() {
 
 #[test]
 fn info_text_lists_every_variable() {
+    let one = spyre(&["info"], &[("TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS", "1")]);
+    assert!(stdout(&one).contains("host compute    65–65 (1 stream)\n"));
     let output = spyre(&["info"], &[("SPYRE_HAZARD_TRACKER", "1")]);
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     let text = stdout(&output);
@@ -1112,7 +1127,7 @@ fn info_text_lists_every_variable() {
         "this process      device 0",
         "normal          1–32",
         "high            33–64",
-        "host compute    65–68 (4 stream(s))",
+        "host compute    65–68 (4 streams)",
         "hazard tracking   on",
         "  engines         2\n",
         "  device_side_wait true\n",

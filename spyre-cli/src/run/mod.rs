@@ -122,8 +122,8 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
         .checked_mul(args.iterations)
         .ok_or_else(|| {
             CliError::Usage(format!(
-                "--threads {} × --iterations {} is more iterations than can be counted",
-                args.threads, args.iterations
+                "--threads {} × --iterations {} is more iterations than can be counted; the two together must be at most {} (use fewer --iterations)",
+                args.threads, args.iterations, u64::MAX
             ))
         })?;
     spyre_stream::start_runtime().map_err(|e| CliError::stream("starting the Spyre runtime", e))?;
