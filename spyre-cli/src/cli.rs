@@ -166,7 +166,7 @@ pub(crate) struct RunArgs {
     /// FILE is opened before the run (a path that cannot be opened for
     /// writing exits 2 at once) and replaced whole when the run ends, after
     /// a failure too (a write that fails then, on a full disk say, exits 1
-    /// naming FILE); an interrupted run (Ctrl-C) or a failed write leaves a
+    /// naming FILE, after the run's report); an interrupted run (Ctrl-C) or a failed write leaves a
     /// FILE that existed as it was, and one it created empty. The
     /// operations are kept in memory until then (about 2.5 KB per
     /// iteration, 3.5 KB with --timeline: a run that the host's available

@@ -156,12 +156,19 @@ fn dispatch(command: &Command) -> Result<(), CliError> {
         }
         Command::Run(args) => {
             let outcome = run::run(args)?;
+            let unwritten = outcome.unwritten.clone().map(CliError::Failed);
             let report = RunReport::new(args, &outcome);
-            emit(&if args.json {
-                to_json_line(&report)?
-            } else {
-                report.to_text()
-            })
+            match unwritten {
+                // One JSON line, the error's, as for every failure.
+                Some(error) if args.json => Err(error),
+                // What the run did, then why its file is missing.
+                Some(error) => emit(&report.to_text()).and(Err(error)),
+                None => emit(&if args.json {
+                    to_json_line(&report)?
+                } else {
+                    report.to_text()
+                }),
+            }
         }
         Command::Bench(args) => {
             let report = bench::bench(args)?;

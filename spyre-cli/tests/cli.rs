@@ -872,6 +872,44 @@ fn a_closed_stderr_loses_the_log_not_the_run() {
     assert_eq!(report["iterations_verified"], 4, "{report}");
 }
 
+/// A trace that cannot be written (a full disk) fails the run with exit 1
+/// after its report: what the run did is not lost (before, nothing was
+/// printed). With `--json` the one line is the error's, as for any failure.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_trace_that_cannot_be_written_fails_after_the_report() {
+    let args = [
+        "run",
+        "--threads",
+        "1",
+        "--iterations",
+        "2",
+        "--trace",
+        "/dev/full",
+    ];
+    let output = spyre(&args, &[]);
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    let text = stdout(&output);
+    assert!(text.contains("\nverified     2 / 2 iterations"), "{text}");
+    assert!(!text.contains("\ntrace "), "no trace is reported: {text}");
+    assert!(
+        stderr(&output).starts_with("error: cannot write the trace to /dev/full: "),
+        "{}",
+        stderr(&output)
+    );
+    let output = spyre(&[&args[..], &["--json"]].concat(), &[]);
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    let error: Value = serde_json::from_str(&stdout(&output)).expect("one JSON line");
+    assert_eq!(error["exit_code"], 1, "{error}");
+    assert!(
+        error["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("cannot write the trace to /dev/full: "),
+        "{error}"
+    );
+}
+
 /// Help and the version written to a full disk fail as a report would
 /// (exit 1, the reason on stderr); to a closed pipe they do not.
 #[cfg(target_os = "linux")]

@@ -278,23 +278,38 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
         spyre_stream::stop_trace()
     });
     let allocations_at_warm_up = shared.allocations_at_warm_up();
-    // Written after a failure too: that is when a picture helps most.
+    // Written after a failure too: that is when a picture helps most. A
+    // write that fails is reported after what the run did, not instead.
+    let mut unwritten = Vec::new();
     let trace = match (trace_file, &recorded) {
-        (Some(file), Some(recorded)) => Some(TraceFile {
-            path: file.path().display().to_string(),
-            summary: trace_file::write_chrome_trace(file, recorded)?,
-        }),
+        (Some(file), Some(recorded)) => {
+            let path = file.path().display().to_string();
+            trace_file::write_chrome_trace(file, recorded)
+                .map_err(|e| unwritten.push(e.to_string()))
+                .ok()
+                .map(|summary| TraceFile { path, summary })
+        }
         _ => None,
     };
-    if let (Some(file), Some(recorded)) = (timeline_file, &recorded) {
-        timeline::write_timeline(file, recorded)?;
-    }
+    let timeline = match (timeline_file, &recorded) {
+        (Some(file), Some(recorded)) => {
+            let path = file.path().display().to_string();
+            timeline::write_timeline(file, recorded)
+                .map_err(|e| unwritten.push(e.to_string()))
+                .ok()
+                .map(|()| path)
+        }
+        _ => None,
+    };
 
     let mut failures = shared.into_failures();
     if !failures.is_empty() {
         let others = failures.len() - 1;
         if others > 0 {
             tracing::warn!("{others} more iteration(s) failed after the first");
+        }
+        for message in &unwritten {
+            tracing::warn!("{message}");
         }
         return Err(failures.swap_remove(0));
     }
@@ -331,10 +346,8 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
         wall,
         counters,
         trace,
-        timeline: args
-            .timeline
-            .as_ref()
-            .map(|path| path.display().to_string()),
+        timeline,
+        unwritten: (!unwritten.is_empty()).then(|| unwritten.join("; ")),
         memory: MemoryUse {
             peak_allocated_bytes: memory.peak_allocated_bytes,
             peak_reserved_bytes: memory.peak_reserved_bytes,

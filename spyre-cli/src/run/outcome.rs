@@ -39,6 +39,9 @@ pub(crate) struct RunOutcome {
     pub(crate) trace: Option<TraceFile>,
     /// `--timeline`: the picture written.
     pub(crate) timeline: Option<String>,
+    /// Why `--trace` or `--timeline` could not be written (both reasons,
+    /// when both failed): the run is reported, then this, and it exits 1.
+    pub(crate) unwritten: Option<String>,
 }
 
 /// The trace file of `--trace`.

@@ -432,6 +432,7 @@ mod tests {
             counters: Default::default(),
             trace: None,
             timeline: None,
+            unwritten: None,
             memory: crate::run::MemoryUse {
                 peak_allocated_bytes: 3 << 20,
                 peak_reserved_bytes: 4 << 20,
