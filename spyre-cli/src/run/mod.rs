@@ -100,6 +100,23 @@ fn timed_events_verdict(
     }
 }
 
+/// Writes `file` with `write` when it and the trace are both there, and
+/// returns the file's path and what `write` returned; a failure's message
+/// goes to `unwritten` instead, for after the report.
+fn write_output<T>(
+    file: Option<OutputFile>,
+    recorded: &Option<spyre_stream::Trace>,
+    unwritten: &mut Vec<String>,
+    write: impl FnOnce(OutputFile, &spyre_stream::Trace) -> Result<T, CliError>,
+) -> Option<(String, T)> {
+    let (file, recorded) = file.zip(recorded.as_ref())?;
+    let path = file.path().display().to_string();
+    write(file, recorded)
+        .map_err(|e| unwritten.push(e.to_string()))
+        .ok()
+        .map(|written| (path, written))
+}
+
 /// Runs the workload.
 ///
 /// # Errors
@@ -281,26 +298,20 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
     // Written after a failure too: that is when a picture helps most. A
     // write that fails is reported after what the run did, not instead.
     let mut unwritten = Vec::new();
-    let trace = match (trace_file, &recorded) {
-        (Some(file), Some(recorded)) => {
-            let path = file.path().display().to_string();
-            trace_file::write_chrome_trace(file, recorded)
-                .map_err(|e| unwritten.push(e.to_string()))
-                .ok()
-                .map(|summary| TraceFile { path, summary })
-        }
-        _ => None,
-    };
-    let timeline = match (timeline_file, &recorded) {
-        (Some(file), Some(recorded)) => {
-            let path = file.path().display().to_string();
-            timeline::write_timeline(file, recorded)
-                .map_err(|e| unwritten.push(e.to_string()))
-                .ok()
-                .map(|()| path)
-        }
-        _ => None,
-    };
+    let trace = write_output(
+        trace_file,
+        &recorded,
+        &mut unwritten,
+        trace_file::write_chrome_trace,
+    )
+    .map(|(path, summary)| TraceFile { path, summary });
+    let timeline = write_output(
+        timeline_file,
+        &recorded,
+        &mut unwritten,
+        timeline::write_timeline,
+    )
+    .map(|(path, ())| path);
 
     let mut failures = shared.into_failures();
     if !failures.is_empty() {
