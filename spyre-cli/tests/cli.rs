@@ -1069,8 +1069,9 @@ fn a_run_ended_by_a_signal_while_writing_its_trace_leaves_no_partial_file() {
             assert!(Instant::now() < deadline, "no trace was being written");
             std::thread::sleep(Duration::from_millis(2));
         }
-        let sent = Command::new("kill")
-            .args([format!("-{name}"), run.id().to_string()])
+        // The shell's own `kill`: no separate program needed.
+        let sent = Command::new("sh")
+            .args(["-c", &format!("kill -{name} {}", run.id())])
             .status()
             .unwrap();
         assert!(sent.success());
