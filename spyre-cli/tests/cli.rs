@@ -1011,7 +1011,7 @@ fn a_killed_bench_does_not_leave_its_child_run_running() {
 
 /// A run ended by SIGTERM or SIGINT while it writes its trace removes the
 /// new file it was writing beside the trace (before, it stayed, named
-/// `.NAME.XXXXXX.partial`, some hundred megabytes), and ends by the
+/// `.NAME.XXXXXX.partial`, up to about 120 MB here), and ends by the
 /// signal; the trace file it created stays empty. A run that started with
 /// SIGINT ignored (a shell's background job) keeps it ignored.
 #[cfg(target_os = "linux")]
@@ -1019,7 +1019,7 @@ fn a_killed_bench_does_not_leave_its_child_run_running() {
 fn a_run_ended_by_a_signal_while_writing_its_trace_leaves_no_partial_file() {
     use std::os::unix::process::ExitStatusExt;
     use std::time::{Duration, Instant};
-    // 20 000 iterations make a trace of about 47 MB: its write takes long
+    // 2 × 20 000 iterations make a trace of about 120 MB: its write takes long
     // enough to be caught in the act.
     let dir = std::env::temp_dir().join(format!("spyre-signal-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

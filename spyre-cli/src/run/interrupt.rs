@@ -41,6 +41,18 @@ impl RemovedOnSignal {
     }
 }
 
+impl RemovedOnSignal {
+    /// Runs `f` (the rename of the file over its target, say) with the
+    /// list held: a signal that comes meanwhile removes nothing until `f`
+    /// has returned, and one whose removal began first keeps `f` from
+    /// starting (it holds the list until the process ends). So `f` never
+    /// finds the file gone half-way.
+    pub(crate) fn while_listed<T>(&self, f: impl FnOnce() -> T) -> T {
+        let _listed = LISTED.lock().unwrap_or_else(PoisonError::into_inner);
+        f()
+    }
+}
+
 impl Drop for RemovedOnSignal {
     fn drop(&mut self) {
         let mut listed = LISTED.lock().unwrap_or_else(PoisonError::into_inner);

@@ -113,7 +113,7 @@ impl OutputFile {
             .as_ref()
             .filter(|meta| !names_a_system_file(&path) && !is_standard_output(meta))
             .and_then(|meta| Some((beside(&path).ok()?, meta.permissions())));
-        let Some((((temp, target), _listed), mode)) = replaced else {
+        let Some((((temp, target), listed), mode)) = replaced else {
             return write_in_place(&file, regular.is_some(), contents).map_err(failed);
         };
         let mut out = BufWriter::new(temp);
@@ -125,7 +125,14 @@ impl OutputFile {
             .and_then(|written| out.flush().map(|()| written))
             .map_err(failed)?;
         let temp = out.into_inner().map_err(|e| failed(e.into_error()))?;
-        if let Err(refused) = temp.persist(&target) {
+        // With the new file listed for removal on a signal held: a signal
+        // now cannot remove it between here and its rename, which the
+        // fallback below would take for a refused rename and so empty the
+        // file.
+        listed.while_listed(|| {
+            let Err(refused) = temp.persist(&target) else {
+                return Ok(());
+            };
             // The file cannot be renamed over (a bind-mounted file, another
             // user's file in a sticky directory): it takes the contents in
             // place, from the new file. If that fails too, both reasons are
@@ -133,14 +140,15 @@ impl OutputFile {
             let mut temp = refused.file;
             temp.seek(SeekFrom::Start(0))
                 .and_then(|_| write_in_place(&file, true, |out| std::io::copy(&mut temp, out)))
+                .map(drop)
                 .map_err(|e| {
                     CliError::Failed(format!(
                         "cannot write the {what} to {}: renaming the written file over it failed ({}), and so did writing into it ({e})",
                         path.display(),
                         refused.error
                     ))
-                })?;
-        }
+                })
+        })?;
         Ok(written)
     }
 
