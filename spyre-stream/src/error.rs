@@ -378,12 +378,12 @@ impl Error {
 fn no_handle_advice(id: StreamId) -> String {
     const HOST_COMPUTE_END: i64 = HOST_COMPUTE_START + MAX_HOST_COMPUTE_STREAMS as i64 - 1;
     match id.get() {
-        0 => "the default stream (id 0) is mapped when the pool initializes, on the first call that needs the runtime".to_owned(),
+        0 => "the default stream (id 0) is mapped when the pool initializes, on the first call that takes a stream of it (stream_from_pool, default_stream, current_stream, host_compute_stream)".to_owned(),
         NORMAL_POOL_START..=HIGH_POOL_END => format!(
             "a pool id (1–64) gets its stream when stream_from_pool first hands it out; a SpyreStream made with from_parts for id {id} before that has none"
         ),
         HOST_COMPUTE_START..=HOST_COMPUTE_END => format!(
-            "host-compute ids run from {HOST_COMPUTE_START} to 64+N, N from TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS (4 unless set, at most {MAX_HOST_COMPUTE_STREAMS}), and are mapped when the pool initializes"
+            "host-compute ids run from {HOST_COMPUTE_START} to 64+N, N from TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS (4 unless set, at most {MAX_HOST_COMPUTE_STREAMS}): an id above 64+N has no stream, and those up to it are mapped when the pool initializes"
         ),
         _ => format!(
             "no stream has id {id}: ids are 0 (the default stream), 1–32 (normal priority), 33–64 (high priority) and {HOST_COMPUTE_START}–{HOST_COMPUTE_END} (host compute)"
@@ -424,7 +424,7 @@ mod tests {
         };
         assert_eq!(
             advice(0),
-            "the default stream (id 0) is mapped when the pool initializes, on the first call that needs the runtime"
+            "the default stream (id 0) is mapped when the pool initializes, on the first call that takes a stream of it (stream_from_pool, default_stream, current_stream, host_compute_stream)"
         );
         assert!(advice(1).starts_with("a pool id (1–64) gets its stream"));
         assert!(advice(64).ends_with("from_parts for id 64 before that has none"));

@@ -195,7 +195,7 @@ fn resolving_an_unmapped_id_names_it() {
     );
     assert_eq!(
         advice(69),
-        "host-compute ids run from 65 to 64+N, N from TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS (4 unless set, at most 8), and are mapped when the pool initializes"
+        "host-compute ids run from 65 to 64+N, N from TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS (4 unless set, at most 8): an id above 64+N has no stream, and those up to it are mapped when the pool initializes"
     );
     assert_eq!(
         advice(73),

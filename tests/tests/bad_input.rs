@@ -62,7 +62,7 @@ fn assert_no_handle(err: Error, id: i64) {
         1..=64 => format!(
             "a pool id (1–64) gets its stream when stream_from_pool first hands it out; a SpyreStream made with from_parts for id {id} before that has none"
         ),
-        65..=72 => "host-compute ids run from 65 to 64+N, N from TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS (4 unless set, at most 8), and are mapped when the pool initializes".to_owned(),
+        65..=72 => "host-compute ids run from 65 to 64+N, N from TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS (4 unless set, at most 8): an id above 64+N has no stream, and those up to it are mapped when the pool initializes".to_owned(),
         _ => format!(
             "no stream has id {id}: ids are 0 (the default stream), 1–32 (normal priority), 33–64 (high priority) and 65–72 (host compute)"
         ),
