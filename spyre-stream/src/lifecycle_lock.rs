@@ -57,6 +57,9 @@ pub(crate) struct LifecycleGuard<'a, T> {
     lock: &'a LifecycleLock<T>,
     /// Always `Some` until the drop, which releases it before the word.
     value: Option<MutexGuard<'a, T>>,
+    /// Not `Send`: the drop clears the dropping thread's [`HOLDING`], so it
+    /// must run on the thread that took the lock.
+    _same_thread: std::marker::PhantomData<*const ()>,
 }
 
 impl<T> LifecycleLock<T> {
@@ -92,6 +95,7 @@ impl<T> LifecycleLock<T> {
                     return Ok(LifecycleGuard {
                         lock: self,
                         value: Some(self.value.lock()),
+                        _same_thread: std::marker::PhantomData,
                     });
                 }
                 Err(0) => {}

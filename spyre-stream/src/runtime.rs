@@ -442,7 +442,8 @@ pub fn free_runtime() {
     }
     let Ok(_slot) = LIFECYCLE.lock() else {
         // A child forked while a parent thread held the lock: the runtime,
-        // if any, is the parent's.
+        // if any, is the parent's. Or a backend's method called this during
+        // a start on this thread: there is no runtime to free yet.
         return;
     };
     if RUNNING.get().is_some() {
