@@ -307,7 +307,9 @@ impl<'rt> StreamPool<'rt> {
     /// # Errors
     /// The runtime's error if a host-compute stream cannot be created; then
     /// nothing is published and the next call retries, keeping the streams
-    /// created before the failure (it creates only the rest).
+    /// created before the failure (it creates only the rest). Those keep
+    /// the hazard-tracker setting they were created with, should
+    /// [`StreamPool::set_hazard_tracker_enabled`] change it in between.
     #[inline]
     pub fn initialize(&self) -> Result<()> {
         if self.is_initialized() {
