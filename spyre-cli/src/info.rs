@@ -53,6 +53,10 @@ pub(crate) struct InfoReport {
     pub(crate) compiled_backends: Vec<&'static str>,
     /// The backend the build and `SPYRE_BACKEND` select, when valid.
     pub(crate) selected_backend: Option<&'static str>,
+    /// Why none is selected (in the text; the JSON's `error` has the
+    /// start's error).
+    #[serde(skip)]
+    pub(crate) unselected_because: Option<String>,
     /// The backend the runtime started on.
     pub(crate) backend: Option<&'static str>,
     /// The backend's details: for hardware the library path and ABI
@@ -107,6 +111,7 @@ pub(crate) fn gather() -> (InfoReport, Option<CliError>) {
             })
             .collect(),
     );
+    let selected = spyre_stream::selected_backend();
     let mut report = InfoReport {
         version: env!("CARGO_PKG_VERSION"),
         compiled_backends: [BackendKind::Mock, BackendKind::Hardware]
@@ -114,9 +119,8 @@ pub(crate) fn gather() -> (InfoReport, Option<CliError>) {
             .filter(|k| k.is_compiled())
             .map(BackendKind::as_str)
             .collect(),
-        selected_backend: spyre_stream::selected_backend()
-            .ok()
-            .map(BackendKind::as_str),
+        selected_backend: selected.as_ref().ok().map(|kind| kind.as_str()),
+        unselected_because: selected.as_ref().err().map(ToString::to_string),
         backend: None,
         backend_details: OrderedMap::default(),
         device_count: None,
@@ -200,9 +204,13 @@ impl InfoReport {
             "backend           {} (compiled: {}; selected by build and SPYRE_BACKEND: {})",
             self.backend.unwrap_or("not started"),
             self.compiled_backends.join(", "),
-            // The start's error (below) says why, for a backend this build
-            // lacks as for a misspelled one.
-            self.selected_backend.unwrap_or("none (see error)")
+            self.selected_backend.map_or_else(
+                || format!(
+                    "none: {}",
+                    self.unselected_because.as_deref().unwrap_or("unknown")
+                ),
+                str::to_owned
+            )
         );
         for (name, value) in &self.backend_details.0 {
             // In the column of the values above, one space at least after

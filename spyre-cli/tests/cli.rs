@@ -365,7 +365,7 @@ fn bad_counts_exit_2_naming_the_value() {
         ],
         &[],
         &[
-            "--threads 2 × --iterations 18446744073709551615 is more iterations than can be counted; the two together must be at most 18446744073709551615 (use fewer --iterations)",
+            "--threads 2 × --iterations 18446744073709551615 is more iterations than can be counted; their product must be at most 18446744073709551615 (use fewer --iterations)",
         ],
     );
     refused(
@@ -709,7 +709,7 @@ fn bad_environment_exits_2_naming_the_value() {
     assert_eq!(output.status.code(), Some(2));
     let text = String::from_utf8_lossy(&output.stdout);
     assert!(
-        text.contains("selected by build and SPYRE_BACKEND: none (see error))\n"),
+        text.contains("selected by build and SPYRE_BACKEND: none: SPYRE_BACKEND=\"gpu\" is invalid: expected `mock` or `hardware`)\n"),
         "{text}"
     );
     assert!(

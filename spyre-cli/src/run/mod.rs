@@ -139,7 +139,7 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
         .checked_mul(args.iterations)
         .ok_or_else(|| {
             CliError::Usage(format!(
-                "--threads {} × --iterations {} is more iterations than can be counted; the two together must be at most {} (use fewer --iterations)",
+                "--threads {} × --iterations {} is more iterations than can be counted; their product must be at most {} (use fewer --iterations)",
                 args.threads, args.iterations, u64::MAX
             ))
         })?;
