@@ -1,7 +1,8 @@
 //! A picture of `spyre run`'s trace: an SVG timeline with one row per
-//! stream, every operation a bar from its start to its finish on the
-//! device, coloured by kind, with a legend and a time axis in
-//! milliseconds. Drawn with plotters.
+//! stream, every operation a bar from when its stream reached it to its
+//! finish on the device (time waiting for a free engine included; see
+//! `spyre_stream::TraceEntry::started`), coloured by kind, with a legend
+//! and a time axis in milliseconds. Drawn with plotters.
 
 use std::collections::BTreeMap;
 use std::path::Path;
