@@ -166,12 +166,12 @@ pub(crate) struct RunArgs {
     /// FILE is opened before the run (a path that cannot be opened for
     /// writing exits 2 at once) and replaced whole when the run ends, after
     /// a failure too (a write that fails then, on a full disk say, exits 1
-    /// naming FILE, after the run's report); an interrupted run (Ctrl-C) or a failed write leaves a
-    /// FILE that existed as it was, and one it created empty. The
-    /// operations are kept in memory until then (about 2.5 KB per
-    /// iteration, 3.5 KB with --timeline: a run that the host's available
-    /// memory cannot trace exits 2 before it starts) and the file is
-    /// written one event at a time.
+    /// naming FILE, after the run's report); an interrupted run (Ctrl-C)
+    /// or a failed write leaves a FILE that existed as it was, and one it
+    /// created empty. The operations are kept in memory until then (about
+    /// 2.5 KB per iteration, 3.5 KB with --timeline: a run that the host's
+    /// available memory cannot trace exits 2 before it starts) and the
+    /// file is written one event at a time.
     #[arg(long, value_name = "FILE")]
     pub(crate) trace: Option<std::path::PathBuf>,
     /// Draw the same trace as a timeline into FILE (SVG: a name ending in

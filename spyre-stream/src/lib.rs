@@ -79,8 +79,9 @@
 //!   `Result` returns [`Error::ForkedProcess`] (PyTorch's "cannot
 //!   re-initialize CUDA in forked subprocess"); [`device_state`] says
 //!   `NotInitialized`, [`runtime_info`] `None`, [`counters()`] an empty
-//!   snapshot, and [`free_runtime`] does nothing. Detected by a `pthread_atfork` handler at the cost of one
-//!   relaxed atomic load per call, checked before any lock: never the
+//!   snapshot, and [`free_runtime`] does nothing. Detected by a
+//!   `pthread_atfork` handler at the cost of one relaxed atomic load per
+//!   call, checked before any lock: never the
 //!   parent's streams. A backend created before a fork is not used in the
 //!   child: one the environment chose is made afresh there; one installed
 //!   with [`set_backend`] makes the child's start fail with

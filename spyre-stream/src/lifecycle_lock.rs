@@ -35,9 +35,9 @@ const LONGEST_SLEEP: Duration = Duration::from_millis(1);
 
 thread_local! {
     /// Whether the calling thread holds a [`LifecycleLock`] (the process
-    /// has one, the runtime's): a call that
-    /// takes it again (from a backend's methods, which a start calls with
-    /// it held) is refused instead of waiting for itself.
+    /// has one, the runtime's): a call that takes it again (from a
+    /// backend's methods, which a start calls with it held) is refused
+    /// instead of waiting for itself.
     static HOLDING: Cell<bool> = const { Cell::new(false) };
 }
 

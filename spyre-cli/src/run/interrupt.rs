@@ -6,11 +6,12 @@
 //!
 //! Nothing is installed until the first such file is made, so until then
 //! the signals keep their default action. From then on a thread of its own
-//! waits for `SIGINT`, `SIGTERM` and `SIGHUP` (each only where the process
-//! did not start with it ignored, as `nohup` and a shell's background jobs
-//! start it, which it stays; on Linux, where `/proc` tells: elsewhere none
-//! is watched); on the first, it removes the files listed, restores the
-//! signal's default action and raises it again.
+//! waits for `SIGINT`, `SIGTERM` and `SIGHUP`; on the first, it removes the
+//! files listed, restores the signal's default action and raises it again.
+//! A signal the process started with ignored (`nohup`'s `SIGHUP`, the
+//! `SIGINT` of a shell's background job) is not watched: it stays ignored.
+//! Only on Linux, where `/proc/self/status` tells which are ignored;
+//! elsewhere no signal is watched.
 
 use std::path::PathBuf;
 use std::sync::{Mutex, PoisonError};
@@ -39,9 +40,7 @@ impl RemovedOnSignal {
         listed.push(path.clone());
         Ok((made, Self(path)))
     }
-}
 
-impl RemovedOnSignal {
     /// Runs `f` (the rename of the file over its target, say) with the
     /// list held: a signal that comes meanwhile removes nothing until `f`
     /// has returned, and one whose removal began first keeps `f` from
