@@ -556,7 +556,7 @@ fn bad_sizes_exit_2_naming_the_value() {
         ("SPYRE_MOCK_MEMORY_BYTES", "2097152"),
         ("SPYRE_MOCK_REGION_BYTES", "1048576"),
     ];
-    let at_the_limit = |in_flight| {
+    let per_iteration = |threads, in_flight| {
         [
             "run",
             "--size",
@@ -564,7 +564,7 @@ fn bad_sizes_exit_2_naming_the_value() {
             "--mode",
             "per-iteration",
             "--threads",
-            "1",
+            threads,
             "--iterations",
             "20",
             "--in-flight",
@@ -572,12 +572,12 @@ fn bad_sizes_exit_2_naming_the_value() {
         ]
     };
     let fits = json(
-        &[&at_the_limit("16")[..], &["--json"]].concat(),
+        &[&per_iteration("1", "16")[..], &["--json"]].concat(),
         &small_operands,
     );
     assert_eq!(u64_of(&fits, "iterations_verified"), 20);
     refused(
-        &at_the_limit("17"),
+        &per_iteration("1", "17"),
         &small_operands,
         &[
             "keeps 17 iterations' memory",
@@ -587,17 +587,7 @@ fn bad_sizes_exit_2_naming_the_value() {
     );
     // With two threads, fewer threads is advice too.
     refused(
-        &[
-            "run",
-            "--size",
-            "96KiB",
-            "--mode",
-            "per-iteration",
-            "--threads",
-            "2",
-            "--in-flight",
-            "9",
-        ],
+        &per_iteration("2", "9"),
         &small_operands,
         &["lower --in-flight to at most 8 (or --threads or --size)"],
     );

@@ -40,15 +40,6 @@ mod timeline;
 mod trace_file;
 mod worker;
 
-/// Host memory a traced iteration holds until the run ends, rounded up
-/// from the peak resident memory of `spyre run --threads 2 --iterations
-/// 20000 --size 12` on the software device with the flag against without
-/// it, per iteration: 2.2 KB for `--trace`, 3.3 KB for `--timeline` (with
-/// or without `--trace`).
-const TRACE_BYTES_PER_ITERATION: u64 = 2_500;
-/// See [`TRACE_BYTES_PER_ITERATION`].
-const TIMELINE_BYTES_PER_ITERATION: u64 = 3_500;
-
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -68,6 +59,15 @@ use crate::error::CliError;
 use crate::host_memory;
 use crate::output;
 use crate::size::format_size;
+
+/// Host memory a traced iteration holds until the run ends, rounded up
+/// from the peak resident memory of `spyre run --threads 2 --iterations
+/// 20000 --size 12` on the software device with the flag against without
+/// it, per iteration: 2.2 KB for `--trace`, 3.3 KB for `--timeline` (with
+/// or without `--trace`).
+const TRACE_BYTES_PER_ITERATION: u64 = 2_500;
+/// See [`TRACE_BYTES_PER_ITERATION`].
+const TIMELINE_BYTES_PER_ITERATION: u64 = 3_500;
 
 /// Refuses, before any work, a runtime without timed events for `what`,
 /// which orders streams with events and times its stages with them: a

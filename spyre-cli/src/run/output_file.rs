@@ -113,7 +113,7 @@ impl OutputFile {
             .as_ref()
             .filter(|meta| !names_a_system_file(&path) && !is_standard_output(meta))
             .and_then(|meta| Some((beside(&path).ok()?, meta.permissions())));
-        let Some((((temp, target), listed), mode)) = replaced else {
+        let Some(((temp, target, listed), mode)) = replaced else {
             return write_in_place(&file, regular.is_some(), contents).map_err(failed);
         };
         let mut out = BufWriter::new(temp);
@@ -235,7 +235,7 @@ fn is_standard_output(_: &std::fs::Metadata) -> bool {
 /// A new, empty file in the directory of the file `path` names (symbolic
 /// links resolved), to be renamed over it, and that file's path; the new
 /// file is removed should a signal end the process while the guard lives.
-fn beside(path: &Path) -> std::io::Result<((tempfile::NamedTempFile, PathBuf), RemovedOnSignal)> {
+fn beside(path: &Path) -> std::io::Result<(tempfile::NamedTempFile, PathBuf, RemovedOnSignal)> {
     let target = std::fs::canonicalize(path)?;
     let dir = target.parent().unwrap_or(Path::new("/")).to_owned();
     let name = target
@@ -251,6 +251,7 @@ fn beside(path: &Path) -> std::io::Result<((tempfile::NamedTempFile, PathBuf), R
         let made = temp.path().to_owned();
         Ok(((temp, target), made))
     })
+    .map(|((temp, target), listed)| (temp, target, listed))
 }
 
 /// `path` with symbolic links and `.`/`..` resolved: the file itself when
