@@ -10,16 +10,18 @@
 //!
 //! [`watch_forks`] registers a `pthread_atfork` child handler once per
 //! process; from then on every `fork()` increments the counter that
-//! [`fork_generation`] reads. Code that starts device state records the
+//! [`fork_generation`] reads (`vfork`, `_Fork` and a raw `clone` run no
+//! fork handlers and are not counted). Code that starts device state records the
 //! generation at start ([`ForkGeneration::current`]) and compares it on use
 //! ([`ForkGeneration::is_current`]): one relaxed atomic load, no system call.
 //! The handler does nothing but an atomic add, which is async-signal-safe as
 //! the child of a multi-threaded process requires.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Forks seen since [`watch_forks`] was first called, in the ancestry of
-/// this process (a child starts with its parent's count plus one).
+/// this process, once per registered handler (a child starts with its
+/// parent's count plus one, or more: see [`watch_forks`]).
 static GENERATION: AtomicU64 = AtomicU64::new(0);
 
 #[cfg(unix)]
@@ -36,16 +38,30 @@ extern "C" fn after_fork_in_child() {
 /// could not be registered; a later call tries again.
 ///
 /// Thread-safety: may be called from any thread, concurrently. Once the
-/// watcher is registered a call is one acquire load. The first registration
-/// is made by one thread at a time, the others yielding meanwhile; a child
-/// forked while a thread of its parent was registering (that thread is not
-/// in the child) takes the registration over instead of waiting for it.
+/// watcher is registered a call is one acquire load. Calls never wait for
+/// each other: threads whose first calls race may each register the
+/// handler (then every fork counts once per handler, which changes nothing,
+/// as only the inequality of generations is used). A wait would hang a
+/// child forked while a thread of its parent was registering: that thread
+/// is not in the child, and a record of which process it belonged to can
+/// be fooled by a reused process id.
 pub fn watch_forks() -> Result<(), std::io::Error> {
-    static WATCHER: Registration = Registration::new();
-    if WATCHER.done.load(Ordering::Acquire) {
+    static REGISTERED: AtomicBool = AtomicBool::new(false);
+    ensure(&REGISTERED, register_handler)
+}
+
+/// Runs `register` unless `registered` says a call has succeeded, and
+/// records its success there.
+fn ensure(
+    registered: &AtomicBool,
+    register: impl FnOnce() -> Result<(), std::io::Error>,
+) -> Result<(), std::io::Error> {
+    if registered.load(Ordering::Acquire) {
         return Ok(());
     }
-    WATCHER.ensure(std::process::id(), register_handler)
+    register()?;
+    registered.store(true, Ordering::Release);
+    Ok(())
 }
 
 /// Registers [`after_fork_in_child`] with `pthread_atfork`.
@@ -65,71 +81,6 @@ fn register_handler() -> Result<(), std::io::Error> {
     }
     // (No fork() on other platforms: nothing to watch.)
     Ok(())
-}
-
-/// A registration made once per process, by one thread at a time, which a
-/// forked child can finish although the registering thread is the
-/// parent's.
-struct Registration {
-    done: AtomicBool,
-    /// The id of the process one of whose threads is registering, or 0.
-    /// A child of `fork()` finds its parent's id here if the parent was
-    /// registering at the fork.
-    registering: AtomicU32,
-}
-
-impl Registration {
-    const fn new() -> Self {
-        Self {
-            done: AtomicBool::new(false),
-            registering: AtomicU32::new(0),
-        }
-    }
-
-    /// Runs `register` unless a call of this process (or of an ancestor,
-    /// before the fork) has completed it; `process` is the caller's process
-    /// id.
-    fn ensure(
-        &self,
-        process: u32,
-        register: impl FnOnce() -> Result<(), std::io::Error>,
-    ) -> Result<(), std::io::Error> {
-        loop {
-            if self.done.load(Ordering::Acquire) {
-                return Ok(());
-            }
-            match self.registering.compare_exchange(
-                0,
-                process,
-                Ordering::Acquire,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => break,
-                // A thread of an ancestor was registering at the fork: it
-                // is not in this process, so this call takes over. (If
-                // its handler was registered already, the child's forks
-                // then count twice: only inequality of generations is
-                // used.)
-                Err(holder)
-                    if holder != process
-                        && self
-                            .registering
-                            .compare_exchange(holder, process, Ordering::Acquire, Ordering::Acquire)
-                            .is_ok() =>
-                {
-                    break;
-                }
-                Err(_) => std::thread::yield_now(),
-            }
-        }
-        let result = if self.done.load(Ordering::Acquire) {
-            Ok(())
-        } else {
-            register().map(|()| self.done.store(true, Ordering::Release))
-        };
-        self.registering.store(0, Ordering::Release);
-        result
-    }
 }
 
 /// How many times this process's ancestry has forked since [`watch_forks`]
@@ -220,42 +171,23 @@ mod tests {
         assert_eq!(hung, 0, "children that hung in watch_forks, of 20");
     }
 
-    /// A registration left half-done by a thread of another process (the
-    /// parent, at the fork) is taken over: before, the child's first call
-    /// blocked for ever on the registration lock that thread held.
     #[test]
-    fn a_registration_an_ancestor_left_half_done_is_taken_over() {
-        let registration = Registration::new();
-        let parent = 7;
-        registration.registering.store(parent, Ordering::Release);
-        assert_eq!(registrations_run(&registration), 1);
-        assert_eq!(registration.registering.load(Ordering::Acquire), 0);
-        registration
-            .ensure(8, || unreachable!("done once"))
-            .unwrap();
-    }
-
-    #[test]
-    fn a_failed_registration_is_tried_again() {
-        let registration = Registration::new();
-        let err = registration
-            .ensure(8, || Err(std::io::Error::from_raw_os_error(libc::ENOMEM)))
-            .unwrap_err();
+    fn a_failed_registration_is_tried_again_and_a_successful_one_is_not() {
+        let registered = AtomicBool::new(false);
+        let err = ensure(&registered, || {
+            Err(std::io::Error::from_raw_os_error(libc::ENOMEM))
+        })
+        .unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::ENOMEM));
-        assert_eq!(registrations_run(&registration), 1);
-    }
-
-    /// How many times a successful registration ran in a call of process 8
-    /// to `registration`.
-    fn registrations_run(registration: &Registration) -> usize {
         let mut calls = 0;
-        registration
-            .ensure(8, || {
+        for _ in 0..2 {
+            ensure(&registered, || {
                 calls += 1;
                 Ok(())
             })
             .unwrap();
-        calls
+        }
+        assert_eq!(calls, 1, "registrations run after the failed one");
     }
 
     #[test]
