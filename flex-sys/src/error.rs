@@ -2,7 +2,7 @@
 
 use std::ffi::OsString;
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::version::AbiVersion;
 
@@ -20,11 +20,9 @@ pub enum LoadError {
     /// be found. The library is opened with immediate binding, so an
     /// unresolvable dependency is reported here and not at a later call.
     #[error(
-        "cannot load the flex runtime library {}: {reason}. Check that the file exists, \
-         is a shared library built for this machine, and that every library it needs \
-         can be found (`ldd {}` lists them)",
+        "cannot load the flex runtime library {}: {reason}. {}",
         path.display(),
-        path.display()
+        OpenAdvice(path)
     )]
     Open {
         /// The path or name that was passed to the dynamic loader.
@@ -84,7 +82,8 @@ pub enum LoadError {
     },
 
     /// The library does not export a function that the ABI version it
-    /// reports requires.
+    /// reports requires (or exports it at address 0, where nothing can be
+    /// called).
     #[error(
         "{} does not export `{symbol}`, which flex ABI {version} requires, so it is not a \
          complete flex runtime library (a stub, an older build, or another library). Install \
@@ -100,24 +99,6 @@ pub enum LoadError {
         version: AbiVersion,
         /// The file that was loaded.
         path: PathBuf,
-    },
-
-    /// The library passed the checks, but the dynamic loader could not
-    /// mark it to stay loaded for the rest of the process (see
-    /// [`crate::FlexLibrary`]); it was closed again. Not expected on any
-    /// supported system: the loader has just opened that library.
-    #[error(
-        "{} passed the flex checks, but the dynamic loader could not mark it to stay loaded \
-         ({reason}), so it was closed again: unloading it later could crash threads that still \
-         run its code. This is not expected of a supported system's C library; report it with \
-         the output of `ldd --version`",
-        path.display()
-    )]
-    KeepLoaded {
-        /// The file that was loaded.
-        path: PathBuf,
-        /// The dynamic loader's description (`dlerror()`), if it gave one.
-        reason: String,
     },
 }
 
@@ -165,6 +146,38 @@ impl fmt::Display for Attempt {
 /// Formats attempts as `a (reason); b (reason)`.
 struct DisplayAttempts<'a>(&'a [Attempt]);
 
+/// What to do about [`LoadError::Open`] for `path`: a path with a `/` is
+/// opened as given; a bare name is searched for by the dynamic loader,
+/// never in the current directory (where `ldd NAME` would look).
+struct OpenAdvice<'a>(&'a Path);
+
+impl fmt::Display for OpenAdvice<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let path = self.0;
+        if path.as_os_str().is_empty() {
+            return f.write_str("Give the path of a flex runtime library");
+        }
+        let check = "is a shared library built for this machine, and that every library it \
+                     needs can be found";
+        if path.as_os_str().as_encoded_bytes().contains(&b'/') {
+            write!(
+                f,
+                "Check that the file exists, {check} (`ldd {}` lists them)",
+                path.display()
+            )
+        } else {
+            write!(
+                f,
+                "A name without a `/` is searched for by the dynamic loader \
+                 (LD_LIBRARY_PATH, the ldconfig cache, the default directories), never in the \
+                 current directory: for a file there, give its path (./{}). If the loader \
+                 found the file, check that it {check} (`ldd` on its path lists them)",
+                path.display()
+            )
+        }
+    }
+}
+
 impl fmt::Display for DisplayAttempts<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for (i, attempt) in self.0.iter().enumerate() {
@@ -193,6 +206,38 @@ mod tests {
              /opt/flex/libflex.so.1: invalid ELF header. Check that the file exists, is a \
              shared library built for this machine, and that every library it needs can be \
              found (`ldd /opt/flex/libflex.so.1` lists them)"
+        );
+    }
+
+    #[test]
+    fn open_of_a_bare_name_says_where_it_was_searched() {
+        let e = LoadError::Open {
+            path: "libflex-dev.so".into(),
+            reason: "libflex-dev.so: cannot open shared object file: No such file or directory"
+                .into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "cannot load the flex runtime library libflex-dev.so: libflex-dev.so: cannot open \
+             shared object file: No such file or directory. A name without a `/` is searched \
+             for by the dynamic loader (LD_LIBRARY_PATH, the ldconfig cache, the default \
+             directories), never in the current directory: for a file there, give its path \
+             (./libflex-dev.so). If the loader found the file, check that it is a shared \
+             library built for this machine, and that every library it needs can be found \
+             (`ldd` on its path lists them)"
+        );
+    }
+
+    #[test]
+    fn open_of_an_empty_path_asks_for_one() {
+        let e = LoadError::Open {
+            path: PathBuf::new(),
+            reason: "the path is empty".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "cannot load the flex runtime library : the path is empty. Give the path of a flex \
+             runtime library"
         );
     }
 
@@ -274,21 +319,6 @@ mod tests {
             "/usr/lib/libflex.so.1 does not export `flex_launch_fill`, which flex ABI 1.0 \
              requires, so it is not a complete flex runtime library (a stub, an older build, or \
              another library). Install a complete flex runtime, or point FLEX_RUNTIME_LIB at one"
-        );
-    }
-
-    #[test]
-    fn keep_loaded_names_the_path_and_the_reason() {
-        let e = LoadError::KeepLoaded {
-            path: "/usr/lib/libflex.so.1".into(),
-            reason: "dlopen failed".into(),
-        };
-        assert_eq!(
-            e.to_string(),
-            "/usr/lib/libflex.so.1 passed the flex checks, but the dynamic loader could not mark \
-             it to stay loaded (dlopen failed), so it was closed again: unloading it later could \
-             crash threads that still run its code. This is not expected of a supported system's \
-             C library; report it with the output of `ldd --version`"
         );
     }
 

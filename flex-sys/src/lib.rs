@@ -36,30 +36,30 @@
 //! [`FlexLibrary::open`] loads an explicit path, and
 //! [`FlexLibrary::load_from`] does what `load` does with a given value of
 //! `FLEX_RUNTIME_LIB`. None of them caches anything, but a library that
-//! passed the checks stays loaded (step 4 below), and the dynamic loader
+//! was opened stays loaded (step 1 below), and the dynamic loader
 //! gives it again for a later load of the same name.
 //!
 //! # Checks at load time
 //!
-//! 1. The library is opened with `RTLD_NOW | RTLD_LOCAL`: a missing
-//!    dependency is a [`LoadError::Open`] now, not a crash at the first call.
+//! 1. The library is opened with `RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE`: a
+//!    missing dependency is a [`LoadError::Open`] now, not a crash at the
+//!    first call. The library stays loaded for the rest of the process
+//!    (`RTLD_NODELETE`, on Linux, Android, Apple systems, FreeBSD,
+//!    DragonFly, OpenBSD, illumos and Solaris; not NetBSD), also if a check
+//!    below refuses it: opening it ran its initialisers, and code of its own
+//!    may still run after its last handle is closed (threads it started,
+//!    destructors it registered for the threads that called it).
 //! 2. `flex_get_api_version` is called first. A different major version than
 //!    [`AbiVersion::CURRENT`] is [`LoadError::AbiMismatch`], showing both
 //!    versions; an older or newer minor version is accepted.
-//! 3. Every function in [`REQUIRED_SYMBOLS`] (ABI 1.0) must resolve, or the
-//!    load fails with [`LoadError::MissingSymbol`] naming the first one
+//! 3. Every function in [`REQUIRED_SYMBOLS`] (ABI 1.0) must resolve, to an
+//!    address other than 0, or the load fails with [`LoadError::MissingSymbol`] naming the first one
 //!    missing. The functions ABI 1.1 added ([`ABI_1_1_SYMBOLS`]: events and
 //!    capabilities) are required of a library reporting 1.1 or later; a 1.0
 //!    library loads without them and [`FlexLibrary::require`] returns a
 //!    [`MissingFunction`] ("unsupported by this flex library (ABI 1.0)")
 //!    naming the function, so callers report the feature unsupported
 //!    instead of calling a function the library does not promise.
-//! 4. The library is marked to stay loaded for the rest of the process
-//!    (`RTLD_NODELETE`, on Linux, Android, Apple systems, FreeBSD,
-//!    DragonFly, OpenBSD, illumos and Solaris; not NetBSD): code of its own
-//!    may still run after its last handle is closed (its threads,
-//!    destructors it registered for the threads that called it). A failure
-//!    is [`LoadError::KeepLoaded`].
 //!
 //! [`FlexLibrary::path`] then tells which file was actually loaded.
 //! Nothing in this crate panics on a bad library; every failure is a

@@ -11,7 +11,7 @@ use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
 
 use crate::bindings::FlexApi;
 use crate::error::{Attempt, LoadError, MissingFunction};
-use crate::symbols::{ABI_1_1_SYMBOLS, REQUIRED_SYMBOLS, first_missing, first_missing_1_1};
+use crate::symbols::{ABI_1_1_SYMBOLS, REQUIRED_SYMBOLS};
 use crate::version::AbiVersion;
 
 /// The environment variable that names the flex runtime library to load:
@@ -36,17 +36,15 @@ fn default_candidates() -> [String; 2] {
 /// Function pointers copied out of [`FlexLibrary::api`] are valid only
 /// while an `Arc` lives.
 ///
-/// A library that passed the checks stays loaded for the rest of the
-/// process, after its last `Arc` is dropped too (`RTLD_NODELETE`, on
-/// Linux, Android, Apple systems, FreeBSD, DragonFly, OpenBSD, illumos and
-/// Solaris; not NetBSD): a flex library may leave its own code to run after
-/// its last handle is closed (threads it started, destructors it
-/// registered for the threads that called it), and unmapping it under them
-/// would crash the process. So for the rest of the process, opening the
-/// same name again gives that same library, even if the file has been
-/// replaced meanwhile. A library refused by the checks is closed again,
-/// and unloaded unless something else has it loaded (its initialisers
-/// have run by then: see "Trust").
+/// A library, once opened, stays loaded for the rest of the process, after
+/// its last `Arc` is dropped too, and also when the checks refuse it (it is
+/// opened with `RTLD_NODELETE`, on Linux, Android, Apple systems, FreeBSD,
+/// DragonFly, OpenBSD, illumos and Solaris; not NetBSD): opening it ran its
+/// initialisers, and a flex library may leave its own code to run after its
+/// last handle is closed (threads it started, destructors it registered for
+/// the threads that called it), so unmapping it under them would crash the
+/// process. So for the rest of the process, opening the same name again
+/// gives that same library, even if the file has been replaced meanwhile.
 ///
 /// # Thread safety
 ///
@@ -103,13 +101,13 @@ impl FlexLibrary {
     /// [`LoadError::Env`], [`LoadError::NotFound`], or any error of
     /// [`FlexLibrary::open`] for the default name that was opened.
     pub fn load() -> Result<Arc<FlexLibrary>, LoadError> {
-        // Empty means unset, as for every variable of the workspace.
-        Self::load_from(std::env::var_os(RUNTIME_LIB_ENV).filter(|v| !v.is_empty()))
+        Self::load_from(std::env::var_os(RUNTIME_LIB_ENV))
     }
 
     /// [`FlexLibrary::load`] with the value of `FLEX_RUNTIME_LIB` given
     /// instead of read from the environment: `Some(path)` loads exactly
-    /// `path`, `None` searches the default names.
+    /// `path`, `None` searches the default names, and so does `Some("")`
+    /// (empty means unset, as for every variable of the workspace).
     ///
     /// For programs that take the value from their own configuration, and
     /// for tests (changing the environment of a running, threaded process is
@@ -120,7 +118,7 @@ impl FlexLibrary {
     /// As [`FlexLibrary::load`]; errors for `Some(path)` are
     /// [`LoadError::Env`] and name `FLEX_RUNTIME_LIB`.
     pub fn load_from(env_value: Option<OsString>) -> Result<Arc<FlexLibrary>, LoadError> {
-        if let Some(value) = env_value {
+        if let Some(value) = env_value.filter(|value| !value.is_empty()) {
             return match Self::open_name(&value) {
                 Ok(library) => Ok(Arc::new(library)),
                 Err(error) => Err(LoadError::Env {
@@ -148,32 +146,33 @@ impl FlexLibrary {
     ///
     /// Steps, each a distinct error:
     ///
-    /// 1. `dlopen(path, RTLD_NOW | RTLD_LOCAL)`. Immediate binding makes a
-    ///    missing dependency (a library, or a symbol a dependency should
-    ///    provide) fail here rather than at the first call. A `path` without
+    /// 1. `dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE)`. Immediate
+    ///    binding makes a missing dependency (a library, or a symbol a
+    ///    dependency should provide) fail here rather than at the first
+    ///    call; the library stays loaded, whatever the checks below decide
+    ///    (see [`FlexLibrary`]). A `path` without
     ///    a `/` is searched like any `dlopen` name; write `./name` for a file
     ///    in the current directory. An empty path, or one with a NUL byte, is
     ///    refused without calling `dlopen`.
     /// 2. `flex_get_api_version` is resolved and called before anything else,
     ///    and its major version must equal [`AbiVersion::CURRENT`]'s. Any
     ///    minor version, older or newer, is accepted.
-    /// 3. Every function in [`crate::REQUIRED_SYMBOLS`] must resolve, and,
-    ///    for a library reporting minor version 1 or later, every function in
-    ///    [`crate::ABI_1_1_SYMBOLS`] too. A 1.0 library loads without the
+    /// 3. Every function in [`crate::REQUIRED_SYMBOLS`] must resolve to an
+    ///    address other than 0, and, for a library reporting minor version 1
+    ///    or later, every function in [`crate::ABI_1_1_SYMBOLS`] too (a
+    ///    symbol at address 0, such as an absolute symbol or an indirect
+    ///    function whose resolver returned null, counts as missing: it
+    ///    cannot be called). A 1.0 library loads without the
     ///    1.1 functions; [`FlexLibrary::require`] reports them unsupported.
-    /// 4. The library is marked to stay loaded for the rest of the process
-    ///    (see [`FlexLibrary`]).
-    ///
     /// # Errors
     ///
     /// - [`LoadError::Open`]: step 1 failed (missing file, a directory, not a
     ///   shared library, a wrong architecture, an unresolvable dependency);
     /// - [`LoadError::MissingSymbol`]: `flex_get_api_version` or another
-    ///   function the reported version requires is not exported;
+    ///   function the reported version requires is not exported (or is at
+    ///   address 0);
     /// - [`LoadError::AbiMismatch`]: the library reports another major
-    ///   version;
-    /// - [`LoadError::KeepLoaded`]: step 4 failed (the dynamic loader did
-    ///   not find the library it had just opened).
+    ///   version.
     pub fn open(path: impl AsRef<Path>) -> Result<Arc<FlexLibrary>, LoadError> {
         Self::open_name(path.as_ref().as_os_str()).map(Arc::new)
     }
@@ -193,34 +192,37 @@ impl FlexLibrary {
         }
 
         // SAFETY: `dlopen` is unsafe because it runs the library's
-        // initialisers now and its finalisers when it is unloaded (at
-        // `dlclose` if the checks refuse it and nothing else has it loaded,
-        // else at exit), which may have any requirement. The contract of
-        // this loader, stated on `FlexLibrary` ("Trust"), is that the file
-        // is a flex runtime library, whose initialisers need nothing from
-        // the caller. The handle is owned by the returned value and, later,
-        // by `FlexApi`, so it is closed exactly once, after the last use of
-        // any symbol from it.
-        let library = unsafe { Library::open(Some(name), RTLD_NOW | RTLD_LOCAL) }
+        // initialisers now and its finalisers at exit (`RTLD_NODELETE`: never
+        // at `dlclose`, so nothing the initialisers started can outlive the
+        // code it runs, even if the checks refuse the library), which may
+        // have any requirement. The contract of this loader, stated on
+        // `FlexLibrary` ("Trust"), is that the file is a flex runtime
+        // library, whose initialisers need nothing from the caller. The
+        // handle is owned by the returned value and, later, by `FlexApi`,
+        // so it is closed exactly once, after the last use of any symbol
+        // from it.
+        let library = unsafe { Library::open(Some(name), RTLD_NOW | RTLD_LOCAL | NODELETE) }
             .map_err(|e| refuse(&e.to_string()))?;
         let path = loaded_file(&library).unwrap_or_else(|| fallback_path(name));
 
         // SAFETY: the type is the one `flex.h` declares,
         // `uint32_t flex_get_api_version(void)`, required in every ABI
-        // version. The function pointer is copied out of the `Symbol` and used
-        // only below, while `library` is still open.
-        let get_version = match unsafe {
-            library.get::<unsafe extern "C" fn() -> u32>(b"flex_get_api_version\0")
-        } {
-            Ok(symbol) => *symbol,
-            Err(_) => {
-                // The library reports no version; every version has this call.
-                return Err(LoadError::MissingSymbol {
-                    symbol: "flex_get_api_version",
-                    version: AbiVersion { major: 1, minor: 0 },
-                    path,
-                });
-            }
+        // version, read as an `Option` of the function pointer: a symbol at
+        // address 0 reads as `None` (the null pointer niche of `Option<fn>`)
+        // rather than as a null function pointer. The function pointer is
+        // copied out of the `Symbol` and used only below, while `library` is
+        // still open.
+        let get_version = unsafe {
+            library.get::<Option<unsafe extern "C" fn() -> u32>>(b"flex_get_api_version\0")
+        }
+        .map_or(None, |symbol| *symbol);
+        let Some(get_version) = get_version else {
+            // The library reports no version; every version has this call.
+            return Err(LoadError::MissingSymbol {
+                symbol: "flex_get_api_version",
+                version: AbiVersion { major: 1, minor: 0 },
+                path,
+            });
         };
         // SAFETY: `flex.h`: takes no arguments, has no preconditions, never
         // fails and needs no runtime. `library` keeps the code mapped.
@@ -233,33 +235,34 @@ impl FlexLibrary {
             });
         }
 
-        // SAFETY: `from_library` resolves every function with the signature
-        // bindgen generated from `flex.h`; it is unsafe because a symbol's
-        // type cannot be checked. The library has just reported the same
-        // major ABI version as that header, which promises those signatures.
-        // The handle moves into `FlexApi`, which keeps it open as long as the
-        // function pointers in it exist.
-        let api = unsafe { FlexApi::from_library(library) }.map_err(|e| LoadError::Open {
-            path: path.clone(),
-            reason: e.to_string(),
-        })?;
-        let required = first_missing(&api).or_else(|| {
-            if found.minor >= 1 {
-                first_missing_1_1(&api)
-            } else {
-                None
-            }
-        });
-        if let Some(symbol) = required {
+        let added = if found.minor >= 1 {
+            ABI_1_1_SYMBOLS
+        } else {
+            &[]
+        };
+        if let Some(&symbol) = REQUIRED_SYMBOLS
+            .iter()
+            .chain(added)
+            .find(|symbol| !resolves(&library, symbol))
+        {
             return Err(LoadError::MissingSymbol {
                 symbol,
                 version: found,
                 path,
             });
         }
-        pin(name).map_err(|reason| LoadError::KeepLoaded {
+        // SAFETY: `from_library` resolves every function with the signature
+        // bindgen generated from `flex.h`; it is unsafe because a symbol's
+        // type cannot be checked. The library has just reported the same
+        // major ABI version as that header, which promises those signatures,
+        // and every function that version requires resolved to an address
+        // other than 0 just above (a 1.0 library's 1.1 fields may hold
+        // anything, but are never called: see `FlexLibrary::require`). The
+        // handle moves into `FlexApi`, which keeps it open as long as the
+        // function pointers in it exist.
+        let api = unsafe { FlexApi::from_library(library) }.map_err(|e| LoadError::Open {
             path: path.clone(),
-            reason,
+            reason: e.to_string(),
         })?;
         Ok(FlexLibrary {
             api,
@@ -410,51 +413,39 @@ fn loaded_file(library: &Library) -> Option<PathBuf> {
     })
 }
 
-/// Keeps the library that `name` opened (still open through the caller's
-/// handle) loaded for the rest of the process, whatever handles are
-/// closed later: `dlopen(name, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD |
-/// RTLD_NODELETE)`, whose handle is closed again at once (the flag
-/// stays). A flex library may leave code of its own to run after its last
-/// handle is closed: threads it started, or destructors it registered for
-/// the threads that called it (the software device's C library gives each
-/// such thread's read-section slot back as the thread exits). Unmapping it
-/// under them would crash the process. Where the C library has no
-/// `RTLD_NODELETE` (outside the `cfg` list below, NetBSD among them), it
-/// does nothing: a library is unloaded once its last handle is closed.
-///
-/// # Errors
-/// The dynamic loader's reason, if it does not find the library loaded.
-fn pin(name: &OsStr) -> Result<(), String> {
-    #[cfg(any(
-        target_os = "linux",
-        target_os = "android",
-        target_vendor = "apple",
-        target_os = "freebsd",
-        target_os = "dragonfly",
-        target_os = "openbsd",
-        target_os = "illumos",
-        target_os = "solaris"
-    ))]
-    {
-        // SAFETY: with `RTLD_NOLOAD`, `dlopen` loads nothing and runs no
-        // initialiser: it returns a handle to an object already loaded, if
-        // it finds one by `name`, and marks that object never to be
-        // unloaded. glibc looks loaded objects up by the names they were
-        // opened by before anything else, so it finds the object the
-        // caller's handle keeps loaded. Closing the new handle (as `pinned`
-        // drops) unloads nothing.
-        let pinned = unsafe {
-            Library::open(
-                Some(name),
-                RTLD_NOW | RTLD_LOCAL | libc::RTLD_NOLOAD | libc::RTLD_NODELETE,
-            )
-        }
-        .map_err(|e| e.to_string())?;
-        drop(pinned);
-    }
-    // Read only where the pin is compiled.
-    let _ = name;
-    Ok(())
+/// `RTLD_NODELETE` where the C library has it, else 0 (NetBSD among
+/// them: there a library is unloaded once its last handle is closed).
+#[cfg(any(
+    target_os = "linux",
+    target_os = "android",
+    target_vendor = "apple",
+    target_os = "freebsd",
+    target_os = "dragonfly",
+    target_os = "openbsd",
+    target_os = "illumos",
+    target_os = "solaris"
+))]
+const NODELETE: i32 = libc::RTLD_NODELETE;
+#[cfg(not(any(
+    target_os = "linux",
+    target_os = "android",
+    target_vendor = "apple",
+    target_os = "freebsd",
+    target_os = "dragonfly",
+    target_os = "openbsd",
+    target_os = "illumos",
+    target_os = "solaris"
+)))]
+const NODELETE: i32 = 0;
+
+/// Whether `symbol` resolves in `library` to an address other than 0.
+/// `dlsym` can return null without an error (an absolute symbol of value 0,
+/// an indirect function whose resolver returned null), and a null function
+/// pointer cannot exist in Rust.
+fn resolves(library: &Library, symbol: &str) -> bool {
+    // SAFETY: the symbol is read as a plain address (`*mut c_void`, the type
+    // `dlsym` itself returns); it is never called or dereferenced.
+    unsafe { library.get::<*mut c_void>(symbol.as_bytes()) }.is_ok_and(|address| !address.is_null())
 }
 
 /// The file of the loaded object that contains `address`, via `dladdr`.
@@ -529,20 +520,16 @@ mod tests {
         );
     }
 
+    /// As `load` does with an empty variable: the default names are
+    /// searched (with whatever outcome this machine gives), and the value is
+    /// not blamed.
     #[test]
-    fn empty_env_value_is_an_env_error() {
-        let error = FlexLibrary::load_from(Some(OsString::new())).unwrap_err();
-        assert_eq!(
-            error,
-            LoadError::Env {
-                variable: "FLEX_RUNTIME_LIB",
-                value: OsString::new(),
-                error: Box::new(LoadError::Open {
-                    path: PathBuf::new(),
-                    reason: "the path is empty".to_owned()
-                }),
-            }
-        );
+    fn an_empty_env_value_searches_the_default_names() {
+        let outcome =
+            |value| FlexLibrary::load_from(value).map(|library| library.path().to_owned());
+        let empty = outcome(Some(OsString::new()));
+        assert!(!matches!(empty, Err(LoadError::Env { .. })), "{empty:?}");
+        assert_eq!(empty, outcome(None));
     }
 
     #[test]

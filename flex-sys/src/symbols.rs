@@ -1,12 +1,11 @@
 //! The functions of `flex.h` that a library must export, by ABI minor version.
 //!
-//! One list per minor version drives both the public symbol lists and the
-//! load-time checks over the fields of [`FlexApi`](crate::bindings::FlexApi),
-//! so they cannot drift apart. A unit test compares the lists with the
+//! One list per minor version is both the public symbol list and what the
+//! loader checks a library against. A unit test compares the lists with the
 //! generated bindings, so a function added to `flex.h` cannot be forgotten
 //! here.
 
-/// Declares the symbol lists and the checks over `FlexApi`'s fields.
+/// Declares the symbol lists.
 macro_rules! flex_functions {
     (
         abi_1_0: [$($base:ident),+ $(,)?],
@@ -27,29 +26,6 @@ macro_rules! flex_functions {
         /// unsupported.
         pub const ABI_1_1_SYMBOLS: &[&str] = &[$(stringify!($added)),+];
 
-        /// The first field of `api`, in [`REQUIRED_SYMBOLS`] order, whose
-        /// symbol did not resolve.
-        #[cfg(unix)]
-        pub(crate) fn first_missing(api: &crate::bindings::FlexApi) -> Option<&'static str> {
-            $(
-                if api.$base.is_err() {
-                    return Some(stringify!($base));
-                }
-            )+
-            None
-        }
-
-        /// The first field of `api`, in [`ABI_1_1_SYMBOLS`] order, whose
-        /// symbol did not resolve.
-        #[cfg(unix)]
-        pub(crate) fn first_missing_1_1(api: &crate::bindings::FlexApi) -> Option<&'static str> {
-            $(
-                if api.$added.is_err() {
-                    return Some(stringify!($added));
-                }
-            )+
-            None
-        }
     };
 }
 

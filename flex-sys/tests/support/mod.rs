@@ -31,6 +31,7 @@ pub fn out_dir() -> PathBuf {
 #[derive(Default)]
 pub struct Stub {
     defines: Vec<String>,
+    flags: Vec<String>,
     link: Vec<PathBuf>,
 }
 
@@ -59,6 +60,13 @@ impl Stub {
         self.define(&format!("OMIT_{symbol}"))
     }
 
+    /// Exports `symbol` as an absolute symbol of value 0 instead of the
+    /// function (`-Wl,--defsym`): `dlsym` finds it and returns null.
+    pub fn null(mut self, symbol: &str) -> Stub {
+        self.flags.push(format!("-Wl,--defsym={symbol}=0"));
+        self.omit(symbol)
+    }
+
     /// Links against the shared library at `library`.
     pub fn link(mut self, library: &Path) -> Stub {
         self.link.push(library.to_owned());
@@ -71,7 +79,9 @@ impl Stub {
         let args: Vec<OsString> = self
             .defines
             .iter()
-            .map(|d| format!("-D{d}").into())
+            .map(|d| format!("-D{d}"))
+            .chain(self.flags)
+            .map(OsString::from)
             .collect();
         compile("flex_stub", "flex_stub.c", &args, &self.link)
     }
