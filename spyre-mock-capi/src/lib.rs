@@ -78,6 +78,18 @@
 //!   another thread of the parent was destroying a runtime, whose engines
 //!   were ending, hangs when its own runtime's engines end, at its
 //!   `flex_runtime_destroy`. Fork while no runtime is being destroyed.
+//! - **Not from signal handlers.** No function of the library may be
+//!   called from a signal handler: a call reads the handle table in a read
+//!   section of its thread (`rcu`), which a handler's call interrupting
+//!   another call's entry or exit would misread, and failures allocate.
+//! - **membarrier.** On Linux the library registers the process for
+//!   `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)` as it is loaded, so
+//!   that a handle lookup needs no fence; every create or destroy then
+//!   runs one. A process must not make the kernel refuse `membarrier`
+//!   afterwards (a seccomp filter installed later): each create or destroy
+//!   would then fail with `FLEX_ERROR_INTERNAL` after its change was made.
+//!   Where the registration itself is refused, lookups fence and nothing
+//!   else changes.
 //! - **Panics** never cross the C boundary: each export runs under
 //!   `catch_unwind`, and a panic becomes `FLEX_ERROR_INTERNAL` with the panic
 //!   message as the last error.
