@@ -279,7 +279,8 @@ pub enum Error {
     },
     /// The device could not give the memory a [`crate::DeviceBuffer`] asked
     /// for, even after the caching allocator returned its cached memory to
-    /// the device (waiting for the streams that held it) and tried again
+    /// the device (waiting for the streams that held it) and tried again;
+    /// or, at once, a request larger than all of the device's memory
     /// (boxed: the details are large).
     #[error(transparent)]
     OutOfMemory(Box<OutOfMemory>),
@@ -305,15 +306,18 @@ pub enum Error {
 
 /// The details of [`Error::OutOfMemory`]: what was asked for, and where
 /// the memory is.
+///
+/// A request larger than all of the device's memory ([`OutOfMemory::device_total`])
+/// fails at once, without emptying the cache or waiting for any stream, and
+/// its message says so (as PyTorch's names the device's total capacity).
 #[derive(Debug, Clone, thiserror::Error)]
-#[error(
-    "out of device memory: cannot allocate {requested} bytes; the device has {} free, the allocator caches {cached} bytes (largest cached block {largest_cached} bytes: free blocks in segments that buffers still use, of streams that had work left (only a stream that has finished its work lends its cached blocks), memory freed during the retry, or memory of streams that could not be waited for); drop buffers no longer needed or allocate less: {source}",
-    match device_free { Some(free) => format!("{free} bytes"), None => "an unknown amount (flex ABI 1.0)".to_owned() }
-)]
 #[non_exhaustive]
 pub struct OutOfMemory {
     /// Bytes asked for.
     pub requested: u64,
+    /// All of the device's memory, from the runtime (`None` when it cannot
+    /// tell: a flex library of ABI 1.0).
+    pub device_total: Option<u64>,
     /// Free device memory, from the runtime (`None` with a flex library of
     /// ABI 1.0, which cannot tell).
     pub device_free: Option<u64>,
@@ -323,11 +327,46 @@ pub struct OutOfMemory {
     /// or too small to lend for the request, memory of streams that could
     /// not be waited for (from a host callback of the device), and memory
     /// freed only after the retry's wait began on a stream still busy.
+    /// For a request larger than the device, what the allocator held then
+    /// (nothing was returned or waited for).
     pub cached: u64,
     /// The largest block among them.
     pub largest_cached: u64,
     /// The runtime's refusal.
     pub source: FlexError,
+}
+
+impl std::fmt::Display for OutOfMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Self {
+            requested,
+            cached,
+            largest_cached,
+            source,
+            ..
+        } = self;
+        if let Some(total) = self.device_total.filter(|&total| *requested > total) {
+            return write!(
+                f,
+                "out of device memory: cannot allocate {requested} bytes, more than the \
+                 device's {total} bytes in all; allocate at most {total} bytes (less what \
+                 other buffers use): {source}"
+            );
+        }
+        let free = match self.device_free {
+            Some(free) => format!("{free} bytes"),
+            None => "an unknown amount (flex ABI 1.0)".to_owned(),
+        };
+        write!(
+            f,
+            "out of device memory: cannot allocate {requested} bytes; the device has {free} free, \
+             the allocator caches {cached} bytes (largest cached block {largest_cached} bytes: \
+             free blocks in segments that buffers still use, of streams that had work left (only \
+             a stream that has finished its work lends its cached blocks), memory freed during \
+             the retry, or memory of streams that could not be waited for); drop buffers no \
+             longer needed or allocate less: {source}"
+        )
+    }
 }
 
 /// Which event of [`crate::SpyreEvent::elapsed_time`] an error is about.

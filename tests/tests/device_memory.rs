@@ -396,6 +396,49 @@ fn a_full_device_empties_the_cache_and_retries_once() {
     });
 }
 
+/// A request no retry could serve fails at once: the cache stays, no
+/// stream is waited for. Before, the stream's cached segment went back to
+/// the device (a retry and a device free counted) before the same error.
+#[test]
+fn a_request_larger_than_the_device_fails_at_once_and_keeps_the_cache() {
+    isolated!(&FOUR_MIB_DEVICE, || {
+        let stream = pool_stream();
+        drop(DeviceBuffer::<u8>::new(stream, 3 << 20).unwrap());
+        let before = stats();
+        assert_eq!(before.reserved_bytes, 3 * MIB);
+
+        let error = DeviceBuffer::<u8>::new(stream, (4 << 20) + 1).unwrap_err();
+        let Error::OutOfMemory(details) = &error else {
+            panic!("expected OutOfMemory, got {error:?}");
+        };
+        assert_eq!(
+            (details.requested, details.device_total),
+            ((4 << 20) + 1, Some(4 * MIB))
+        );
+        let message = error.to_string();
+        assert!(
+            message.starts_with(
+                "out of device memory: cannot allocate 4194305 bytes, more than the device's \
+                 4194304 bytes in all; allocate at most 4194304 bytes"
+            ),
+            "{message}"
+        );
+        let after = stats();
+        assert_eq!(
+            (
+                after.alloc_retries,
+                after.device_frees,
+                after.reserved_bytes
+            ),
+            (before.alloc_retries, before.device_frees, 3 * MIB),
+            "the cache was returned for a request that cannot fit"
+        );
+        assert_eq!(after.out_of_memory, before.out_of_memory + 1);
+        // Memory the device has is still given.
+        drop(DeviceBuffer::<u8>::new(stream, 4 << 20).unwrap());
+    });
+}
+
 #[test]
 fn a_raw_free_of_a_buffers_segment_is_refused_and_frees_nothing() {
     // A buffer above LARGE_SEGMENT_LIMIT has a segment of its own, so its

@@ -62,7 +62,10 @@
 //!   ones: for requests above [`SMALL_REQUEST`] it may be up to that much
 //!   larger than the request (as a block the best fit picks may be), for
 //!   smaller ones it is the request's rounded size.
-//! - **Out of memory.** When the device is full, a cached block of the
+//! - **Out of memory.** A request larger than all of the device's memory
+//!   (when the runtime tells it) fails with [`Error::OutOfMemory`] as soon
+//!   as the device refuses it: nothing is returned or waited for. When the
+//!   device is full, a cached block of the
 //!   stream in the other pool serves first if its segment is one that
 //!   buffers still use (in one chunk where the request fits a region, as
 //!   a block of its own pool would): nothing is returned or waited for.
@@ -409,6 +412,9 @@ pub(crate) struct CachingAllocator {
     markers: &'static MarkerEvents,
     /// The largest segment taken from the device ([`segment_cap`]).
     segment_cap: u64,
+    /// All of the device's memory, if the runtime tells: a request larger
+    /// fails at once.
+    total: Option<u64>,
     /// The device's region size, where the runtime tells it.
     region: Option<u64>,
     state: Mutex<State>,
@@ -679,6 +685,7 @@ impl CachingAllocator {
             runtime,
             markers,
             segment_cap: segment_cap(layout.map(|layout| layout.region_bytes), total),
+            total,
             region: layout.map(|layout| layout.region_bytes),
             state: Mutex::new(State::default()),
             emptying: Mutex::new(()),
@@ -744,6 +751,10 @@ impl CachingAllocator {
         let segment = match self.allocate_segment(rounded, Pieces::Refuse) {
             Ok(segment) => segment,
             Err(error) if error.status() == Status::OUT_OF_MEMORY => {
+                if self.total.is_some_and(|total| rounded > total) {
+                    // Nothing returned or waited for can make room.
+                    return Err(self.out_of_memory(bytes, error));
+                }
                 {
                     // A full device: a cached block of the other pool, in
                     // a segment that buffers still use, serves before
@@ -997,6 +1008,7 @@ impl CachingAllocator {
         let largest_cached = state.largest_cached();
         Error::OutOfMemory(Box::new(OutOfMemory {
             requested,
+            device_total: self.total,
             device_free,
             cached,
             largest_cached,
