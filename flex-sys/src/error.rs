@@ -95,7 +95,8 @@ pub enum LoadError {
         /// or (for a library reporting ABI 1.1 or later)
         /// [`crate::ABI_1_1_SYMBOLS`].
         symbol: &'static str,
-        /// The ABI version the library reported.
+        /// The ABI version the library reported; 1.0, the first version,
+        /// when the missing function is `flex_get_api_version` itself.
         version: AbiVersion,
         /// The file that was loaded.
         path: PathBuf,

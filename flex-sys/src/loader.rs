@@ -93,8 +93,11 @@ impl FlexLibrary {
     ///
     /// Each call opens the library afresh and checks it again; the dynamic
     /// loader shares one mapping between handles to the same file, and
-    /// finds a library already loaded by the same name (so one loaded
-    /// earlier in the process, which stays loaded: see [`FlexLibrary`]).
+    /// gives a library already loaded in the process (every one opened
+    /// stays loaded: see [`FlexLibrary`]) for a name it was loaded by, for
+    /// its soname, and for the same file by another path: so after
+    /// `open("/opt/test/libflex.so.1")`, `load()` gives that library again,
+    /// not the one of the search path.
     ///
     /// # Errors
     ///
@@ -276,8 +279,9 @@ impl FlexLibrary {
     /// example `/usr/lib/x86_64-linux-gnu/libflex.so.1.4.2`.
     ///
     /// It is the file that defines the library's flex functions, as reported
-    /// by `dladdr`. If the system cannot tell (which does not happen with
-    /// glibc), it is the name that was opened.
+    /// by `dladdr`. If the system cannot tell (with glibc, only for a
+    /// library that exports none of flex's functions, which the checks then
+    /// refuse), it is the name that was opened.
     #[must_use]
     pub fn path(&self) -> &Path {
         &self.path
