@@ -105,6 +105,37 @@ fn through_a_flex_library_buffers_that_fit_a_region_are_operands() {
     );
 }
 
+/// A cached segment the device refuses to free stays cached and counted
+/// as reserved, and serves the next buffer: the device still has it
+/// allocated. Before, it left the cache and `memory_reserved` (0 after
+/// `empty_cache`) while the device kept it, for good.
+#[test]
+fn a_segment_the_device_refuses_to_free_stays_cached_and_reserved() {
+    let library = spyre_tests::mock_cdylib().to_str().unwrap().to_owned();
+    isolated!(
+        &[
+            ("SPYRE_BACKEND", "hardware"),
+            ("FLEX_RUNTIME_LIB", &library),
+            ("SPYRE_MOCK_UNDEFINED_STATUS", "flex_memory_free"),
+        ],
+        || {
+            let stream = pool_stream();
+            let buffer = DeviceBuffer::<u8>::new(stream, 1 << 20).unwrap();
+            let address = buffer.address().clone();
+            drop(buffer);
+            stream.synchronize().unwrap();
+            let reserved = stats().reserved_bytes;
+            assert!(reserved >= MIB, "{reserved}");
+            assert_eq!(empty_cache(Device::CURRENT).unwrap(), 0, "nothing freed");
+            let after = stats();
+            assert_eq!((after.reserved_bytes, after.device_frees), (reserved, 0));
+            let again = DeviceBuffer::<u8>::new(stream, 1 << 20).unwrap();
+            assert_eq!(again.address(), &address, "the cached block serves");
+            assert_eq!(stats().device_allocations, 1);
+        }
+    );
+}
+
 #[test]
 fn statistics_follow_allocations_and_drops() {
     isolated!(&[MOCK], || {

@@ -1182,20 +1182,23 @@ impl CachingAllocator {
                     state.restore_segment(id, segment);
                 }
             }
-            for (_, segment) in returning {
+            for (id, segment) in returning {
                 let size = segment.address.total_size();
                 let freed = self.runtime.free(&segment.address);
                 let mut state = self.state.lock();
-                state.arrived(&segment.address);
-                state.stats.reserved_bytes -= size;
                 match freed {
                     Ok(()) => {
-                        returned.bytes += size;
+                        state.arrived(&segment.address);
+                        state.stats.reserved_bytes -= size;
                         state.stats.device_frees += 1;
+                        returned.bytes += size;
                     }
                     Err(error) => {
+                        // The device still has the memory allocated: it
+                        // stays cached, and reserved, for the next buffer.
+                        state.restore_segment(id, segment);
                         drop(state);
-                        tracing::warn!(%error, "the device refused to free a cached segment; it is forgotten");
+                        tracing::warn!(%error, "the device refused to free a cached segment; it stays cached");
                     }
                 }
             }
