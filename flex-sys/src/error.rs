@@ -68,7 +68,8 @@ pub enum LoadError {
     #[error(
         "{} implements flex ABI {found}, but this program was built for flex ABI {expected}; \
          a different major version is not compatible. Install a flex runtime with ABI major \
-         version {}, or point FLEX_RUNTIME_LIB at one",
+         version {}, or point FLEX_RUNTIME_LIB at one, and start the program again (it keeps a \
+         refused library loaded)",
         path.display(),
         expected.major
     )]
@@ -82,12 +83,12 @@ pub enum LoadError {
     },
 
     /// The library does not export a function that the ABI version it
-    /// reports requires (or exports it at address 0, where nothing can be
-    /// called).
+    /// reports requires.
     #[error(
         "{} does not export `{symbol}`, which flex ABI {version} requires, so it is not a \
          complete flex runtime library (a stub, an older build, or another library). Install \
-         a complete flex runtime, or point FLEX_RUNTIME_LIB at one",
+         a complete flex runtime, or point FLEX_RUNTIME_LIB at one, and start the program again \
+         (it keeps a refused library loaded)",
         path.display()
     )]
     MissingSymbol {
@@ -98,6 +99,24 @@ pub enum LoadError {
         /// The ABI version the library reported; 1.0, the first version,
         /// when the missing function is `flex_get_api_version` itself.
         version: AbiVersion,
+        /// The file that was loaded.
+        path: PathBuf,
+    },
+
+    /// The library exports a function of `flex.h` at address 0 (an
+    /// absolute symbol, or an indirect function whose resolver returned
+    /// null), where nothing can be called; in any ABI version.
+    #[error(
+        "{} exports `{symbol}` at address 0, where no function can be called, so it is not a \
+         usable flex runtime library (a stub or a broken build). Install a complete flex \
+         runtime, or point FLEX_RUNTIME_LIB at one, and start the program again (it keeps a \
+         refused library loaded)",
+        path.display()
+    )]
+    NullSymbol {
+        /// The function, one of [`crate::REQUIRED_SYMBOLS`] or
+        /// [`crate::ABI_1_1_SYMBOLS`].
+        symbol: &'static str,
         /// The file that was loaded.
         path: PathBuf,
     },
@@ -149,7 +168,7 @@ struct DisplayAttempts<'a>(&'a [Attempt]);
 
 /// What to do about [`LoadError::Open`] for `path`: a path with a `/` is
 /// opened as given; a bare name is searched for by the dynamic loader,
-/// never in the current directory (where `ldd NAME` would look).
+/// not taken as a path (as `ldd NAME` would take it).
 struct OpenAdvice<'a>(&'a Path);
 
 impl fmt::Display for OpenAdvice<'_> {
@@ -170,9 +189,10 @@ impl fmt::Display for OpenAdvice<'_> {
             write!(
                 f,
                 "A name without a `/` is searched for by the dynamic loader \
-                 (LD_LIBRARY_PATH, the ldconfig cache, the default directories), never in the \
-                 current directory: for a file there, give its path (./{}). If the loader \
-                 found the file, check that it {check} (`ldd` on its path lists them)",
+                 (LD_LIBRARY_PATH, the program's RUNPATH, the ldconfig cache, the default \
+                 directories), not taken as a path: for a file in the current directory, give \
+                 its path (./{}). If the loader found the file, check that it {check} (`ldd` on \
+                 its path lists them)",
                 path.display()
             )
         }
@@ -221,11 +241,11 @@ mod tests {
             e.to_string(),
             "cannot load the flex runtime library libflex-dev.so: libflex-dev.so: cannot open \
              shared object file: No such file or directory. A name without a `/` is searched \
-             for by the dynamic loader (LD_LIBRARY_PATH, the ldconfig cache, the default \
-             directories), never in the current directory: for a file there, give its path \
-             (./libflex-dev.so). If the loader found the file, check that it is a shared \
-             library built for this machine, and that every library it needs can be found \
-             (`ldd` on its path lists them)"
+             for by the dynamic loader (LD_LIBRARY_PATH, the program's RUNPATH, the ldconfig \
+             cache, the default directories), not taken as a path: for a file in the current \
+             directory, give its path (./libflex-dev.so). If the loader found the file, check \
+             that it is a shared library built for this machine, and that every library it \
+             needs can be found (`ldd` on its path lists them)"
         );
     }
 
@@ -304,7 +324,8 @@ mod tests {
             e.to_string(),
             "/usr/lib/libflex.so.2 implements flex ABI 2.0, but this program was built for flex \
              ABI 1.0; a different major version is not compatible. Install a flex runtime with \
-             ABI major version 1, or point FLEX_RUNTIME_LIB at one"
+             ABI major version 1, or point FLEX_RUNTIME_LIB at one, and start the program again \
+             (it keeps a refused library loaded)"
         );
     }
 
@@ -319,7 +340,23 @@ mod tests {
             e.to_string(),
             "/usr/lib/libflex.so.1 does not export `flex_launch_fill`, which flex ABI 1.0 \
              requires, so it is not a complete flex runtime library (a stub, an older build, or \
-             another library). Install a complete flex runtime, or point FLEX_RUNTIME_LIB at one"
+             another library). Install a complete flex runtime, or point FLEX_RUNTIME_LIB at one, \
+             and start the program again (it keeps a refused library loaded)"
+        );
+    }
+
+    #[test]
+    fn null_symbol_names_the_function_and_address_0() {
+        let e = LoadError::NullSymbol {
+            symbol: "flex_event_create",
+            path: "/usr/lib/libflex.so.1".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "/usr/lib/libflex.so.1 exports `flex_event_create` at address 0, where no function can \
+             be called, so it is not a usable flex runtime library (a stub or a broken build). \
+             Install a complete flex runtime, or point FLEX_RUNTIME_LIB at one, and start the \
+             program again (it keeps a refused library loaded)"
         );
     }
 

@@ -41,25 +41,26 @@
 //!
 //! # Checks at load time
 //!
-//! 1. The library is opened with `RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE`: a
-//!    missing dependency is a [`LoadError::Open`] now, not a crash at the
-//!    first call. The library stays loaded for the rest of the process
-//!    (`RTLD_NODELETE`, on Linux, Android, Apple systems, FreeBSD,
-//!    DragonFly, OpenBSD, illumos and Solaris; not NetBSD), also if a check
-//!    below refuses it: opening it ran its initialisers, and code of its own
-//!    may still run after its last handle is closed (threads it started,
-//!    destructors it registered for the threads that called it).
+//! 1. The library is opened with `RTLD_NOW | RTLD_LOCAL`: a missing
+//!    dependency is a [`LoadError::Open`] now, not a crash at the first
+//!    call. Once opened, the library stays loaded for the rest of the
+//!    process (its handle is never closed), also if a check below refuses
+//!    it: opening it ran its initialisers, and code of its own may still
+//!    run after its last handle is closed (threads it started, destructors
+//!    it registered for the threads that called it).
 //! 2. `flex_get_api_version` is called first. A different major version than
 //!    [`AbiVersion::CURRENT`] is [`LoadError::AbiMismatch`], showing both
 //!    versions; an older or newer minor version is accepted.
-//! 3. Every function in [`REQUIRED_SYMBOLS`] (ABI 1.0) must resolve, to an
-//!    address other than 0, or the load fails with [`LoadError::MissingSymbol`] naming the first one
+//! 3. Every function in [`REQUIRED_SYMBOLS`] (ABI 1.0) must resolve, or the
+//!    load fails with [`LoadError::MissingSymbol`] naming the first one
 //!    missing. The functions ABI 1.1 added ([`ABI_1_1_SYMBOLS`]: events and
 //!    capabilities) are required of a library reporting 1.1 or later; a 1.0
 //!    library loads without them and [`FlexLibrary::require`] returns a
 //!    [`MissingFunction`] ("unsupported by this flex library (ABI 1.0)")
 //!    naming the function, so callers report the feature unsupported
-//!    instead of calling a function the library does not promise.
+//!    instead of calling a function the library does not promise. No
+//!    function of `flex.h` may be exported at address 0, in any version
+//!    ([`LoadError::NullSymbol`]).
 //!
 //! [`FlexLibrary::path`] then tells which file was actually loaded.
 //! Nothing in this crate panics on a bad library; every failure is a

@@ -2,7 +2,7 @@
 
 use std::ffi::{CStr, OsStr, OsString, c_char, c_void};
 use std::fmt;
-use std::mem::MaybeUninit;
+use std::mem::{ManuallyDrop, MaybeUninit};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -36,15 +36,17 @@ fn default_candidates() -> [String; 2] {
 /// Function pointers copied out of [`FlexLibrary::api`] are valid only
 /// while an `Arc` lives.
 ///
-/// A library, once opened, stays loaded for the rest of the process, after
-/// its last `Arc` is dropped too, and also when the checks refuse it (it is
-/// opened with `RTLD_NODELETE`, on Linux, Android, Apple systems, FreeBSD,
-/// DragonFly, OpenBSD, illumos and Solaris; not NetBSD): opening it ran its
-/// initialisers, and a flex library may leave its own code to run after its
-/// last handle is closed (threads it started, destructors it registered for
-/// the threads that called it), so unmapping it under them would crash the
-/// process. So for the rest of the process, opening the same name again
-/// gives that same library, even if the file has been replaced meanwhile.
+/// A library, once opened, stays loaded for the rest of the process: its
+/// `dlopen` handle is never closed, after the last `Arc` is dropped too,
+/// and also when the checks refuse it. Opening it ran its initialisers,
+/// and a flex library may leave its own code to run after its last handle
+/// is closed (threads it started, destructors it registered for the
+/// threads that called it), so unmapping it under them would crash the
+/// process. So for the rest of the process, opening the same name (or the
+/// library's soname, or the same file by another path) again gives that
+/// same library, even if the file has been replaced meanwhile: after a
+/// refusal, a good library of the same soname is loaded by starting the
+/// program again.
 ///
 /// # Thread safety
 ///
@@ -59,9 +61,10 @@ fn default_candidates() -> [String; 2] {
 /// and exports every function of `flex.h`, but not that those functions
 /// behave as `flex.h` says. Only load files that are flex runtime libraries.
 pub struct FlexLibrary {
-    /// The resolved functions; owns the `dlopen` handle, which is closed when
-    /// this value is dropped (after the last `Arc`).
-    api: FlexApi,
+    /// The resolved functions; owns the `dlopen` handle, never closed (so
+    /// never dropped: only its function pointers and the handle, no heap
+    /// memory, are given up with this value).
+    api: ManuallyDrop<FlexApi>,
     /// The file that was loaded, as found by the dynamic loader.
     path: PathBuf,
     /// The version the library reported.
@@ -96,8 +99,9 @@ impl FlexLibrary {
     /// gives a library already loaded in the process (every one opened
     /// stays loaded: see [`FlexLibrary`]) for a name it was loaded by, for
     /// its soname, and for the same file by another path: so after
-    /// `open("/opt/test/libflex.so.1")`, `load()` gives that library again,
-    /// not the one of the search path.
+    /// `open("/opt/test/libflex.so.1")` of a library whose soname is
+    /// `libflex.so.1`, `load()` gives that library again, not the one of
+    /// the search path.
     ///
     /// # Errors
     ///
@@ -149,31 +153,35 @@ impl FlexLibrary {
     ///
     /// Steps, each a distinct error:
     ///
-    /// 1. `dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE)`. Immediate
-    ///    binding makes a missing dependency (a library, or a symbol a
-    ///    dependency should provide) fail here rather than at the first
-    ///    call; the library stays loaded, whatever the checks below decide
-    ///    (see [`FlexLibrary`]). A `path` without
+    /// 1. `dlopen(path, RTLD_NOW | RTLD_LOCAL)`. Immediate binding makes a
+    ///    missing dependency (a library, or a symbol a dependency should
+    ///    provide) fail here rather than at the first call. Once opened, the
+    ///    library stays loaded, whatever the checks below decide (see
+    ///    [`FlexLibrary`]). A `path` without
     ///    a `/` is searched like any `dlopen` name; write `./name` for a file
     ///    in the current directory. An empty path, or one with a NUL byte, is
     ///    refused without calling `dlopen`.
     /// 2. `flex_get_api_version` is resolved and called before anything else,
     ///    and its major version must equal [`AbiVersion::CURRENT`]'s. Any
     ///    minor version, older or newer, is accepted.
-    /// 3. Every function in [`crate::REQUIRED_SYMBOLS`] must resolve to an
-    ///    address other than 0, and, for a library reporting minor version 1
-    ///    or later, every function in [`crate::ABI_1_1_SYMBOLS`] too (a
-    ///    symbol at address 0, such as an absolute symbol or an indirect
-    ///    function whose resolver returned null, counts as missing: it
-    ///    cannot be called). A 1.0 library loads without the
-    ///    1.1 functions; [`FlexLibrary::require`] reports them unsupported.
+    /// 3. Every function in [`crate::REQUIRED_SYMBOLS`] must be exported,
+    ///    and, for a library reporting minor version 1 or later, every
+    ///    function in [`crate::ABI_1_1_SYMBOLS`] too. A 1.0 library loads
+    ///    without the 1.1 functions; [`FlexLibrary::require`] reports them
+    ///    unsupported.
+    ///
+    /// No function of `flex.h` may be exported at address 0 (an absolute
+    /// symbol, or an indirect function whose resolver returned null), in
+    /// any version: nothing can be called there.
+    ///
     /// # Errors
     ///
     /// - [`LoadError::Open`]: step 1 failed (missing file, a directory, not a
     ///   shared library, a wrong architecture, an unresolvable dependency);
     /// - [`LoadError::MissingSymbol`]: `flex_get_api_version` or another
-    ///   function the reported version requires is not exported (or is at
-    ///   address 0);
+    ///   function the reported version requires is not exported;
+    /// - [`LoadError::NullSymbol`]: a function of `flex.h` is exported at
+    ///   address 0;
     /// - [`LoadError::AbiMismatch`]: the library reports another major
     ///   version.
     pub fn open(path: impl AsRef<Path>) -> Result<Arc<FlexLibrary>, LoadError> {
@@ -195,40 +203,50 @@ impl FlexLibrary {
         }
 
         // SAFETY: `dlopen` is unsafe because it runs the library's
-        // initialisers now and its finalisers at exit (`RTLD_NODELETE`: never
-        // at `dlclose`, so nothing the initialisers started can outlive the
-        // code it runs, even if the checks refuse the library), which may
-        // have any requirement. The contract of this loader, stated on
-        // `FlexLibrary` ("Trust"), is that the file is a flex runtime
-        // library, whose initialisers need nothing from the caller. The
-        // handle is owned by the returned value and, later, by `FlexApi`,
-        // so it is closed exactly once, after the last use of any symbol
-        // from it.
-        let library = unsafe { Library::open(Some(name), RTLD_NOW | RTLD_LOCAL | NODELETE) }
-            .map_err(|e| refuse(&e.to_string()))?;
+        // initialisers now and its finalisers at exit (the handle is never
+        // closed: `ManuallyDrop` here and in `FlexLibrary`, so nothing the
+        // initialisers started can outlive the code it runs, even if the
+        // checks refuse the library), which may have any requirement. The
+        // contract of this loader, stated on `FlexLibrary` ("Trust"), is
+        // that the file is a flex runtime library, whose initialisers need
+        // nothing from the caller.
+        let library = ManuallyDrop::new(
+            unsafe { Library::open(Some(name), RTLD_NOW | RTLD_LOCAL) }
+                .map_err(|e| refuse(&e.to_string()))?,
+        );
         let path = loaded_file(&library).unwrap_or_else(|| fallback_path(name));
+        let refuse_export =
+            |symbol: &'static str, version: AbiVersion| match export(&library, symbol) {
+                Export::Found => None,
+                Export::Missing => Some(LoadError::MissingSymbol {
+                    symbol,
+                    version,
+                    path: path.clone(),
+                }),
+                Export::AtZero => Some(LoadError::NullSymbol {
+                    symbol,
+                    path: path.clone(),
+                }),
+            };
 
+        // The library reports no version without this call; every version
+        // has it.
+        if let Some(refused) =
+            refuse_export("flex_get_api_version", AbiVersion { major: 1, minor: 0 })
+        {
+            return Err(refused);
+        }
         // SAFETY: the type is the one `flex.h` declares,
         // `uint32_t flex_get_api_version(void)`, required in every ABI
-        // version, read as an `Option` of the function pointer: a symbol at
-        // address 0 reads as `None` (the null pointer niche of `Option<fn>`)
-        // rather than as a null function pointer. The function pointer is
-        // copied out of the `Symbol` and used only below, while `library` is
-        // still open.
-        let get_version = unsafe {
-            library.get::<Option<unsafe extern "C" fn() -> u32>>(b"flex_get_api_version\0")
-        }
-        .map_or(None, |symbol| *symbol);
-        let Some(get_version) = get_version else {
-            // The library reports no version; every version has this call.
-            return Err(LoadError::MissingSymbol {
-                symbol: "flex_get_api_version",
-                version: AbiVersion { major: 1, minor: 0 },
-                path,
-            });
-        };
+        // version; the symbol was found above at an address other than 0,
+        // so the function pointer is not null. It is copied out of the
+        // `Symbol` and used only below, while the library is loaded (it
+        // always is from now on).
+        let get_version =
+            *unsafe { library.get::<unsafe extern "C" fn() -> u32>(b"flex_get_api_version\0") }
+                .map_err(|e| refuse(&e.to_string()))?;
         // SAFETY: `flex.h`: takes no arguments, has no preconditions, never
-        // fails and needs no runtime. `library` keeps the code mapped.
+        // fails and needs no runtime. The library stays loaded.
         let found = AbiVersion::from_packed(unsafe { get_version() });
         if !AbiVersion::CURRENT.is_compatible_with(found) {
             return Err(LoadError::AbiMismatch {
@@ -238,37 +256,38 @@ impl FlexLibrary {
             });
         }
 
-        let added = if found.minor >= 1 {
-            ABI_1_1_SYMBOLS
-        } else {
-            &[]
-        };
-        if let Some(&symbol) = REQUIRED_SYMBOLS
+        let required = |symbol: &&str| found.minor >= 1 || !ABI_1_1_SYMBOLS.contains(symbol);
+        if let Some(refused) = REQUIRED_SYMBOLS
             .iter()
-            .chain(added)
-            .find(|symbol| !resolves(&library, symbol))
+            .chain(ABI_1_1_SYMBOLS)
+            .find_map(|&symbol| match refuse_export(symbol, found) {
+                // A 1.0 library need not export the 1.1 functions, but
+                // none may be at 0 (below).
+                Some(LoadError::MissingSymbol { .. }) if !required(&symbol) => None,
+                refused => refused,
+            })
         {
-            return Err(LoadError::MissingSymbol {
-                symbol,
-                version: found,
-                path,
-            });
+            return Err(refused);
         }
         // SAFETY: `from_library` resolves every function with the signature
         // bindgen generated from `flex.h`; it is unsafe because a symbol's
         // type cannot be checked. The library has just reported the same
-        // major ABI version as that header, which promises those signatures,
-        // and every function that version requires resolved to an address
-        // other than 0 just above (a 1.0 library's 1.1 fields may hold
-        // anything, but are never called: see `FlexLibrary::require`). The
-        // handle moves into `FlexApi`, which keeps it open as long as the
-        // function pointers in it exist.
-        let api = unsafe { FlexApi::from_library(library) }.map_err(|e| LoadError::Open {
-            path: path.clone(),
-            reason: e.to_string(),
-        })?;
+        // major ABI version as that header, which promises those signatures.
+        // Every function of `flex.h` it exports is at an address other than
+        // 0 (checked just above), so no field holds a null function
+        // pointer; a 1.0 library's 1.1 exports are never called (see
+        // `FlexLibrary::require`). The handle moves into `FlexApi`, which
+        // is never dropped: the function pointers stay valid for the rest
+        // of the process.
+        let api =
+            unsafe { FlexApi::from_library(ManuallyDrop::into_inner(library)) }.map_err(|e| {
+                LoadError::Open {
+                    path: path.clone(),
+                    reason: e.to_string(),
+                }
+            })?;
         Ok(FlexLibrary {
-            api,
+            api: ManuallyDrop::new(api),
             path,
             version: found,
         })
@@ -417,39 +436,27 @@ fn loaded_file(library: &Library) -> Option<PathBuf> {
     })
 }
 
-/// `RTLD_NODELETE` where the C library has it, else 0 (NetBSD among
-/// them: there a library is unloaded once its last handle is closed).
-#[cfg(any(
-    target_os = "linux",
-    target_os = "android",
-    target_vendor = "apple",
-    target_os = "freebsd",
-    target_os = "dragonfly",
-    target_os = "openbsd",
-    target_os = "illumos",
-    target_os = "solaris"
-))]
-const NODELETE: i32 = libc::RTLD_NODELETE;
-#[cfg(not(any(
-    target_os = "linux",
-    target_os = "android",
-    target_vendor = "apple",
-    target_os = "freebsd",
-    target_os = "dragonfly",
-    target_os = "openbsd",
-    target_os = "illumos",
-    target_os = "solaris"
-)))]
-const NODELETE: i32 = 0;
+/// Whether and where a library exports a function.
+enum Export {
+    /// At an address other than 0.
+    Found,
+    /// Not at all.
+    Missing,
+    /// At address 0: `dlsym` returns null without an error (an absolute
+    /// symbol of value 0, an indirect function whose resolver returned
+    /// null), and a null function pointer cannot exist in Rust.
+    AtZero,
+}
 
-/// Whether `symbol` resolves in `library` to an address other than 0.
-/// `dlsym` can return null without an error (an absolute symbol of value 0,
-/// an indirect function whose resolver returned null), and a null function
-/// pointer cannot exist in Rust.
-fn resolves(library: &Library, symbol: &str) -> bool {
+/// Whether and where `library` exports `symbol`.
+fn export(library: &Library, symbol: &str) -> Export {
     // SAFETY: the symbol is read as a plain address (`*mut c_void`, the type
     // `dlsym` itself returns); it is never called or dereferenced.
-    unsafe { library.get::<*mut c_void>(symbol.as_bytes()) }.is_ok_and(|address| !address.is_null())
+    match unsafe { library.get::<*mut c_void>(symbol.as_bytes()) } {
+        Err(_) => Export::Missing,
+        Ok(address) if address.is_null() => Export::AtZero,
+        Ok(_) => Export::Found,
+    }
 }
 
 /// The file of the loaded object that contains `address`, via `dladdr`.

@@ -155,22 +155,25 @@ fn library_missing_flex_launch_fill_is_refused_naming_the_symbol() {
 
 /// `dlsym` returns null without an error for an absolute symbol of value
 /// 0; such a function cannot be called, and a null function pointer cannot
-/// exist in Rust. Before, the library was accepted (and the version call at
-/// 0 would have jumped there).
+/// exist in Rust: refused in any version, a 1.1 function in a 1.0 library
+/// too. Before, the library was accepted (and the version call at 0 would
+/// have jumped there).
 #[test]
-fn a_function_at_address_0_is_missing() {
-    for symbol in ["flex_launch_fill", "flex_get_api_version"] {
-        let path = Stub::new().null(symbol).build();
-        let version = if symbol == "flex_get_api_version" {
-            AbiVersion { major: 1, minor: 0 }
-        } else {
-            AbiVersion::CURRENT
-        };
+fn a_function_at_address_0_is_refused() {
+    for (symbol, version) in [
+        ("flex_launch_fill", None),
+        ("flex_get_api_version", None),
+        ("flex_event_create", Some((1, 0))),
+    ] {
+        let mut stub = Stub::new().null(symbol);
+        if let Some((major, minor)) = version {
+            stub = stub.version(major, minor);
+        }
+        let path = stub.build();
         assert_eq!(
             FlexLibrary::open(&path).unwrap_err(),
-            LoadError::MissingSymbol {
+            LoadError::NullSymbol {
                 symbol,
-                version,
                 path: path.clone()
             },
             "{symbol} at address 0"

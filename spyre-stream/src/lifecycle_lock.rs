@@ -47,7 +47,8 @@ thread_local! {
 pub(crate) struct LifecycleLock<T> {
     /// 0 while free; else `2 × generation + 1`, the fork generation of the
     /// process whose thread holds it (odd, so never 0; a child's
-    /// generation is its parent's plus one, so never the same word).
+    /// generation is its parent's plus at least one, so never the same
+    /// word).
     holder: AtomicU64,
     value: Mutex<T>,
 }

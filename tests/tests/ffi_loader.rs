@@ -56,7 +56,7 @@ fn the_library_exports_flex_h_at_the_header_version() {
 /// The library is linked to stay loaded after its last `dlclose` (`-z
 /// nodelete`): every thread that called it runs a function of it as it
 /// exits, which must still be there. flex-sys's loader keeps every library
-/// it has checked loaded anyway, so this looks at the flag itself, which a
+/// it has opened loaded anyway, so this looks at the flag itself, which a
 /// C program that opens and closes the library relies on: `readelf -d`
 /// (binutils, beside the C compiler that links the library) lists it among
 /// the dynamic section's `FLAGS_1`.
