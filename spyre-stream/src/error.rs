@@ -316,7 +316,8 @@ pub struct OutOfMemory {
     /// Bytes asked for.
     pub requested: u64,
     /// All of the device's memory, from the runtime (`None` when it cannot
-    /// tell: a flex library of ABI 1.0).
+    /// tell: a flex library of ABI 1.0, or one whose memory information
+    /// failed, or reported 0, when the device's allocator was made).
     pub device_total: Option<u64>,
     /// Free device memory, from the runtime (`None` with a flex library of
     /// ABI 1.0, which cannot tell).

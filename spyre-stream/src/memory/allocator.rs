@@ -663,6 +663,19 @@ pub fn allocations_held(layout: MemoryLayout, bytes: u64) -> u64 {
     (total / region).saturating_mul(per_region(region)) + per_region(total % region)
 }
 
+/// Whether a free the runtime failed with `status` freed nothing: `flex.h`
+/// says so of `INVALID_ARGUMENT` and `INVALID_HANDLE`, and a forked
+/// child's runtime refuses every call with `RUNTIME_FAILED` before it
+/// reaches the device. Of any other status nothing is promised.
+fn frees_nothing(status: Status) -> bool {
+    [
+        Status::INVALID_ARGUMENT,
+        Status::INVALID_HANDLE,
+        Status::RUNTIME_FAILED,
+    ]
+    .contains(&status)
+}
+
 /// Whether a free block with `rest` bytes left over a request of
 /// `rounded` bytes is split (PyTorch's `should_split`).
 fn should_split(rounded: u64, rest: u64) -> bool {
@@ -678,9 +691,11 @@ impl CachingAllocator {
     /// same runtime).
     pub(crate) fn new(runtime: &'static dyn Runtime, markers: &'static MarkerEvents) -> Self {
         let layout = runtime.memory_layout();
+        // A total of 0 tells nothing.
         let total = layout
             .map(|layout| layout.total_bytes)
-            .or_else(|| runtime.memory_info().ok().map(|info| info.total_bytes));
+            .or_else(|| runtime.memory_info().ok().map(|info| info.total_bytes))
+            .filter(|&total| total > 0);
         Self {
             runtime,
             markers,
@@ -751,7 +766,7 @@ impl CachingAllocator {
         let segment = match self.allocate_segment(rounded, Pieces::Refuse) {
             Ok(segment) => segment,
             Err(error) if error.status() == Status::OUT_OF_MEMORY => {
-                if self.total.is_some_and(|total| rounded > total) {
+                if self.total.is_some_and(|total| bytes > total) {
                     // Nothing returned or waited for can make room.
                     return Err(self.out_of_memory(bytes, error));
                 }
@@ -1193,12 +1208,20 @@ impl CachingAllocator {
                         state.stats.device_frees += 1;
                         returned.bytes += size;
                     }
-                    Err(error) => {
+                    Err(error) if frees_nothing(error.status()) => {
                         // The device still has the memory allocated: it
                         // stays cached, and reserved, for the next buffer.
                         state.restore_segment(id, segment);
                         drop(state);
                         tracing::warn!(%error, "the device refused to free a cached segment; it stays cached");
+                    }
+                    Err(error) => {
+                        // Some of it may have been freed: never handed out
+                        // again, nor counted.
+                        state.arrived(&segment.address);
+                        state.stats.reserved_bytes -= size;
+                        drop(state);
+                        tracing::warn!(%error, "the device failed to free a cached segment; it is forgotten");
                     }
                 }
             }
