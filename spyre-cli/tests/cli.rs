@@ -1978,9 +1978,15 @@ fn a_refused_run_leaves_no_output_file_and_a_device_file_takes_the_trace() {
 }
 
 /// A trace written to the file the run's standard output is, named through
-/// a symbolic link (`/dev/stdout` under another name), is written into that
-/// file, not renamed over it: the run's report goes on to the same file,
-/// and a file renamed over it would leave the report in an unlinked one.
+/// a symbolic link (`/dev/stdout` under another name), goes through
+/// standard output into that file: not renamed over it (the run's report
+/// goes on to the same file, and a file renamed over it would leave the
+/// report in an unlinked one), and not emptied first (a log that other
+/// processes share keeps their lines; with `>`, the run's report is not
+/// written over the trace).
+/// Before, the file was emptied and the trace written from its start: an
+/// appended log lost every earlier line, and with `>` the report
+/// overwrote the trace's start.
 #[cfg(unix)]
 #[test]
 fn a_trace_to_the_file_standard_output_is_is_written_into_that_file() {
@@ -1990,36 +1996,56 @@ fn a_trace_to_the_file_standard_output_is_is_written_into_that_file() {
     let out = dir.join("out.txt");
     let link = dir.join("trace.json");
     std::os::unix::fs::symlink(&out, &link).unwrap();
-    // Opened for appending, as a shell's `>>`: the report lands after
-    // whatever the file holds when it is printed.
-    let stdout = File::options()
-        .create(true)
-        .append(true)
-        .open(&out)
-        .unwrap();
-    let inode = std::fs::metadata(&out).unwrap().ino();
-    let mut command = spyre_command(&[
-        "run",
-        "--iterations",
-        "2",
-        "--trace",
-        link.to_str().unwrap(),
-    ]);
-    command.stdout(stdout);
-    let output = command.output().expect("the spyre binary runs");
-    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
-    assert_eq!(
-        std::fs::metadata(&out).unwrap().ino(),
-        inode,
-        "the file standard output is was replaced"
-    );
-    let contents = std::fs::read_to_string(&out).unwrap();
-    assert!(contents.contains("\"traceEvents\""), "{contents}");
-    let names: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|entry| entry.unwrap().file_name())
-        .collect();
-    assert_eq!(names.len(), 2, "only the file and the link: {names:?}");
+    let earlier = "another rank's report\n";
+    for append in [true, false] {
+        std::fs::write(&out, earlier).unwrap();
+        // Opened for appending, as a shell's `>>`, or emptied, as `>`.
+        let stdout = File::options()
+            .write(true)
+            .append(append)
+            .truncate(!append)
+            .open(&out)
+            .unwrap();
+        let inode = std::fs::metadata(&out).unwrap().ino();
+        let mut command = spyre_command(&[
+            "run",
+            "--iterations",
+            "2",
+            "--trace",
+            link.to_str().unwrap(),
+        ]);
+        command.stdout(stdout);
+        let output = command.output().expect("the spyre binary runs");
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+        assert_eq!(
+            std::fs::metadata(&out).unwrap().ino(),
+            inode,
+            "the file standard output is was replaced"
+        );
+        let contents = std::fs::read_to_string(&out).unwrap();
+        // What the run writes starts with the trace (the report follows).
+        let trace_at = if append { earlier.len() } else { 0 };
+        assert!(
+            contents.starts_with(&earlier[..trace_at]),
+            "append {append}: {contents}"
+        );
+        let trace = serde_json::Deserializer::from_str(&contents[trace_at..])
+            .into_iter::<Value>()
+            .next()
+            .expect("a JSON value")
+            .unwrap_or_else(|e| panic!("append {append}: the trace is not whole: {e}"));
+        assert!(trace["traceEvents"].is_array(), "append {append}: {trace}");
+        assert_eq!(
+            contents.matches("verified").count(),
+            1,
+            "append {append}: the report, once: {contents}"
+        );
+        let names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 2, "only the file and the link: {names:?}");
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

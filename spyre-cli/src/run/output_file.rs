@@ -17,9 +17,12 @@
 //! who ran, and other hard links to it keep the old contents. The write is
 //! made in place (the file emptied, then written) where no file can be made
 //! beside it (a directory the user may not write to) or renamed over it (a
-//! bind-mounted file), for a device or a pipe, for a path under `/dev` or
-//! `/proc`, and for the file this process's standard output or error is
-//! (`/dev/stdout` redirected to a file is that file).
+//! bind-mounted file), for a device or a pipe, and for a path under `/dev`
+//! or `/proc`. The file this process's standard output or error is
+//! (`/dev/stdout` redirected to a file is that file, a log that other
+//! processes may share) is neither replaced nor emptied: the contents go
+//! through that stream, after what was written to it before, as the
+//! run's own output does.
 
 use std::fs::File;
 use std::io::{BufWriter, Seek, SeekFrom, Write};
@@ -109,9 +112,12 @@ impl OutputFile {
             ))
         };
         let regular = file.metadata().ok().filter(std::fs::Metadata::is_file);
+        if let Some(stream) = regular.as_ref().and_then(standard_stream) {
+            return stream.write_with(contents).map_err(failed);
+        }
         let replaced = regular
             .as_ref()
-            .filter(|meta| !names_a_system_file(&path) && !is_standard_output(meta))
+            .filter(|_| !names_a_system_file(&path))
             .and_then(|meta| Some((beside(&path).ok()?, meta.permissions())));
         let Some(((temp, target, listed), mode)) = replaced else {
             return write_in_place(&file, regular.is_some(), contents).map_err(failed);
@@ -210,11 +216,42 @@ fn names_a_system_file(path: &Path) -> bool {
     path.starts_with("/dev") || path.starts_with("/proc")
 }
 
-/// Whether the file of `meta` is this process's standard output or error
-/// (redirected to a file, and named through a symbolic link, say), which
-/// must be written in place: the process goes on writing to it.
+/// This process's standard output or error.
+#[derive(Clone, Copy)]
+enum StandardStream {
+    Output,
+    Error,
+}
+
+impl StandardStream {
+    /// Writes what `contents` writes through the stream (at its position,
+    /// after what was written to it before; appended where it was opened
+    /// for appending) and flushes it.
+    fn write_with<T>(
+        self,
+        contents: impl FnOnce(&mut dyn Write) -> std::io::Result<T>,
+    ) -> std::io::Result<T> {
+        fn through<W: Write, T>(
+            stream: W,
+            contents: impl FnOnce(&mut dyn Write) -> std::io::Result<T>,
+        ) -> std::io::Result<T> {
+            let mut out = BufWriter::new(stream);
+            let written = contents(&mut out)?;
+            out.flush()?;
+            Ok(written)
+        }
+        match self {
+            Self::Output => through(std::io::stdout().lock(), contents),
+            Self::Error => through(std::io::stderr().lock(), contents),
+        }
+    }
+}
+
+/// Which of this process's standard output and error the file of `meta`
+/// is (redirected to a file, and named through `/dev/stdout` or another
+/// symbolic link, say), if either.
 #[cfg(unix)]
-fn is_standard_output(meta: &std::fs::Metadata) -> bool {
+fn standard_stream(meta: &std::fs::Metadata) -> Option<StandardStream> {
     use std::os::fd::{AsFd, BorrowedFd};
     use std::os::unix::fs::MetadataExt;
     let same = |fd: BorrowedFd<'_>| {
@@ -223,13 +260,19 @@ fn is_standard_output(meta: &std::fs::Metadata) -> bool {
             .and_then(|file| file.metadata())
             .is_ok_and(|other| (other.dev(), other.ino()) == (meta.dev(), meta.ino()))
     };
-    same(std::io::stdout().as_fd()) || same(std::io::stderr().as_fd())
+    if same(std::io::stdout().as_fd()) {
+        Some(StandardStream::Output)
+    } else if same(std::io::stderr().as_fd()) {
+        Some(StandardStream::Error)
+    } else {
+        None
+    }
 }
 
 /// See the Unix version: elsewhere only paths are told apart.
 #[cfg(not(unix))]
-fn is_standard_output(_: &std::fs::Metadata) -> bool {
-    false
+fn standard_stream(_: &std::fs::Metadata) -> Option<StandardStream> {
+    None
 }
 
 /// A new, empty file in the directory of the file `path` names (symbolic
