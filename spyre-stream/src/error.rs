@@ -435,9 +435,12 @@ fn no_handle_advice(id: StreamId) -> String {
 fn out_of_range_advice(count: u32, chosen_by: crate::DeviceSource) -> String {
     match (count, chosen_by) {
         (0, _) => "no device is visible to this process".to_owned(),
-        (_, crate::DeviceSource::LocalRank(_)) => {
-            format!("local ranks must be below {count}: start one rank per visible device")
-        }
+        (_, crate::DeviceSource::LocalRank(_)) => format!(
+            "local ranks must be below {count}: start one rank per visible device; where each \
+             rank sees only its own devices (SPYRE_DEVICES set per rank), its device is 0: set \
+             LOCAL_RANK=0 for it (read before the other launchers' variables), or call \
+             set_device(0)"
+        ),
         _ => format!("use a device below {count}"),
     }
 }
