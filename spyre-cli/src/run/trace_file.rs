@@ -31,8 +31,14 @@ const ARROW_END: &str = "flow";
 /// idle task).
 const PID: u32 = 1;
 
+/// `time` in microseconds, the unit of the format's times, from its whole
+/// nanoseconds: the nearest `f64` to a number of three decimals, which
+/// JSON writes as those three decimals. (Through seconds as `f64`, a time
+/// came out as 1980.8809999999999 µs instead of 1980.881, and the slice
+/// that starts where the one before it finished could start before it in
+/// the file.)
 fn micros(time: std::time::Duration) -> f64 {
-    time.as_secs_f64() * 1e6
+    time.as_nanos() as f64 / 1000.0
 }
 
 /// Writes Chrome trace events one at a time, as the elements of the
@@ -191,6 +197,32 @@ mod tests {
             finished: Some(Duration::from_micros(at + 1)),
             failed: false,
             link: None,
+        }
+    }
+
+    /// Times are written as the decimals of their whole nanoseconds, so a
+    /// slice that starts where the one before it on its stream finished
+    /// starts exactly there: 1772.161 µs + 208.72 µs is 1980.881 µs, which
+    /// through seconds as `f64` was written 1980.8809999999999 (before the
+    /// previous slice's end).
+    #[test]
+    fn consecutive_slices_of_a_stream_meet_exactly() {
+        let at = |nanos| Some(Duration::from_nanos(nanos));
+        let mut first = fill(0, false);
+        (first.started, first.finished) = (at(1_772_161), at(1_980_881));
+        let mut second = fill(0, false);
+        (second.started, second.finished) = (at(1_980_881), at(1_981_000));
+        let mut out = Vec::new();
+        write_events(
+            &mut out,
+            &Trace {
+                entries: vec![first, second],
+            },
+        )
+        .unwrap();
+        let text = String::from_utf8(out).unwrap();
+        for written in [r#""dur":208.72,"#, r#""ts":1772.161}"#, r#""ts":1980.881}"#] {
+            assert!(text.contains(written), "{written} in {text}");
         }
     }
 
