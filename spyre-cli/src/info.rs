@@ -142,6 +142,9 @@ pub(crate) fn gather() -> (InfoReport, Option<CliError>) {
     let count = match started {
         Ok(count) => count,
         Err(error) => {
+            // The devices may still be counted (a local rank past them,
+            // say): the number that fixes the launch.
+            report.device_count = spyre_stream::device_count().ok();
             report.error = Some(error.to_string());
             return (report, Some(error));
         }

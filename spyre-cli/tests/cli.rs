@@ -1172,11 +1172,16 @@ fn info_text_lists_every_variable() {
 
 #[test]
 fn info_still_reports_when_the_runtime_cannot_start() {
-    let output = spyre(&["info", "--json"], &[("LOCAL_RANK", "5")]);
+    let output = spyre(
+        &["info", "--json"],
+        &[("LOCAL_RANK", "5"), ("SPYRE_MOCK_DEVICES", "4")],
+    );
     assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
     let info: Value = serde_json::from_str(&stdout(&output)).expect("stdout is JSON");
     assert_eq!(info["environment"]["LOCAL_RANK"], "5");
     assert_eq!(info["backend"], Value::Null);
+    // The number of devices to start ranks for (before, null).
+    assert_eq!(info["device_count"], 4);
     let error = info["error"].as_str().expect("error is a string");
     assert!(error.contains("logical_device_id=5"), "{error}");
     assert!(stderr(&output).contains("logical_device_id=5"));
