@@ -3,7 +3,9 @@
 //! named by its id and priority; every operation a slice from its start to
 //! its finish on the device; every wait on an event a flow arrow from the
 //! record it waited for to the moment the wait was passed (flow events
-//! bound to slices by `bind_id`).
+//! bound to slices by `bind_id`). The tracks' process is named by the
+//! logical device and this process's id (`Spyre device 2 (process 4711)`),
+//! so that the traces of a launch's ranks tell themselves apart.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
@@ -156,8 +158,13 @@ fn write_events(out: &mut dyn Write, trace: &Trace) -> std::io::Result<TraceSumm
             "args": {"sort_index": tid}}),
         )?;
     }
+    // The device and the process that ran the work: per-rank traces of a
+    // launch tell themselves apart.
+    let device = trace.entries.first().map_or_else(String::new, |entry| {
+        format!(" {}", entry.stream.device_index())
+    });
     events.event(&json!({"name": "process_name", "ph": "M", "pid": PID,
-        "args": {"name": "Spyre device"}}))?;
+        "args": {"name": format!("Spyre device{device} (process {})", std::process::id())}}))?;
     out.write_all(b"]}")?;
     Ok(TraceSummary {
         operations,
@@ -245,5 +252,15 @@ mod tests {
         assert_eq!(args.len(), 2);
         assert!(args[0].get("pipeline_barrier").is_none(), "{}", args[0]);
         assert_eq!(args[1]["pipeline_barrier"], true);
+        let process = document["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == "process_name")
+            .unwrap();
+        assert_eq!(
+            process["args"]["name"],
+            format!("Spyre device 0 (process {})", std::process::id())
+        );
     }
 }
