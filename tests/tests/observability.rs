@@ -389,12 +389,19 @@ fn waits_link_the_records_they_waited_for(paced: bool) {
                 }
                 done.store(true, Ordering::Relaxed);
             });
-            while !done.load(Ordering::Relaxed) {
+            let wait_and_launch = || {
                 event.wait(waiting).unwrap();
                 waiting
                     .launch_host_callback(|| {}, LaunchOptions::new())
                     .unwrap();
+            };
+            while !done.load(Ordering::Relaxed) {
+                wait_and_launch();
             }
+            // At least one wait once the event is recorded: on a loaded
+            // machine the recording thread may have enqueued all its
+            // records before this thread's first wait.
+            wait_and_launch();
         });
         synchronize_device(Device::CURRENT).unwrap();
         let trace = stop_trace();
