@@ -105,6 +105,25 @@ fn through_a_flex_library_buffers_that_fit_a_region_are_operands() {
     );
 }
 
+/// Caches a 1 MiB buffer's segment on a pool stream, makes its free fail
+/// (`fail_the_free`), and empties the cache, which frees nothing. Returns
+/// the stream, the buffer's address and the bytes reserved before.
+fn empty_a_cache_whose_free_fails(
+    fail_the_free: impl FnOnce(),
+) -> (SpyreStream, spyre_stream::CompositeAddress, u64) {
+    let stream = pool_stream();
+    let address = DeviceBuffer::<u8>::new(stream, 1 << 20)
+        .unwrap()
+        .address()
+        .clone();
+    stream.synchronize().unwrap();
+    let reserved = stats().reserved_bytes;
+    assert!(reserved >= MIB, "{reserved}");
+    fail_the_free();
+    assert_eq!(empty_cache(Device::CURRENT).unwrap(), 0, "nothing freed");
+    (stream, address, reserved)
+}
+
 /// A cached segment the device refuses to free with a status that frees
 /// nothing (`INVALID_ARGUMENT`, injected) stays cached and counted as
 /// reserved, and serves the next buffer: the device still has it
@@ -115,16 +134,9 @@ fn a_segment_the_device_refuses_to_free_stays_cached_and_reserved() {
     isolated!(&[], || {
         let backend = SpyBackend::new(MockSystem::default());
         spyre_stream::set_backend(Box::new(backend.clone())).unwrap();
-        let stream = pool_stream();
-        let address = DeviceBuffer::<u8>::new(stream, 1 << 20)
-            .unwrap()
-            .address()
-            .clone();
-        stream.synchronize().unwrap();
-        let reserved = stats().reserved_bytes;
-        assert!(reserved >= MIB, "{reserved}");
-        backend.runtime().unwrap().faults().refuse_next_frees(1);
-        assert_eq!(empty_cache(Device::CURRENT).unwrap(), 0, "nothing freed");
+        let (stream, address, reserved) = empty_a_cache_whose_free_fails(|| {
+            backend.runtime().unwrap().faults().refuse_next_frees(1);
+        });
         let after = stats();
         assert_eq!((after.reserved_bytes, after.device_frees), (reserved, 0));
         let again = DeviceBuffer::<u8>::new(stream, 1 << 20).unwrap();
@@ -147,14 +159,8 @@ fn a_segment_whose_free_fails_otherwise_is_forgotten() {
             ("SPYRE_MOCK_UNDEFINED_STATUS", "flex_memory_free"),
         ],
         || {
-            let stream = pool_stream();
-            let address = DeviceBuffer::<u8>::new(stream, 1 << 20)
-                .unwrap()
-                .address()
-                .clone();
-            stream.synchronize().unwrap();
-            assert!(stats().reserved_bytes >= MIB);
-            assert_eq!(empty_cache(Device::CURRENT).unwrap(), 0, "nothing freed");
+            // Every free fails: the variable is read as the runtime starts.
+            let (stream, address, _) = empty_a_cache_whose_free_fails(|| {});
             let after = stats();
             assert_eq!((after.reserved_bytes, after.device_frees), (0, 0));
             let again = DeviceBuffer::<u8>::new(stream, 1 << 20).unwrap();
