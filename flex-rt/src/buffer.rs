@@ -5,7 +5,9 @@ use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
 use parking_lot::lock_api::{ArcRwLockReadGuard, ArcRwLockWriteGuard};
-use parking_lot::{RawRwLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use parking_lot::{
+    RawRwLockRecursive, RecursiveRwLock, RecursiveRwLockReadGuard, RecursiveRwLockWriteGuard,
+};
 
 use crate::error::{FlexError, Result};
 
@@ -26,10 +28,20 @@ use crate::error::{FlexError, Result};
 /// the launch fails with [`crate::Status::INVALID_ARGUMENT`] and enqueues
 /// nothing.
 ///
-/// Thread-safety: `Send + Sync`; every access goes through a reader-writer lock.
+/// Readers are not held back by a writer that waits: while the buffer is
+/// read (an H2D copy in flight, a read guard), a [`HostBuffer::write`]
+/// waiting for those reads to end does not keep more H2D launches or
+/// [`HostBuffer::read`]s out. So a host callback may read a buffer that an
+/// H2D copy queued behind it reads too while another thread waits to write
+/// it (with a lock that lets a waiting writer go first, the callback would
+/// wait for the writer, the writer for the copy, and the copy for the
+/// callback). A writer waits until no read is left, however many come.
+///
+/// Thread-safety: `Send + Sync`; every access goes through a reader-writer
+/// lock that lets readers in while a writer waits.
 #[derive(Clone)]
 pub struct HostBuffer {
-    bytes: Arc<RwLock<Box<[u8]>>>,
+    bytes: Arc<RecursiveRwLock<Box<[u8]>>>,
     len: usize,
 }
 
@@ -43,7 +55,7 @@ impl HostBuffer {
     pub fn from_vec(bytes: Vec<u8>) -> Self {
         let len = bytes.len();
         Self {
-            bytes: Arc::new(RwLock::new(bytes.into_boxed_slice())),
+            bytes: Arc::new(RecursiveRwLock::new(bytes.into_boxed_slice())),
             len,
         }
     }
@@ -59,7 +71,8 @@ impl HostBuffer {
     }
 
     /// Shared access to the bytes; blocks while a D2H copy into the buffer is
-    /// in flight or a write guard is alive.
+    /// in flight or a write guard is alive (not for a writer that waits
+    /// while the buffer is read: see [`HostBuffer`]).
     ///
     /// Do not call it from a host callback of the stream that copies into the
     /// buffer: the copy cannot finish until the callback returns. In a
@@ -67,7 +80,7 @@ impl HostBuffer {
     /// copy's lease is never released (the device and its threads stay
     /// with the parent): `read` blocks for ever there, where
     /// [`HostBuffer::try_read`] says `None`.
-    pub fn read(&self) -> RwLockReadGuard<'_, Box<[u8]>> {
+    pub fn read(&self) -> RecursiveRwLockReadGuard<'_, Box<[u8]>> {
         self.bytes.read()
     }
 
@@ -76,19 +89,19 @@ impl HostBuffer {
     ///
     /// As for [`HostBuffer::read`], a copy in flight at a `fork()` holds the
     /// buffer for good in the child: [`HostBuffer::try_write`] does not wait.
-    pub fn write(&self) -> RwLockWriteGuard<'_, Box<[u8]>> {
+    pub fn write(&self) -> RecursiveRwLockWriteGuard<'_, Box<[u8]>> {
         self.bytes.write()
     }
 
     /// Shared access to the bytes if no D2H copy into the buffer is in
     /// flight and no write guard is alive; `None` otherwise, at once.
-    pub fn try_read(&self) -> Option<RwLockReadGuard<'_, Box<[u8]>>> {
+    pub fn try_read(&self) -> Option<RecursiveRwLockReadGuard<'_, Box<[u8]>>> {
         self.bytes.try_read()
     }
 
     /// Exclusive access to the bytes if no copy from or into the buffer is
     /// in flight and no other guard is alive; `None` otherwise, at once.
-    pub fn try_write(&self) -> Option<RwLockWriteGuard<'_, Box<[u8]>>> {
+    pub fn try_write(&self) -> Option<RecursiveRwLockWriteGuard<'_, Box<[u8]>>> {
         self.bytes.try_write()
     }
 
@@ -104,7 +117,7 @@ impl HostBuffer {
     /// # Errors
     /// [`crate::Status::INVALID_ARGUMENT`] if a D2H copy or a write guard holds the buffer.
     pub fn lease_for_read(&self, call: &'static str) -> Result<ReadLease> {
-        RwLock::try_read_arc(&self.bytes)
+        RecursiveRwLock::try_read_arc(&self.bytes)
             .map(ReadLease)
             .ok_or_else(|| busy(call, self.len, "read"))
     }
@@ -114,7 +127,7 @@ impl HostBuffer {
     /// # Errors
     /// [`crate::Status::INVALID_ARGUMENT`] if any operation or guard holds the buffer.
     pub fn lease_for_write(&self, call: &'static str) -> Result<WriteLease> {
-        RwLock::try_write_arc(&self.bytes)
+        RecursiveRwLock::try_write_arc(&self.bytes)
             .map(WriteLease)
             .ok_or_else(|| busy(call, self.len, "written"))
     }
@@ -145,7 +158,7 @@ impl From<Vec<u8>> for HostBuffer {
 
 /// A shared lease on a [`HostBuffer`] held by an in-flight H2D copy.
 /// Dereferences to the bytes. `Send`: it may be released on a runtime thread.
-pub struct ReadLease(ArcRwLockReadGuard<RawRwLock, Box<[u8]>>);
+pub struct ReadLease(ArcRwLockReadGuard<RawRwLockRecursive, Box<[u8]>>);
 
 impl fmt::Debug for ReadLease {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -164,7 +177,7 @@ impl Deref for ReadLease {
 
 /// An exclusive lease on a [`HostBuffer`] held by an in-flight D2H copy.
 /// Dereferences to the bytes. `Send`: it may be released on a runtime thread.
-pub struct WriteLease(ArcRwLockWriteGuard<RawRwLock, Box<[u8]>>);
+pub struct WriteLease(ArcRwLockWriteGuard<RawRwLockRecursive, Box<[u8]>>);
 
 impl fmt::Debug for WriteLease {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -220,6 +233,36 @@ mod tests {
         assert!(buf.try_write().is_none(), "an H2D copy reads the buffer");
         drop(copy_out);
         buf.try_write().expect("nothing holds the buffer")[0] = 7;
+        assert_eq!(buf.to_vec(), vec![7, 2]);
+    }
+
+    /// While an H2D lease reads the buffer and a writer waits for it, reads
+    /// and more H2D leases are still granted; the writer gets the buffer
+    /// once they are all gone. With a lock that lets a waiting writer go
+    /// first, both were refused (a host callback's `read` then waited for
+    /// the writer, which waited for the copy queued behind the callback).
+    #[test]
+    fn a_waiting_writer_does_not_keep_readers_out() {
+        let buf = HostBuffer::from_vec(vec![1, 2]);
+        let copy_out = buf.lease_for_read("t").unwrap();
+        std::thread::scope(|scope| {
+            let writer = scope.spawn(|| buf.write()[0] = 7);
+            // The waiting writer marks the lock, which then refuses an
+            // upgradable read (granted beside plain reads otherwise).
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+            while buf.bytes.try_upgradable_read().is_some() {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the writer never waited"
+                );
+                std::thread::yield_now();
+            }
+            assert_eq!(buf.try_read().as_deref().map(|b| &b[..]), Some(&[1, 2][..]));
+            let another = buf.lease_for_read("t").expect("a second H2D copy");
+            assert_eq!(buf.read()[1], 2);
+            drop((copy_out, another));
+            writer.join().unwrap();
+        });
         assert_eq!(buf.to_vec(), vec![7, 2]);
     }
 
