@@ -1,11 +1,11 @@
 //! Fault injection for tests: switches that make a system refuse runtimes
-//! and a runtime refuse streams or frees of device memory.
+//! and a runtime refuse streams.
 //!
 //! Faults of one stream (refuse the Nth launch, need shutdown, run slowly)
 //! live on the stream itself: [`crate::MockStream::fail_nth_launch`],
 //! [`crate::MockStream::set_needs_shutdown`] and
 //! [`crate::MockStream::set_slowdown`].
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::sync::Mutex;
 
@@ -42,8 +42,6 @@ impl SystemFaults {
 pub struct RuntimeFaults {
     /// (creations that still succeed first, creations that fail after them).
     stream_creations: Mutex<(u64, u64)>,
-    /// Frees still to refuse.
-    frees: AtomicU64,
 }
 
 impl RuntimeFaults {
@@ -64,23 +62,6 @@ impl RuntimeFaults {
     /// How many of the coming stream creations will still fail.
     pub fn pending_stream_creation_failures(&self) -> u64 {
         self.stream_creations.lock().1
-    }
-
-    /// Makes the next `count` frees of device memory on the runtime fail
-    /// with [`flex_rt::Status::INVALID_ARGUMENT`], freeing nothing (as
-    /// `flex.h` says of that status). Replaces any count set before; 0
-    /// clears the fault.
-    pub fn refuse_next_frees(&self, count: u64) {
-        self.frees.store(count, Ordering::SeqCst);
-    }
-
-    /// Decides one free: true when it must be refused.
-    pub(crate) fn take_free_refusal(&self) -> bool {
-        self.frees
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
-                left.checked_sub(1)
-            })
-            .is_ok()
     }
 
     /// Decides one stream creation: true when it must fail.
@@ -120,19 +101,6 @@ mod tests {
                 .map(|_| faults.take_stream_creation_failure())
                 .collect::<Vec<_>>(),
             vec![false, false, true, false]
-        );
-    }
-
-    #[test]
-    fn free_refusals_count_down_to_zero() {
-        let faults = RuntimeFaults::default();
-        assert!(!faults.take_free_refusal());
-        faults.refuse_next_frees(2);
-        assert_eq!(
-            (0..3)
-                .map(|_| faults.take_free_refusal())
-                .collect::<Vec<_>>(),
-            vec![true, true, false]
         );
     }
 

@@ -232,13 +232,6 @@ impl Runtime for MockRuntime {
     }
 
     fn free(&self, address: &CompositeAddress) -> Result<()> {
-        if self.faults.take_free_refusal() {
-            return Err(FlexError::new(
-                Status::INVALID_ARGUMENT,
-                "free",
-                "nothing is freed (fault injected by RuntimeFaults::refuse_next_frees)",
-            ));
-        }
         self.device.memory.free(address)
     }
 

@@ -307,9 +307,11 @@ pub enum Error {
 /// The details of [`Error::OutOfMemory`]: what was asked for, and where
 /// the memory is.
 ///
-/// A request larger than all of the device's memory ([`OutOfMemory::device_total`])
-/// fails at once, without emptying the cache or waiting for any stream, and
-/// its message says so (as PyTorch's names the device's total capacity).
+/// A request larger than all of the device's memory
+/// ([`OutOfMemory::device_total`]), in the allocator's whole blocks of
+/// [`crate::MIN_BLOCK`] bytes, fails at once, without emptying the cache or
+/// waiting for any stream, and its message says so (as PyTorch's names the
+/// device's total capacity).
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub struct OutOfMemory {
@@ -346,11 +348,24 @@ impl std::fmt::Display for OutOfMemory {
             source,
             ..
         } = self;
-        if let Some(total) = self.device_total.filter(|&total| *requested > total) {
+        // As the allocator decides: by the request's whole blocks.
+        let blocks = requested
+            .checked_next_multiple_of(crate::MIN_BLOCK)
+            .unwrap_or(u64::MAX);
+        if let Some(total) = self.device_total.filter(|&total| blocks > total) {
+            // Named only where the blocks, not the bytes, exceed it.
+            let in_blocks = if *requested > total {
+                String::new()
+            } else {
+                format!(
+                    " ({blocks} in the allocator's blocks of {})",
+                    crate::MIN_BLOCK
+                )
+            };
             return write!(
                 f,
-                "out of device memory: cannot allocate {requested} bytes, more than the \
-                 device's {total} bytes in all; allocate at most {total} bytes (less what \
+                "out of device memory: cannot allocate {requested} bytes{in_blocks}, more than \
+                 the device's {total} bytes in all; allocate at most {total} bytes (less what \
                  other buffers use): {source}"
             );
         }

@@ -663,19 +663,6 @@ pub fn allocations_held(layout: MemoryLayout, bytes: u64) -> u64 {
     (total / region).saturating_mul(per_region(region)) + per_region(total % region)
 }
 
-/// Whether a free the runtime failed with `status` freed nothing: `flex.h`
-/// says so of `INVALID_ARGUMENT` and `INVALID_HANDLE`, and a forked
-/// child's runtime refuses every call with `RUNTIME_FAILED` before it
-/// reaches the device. Of any other status nothing is promised.
-fn frees_nothing(status: Status) -> bool {
-    [
-        Status::INVALID_ARGUMENT,
-        Status::INVALID_HANDLE,
-        Status::RUNTIME_FAILED,
-    ]
-    .contains(&status)
-}
-
 /// Whether a free block with `rest` bytes left over a request of
 /// `rounded` bytes is split (PyTorch's `should_split`).
 fn should_split(rounded: u64, rest: u64) -> bool {
@@ -766,7 +753,7 @@ impl CachingAllocator {
         let segment = match self.allocate_segment(rounded, Pieces::Refuse) {
             Ok(segment) => segment,
             Err(error) if error.status() == Status::OUT_OF_MEMORY => {
-                if self.total.is_some_and(|total| bytes > total) {
+                if self.total.is_some_and(|total| rounded > total) {
                     // Nothing returned or waited for can make room.
                     return Err(self.out_of_memory(bytes, error));
                 }
@@ -1197,7 +1184,7 @@ impl CachingAllocator {
                     state.restore_segment(id, segment);
                 }
             }
-            for (id, segment) in returning {
+            for (_, segment) in returning {
                 let size = segment.address.total_size();
                 let freed = self.runtime.free(&segment.address);
                 let mut state = self.state.lock();
@@ -1208,16 +1195,11 @@ impl CachingAllocator {
                         state.stats.device_frees += 1;
                         returned.bytes += size;
                     }
-                    Err(error) if frees_nothing(error.status()) => {
-                        // The device still has the memory allocated: it
-                        // stays cached, and reserved, for the next buffer.
-                        state.restore_segment(id, segment);
-                        drop(state);
-                        tracing::warn!(%error, "the device refused to free a cached segment; it stays cached");
-                    }
                     Err(error) => {
-                        // Some of it may have been freed: never handed out
-                        // again, nor counted.
+                        // No status of a failed free says the memory is
+                        // still the caller's (`INVALID_ARGUMENT`: not an
+                        // allocation of the runtime, a double free say):
+                        // never handed out again, nor counted as held.
                         state.arrived(&segment.address);
                         state.stats.reserved_bytes -= size;
                         drop(state);
