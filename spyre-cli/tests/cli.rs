@@ -1982,6 +1982,62 @@ fn a_refused_run_leaves_no_output_file_and_a_device_file_takes_the_trace() {
     assert_eq!(report["trace"]["path"], "/dev/null");
 }
 
+/// Ranks of a launch appending their reports and `--trace /dev/stdout` to
+/// one log at once keep each trace whole and on lines of its own: the log
+/// is a sequence of JSON values, four traces and four `--json` reports.
+/// Before, a trace went out in many writes, and four ranks' traces were cut
+/// into each other (none parsed).
+#[cfg(unix)]
+#[test]
+fn ranks_appending_traces_to_one_log_keep_each_whole() {
+    let dir = std::env::temp_dir().join(format!("spyre-shared-log-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("all.log");
+    std::fs::write(&log, "").unwrap();
+    let children: Vec<_> = (0..4)
+        .map(|rank| {
+            let stdout = File::options().append(true).open(&log).unwrap();
+            let mut command = spyre_command(&[
+                "run",
+                "--threads",
+                "1",
+                "--iterations",
+                "40",
+                "--json",
+                "--trace",
+                "/dev/stdout",
+            ]);
+            command
+                .env("SPYRE_MOCK_DEVICES", "4")
+                .env("LOCAL_RANK", rank.to_string())
+                .stdout(stdout);
+            command.spawn().expect("the spyre binary runs")
+        })
+        .collect();
+    for mut child in children {
+        assert_eq!(child.wait().unwrap().code(), Some(0));
+    }
+    let contents = std::fs::read_to_string(&log).unwrap();
+    let values: Vec<Value> = serde_json::Deserializer::from_str(&contents)
+        .into_iter::<Value>()
+        .collect::<Result<_, _>>()
+        .unwrap_or_else(|e| panic!("the log is not a sequence of JSON values: {e}"));
+    let traces = values
+        .iter()
+        .filter(|v| v["traceEvents"].is_array())
+        .count();
+    let reports = values
+        .iter()
+        .filter(|v| v["iterations_verified"] == 40)
+        .count();
+    assert_eq!((values.len(), traces, reports), (8, 4, 4));
+    assert!(
+        contents.lines().all(|line| !line.starts_with("]}{")),
+        "a report on a trace's last line"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// A trace written to the file the run's standard output is, named through
 /// a symbolic link (`/dev/stdout` under another name), goes through
 /// standard output into that file: not renamed over it (the run's report

@@ -20,9 +20,10 @@
 //! bind-mounted file), for a device or a pipe, and for a path under `/dev`
 //! or `/proc`. The file this process's standard output or error is
 //! (`/dev/stdout` redirected to a file is that file, a log that other
-//! processes may share) is neither replaced nor emptied: the contents go
-//! through that stream, after what was written to it before, as the
-//! run's own output does.
+//! processes may share) is neither replaced nor emptied: the contents, and
+//! a newline, go through that stream, after what was written to it before,
+//! as the run's own output does, in one write (built whole in memory
+//! first), so that ranks appending to one log keep their contents whole.
 
 use std::fs::File;
 use std::io::{BufWriter, Seek, SeekFrom, Write};
@@ -224,26 +225,28 @@ enum StandardStream {
 }
 
 impl StandardStream {
-    /// Writes what `contents` writes through the stream (at its position,
-    /// after what was written to it before; appended where it was opened
-    /// for appending) and flushes it.
+    /// Writes what `contents` writes, then a newline, through the stream
+    /// (at its position, after what was written to it before; appended
+    /// where it was opened for appending), as one write where the system
+    /// takes it whole: built in memory first, so that processes appending
+    /// to one log at once do not cut into each other's contents, and the
+    /// run's report starts on a line of its own.
     fn write_with<T>(
         self,
         contents: impl FnOnce(&mut dyn Write) -> std::io::Result<T>,
     ) -> std::io::Result<T> {
-        fn through<W: Write, T>(
-            stream: W,
-            contents: impl FnOnce(&mut dyn Write) -> std::io::Result<T>,
-        ) -> std::io::Result<T> {
-            let mut out = BufWriter::new(stream);
-            let written = contents(&mut out)?;
-            out.flush()?;
-            Ok(written)
-        }
+        let mut whole = Vec::new();
+        let written = contents(&mut whole)?;
+        whole.push(b'\n');
         match self {
-            Self::Output => through(std::io::stdout().lock(), contents),
-            Self::Error => through(std::io::stderr().lock(), contents),
+            Self::Output => {
+                let mut out = std::io::stdout().lock();
+                out.write_all(&whole)?;
+                out.flush()?;
+            }
+            Self::Error => std::io::stderr().lock().write_all(&whole)?,
         }
+        Ok(written)
     }
 }
 
