@@ -3,9 +3,9 @@
 //! named by its id and priority; every operation a slice from its start to
 //! its finish on the device; every wait on an event a flow arrow from the
 //! record it waited for to the moment the wait was passed (flow events
-//! bound to slices by `bind_id`). The tracks' process is named by the
-//! logical device and this process's id (`Spyre device 2 (process 4711)`),
-//! so that the traces of a launch's ranks tell themselves apart.
+//! bound to slices by `bind_id`). The tracks' process is this process (its
+//! id), named by the logical device and that id (`Spyre device 2 (process
+//! 4711)`), so that the traces of a launch's ranks tell themselves apart.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
@@ -29,10 +29,6 @@ pub(crate) struct TraceSummary {
 /// records to waits.
 const ARROW_END: &str = "flow";
 
-/// The trace's one process (not 0, which viewers take for the kernel's
-/// idle task).
-const PID: u32 = 1;
-
 /// `time` in microseconds, the unit of the format's times, from its whole
 /// nanoseconds: the nearest `f64` to a number of three decimals, which
 /// JSON writes as those three decimals. (Through seconds as `f64`, a time
@@ -41,6 +37,21 @@ const PID: u32 = 1;
 /// the file.)
 fn micros(time: std::time::Duration) -> f64 {
     time.as_nanos() as f64 / 1000.0
+}
+
+/// The duration from `start` to `end` in µs: [`micros`] of their
+/// difference, made an `f64` step shorter where it must be so that, added
+/// to `start`'s µs as a viewer adds them, it ends no later than `end`'s: a
+/// slice then never ends after the next one of its stream starts, which
+/// starts at this one's end or later. (1035.333 + 730.633 is
+/// 1765.9660000000001 in `f64`, after 1765.966.)
+fn duration(start: std::time::Duration, end: std::time::Duration) -> f64 {
+    let (from, to) = (micros(start), micros(end));
+    let mut duration = micros(end.saturating_sub(start));
+    while duration > 0.0 && from + duration > to {
+        duration = duration.next_down();
+    }
+    duration
 }
 
 /// Writes Chrome trace events one at a time, as the elements of the
@@ -68,6 +79,10 @@ impl EventWriter<'_> {
 /// # Errors
 /// The writer's.
 fn write_events(out: &mut dyn Write, trace: &Trace) -> std::io::Result<TraceSummary> {
+    // The trace's one process: this one's id (never 0, which viewers take
+    // for the kernel's idle task), so that ranks' traces opened together
+    // stay apart.
+    let pid = std::process::id();
     // The records whose slices are written (they finished): only those
     // can start an arrow.
     let records: BTreeSet<u64> = trace
@@ -106,10 +121,10 @@ fn write_events(out: &mut dyn Write, trace: &Trace) -> std::io::Result<TraceSumm
             "name": name,
             "cat": entry.kind.name(),
             "ph": "X",
-            "pid": PID,
+            "pid": pid,
             "tid": tid,
             "ts": micros(started),
-            "dur": micros(finished.saturating_sub(started)),
+            "dur": duration(started, finished),
             "args": args,
         });
         // A record and the waits on it: an arrow from the record's slice to
@@ -129,7 +144,7 @@ fn write_events(out: &mut dyn Write, trace: &Trace) -> std::io::Result<TraceSumm
                 "name": "event wait passed",
                 "cat": ARROW_END,
                 "ph": "X",
-                "pid": PID,
+                "pid": pid,
                 "tid": tid,
                 "ts": micros(finished),
                 "dur": 0,
@@ -150,11 +165,11 @@ fn write_events(out: &mut dyn Write, trace: &Trace) -> std::io::Result<TraceSumm
             "normal priority"
         };
         events.event(
-            &json!({"name": "thread_name", "ph": "M", "pid": PID, "tid": tid,
+            &json!({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
             "args": {"name": format!("stream {tid} ({pool})")}}),
         )?;
         events.event(
-            &json!({"name": "thread_sort_index", "ph": "M", "pid": PID, "tid": tid,
+            &json!({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid,
             "args": {"sort_index": tid}}),
         )?;
     }
@@ -163,7 +178,7 @@ fn write_events(out: &mut dyn Write, trace: &Trace) -> std::io::Result<TraceSumm
     let device = trace.entries.first().map_or_else(String::new, |entry| {
         format!(" {}", entry.stream.device_index())
     });
-    events.event(&json!({"name": "process_name", "ph": "M", "pid": PID,
+    events.event(&json!({"name": "process_name", "ph": "M", "pid": pid,
         "args": {"name": format!("Spyre device{device} (process {})", std::process::id())}}))?;
     out.write_all(b"]}")?;
     Ok(TraceSummary {
@@ -204,6 +219,29 @@ mod tests {
             finished: Some(Duration::from_micros(at + 1)),
             failed: false,
             link: None,
+        }
+    }
+
+    /// A slice's start plus its duration, added as a viewer adds them,
+    /// never passes its end, for starts and ends of whole nanoseconds over
+    /// a range; the reviewer's pair 1035.333 µs + 730.633 µs among them
+    /// (1765.9660000000001 with the difference's own µs).
+    #[test]
+    fn a_slice_never_ends_after_its_end() {
+        let ns = Duration::from_nanos;
+        let (start, end) = (ns(1_035_333), ns(1_765_966));
+        assert!(
+            micros(start) + micros(end - start) > micros(end),
+            "the case needs the step"
+        );
+        assert!(micros(start) + duration(start, end) <= micros(end));
+        for start_ns in (0..3_000_000u64).step_by(997) {
+            for length_ns in [0, 1, 7, 999, 730_633, 2_000_001] {
+                let (start, end) = (ns(start_ns), ns(start_ns + length_ns));
+                let (from, to, d) = (micros(start), micros(end), duration(start, end));
+                assert!(from + d <= to, "{from} + {d} > {to}");
+                assert!(to - (from + d) < 1e-6, "{d} is short of {to} - {from}");
+            }
         }
     }
 
@@ -262,5 +300,6 @@ mod tests {
             process["args"]["name"],
             format!("Spyre device 0 (process {})", std::process::id())
         );
+        assert_eq!(process["pid"], std::process::id());
     }
 }
