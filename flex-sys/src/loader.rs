@@ -62,8 +62,9 @@ fn default_candidates() -> [String; 2] {
 /// behave as `flex.h` says. Only load files that are flex runtime libraries.
 pub struct FlexLibrary {
     /// The resolved functions; owns the `dlopen` handle, never closed (so
-    /// never dropped: only its function pointers and the handle, no heap
-    /// memory, are given up with this value).
+    /// never dropped: what is given up with this value is the handle and,
+    /// for a 1.0 library, the few small error texts of the 1.1 functions
+    /// it lacks).
     api: ManuallyDrop<FlexApi>,
     /// The file that was loaded, as found by the dynamic loader.
     path: PathBuf,
@@ -238,13 +239,23 @@ impl FlexLibrary {
         }
         // SAFETY: the type is the one `flex.h` declares,
         // `uint32_t flex_get_api_version(void)`, required in every ABI
-        // version; the symbol was found above at an address other than 0,
-        // so the function pointer is not null. It is copied out of the
-        // `Symbol` and used only below, while the library is loaded (it
-        // always is from now on).
-        let get_version =
-            *unsafe { library.get::<unsafe extern "C" fn() -> u32>(b"flex_get_api_version\0") }
-                .map_err(|e| refuse(&e.to_string()))?;
+        // version, read as an `Option` of the function pointer: an address
+        // of 0 reads as `None` (the null pointer niche of `Option<fn>`),
+        // never as a null function pointer, in this one lookup (an indirect
+        // function's resolver runs at every lookup: the check above and this
+        // read are two). The function pointer is copied out of the `Symbol`
+        // and used only below, while the library is loaded (it always is
+        // from now on).
+        let symbol = unsafe {
+            library.get::<Option<unsafe extern "C" fn() -> u32>>(b"flex_get_api_version\0")
+        }
+        .map_err(|e| refuse(&e.to_string()))?;
+        let Some(get_version) = *symbol else {
+            return Err(LoadError::NullSymbol {
+                symbol: "flex_get_api_version",
+                path,
+            });
+        };
         // SAFETY: `flex.h`: takes no arguments, has no preconditions, never
         // fails and needs no runtime. The library stays loaded.
         let found = AbiVersion::from_packed(unsafe { get_version() });
@@ -275,7 +286,10 @@ impl FlexLibrary {
         // major ABI version as that header, which promises those signatures.
         // Every function of `flex.h` it exports is at an address other than
         // 0 (checked just above), so no field holds a null function
-        // pointer; a 1.0 library's 1.1 exports are never called (see
+        // pointer, provided an indirect function's resolver gives the same
+        // address at this second lookup as at the check, as resolvers,
+        // which pick an implementation for the machine, do; a 1.0
+        // library's 1.1 exports are never called (see
         // `FlexLibrary::require`). The handle moves into `FlexApi`, which
         // is never dropped: the function pointers stay valid for the rest
         // of the process.

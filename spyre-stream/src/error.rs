@@ -452,9 +452,9 @@ fn out_of_range_advice(count: u32, chosen_by: crate::DeviceSource) -> String {
         (0, _) => "no device is visible to this process".to_owned(),
         (_, crate::DeviceSource::LocalRank(_)) => format!(
             "local ranks must be below {count}: start one rank per visible device; where each \
-             rank sees only its own devices (SPYRE_DEVICES set per rank), its device is 0: set \
-             LOCAL_RANK=0 for it (read before the other launchers' variables), or call \
-             set_device(0)"
+             rank sees only its own devices (SPYRE_DEVICES set per rank), they are numbered from \
+             0 in each rank: call set_device on the thread that starts the runtime, or, outside \
+             torchrun, set LOCAL_RANK=0 (read before the other launchers' variables)"
         ),
         _ => format!("use a device below {count}"),
     }

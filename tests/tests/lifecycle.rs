@@ -237,7 +237,7 @@ fn a_device_beyond_the_visible_count_is_refused_with_both_numbers() {
         );
         assert_eq!(
             err.to_string(),
-            "Device index out of bounds. logical_device_id=1, number of visible devices=1; the device came from LOCAL_RANK: local ranks must be below 1: start one rank per visible device; where each rank sees only its own devices (SPYRE_DEVICES set per rank), its device is 0: set LOCAL_RANK=0 for it (read before the other launchers' variables), or call set_device(0)"
+            "Device index out of bounds. logical_device_id=1, number of visible devices=1; the device came from LOCAL_RANK: local ranks must be below 1: start one rank per visible device; where each rank sees only its own devices (SPYRE_DEVICES set per rank), they are numbered from 0 in each rank: call set_device on the thread that starts the runtime, or, outside torchrun, set LOCAL_RANK=0 (read before the other launchers' variables)"
         );
         assert!(matches!(
             set_device(1),
@@ -1191,7 +1191,7 @@ fn a_rank_beyond_the_devices_is_refused_naming_its_variable() {
             let err = start_runtime().unwrap_err();
             assert_eq!(
                 err.to_string(),
-                "Device index out of bounds. logical_device_id=4, number of visible devices=4; the device came from Open MPI's local rank (OMPI_COMM_WORLD_LOCAL_RANK): local ranks must be below 4: start one rank per visible device; where each rank sees only its own devices (SPYRE_DEVICES set per rank), its device is 0: set LOCAL_RANK=0 for it (read before the other launchers' variables), or call set_device(0)"
+                "Device index out of bounds. logical_device_id=4, number of visible devices=4; the device came from Open MPI's local rank (OMPI_COMM_WORLD_LOCAL_RANK): local ranks must be below 4: start one rank per visible device; where each rank sees only its own devices (SPYRE_DEVICES set per rank), they are numbered from 0 in each rank: call set_device on the thread that starts the runtime, or, outside torchrun, set LOCAL_RANK=0 (read before the other launchers' variables)"
             );
         }
     );
