@@ -15,12 +15,15 @@
 //! contradicts its own event queries).
 //!
 //! What it does not model, where the [`crate::Stream`] and
-//! [`crate::Event`] contracts ask more: failures. A panic in a host
-//! callback or a completion unwinds out of the launch into its caller (it is
-//! not caught, and fails no stream); no stream ever fails, so `query` and
-//! `synchronize` always succeed; and an event outlives its runtime without
-//! error (its calls still succeed after the runtime is dropped). Test work
-//! that fails on the software device (`spyre-mock`), which models all three.
+//! [`crate::Event`] contracts ask more: failures, and host buffers. A panic
+//! in a host callback or a completion unwinds out of the launch into its
+//! caller (it is not caught, and fails no stream); no stream ever fails, so
+//! `query` and `synchronize` always succeed; an event outlives its runtime
+//! without error (its calls still succeed after the runtime is dropped);
+//! and a copy or fill checks no sizes and takes no lease on its host
+//! buffer (it completes before the launch returns). Test work that fails,
+//! and copies, on the software device (`spyre-mock`), which models all of
+//! them.
 //!
 //! ```
 //! use flex_rt::noop::NoopRuntime;
@@ -336,8 +339,31 @@ impl Runtime for NoopRuntime {
 
     fn allocate(&self, size: u64) -> Result<CompositeAddress> {
         Counters::bump(&self.shared.counters.allocations);
-        let reserved = size.div_ceil(ADDRESS_ALIGNMENT) * ADDRESS_ALIGNMENT;
-        let offset = self.next_offset.fetch_add(reserved, Ordering::Relaxed);
+        if size == 0 {
+            return Err(FlexError::invalid_argument(
+                "allocate",
+                "an allocation needs at least one byte, got 0",
+            ));
+        }
+        // Addresses are never reused: one past the last is refused.
+        let out_of_addresses = || {
+            FlexError::new(
+                Status::OUT_OF_MEMORY,
+                "allocate",
+                format!(
+                    "{size} bytes do not fit in the no-op runtime's address space of 2^64 bytes"
+                ),
+            )
+        };
+        let reserved = size
+            .checked_next_multiple_of(ADDRESS_ALIGNMENT)
+            .ok_or_else(out_of_addresses)?;
+        let offset = self
+            .next_offset
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |next| {
+                next.checked_add(reserved)
+            })
+            .map_err(|_| out_of_addresses())?;
         CompositeAddress::single(
             LogicalAddress {
                 region_id: 0,
@@ -591,6 +617,33 @@ mod tests {
     use std::sync::atomic::AtomicBool;
 
     use super::*;
+
+    /// Sizes that would wrap the address counter are refused, and so is 0,
+    /// naming the size: before, `u64::MAX` overflowed (a panic in a debug
+    /// build; in a release build two requests of 2^63 wrapped the counter
+    /// and reused addresses).
+    #[test]
+    fn allocations_never_wrap_and_name_a_bad_size() {
+        let runtime = NoopRuntime::new(0);
+        let zero = runtime.allocate(0).unwrap_err();
+        assert_eq!(zero.status(), Status::INVALID_ARGUMENT);
+        assert!(zero.message().contains("got 0"), "{zero}");
+        let huge = runtime.allocate(u64::MAX).unwrap_err();
+        assert_eq!(huge.status(), Status::OUT_OF_MEMORY);
+        assert!(huge.message().starts_with(&u64::MAX.to_string()), "{huge}");
+        let half = 1 << 63;
+        assert_eq!(runtime.allocate(half).unwrap().start().offset, 0);
+        assert_eq!(
+            runtime.allocate(half).unwrap_err().status(),
+            Status::OUT_OF_MEMORY,
+            "the second half would wrap to offset 0"
+        );
+        assert_eq!(
+            runtime.allocate(1).unwrap().start().offset,
+            half,
+            "a refused request moves nothing"
+        );
+    }
 
     #[test]
     fn every_call_is_accepted_completed_at_once_and_counted() {
