@@ -195,7 +195,16 @@ impl CompositeAddress {
             }
             chunk_start = chunk_end;
         }
-        Self::new(chunks)
+        Self::new(chunks).map_err(|error| {
+            FlexError::invalid_argument(
+                CALL,
+                format!(
+                    "bytes [{offset}, {offset} + {len}) of the buffer cannot be an address of \
+                     their own: {}",
+                    error.message()
+                ),
+            )
+        })
     }
 
     /// The chunks in flex.h form, for a `flex_composite_address_t` that
@@ -269,6 +278,16 @@ mod tests {
         assert!(
             message.contains("[512, 512 + 513)") && message.contains("1024 bytes"),
             "{message}"
+        );
+        // A misaligned start names the slice and its range too (it named
+        // `CompositeAddress::new` and a chunk index only).
+        let misaligned = addr.slice(64, 128).unwrap_err();
+        assert_eq!(misaligned.call(), "CompositeAddress::slice");
+        assert!(
+            misaligned.message().starts_with(
+                "bytes [64, 64 + 128) of the buffer cannot be an address of their own: "
+            ),
+            "{misaligned}"
         );
     }
 

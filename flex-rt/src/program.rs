@@ -231,7 +231,9 @@ pub enum DescriptorError {
     },
     /// An unused argument slot is not zero.
     #[error(
-        "kernel {kernel} takes {used} argument(s), but unused argument slot {index} is not zero"
+        "kernel {kernel} takes {used} argument(s), but unused argument slot {index} holds region {}, offset {} instead of zero",
+        found.region_id,
+        found.offset
     )]
     UnusedArg {
         /// The kernel.
@@ -240,6 +242,8 @@ pub enum DescriptorError {
         used: u32,
         /// Index of the slot.
         index: usize,
+        /// What the slot holds.
+        found: LogicalAddress,
     },
     /// An operand's size in bytes overflows.
     #[error("kernel {kernel}: the size of argument {arg} overflows (dims {dims:?})")]
@@ -255,7 +259,12 @@ pub enum DescriptorError {
 
 /// A decoded kernel descriptor. The fields are public so that tests can
 /// build descriptors the device must refuse; [`KernelDescriptor::parse`]
-/// accepts only consistent ones, and the constructors make only those.
+/// accepts only consistent ones. The constructors set the kernel's
+/// argument count and slots consistently, and take the dims as given: a
+/// dim of 0, or dims whose operand sizes overflow, make a descriptor that
+/// [`KernelDescriptor::parse`] (and so the device, when the program runs)
+/// refuses; check with `parse(&descriptor.to_bytes())` where the dims come
+/// from input.
 ///
 /// ```
 /// # use flex_rt::LogicalAddress;
@@ -282,7 +291,7 @@ pub struct KernelDescriptor {
 /// starts, and its size in bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Operand {
-    /// The argument's name, as in the kernel table (`x`, `out`, `A`, ...).
+    /// The argument's name, as in the kernel table (`a`, `b`, `out`, ...).
     pub name: &'static str,
     /// Where the operand starts.
     pub at: LogicalAddress,
@@ -443,6 +452,7 @@ impl KernelDescriptor {
                     kernel: kernel.name(),
                     used: num_args,
                     index,
+                    found: *slot,
                 });
             }
         }

@@ -254,7 +254,11 @@ pub trait Stream: Send + Sync + fmt::Debug {
     /// completions have returned.
     ///
     /// # Errors
-    /// The stream's first error if it has failed (sticky).
+    /// The stream's first error if it has failed (sticky);
+    /// [`crate::Status::UNSUPPORTED`] (call `"synchronize"`) when called
+    /// from a completion or host callback of the same runtime, which could
+    /// never see its own work done (the layers above tell this refusal by
+    /// that status and call).
     fn synchronize(&self) -> Result<()>;
 
     /// Whether the stream needs a runtime shutdown (`RuntimeStream::needsShutdown()`);

@@ -95,7 +95,9 @@ pub fn current_stream(device: Device) -> Result<SpyreStream> {
 /// host-compute ids), and [`Error::NotHostComputeStream`] naming the range
 /// for a host-compute id beyond the configured count (65..65+N, N from
 /// `TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS`, or [`Error::InvalidEnv`] if that
-/// is malformed), both before anything starts; [`Error::WrongDevice`] for
+/// is malformed), both before anything starts;
+/// [`Error::InvalidDeviceIndex`] for a stream of a device above 127 (made
+/// with [`SpyreStream::from_parts`]); [`Error::WrongDevice`] for
 /// a stream of a device other than the process's; the runtime's start
 /// error; [`Error::ThreadExiting`] when called as the thread exits, after
 /// its current-stream storage was destroyed (from a thread-local

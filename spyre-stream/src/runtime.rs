@@ -336,7 +336,11 @@ pub fn set_device(index: i64) -> Result<()> {
 /// starting it (or inside another call that starts, frees or loads it);
 /// [`Error::RuntimeReset`] after [`free_runtime`]; [`Error::InvalidEnv`] for
 /// a malformed variable; [`Error::DeviceOutOfRange`]; the backend's load or
-/// configuration error; the runtime's creation error;
+/// configuration error ([`Error::BackendUnavailable`] for a
+/// `SPYRE_BACKEND` this build does not have, [`Error::BackendFromParent`]
+/// in a child of a process that installed one with [`crate::set_backend`]);
+/// [`Error::ForkWatch`] when the fork watcher cannot be registered; the
+/// runtime's creation error;
 /// [`Error::OtherDevice`] when the runtime has started on another device
 /// than the calling thread's current one (set with [`set_device`] before
 /// another thread started it), as for every call on the current device;
@@ -604,8 +608,10 @@ pub fn device_state() -> DeviceState {
 /// backend if it is not loaded yet; does not start the runtime.
 ///
 /// # Errors
-/// The backend's load, configuration or counting error;
-/// [`Error::ForkedProcess`] in a child forked after the start;
+/// The backend's load, configuration or counting error
+/// ([`Error::BackendUnavailable`], [`Error::BackendFromParent`], as for
+/// [`start_runtime`]); [`Error::ForkWatch`] when the fork watcher cannot be
+/// registered; [`Error::ForkedProcess`] in a child forked after the start;
 /// [`Error::ForkedDuringStart`] before the start, in a child forked while
 /// a parent thread was inside a call that starts, frees or loads the
 /// runtime; [`Error::LifecycleReentered`] before the start, from a

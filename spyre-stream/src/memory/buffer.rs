@@ -86,7 +86,8 @@ impl<T: DeviceElement> DeviceBuffer<T> {
     /// that overflows; [`Error::NoHandle`], [`Error::WrongDevice`] or
     /// [`Error::ForkedProcess`] for `stream`, as [`SpyreStream::query`];
     /// [`Error::RuntimeReset`] after [`crate::free_runtime`];
-    /// [`Error::OutOfMemory`] when the device cannot give the memory. A
+    /// [`Error::OutOfMemory`] when the device cannot give the memory; the
+    /// runtime's other allocation errors as [`Error::Flex`]. A
     /// stream that has failed is not looked at (as PyTorch's caching
     /// allocator does not): the buffer's first copy or fill on it fails.
     ///

@@ -18,8 +18,14 @@ pub trait DeviceElement: sealed::Sealed + Copy + Default + Send + Sync + 'static
     const SIZE: usize;
 
     /// Writes `self` little-endian into `out` (`SIZE` bytes).
+    ///
+    /// # Panics
+    /// If `out` is not exactly `SIZE` bytes long.
     fn write_le(self, out: &mut [u8]);
     /// Reads one element from `bytes` (`SIZE` bytes, little-endian).
+    ///
+    /// # Panics
+    /// If `bytes` is not exactly `SIZE` bytes long.
     fn read_le(bytes: &[u8]) -> Self;
     /// The value as a fill takes it: exact for every value of every
     /// format but a NaN, whose payload and signalling bit may not be kept
