@@ -321,9 +321,12 @@ pub struct OutOfMemory {
     /// tell: a flex library of ABI 1.0, or one whose memory information
     /// failed, or reported 0, when the device's allocator was made).
     pub device_total: Option<u64>,
-    /// Free device memory, from the runtime (`None` with a flex library of
-    /// ABI 1.0, which cannot tell).
+    /// Free device memory, from the runtime (`None` when it cannot tell:
+    /// see [`OutOfMemory::memory_query_error`]).
     pub device_free: Option<u64>,
+    /// Why [`OutOfMemory::device_free`] is `None`: the runtime's error of
+    /// its memory query (`UNSUPPORTED` from a flex library of ABI 1.0).
+    pub memory_query_error: Option<FlexError>,
     /// Bytes the allocator still holds but no buffer uses, after the
     /// retry: free blocks in segments that live buffers share (a segment
     /// goes back to the device only whole), of streams that had work left
@@ -369,9 +372,13 @@ impl std::fmt::Display for OutOfMemory {
                  other buffers use): {source}"
             );
         }
-        let free = match self.device_free {
-            Some(free) => format!("{free} bytes"),
-            None => "an unknown amount (flex ABI 1.0)".to_owned(),
+        let free = match (self.device_free, &self.memory_query_error) {
+            (Some(free), _) => format!("{free} bytes"),
+            (None, Some(error)) if error.status() == flex_rt::Status::UNSUPPORTED => {
+                "an unknown amount (flex ABI 1.0)".to_owned()
+            }
+            (None, Some(error)) => format!("an unknown amount (its memory query failed: {error})"),
+            (None, None) => "an unknown amount".to_owned(),
         };
         write!(
             f,

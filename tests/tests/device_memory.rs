@@ -497,6 +497,39 @@ fn a_request_whose_blocks_exceed_the_device_fails_at_once_naming_them() {
     );
 }
 
+/// Out of memory while the runtime's memory query fails: the message says
+/// the query failed, with its error, not "flex ABI 1.0" (the library is
+/// 1.1). Before, every unknown amount was put down to ABI 1.0.
+#[test]
+fn out_of_memory_names_a_failed_memory_query() {
+    let library = spyre_tests::mock_cdylib().to_str().unwrap().to_owned();
+    isolated!(
+        &[
+            ("SPYRE_BACKEND", "hardware"),
+            ("FLEX_RUNTIME_LIB", &library),
+            ("SPYRE_MOCK_MEMORY_BYTES", "4194304"),
+            (
+                "SPYRE_MOCK_UNDEFINED_STATUS",
+                "flex_runtime_get_memory_info"
+            ),
+        ],
+        || {
+            let error = DeviceBuffer::<u8>::new(pool_stream(), 16 << 20).unwrap_err();
+            let Error::OutOfMemory(details) = &error else {
+                panic!("expected OutOfMemory, got {error:?}");
+            };
+            assert_eq!((details.device_free, details.device_total), (None, None));
+            let message = error.to_string();
+            assert!(
+                message.contains("the device has an unknown amount (its memory query failed: ")
+                    && message.contains("977")
+                    && !message.contains("ABI 1.0"),
+                "{message}"
+            );
+        }
+    );
+}
+
 #[test]
 fn a_raw_free_of_a_buffers_segment_is_refused_and_frees_nothing() {
     // A buffer above LARGE_SEGMENT_LIMIT has a segment of its own, so its

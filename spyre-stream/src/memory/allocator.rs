@@ -681,7 +681,15 @@ impl CachingAllocator {
         // A total of 0 tells nothing.
         let total = layout
             .map(|layout| layout.total_bytes)
-            .or_else(|| runtime.memory_info().ok().map(|info| info.total_bytes))
+            .or_else(|| match runtime.memory_info() {
+                Ok(info) => Some(info.total_bytes),
+                Err(error) => {
+                    if error.status() != Status::UNSUPPORTED {
+                        tracing::warn!(%error, "the device's memory is unknown: a request larger than all of it is found out by trying");
+                    }
+                    None
+                }
+            })
             .filter(|&total| total > 0);
         Self {
             runtime,
@@ -1002,7 +1010,10 @@ impl CachingAllocator {
 
     /// The error of an allocation the device could not serve.
     fn out_of_memory(&self, requested: u64, source: FlexError) -> Error {
-        let device_free = self.runtime.memory_info().ok().map(|info| info.free_bytes);
+        let (device_free, memory_query_error) = match self.runtime.memory_info() {
+            Ok(info) => (Some(info.free_bytes), None),
+            Err(error) => (None, Some(error)),
+        };
         let mut state = self.state.lock();
         state.merge_recent(None);
         state.stats.out_of_memory += 1;
@@ -1012,6 +1023,7 @@ impl CachingAllocator {
             requested,
             device_total: self.total,
             device_free,
+            memory_query_error,
             cached,
             largest_cached,
             source,
