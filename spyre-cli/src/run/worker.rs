@@ -17,6 +17,12 @@ use crate::cli::{KernelArg, ModeArg, RunArgs};
 use crate::error::{CliError, FailureKind, IterationFailure, IterationPlace};
 use crate::verify;
 
+/// Added to the steps that take a stream: the first take initializes the
+/// stream pool, which creates its host-compute streams, so a failure of
+/// that creation is reported there.
+const FIRST_TAKE: &str =
+    " (the first take also initializes the stream pool, creating its host-compute streams)";
+
 /// What every worker thread shares.
 pub(super) struct Shared<'a> {
     plan: Plan,
@@ -246,7 +252,9 @@ impl Shared<'_> {
                     .map_err(|source| IterationFailure {
                         place,
                         kind: FailureKind::Device {
-                            step: format!("taking a stream of priority {priority} from the pool"),
+                            step: format!(
+                                "taking a stream of priority {priority} from the pool{FIRST_TAKE}"
+                            ),
                             source,
                         },
                     })
@@ -258,7 +266,7 @@ impl Shared<'_> {
                     IterationFailure {
                         place,
                         kind: FailureKind::Device {
-                            step: "taking the default stream".into(),
+                            step: format!("taking the default stream{FIRST_TAKE}"),
                             source,
                         },
                     }
@@ -296,7 +304,9 @@ impl Shared<'_> {
             pool_stream(priority).map_err(|source| IterationFailure {
                 place,
                 kind: FailureKind::Device {
-                    step: format!("taking a stream of priority {priority} from the pool"),
+                    step: format!(
+                        "taking a stream of priority {priority} from the pool{FIRST_TAKE}"
+                    ),
                     source,
                 },
             })
