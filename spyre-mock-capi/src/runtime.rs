@@ -249,7 +249,7 @@ pub(crate) fn start_runtime(
         return Err(Failure::new(
             FLEX_ERROR_RUNTIME_FAILED,
             format!(
-                "device {device} could not be opened (fault injected by {ENV_FAIL_RUNTIME_CREATE}=1)"
+                "device {device} could not be opened (fault injected by {ENV_FAIL_RUNTIME_CREATE}, set to a true value)"
             ),
         ));
     }

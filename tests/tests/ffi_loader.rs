@@ -202,7 +202,7 @@ fn runtime_creation_can_be_made_to_fail() {
             assert_eq!(err.call(), "flex_runtime_create");
             assert_eq!(
                 err.message(),
-                "device 0 could not be opened (fault injected by SPYRE_MOCK_FAIL_RUNTIME_CREATE=1)"
+                "device 0 could not be opened (fault injected by SPYRE_MOCK_FAIL_RUNTIME_CREATE, set to a true value)"
             );
             // A device that does not exist is still NO_DEVICE.
             assert_eq!(
