@@ -171,7 +171,11 @@ pub(crate) struct RunArgs {
     /// created empty. The operations are kept in memory until then (about
     /// 2.5 KB per iteration, 3.5 KB with --timeline: a run that the host's
     /// available memory cannot trace exits 2 before it starts) and the
-    /// file is written one event at a time.
+    /// file is written one event at a time. FILE may be this command's
+    /// standard output or error (/dev/stdout into a log that other
+    /// processes append to, say): the trace is then written after what the
+    /// stream holds, followed by a newline, in one write, so it is built
+    /// whole in memory first (about 6 KB more per iteration).
     #[arg(long, value_name = "FILE")]
     pub(crate) trace: Option<std::path::PathBuf>,
     /// Draw the same trace as a timeline into FILE (SVG: a name ending in

@@ -646,17 +646,28 @@ fn a_run_whose_trace_the_host_cannot_hold_is_refused_before_it_starts() {
     let path_text = path.to_str().unwrap();
     // 2 × 10^10 iterations at 2 500 bytes: 5 × 10^13 bytes (45.47 TiB).
     let huge = ["run", "--threads", "2", "--iterations", "10000000000"];
+    // A trace to standard output (a file) is built whole before it is
+    // written: 6 000 bytes more an iteration.
+    let log = format!("{path_text}.log");
     for (flag, per_iteration, total) in [
         ("--trace", "2500", "45.47 TiB"),
         ("--timeline", "3500", "63.66 TiB"),
+        ("--trace", "8500", "154.61 TiB"),
     ] {
-        let file = format!(
-            "{path_text}.{}",
-            if flag == "--trace" { "json" } else { "svg" }
-        );
+        let to_stdout = per_iteration == "8500";
+        let file = match (flag, to_stdout) {
+            (_, true) => "/dev/stdout".to_owned(),
+            ("--trace", false) => format!("{path_text}.json"),
+            _ => format!("{path_text}.svg"),
+        };
+        let stdout = if to_stdout {
+            Stdio::from(File::create(&log).unwrap())
+        } else {
+            Stdio::null()
+        };
         let mut run = spyre_command(&huge)
             .args([flag, file.as_str()])
-            .stdout(Stdio::null())
+            .stdout(stdout)
             .stderr(Stdio::piped())
             .spawn()
             .expect("the spyre binary runs");
@@ -683,7 +694,12 @@ fn a_run_whose_trace_the_host_cannot_hold_is_refused_before_it_starts() {
         ] {
             assert!(err.contains(needle), "{needle:?} not in: {err}");
         }
-        assert!(!std::path::Path::new(&file).exists(), "{file} was created");
+        if to_stdout {
+            assert_eq!(std::fs::read(&log).unwrap(), b"", "nothing was written");
+            std::fs::remove_file(&log).unwrap();
+        } else {
+            assert!(!std::path::Path::new(&file).exists(), "{file} was created");
+        }
     }
 }
 

@@ -68,6 +68,15 @@ use crate::size::format_size;
 const TRACE_BYTES_PER_ITERATION: u64 = 2_500;
 /// See [`TRACE_BYTES_PER_ITERATION`].
 const TIMELINE_BYTES_PER_ITERATION: u64 = 3_500;
+/// Host memory per iteration of a trace written to this process's standard
+/// output or error, which is built whole before its one write
+/// ([`output_file`]): twice the trace's 2.95 KB an iteration (118 MB for
+/// the 40 000 iterations above), as the buffer grows by doubling. The
+/// timeline's SVG is 1.42 KB an iteration; the two are built one after
+/// the other, so the larger counts.
+const TRACE_BUILT_BYTES_PER_ITERATION: u64 = 6_000;
+/// See [`TRACE_BUILT_BYTES_PER_ITERATION`].
+const TIMELINE_BUILT_BYTES_PER_ITERATION: u64 = 3_000;
 
 /// Refuses, before any work, a runtime without timed events for `what`,
 /// which orders streams with events and times its stages with them: a
@@ -177,13 +186,23 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
         .filter(|_| info.backend == "mock")
         .map_or(0, |layout| capacity::backed_bytes(&plan, args, layout));
     // A trace is kept in memory until the run ends.
-    let per_traced_iteration = if args.timeline.is_some() {
+    let held_per_iteration = if args.timeline.is_some() {
         TIMELINE_BYTES_PER_ITERATION
     } else if args.trace.is_some() {
         TRACE_BYTES_PER_ITERATION
     } else {
         0
     };
+    // And one written to a standard stream is built whole first.
+    let built = |path: &Option<std::path::PathBuf>, bytes| {
+        path.as_deref()
+            .filter(|path| output_file::is_standard_stream(path))
+            .map_or(0, |_| bytes)
+    };
+    let per_traced_iteration = held_per_iteration.saturating_add(
+        built(&args.trace, TRACE_BUILT_BYTES_PER_ITERATION)
+            .max(built(&args.timeline, TIMELINE_BUILT_BYTES_PER_ITERATION)),
+    );
     let traced = total.saturating_mul(per_traced_iteration);
     let mut what = format!(
         "--size {} with --threads {} and --in-flight {}",

@@ -250,6 +250,18 @@ impl StandardStream {
     }
 }
 
+/// Whether `path` names (through links) the regular file this process's
+/// standard output or error is, where a file's contents are built whole
+/// before they are written ([`StandardStream::write_with`]).
+pub(crate) fn is_standard_stream(path: &Path) -> bool {
+    std::fs::metadata(path)
+        .ok()
+        .filter(std::fs::Metadata::is_file)
+        .as_ref()
+        .and_then(standard_stream)
+        .is_some()
+}
+
 /// Which of this process's standard output and error the file of `meta`
 /// is (redirected to a file, and named through `/dev/stdout` or another
 /// symbolic link, say), if either.

@@ -47,7 +47,17 @@ fn micros(time: std::time::Duration) -> f64 {
 /// 1765.9660000000001 in `f64`, after 1765.966.)
 fn duration(start: std::time::Duration, end: std::time::Duration) -> f64 {
     let (from, to) = (micros(start), micros(end));
-    let mut duration = micros(end.saturating_sub(start));
+    let duration = micros(end.saturating_sub(start));
+    if from + duration <= to {
+        return duration;
+    }
+    // The difference of the two as written: exact where `from` is at least
+    // half of `to` (so `from` plus it is `to`); otherwise larger than half
+    // of `to`, an `f64` step of which is at least half of one of `to`, so
+    // a step or two down end it no later than `to`. (Stepping down from
+    // the difference's own µs took a step of a short slice's size each
+    // time: millions of them for a 0.015 µs slice far into a run.)
+    let mut duration = (to - from).max(0.0);
     while duration > 0.0 && from + duration > to {
         duration = duration.next_down();
     }
@@ -235,8 +245,14 @@ mod tests {
             "the case needs the step"
         );
         assert!(micros(start) + duration(start, end) <= micros(end));
-        for start_ns in (0..3_000_000u64).step_by(997) {
-            for length_ns in [0, 1, 7, 999, 730_633, 2_000_001] {
+        // Starts far into a run (up to 1 000 s) with slices of a few ns,
+        // where a step of the slice's own size is far shorter than one of
+        // its end's, and those of the first milliseconds.
+        let starts = (0..3_000_000u64)
+            .step_by(997)
+            .chain((0..1_000).map(|i| i * 1_000_000_007));
+        for start_ns in starts {
+            for length_ns in [0, 1, 7, 15, 999, 730_633, 2_000_001] {
                 let (start, end) = (ns(start_ns), ns(start_ns + length_ns));
                 let (from, to, d) = (micros(start), micros(end), duration(start, end));
                 assert!(from + d <= to, "{from} + {d} > {to}");

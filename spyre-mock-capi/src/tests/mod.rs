@@ -663,7 +663,9 @@ fn runtime_creation_checks_the_device_and_the_fault() {
     let failure = start_runtime(1, config(), failing).err().unwrap();
     assert_eq!(failure.status, FLEX_ERROR_RUNTIME_FAILED);
     assert!(
-        failure.message.contains("SPYRE_MOCK_FAIL_RUNTIME_CREATE=1"),
+        failure
+            .message
+            .contains("SPYRE_MOCK_FAIL_RUNTIME_CREATE, set to a true value"),
         "{}",
         failure.message
     );
