@@ -365,10 +365,12 @@ impl std::fmt::Display for OutOfMemory {
                     crate::MIN_BLOCK
                 )
             };
+            // The largest request whose blocks fit.
+            let most = total / crate::MIN_BLOCK * crate::MIN_BLOCK;
             return write!(
                 f,
                 "out of device memory: cannot allocate {requested} bytes{in_blocks}, more than \
-                 the device's {total} bytes in all; allocate at most {total} bytes (less what \
+                 the device's {total} bytes in all; allocate at most {most} bytes (less what \
                  other buffers use): {source}"
             );
         }

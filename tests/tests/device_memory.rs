@@ -488,7 +488,8 @@ fn a_request_whose_blocks_exceed_the_device_fails_at_once_naming_them() {
             assert!(
                 message.starts_with(
                     "out of device memory: cannot allocate 4194176 bytes (4194304 in the \
-                     allocator's blocks of 512), more than the device's 4194176 bytes in all"
+                     allocator's blocks of 512), more than the device's 4194176 bytes in all; \
+                     allocate at most 4193792 bytes"
                 ),
                 "{message}"
             );

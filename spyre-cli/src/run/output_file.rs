@@ -23,7 +23,9 @@
 //! processes may share) is neither replaced nor emptied: the contents, and
 //! a newline, go through that stream, after what was written to it before,
 //! as the run's own output does, in one write (built whole in memory
-//! first), so that ranks appending to one log keep their contents whole.
+//! first), so that ranks appending to one log keep their contents whole
+//! (up to the 2 GiB Linux takes in one write: a larger one is written in
+//! parts, which another process's write may come between).
 
 use std::fs::File;
 use std::io::{BufWriter, Seek, SeekFrom, Write};
