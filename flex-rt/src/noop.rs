@@ -351,7 +351,8 @@ impl Runtime for NoopRuntime {
                 Status::OUT_OF_MEMORY,
                 "allocate",
                 format!(
-                    "{size} bytes do not fit in the no-op runtime's address space of 2^64 bytes"
+                    "{size} bytes do not fit in the no-op runtime's addresses left (it hands out \
+                     offsets below 2^64, never reused)"
                 ),
             )
         };
@@ -636,7 +637,7 @@ mod tests {
         assert_eq!(
             runtime.allocate(half).unwrap_err().status(),
             Status::OUT_OF_MEMORY,
-            "the second half would wrap to offset 0"
+            "its end, 2^64, is past the last offset the runtime counts to"
         );
         assert_eq!(
             runtime.allocate(1).unwrap().start().offset,

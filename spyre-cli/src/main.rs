@@ -22,6 +22,16 @@
 //! `error.rs`).
 #![forbid(unsafe_code)]
 
+/// Added to the steps that take a stream from the pool, for `run` and
+/// `bench`: the first take initializes the stream pool, which creates its
+/// host-compute streams, so a failure of that creation is reported there.
+/// A macro, so that `concat!` can make a `&'static str` step of it.
+macro_rules! first_take {
+    () => {
+        " (the first take also initializes the stream pool, creating its host-compute streams)"
+    };
+}
+
 mod bench;
 mod cli;
 mod error;

@@ -325,7 +325,8 @@ pub struct OutOfMemory {
     /// see [`OutOfMemory::memory_query_error`]).
     pub device_free: Option<u64>,
     /// Why [`OutOfMemory::device_free`] is `None`: the runtime's error of
-    /// its memory query (`UNSUPPORTED` from a flex library of ABI 1.0).
+    /// its memory query (`UNSUPPORTED` from a flex library of ABI 1.0,
+    /// which has none), shown in the message.
     pub memory_query_error: Option<FlexError>,
     /// Bytes the allocator still holds but no buffer uses, after the
     /// retry: free blocks in segments that live buffers share (a segment
@@ -367,18 +368,21 @@ impl std::fmt::Display for OutOfMemory {
             };
             // The largest request whose blocks fit.
             let most = total / crate::MIN_BLOCK * crate::MIN_BLOCK;
+            let advice = if most == 0 {
+                format!("the device cannot hold one block of {}", crate::MIN_BLOCK)
+            } else {
+                format!("allocate at most {most} bytes (less what other buffers use)")
+            };
             return write!(
                 f,
                 "out of device memory: cannot allocate {requested} bytes{in_blocks}, more than \
-                 the device's {total} bytes in all; allocate at most {most} bytes (less what \
-                 other buffers use): {source}"
+                 the device's {total} bytes in all; {advice}: {source}"
             );
         }
+        // The query's own error says why (a flex library of ABI 1.0 says
+        // it has no such query).
         let free = match (self.device_free, &self.memory_query_error) {
             (Some(free), _) => format!("{free} bytes"),
-            (None, Some(error)) if error.status() == flex_rt::Status::UNSUPPORTED => {
-                "an unknown amount (flex ABI 1.0)".to_owned()
-            }
             (None, Some(error)) => format!("an unknown amount (its memory query failed: {error})"),
             (None, None) => "an unknown amount".to_owned(),
         };
@@ -505,6 +509,43 @@ mod tests {
                 )
             );
         }
+    }
+
+    /// Out of memory on a device smaller than one block says so, rather
+    /// than advise "at most 0 bytes" (a request of 0 is refused); an
+    /// unknown free amount is told with the memory query's own error.
+    #[test]
+    fn out_of_memory_advice_fits_the_device() {
+        let refusal = FlexError::new(flex_rt::Status::OUT_OF_MEMORY, "allocate", "full");
+        let error = |device_total, memory_query_error| OutOfMemory {
+            requested: 300,
+            device_total,
+            device_free: None,
+            memory_query_error,
+            cached: 0,
+            largest_cached: 0,
+            source: refusal.clone(),
+        };
+        let tiny = error(Some(256), None).to_string();
+        assert!(
+            tiny.starts_with(
+                "out of device memory: cannot allocate 300 bytes, more than the device's 256 \
+                 bytes in all; the device cannot hold one block of 512: "
+            ),
+            "{tiny}"
+        );
+        let query = FlexError::new(
+            flex_rt::Status::UNSUPPORTED,
+            "memory_info",
+            "unsupported by this flex library (ABI 1.0)",
+        );
+        let unknown = error(None, Some(query.clone())).to_string();
+        assert!(
+            unknown.contains(&format!(
+                "the device has an unknown amount (its memory query failed: {query}) free"
+            )),
+            "{unknown}"
+        );
     }
 
     /// The advice follows what chose the device: a launcher's rank is told

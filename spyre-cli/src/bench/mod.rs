@@ -160,8 +160,9 @@ pub(crate) fn bench(args: &BenchArgs) -> Result<BenchReport, CliError> {
         pipeline::check_capacity(layout)?;
     }
     let budget = Duration::from_millis(args.budget_ms);
-    let stream = spyre_stream::stream_from_pool(Device::CURRENT, 0)
-        .map_err(stream_error("taking a stream from the pool"))?;
+    let stream = spyre_stream::stream_from_pool(Device::CURRENT, 0).map_err(stream_error(
+        concat!("taking a stream from the pool", first_take!()),
+    ))?;
     let mut results = Vec::new();
     let progress = Progress::new(
         3 + 2 * args.sizes.len() as u64 + u64::from(args.pipeline),

@@ -17,12 +17,6 @@ use crate::cli::{KernelArg, ModeArg, RunArgs};
 use crate::error::{CliError, FailureKind, IterationFailure, IterationPlace};
 use crate::verify;
 
-/// Added to the steps that take a stream: the first take initializes the
-/// stream pool, which creates its host-compute streams, so a failure of
-/// that creation is reported there.
-const FIRST_TAKE: &str =
-    " (the first take also initializes the stream pool, creating its host-compute streams)";
-
 /// What every worker thread shares.
 pub(super) struct Shared<'a> {
     plan: Plan,
@@ -253,7 +247,11 @@ impl Shared<'_> {
                         place,
                         kind: FailureKind::Device {
                             step: format!(
-                                "taking a stream of priority {priority} from the pool{FIRST_TAKE}"
+                                concat!(
+                                    "taking a stream of priority {} from the pool",
+                                    first_take!()
+                                ),
+                                priority
                             ),
                             source,
                         },
@@ -266,7 +264,7 @@ impl Shared<'_> {
                     IterationFailure {
                         place,
                         kind: FailureKind::Device {
-                            step: format!("taking the default stream{FIRST_TAKE}"),
+                            step: concat!("taking the default stream", first_take!()).into(),
                             source,
                         },
                     }
@@ -305,7 +303,11 @@ impl Shared<'_> {
                 place,
                 kind: FailureKind::Device {
                     step: format!(
-                        "taking a stream of priority {priority} from the pool{FIRST_TAKE}"
+                        concat!(
+                            "taking a stream of priority {} from the pool",
+                            first_take!()
+                        ),
+                        priority
                     ),
                     source,
                 },
