@@ -230,31 +230,33 @@ impl FlexLibrary {
                 }),
             };
 
-        // The library reports no version without this call; every version
-        // has it.
-        if let Some(refused) =
-            refuse_export("flex_get_api_version", AbiVersion { major: 1, minor: 0 })
-        {
-            return Err(refused);
-        }
         // SAFETY: the type is the one `flex.h` declares,
         // `uint32_t flex_get_api_version(void)`, required in every ABI
         // version, read as an `Option` of the function pointer: an address
         // of 0 reads as `None` (the null pointer niche of `Option<fn>`),
-        // never as a null function pointer, in this one lookup (an indirect
-        // function's resolver runs at every lookup: the check above and this
-        // read are two). The function pointer is copied out of the `Symbol`
-        // and used only below, while the library is loaded (it always is
-        // from now on).
+        // never as a null function pointer. The function pointer is copied
+        // out of the `Symbol` and used only below, while the library is
+        // loaded (it always is from now on).
         let symbol = unsafe {
             library.get::<Option<unsafe extern "C" fn() -> u32>>(b"flex_get_api_version\0")
-        }
-        .map_err(|e| refuse(&e.to_string()))?;
-        let Some(get_version) = *symbol else {
-            return Err(LoadError::NullSymbol {
-                symbol: "flex_get_api_version",
-                path,
-            });
+        };
+        let get_version = match symbol.as_deref() {
+            Ok(Some(get_version)) => *get_version,
+            // The library reports no version without this call; every
+            // version has it.
+            Err(_) => {
+                return Err(LoadError::MissingSymbol {
+                    symbol: "flex_get_api_version",
+                    version: AbiVersion { major: 1, minor: 0 },
+                    path,
+                });
+            }
+            Ok(None) => {
+                return Err(LoadError::NullSymbol {
+                    symbol: "flex_get_api_version",
+                    path,
+                });
+            }
         };
         // SAFETY: `flex.h`: takes no arguments, has no preconditions, never
         // fails and needs no runtime. The library stays loaded.
