@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use flex_rt::{Capabilities, Event, FlexError, Notification, Status};
+use flex_rt::{Capabilities, Event, FlexError, Notification, Status, Stream};
 use parking_lot::Mutex;
 
 use crate::device::Device;
@@ -224,15 +224,19 @@ impl SpyreEvent {
     /// stream of another device); the stream's error if it has failed. On
     /// error the event is unchanged.
     pub fn record(&self, stream: SpyreStream) -> Result<()> {
+        // A stream refused here never counts as a record begun, which would
+        // make a future made meanwhile drop its error's detail and
+        // `elapsed_time` measure again.
+        let handle = stream.handle()?;
         self.shared.begun.fetch_add(1, Ordering::SeqCst);
-        let recorded = self.record_counted(stream);
+        let recorded = self.record_counted(handle, stream);
         self.shared.made.fetch_add(1, Ordering::SeqCst);
         recorded
     }
 
-    /// [`SpyreEvent::record`], counted by the caller.
-    fn record_counted(&self, stream: SpyreStream) -> Result<()> {
-        let handle = stream.handle()?;
+    /// [`SpyreEvent::record`] on `stream`, whose handle is `handle`, counted
+    /// by the caller.
+    fn record_counted(&self, handle: &dyn Stream, stream: SpyreStream) -> Result<()> {
         if trace::is_on() {
             let (completion, entry) =
                 trace::record(stream, OperationKind::EventRecord, 0, false, None);

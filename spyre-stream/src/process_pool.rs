@@ -70,10 +70,15 @@ pub fn host_compute_stream_by_id(id: i64, device: Device) -> Result<SpyreStream>
 
 /// Synchronizes every stream of `device` (`synchronizeDevice`); see
 /// [`crate::StreamPool::synchronize_device`]. Before the runtime has started there is
-/// nothing to synchronize and it returns `Ok` without starting it.
+/// nothing to synchronize: it checks `device` as [`crate::start_runtime`]
+/// would (which loads the backend to count the devices) and returns `Ok`
+/// without starting it (a device out of range is an error before the start
+/// as after it, as `torch.cuda.synchronize(device)` raises).
 ///
 /// # Errors
 /// [`Error::OtherDevice`] for a device other than the process's;
+/// before the start, [`Error::DeviceOutOfRange`], [`Error::InvalidEnv`] for
+/// a malformed local-rank variable, and [`crate::device_count`]'s errors;
 /// [`Error::ForkedProcess`] in a forked child;
 /// [`Error::DeviceSynchronize`] naming the first stream that failed;
 /// [`Error::Flex`] with `UNSUPPORTED` from a completion or host callback of
@@ -81,7 +86,7 @@ pub fn host_compute_stream_by_id(id: i64, device: Device) -> Result<SpyreStream>
 pub fn synchronize_device(device: Device) -> Result<()> {
     match runtime::started_pool_for(device) {
         Ok(pool) => pool.synchronize_device(),
-        Err(Error::NotStarted) => Ok(()),
+        Err(Error::NotStarted) => runtime::check_device_before_start(device),
         Err(other) => Err(other),
     }
 }

@@ -298,14 +298,7 @@ pub fn set_device(index: i64) -> Result<()> {
             index,
             expected: "0..=127 (set_device takes a device; -1, the current device, is not one)",
         })?;
-    let count = device_count()?;
-    if u32::from(device) >= count {
-        return Err(Error::DeviceOutOfRange {
-            device,
-            count,
-            chosen_by: DeviceSource::ThreadDevice,
-        });
-    }
+    check_visible(device, device_count()?, DeviceSource::ThreadDevice)?;
     if let Some(running) = RUNNING.get() {
         let bound = running.pool.device();
         if device != bound {
@@ -317,6 +310,35 @@ pub fn set_device(index: i64) -> Result<()> {
     }
     set_thread_device(device);
     Ok(())
+}
+
+/// Checks that `device`, chosen by `chosen_by`, is below `count`, the
+/// visible device count.
+///
+/// # Errors
+/// [`Error::DeviceOutOfRange`] when it is not.
+fn check_visible(device: u8, count: u32, chosen_by: DeviceSource) -> Result<()> {
+    if u32::from(device) >= count {
+        return Err(Error::DeviceOutOfRange {
+            device,
+            count,
+            chosen_by,
+        });
+    }
+    Ok(())
+}
+
+/// Checks `device` as [`start_runtime`] would (resolved now, then against
+/// [`device_count`], which loads the backend), and starts nothing: for the
+/// calls that have nothing to do before the start, so that a device they
+/// could never serve is an error then too, as it is after the start.
+///
+/// # Errors
+/// [`Error::InvalidEnv`] for a malformed local-rank variable;
+/// [`Error::DeviceOutOfRange`]; as [`device_count`].
+pub(crate) fn check_device_before_start(device: Device) -> Result<()> {
+    let (index, chosen_by) = resolve(device, None)?;
+    check_visible(index, device_count()?, chosen_by)
 }
 
 /// Starts the process-wide runtime (`startRuntime`) on the calling thread's
@@ -382,14 +404,11 @@ fn start_locked(slot: &mut Option<Slot>, device: Device) -> Result<(&'static Run
     let config = PoolConfig::new(host_compute, track_hazards)?;
 
     let backend = backend_slot(slot)?;
-    let count = backend.device_count().map_err(Error::from_backend)?;
-    if u32::from(device) >= count {
-        return Err(Error::DeviceOutOfRange {
-            device,
-            count,
-            chosen_by: device_source,
-        });
-    }
+    check_visible(
+        device,
+        backend.device_count().map_err(Error::from_backend)?,
+        device_source,
+    )?;
     let generation = ForkGeneration::current();
     let runtime: &'static dyn Runtime = Box::leak(
         backend

@@ -568,13 +568,14 @@ fn bad_device_indices_end_to_end() {
         ));
         // Nothing was started or bound by the refusals.
         assert!(spyre_stream::runtime_info().is_none());
-        spyre_stream::synchronize_device(Device::new(1).unwrap()).unwrap();
 
         // Before the start, a request for a device that does not exist is
-        // refused with the device and the count, and binds nothing.
+        // refused with the device and the count, and binds nothing; so are
+        // the calls that have nothing to do before the start (as
+        // `torch.cuda.synchronize(5)` raises).
         for index in [1, 127] {
             let device = Device::new(index).unwrap();
-            let expect = |result: spyre_stream::Result<SpyreStream>| match result {
+            let expect = |result: spyre_stream::Result<()>| match result {
                 Err(Error::DeviceOutOfRange {
                     device,
                     count: 1,
@@ -582,13 +583,27 @@ fn bad_device_indices_end_to_end() {
                 }) if i64::from(device) == index => {}
                 other => panic!("device {index}: {other:?}"),
             };
-            stream_calls_on(device).into_iter().for_each(expect);
-            expect(spyre_stream::set_current_stream(SpyreStream::from_parts(
-                index as u8,
-                StreamId(0),
-            )));
+            stream_calls_on(device)
+                .into_iter()
+                .for_each(|result| expect(result.map(drop)));
+            expect(
+                spyre_stream::set_current_stream(SpyreStream::from_parts(index as u8, StreamId(0)))
+                    .map(drop),
+            );
+            expect(spyre_stream::synchronize_device(device));
+            expect(spyre_stream::memory_stats(device).map(drop));
+            expect(spyre_stream::memory_allocated(device).map(drop));
+            expect(spyre_stream::reset_peak_memory_stats(device));
+            expect(spyre_stream::empty_cache(device).map(drop));
             assert!(spyre_stream::runtime_info().is_none(), "device {index}");
         }
+        // Device 0 is there: nothing to do, and nothing started.
+        spyre_stream::synchronize_device(Device::new(0).unwrap()).unwrap();
+        assert_eq!(
+            spyre_stream::memory_stats(Device::new(0).unwrap()).unwrap(),
+            spyre_stream::MemoryStats::default()
+        );
+        assert!(spyre_stream::runtime_info().is_none());
         spyre_stream::start_runtime().unwrap();
 
         // A device the process is not bound to: named with both indices.

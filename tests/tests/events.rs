@@ -464,7 +464,7 @@ fn futures_of(stream: SpyreStream) -> [SynchronizeFuture; 2] {
 
 /// Each of `futures` resolves with `STREAM_FAILED`, its message naming
 /// each of `needles`.
-fn futures_fail_naming(futures: [SynchronizeFuture; 2], needles: &[&str]) {
+fn futures_fail_naming(futures: impl IntoIterator<Item = SynchronizeFuture>, needles: &[&str]) {
     for future in futures {
         let err = futures_executor::block_on(future).unwrap_err();
         assert!(
@@ -497,6 +497,52 @@ fn a_failed_await_names_the_first_error() {
 #[test]
 fn a_failed_await_names_the_first_error_through_the_ffi_path() {
     through_the_ffi_path!(failed_awaits_name_the_first_error);
+}
+
+/// A record refused for its stream (one of another device) leaves the
+/// event unchanged, and with it the detail of a failed await made before:
+/// the future still names the first error and its cause (through the flex
+/// library, the refused record counted as a record begun since the future
+/// was made, and the future gave the notification's status alone).
+fn a_refused_record_keeps_the_detail_of_an_await() {
+    let failing = pool_stream();
+    let gate = hold(failing);
+    failing
+        .launch_host_callback(|| panic!("deliberate panic"), LaunchOptions::new())
+        .unwrap();
+    let event = SpyreEvent::new().unwrap();
+    event.record(failing).unwrap();
+    let future = event.synchronize_async();
+    let other_device = SpyreStream::from_parts(5, failing.id());
+    assert!(
+        matches!(
+            event.record(other_device),
+            Err(Error::WrongDevice {
+                stream_device: 5,
+                pool_device: 0
+            })
+        ),
+        "a stream of device 5 on device 0's runtime"
+    );
+    gate.open();
+    futures_fail_naming(
+        [future],
+        &[
+            "HOST_CALLBACK_FAILED",
+            "launch_host_callback",
+            "deliberate panic",
+        ],
+    );
+}
+
+#[test]
+fn a_refused_record_keeps_the_detail_of_an_await_in_process() {
+    isolated!(&[MOCK], a_refused_record_keeps_the_detail_of_an_await);
+}
+
+#[test]
+fn a_refused_record_keeps_the_detail_of_an_await_through_the_ffi_path() {
+    through_the_ffi_path!(a_refused_record_keeps_the_detail_of_an_await);
 }
 
 /// A stream failed by an operation's completion that panicked after the

@@ -197,6 +197,17 @@ fn a_malformed_local_rank_fails_start_and_a_retry_can_succeed() {
             matches!(err, Error::InvalidEnv { variable: "LOCAL_RANK", ref value, .. } if value == "abc"),
             "{err:?}"
         );
+        // So do the calls on the current device that start nothing.
+        for err in [
+            synchronize_device(Device::CURRENT).unwrap_err(),
+            memory_stats(Device::CURRENT).unwrap_err(),
+            empty_cache(Device::CURRENT).unwrap_err(),
+        ] {
+            assert!(
+                matches!(err, Error::InvalidEnv { variable: "LOCAL_RANK", ref value, .. } if value == "abc"),
+                "{err:?}"
+            );
+        }
         assert!(runtime_info().is_none());
         // Setting the thread's device bypasses LOCAL_RANK: the retry succeeds.
         set_device(0).unwrap();
@@ -223,6 +234,15 @@ fn local_rank_above_127_is_refused() {
 #[test]
 fn a_device_beyond_the_visible_count_is_refused_with_both_numbers() {
     isolated!(&[MOCK, ("LOCAL_RANK", "1")], || {
+        // A call that starts nothing refuses the device as the start does.
+        assert!(matches!(
+            synchronize_device(Device::CURRENT),
+            Err(Error::DeviceOutOfRange {
+                device: 1,
+                count: 1,
+                chosen_by: DeviceSource::LocalRank("LOCAL_RANK"),
+            })
+        ));
         let err = start_runtime().unwrap_err();
         assert!(
             matches!(
