@@ -1730,6 +1730,52 @@ fn a_trace_holds_every_launched_operation_once_on_its_streams_track() {
     let used: std::collections::BTreeSet<i64> =
         slices.iter().map(|e| e["tid"].as_i64().unwrap()).collect();
     assert_eq!(named, used);
+    // Each launch on its stream's track: each iteration takes 3 new pool
+    // streams, and its priority alternates, so 2 × 6 × 3 = 36 takes, 18 of
+    // each pool's 32 streams, give every stream one role: copy-in (two
+    // H2D), compute (the descriptor's H2D and the compute) or copy-out
+    // (a D2H), 12 of each; and each track holds the launches the report
+    // counts for its stream.
+    let mut roles: std::collections::BTreeMap<i64, Vec<&str>> = Default::default();
+    for slice in &slices {
+        let cat = slice["cat"].as_str().unwrap();
+        if ["H2D", "D2H", "compute"].contains(&cat) {
+            roles
+                .entry(slice["tid"].as_i64().unwrap())
+                .or_default()
+                .push(cat);
+        }
+    }
+    let mut patterns: std::collections::BTreeMap<Vec<&str>, usize> = Default::default();
+    for cats in roles.values() {
+        let mut cats = cats.clone();
+        cats.sort_unstable();
+        *patterns.entry(cats).or_default() += 1;
+    }
+    assert_eq!(
+        patterns,
+        [
+            (vec!["D2H"], 12),
+            (vec!["H2D", "H2D"], 12),
+            (vec!["H2D", "compute"], 12),
+        ]
+        .into_iter()
+        .collect()
+    );
+    let counted: std::collections::BTreeMap<i64, usize> = report["streams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["id"].as_i64().unwrap(),
+                s["operations"].as_u64().unwrap() as usize,
+            )
+        })
+        .collect();
+    let traced: std::collections::BTreeMap<i64, usize> =
+        roles.iter().map(|(&tid, cats)| (tid, cats.len())).collect();
+    assert_eq!(traced, counted);
     let flow_out: std::collections::BTreeSet<u64> = slices
         .iter()
         .filter(|e| e["flow_out"] == true)
@@ -1810,10 +1856,12 @@ fn every_arrow_of_a_trace_ends_after_its_record_starts() {
             waits_before_their_record += 1;
         }
     }
-    // 4 iterations: compute waits for the copy-in, copy-out for compute,
-    // and each iteration's copy-in for the slot's last copy-out, from the
-    // second round of slots on.
-    assert!(arrows >= 8, "{arrows} arrows");
+    // 4 iterations on 2 memory slots, each iteration on 3 new streams (so
+    // no wait is on its own stream): compute waits for the copy-in and
+    // copy-out for compute (2 waits); from the second round of slots on,
+    // copy-in waits for the slot's last compute and compute for its last
+    // copy-out too (4): 2 × 2 + 2 × 4.
+    assert_eq!(arrows, 12);
     assert!(waits_before_their_record > 0, "the case this test is for");
 }
 
@@ -1845,9 +1893,21 @@ fn a_timeline_draws_a_row_per_stream_and_a_bar_per_operation() {
         assert!(svg.contains(legend), "legend {legend}");
     }
     assert!(svg.contains("time on the device (ms)"));
-    // 20 launches drawn as bars (the background, the plot area and the
-    // legend add a few more rectangles).
-    assert!(svg.matches("<rect").count() >= 20);
+    // A bar per launch, in its kind's colour at 0.85 opacity (the legend's
+    // swatches are opaque): 4 iterations of 3 H2D (two operands and the
+    // kernel descriptor), a compute and a D2H.
+    for (kind, fill, bars) in [
+        ("H2D", "#1F77B4", 12),
+        ("compute", "#FF7F0E", 4),
+        ("D2H", "#2CA02C", 4),
+    ] {
+        assert_eq!(
+            svg.matches(&format!(r#"opacity="0.85" fill="{fill}""#))
+                .count(),
+            bars,
+            "{kind} bars"
+        );
+    }
     assert_eq!(report["timeline"], path_text.as_str());
 }
 

@@ -16,8 +16,14 @@ use spyre_tests::conformance::{Case, Profile, SOFTWARE_DEVICE, SoftwareDevice};
 use spyre_tests::{isolated, mock_cdylib};
 
 /// Runs `case` in a fresh process (test `name`) on the library configured
-/// as `device`, with the `extra` variables.
-fn run_on(name: &str, device: SoftwareDevice, extra: &[(&str, &str)], case: Case) {
+/// as `device`, with the `extra` variables, which `profile` describes.
+fn run_on(
+    name: &str,
+    device: SoftwareDevice,
+    extra: &[(&str, &str)],
+    profile: Profile,
+    case: Case,
+) {
     // Build (or find) the library here, once, so the child reuses it.
     let library = mock_cdylib();
     let env = device.env();
@@ -26,12 +32,12 @@ fn run_on(name: &str, device: SoftwareDevice, extra: &[(&str, &str)], case: Case
     isolated(name, &env, || {
         let backend = HardwareBackend::open(library)
             .unwrap_or_else(|err| panic!("cannot load {}: {err}", library.display()));
-        case(&backend, &Profile::SOFTWARE_DEVICE);
+        case(&backend, &profile);
     });
 }
 
 fn run(name: &'static str, case: Case) {
-    run_on(name, SOFTWARE_DEVICE, &[], case);
+    run_on(name, SOFTWARE_DEVICE, &[], Profile::SOFTWARE_DEVICE, case);
 }
 
 spyre_tests::conformance_tests! {
@@ -40,13 +46,14 @@ spyre_tests::conformance_tests! {
 }
 
 mod host_wait {
-    use spyre_tests::conformance::{Case, SOFTWARE_DEVICE_HOST_WAIT};
+    use spyre_tests::conformance::{Case, Profile, SOFTWARE_DEVICE_HOST_WAIT};
 
     fn run(name: &'static str, case: Case) {
         super::run_on(
             &format!("host_wait::{name}"),
             SOFTWARE_DEVICE_HOST_WAIT,
             &[],
+            Profile::of(SOFTWARE_DEVICE_HOST_WAIT),
             case,
         );
     }
@@ -58,13 +65,17 @@ mod host_wait {
 }
 
 mod abi_1_0 {
-    use spyre_tests::conformance::{Case, SOFTWARE_DEVICE};
+    use spyre_tests::conformance::{Case, Profile, SOFTWARE_DEVICE};
 
     fn run(name: &'static str, case: Case) {
         super::run_on(
             &format!("abi_1_0::{name}"),
             SOFTWARE_DEVICE,
             &[("SPYRE_MOCK_ABI_VERSION", "1.0")],
+            Profile {
+                abi_1_0: true,
+                ..Profile::SOFTWARE_DEVICE
+            },
             case,
         );
     }

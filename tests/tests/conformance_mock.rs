@@ -21,7 +21,7 @@ mod host_wait {
 
     fn run(_name: &'static str, case: Case) {
         let system = SOFTWARE_DEVICE_HOST_WAIT.system();
-        case(&system, &Profile::SOFTWARE_DEVICE);
+        case(&system, &Profile::of(SOFTWARE_DEVICE_HOST_WAIT));
     }
 
     spyre_tests::conformance_tests! {

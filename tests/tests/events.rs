@@ -5,16 +5,16 @@
 //! process).
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use flex_rt::HardwareBackend;
 use spyre_stream::{
     Device, Error, EventRole, LaunchOptions, SpyreEvent, SpyreStream, Status, SynchronizeFuture,
     capabilities, set_backend, stream_from_pool,
 };
-use spyre_tests::conformance::Gate;
+use spyre_tests::conformance::{Gate, PATIENCE};
 use spyre_tests::{isolated, mock_cdylib};
 
 const MOCK: (&str, &str) = ("SPYRE_BACKEND", "mock");
@@ -335,13 +335,23 @@ fn awaiting_works_on_another_executor_and_a_future_may_be_dropped_early() {
         let event = SpyreEvent::new().unwrap();
         event.record(stream).unwrap();
         let future = event.synchronize_async();
-        let opener = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(20));
-            gate.open();
+        let opened = Arc::new(AtomicBool::new(false));
+        let opener = std::thread::spawn({
+            let opened = Arc::clone(&opened);
+            move || {
+                std::thread::sleep(Duration::from_millis(20));
+                opened.store(true, Ordering::SeqCst);
+                gate.open();
+            }
         });
         futures_executor::block_on(future).expect("completes");
-        opener.join().unwrap();
+        // Resolved only once the record could complete, and it has.
+        assert!(
+            opened.load(Ordering::SeqCst),
+            "resolved before the gate opened"
+        );
         assert!(event.query().unwrap());
+        opener.join().unwrap();
     });
 }
 
@@ -602,7 +612,9 @@ fn waiter_fails_naming(waiter: SpyreStream, failing: SpyreStream) {
 /// one (it is pending), never resolved `Ok`. Before, a future that found
 /// its record settled asked the event's query which way, and a record made
 /// in between made it report the new record's state: `Ok` for work that
-/// failed. 4 000 rounds, swept over offsets between the two threads.
+/// failed. 4 000 rounds, swept over offsets between the two threads; fewer
+/// if they take over half the held stream's gate's patience (a loaded
+/// machine), so that the stream is held throughout: checked at the end.
 fn a_future_of_a_failed_record_never_resolves_ok() {
     use std::future::Future;
     use std::task::{Context, Poll, Waker};
@@ -636,6 +648,8 @@ fn a_future_of_a_failed_record_never_resolves_ok() {
         }
     };
     let (ready, start) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    let stop = AtomicBool::new(false);
+    let deadline = Instant::now() + PATIENCE / 2;
     let mut resolved_ok = 0;
     let mut outcomes = [0usize; 2];
     std::thread::scope(|scope| {
@@ -643,6 +657,9 @@ fn a_future_of_a_failed_record_never_resolves_ok() {
             for (round, event) in events.iter().enumerate() {
                 ready.store(round + 1, Ordering::Release);
                 while start.load(Ordering::Acquire) != round + 1 {
+                    if stop.load(Ordering::Acquire) {
+                        return;
+                    }
                     std::hint::spin_loop();
                 }
                 spin(offsets(round).1);
@@ -652,6 +669,10 @@ fn a_future_of_a_failed_record_never_resolves_ok() {
         for (round, event) in events.iter().enumerate() {
             while ready.load(Ordering::Acquire) != round + 1 {
                 std::hint::spin_loop();
+            }
+            if Instant::now() > deadline {
+                stop.store(true, Ordering::Release);
+                break;
             }
             start.store(round + 1, Ordering::Release);
             spin(offsets(round).0);
@@ -663,6 +684,8 @@ fn a_future_of_a_failed_record_never_resolves_ok() {
             }
         }
     });
+    // Else its gate gave up waiting, and the new records completed.
+    assert!(!held.query().unwrap(), "the stream was held throughout");
     held_gate.open();
     held.synchronize().unwrap();
     assert_eq!(

@@ -217,7 +217,8 @@ fn a_trace_holds_each_launch_record_and_wait_once() {
             &trace.entries[2],
             &trace.entries[3],
         );
-        assert_eq!(wait.link, record.link);
+        let link = record.link.expect("a record has a link");
+        assert_eq!(wait.link, Some(link));
         assert!(consumed.started.unwrap() >= produced.finished.unwrap());
         // Nothing is traced once it stopped.
         producer

@@ -20,12 +20,31 @@ use super::{
     Completions, Gate, PATIENCE, Profile, new_stream, occupy_every_engine, runtime, software_device,
 };
 
-/// The runtime's capabilities, or `None` (after checking that events are
-/// refused consistently) for a library without events.
-fn capabilities(runtime: &dyn Runtime) -> Option<Capabilities> {
+/// The runtime's capabilities, checked against `profile` (the software
+/// device's wait is device-side or host-blocking as configured); or `None`
+/// for a library without events, after checking that events are refused
+/// as unsupported consistently, as `profile` requires of a library that
+/// reports ABI 1.0, and which the software device at ABI 1.1 never does.
+fn capabilities(runtime: &dyn Runtime, profile: &Profile) -> Option<Capabilities> {
     match runtime.capabilities() {
-        Ok(capabilities) => Some(capabilities),
+        Ok(capabilities) => {
+            assert!(
+                !profile.abi_1_0,
+                "an ABI 1.0 library has no events, yet reported {capabilities:?}"
+            );
+            if let Some(device) = profile.software_device {
+                assert_eq!(
+                    capabilities.device_side_wait, device.device_side_wait,
+                    "the software device's wait as configured"
+                );
+            }
+            Some(capabilities)
+        }
         Err(err) => {
+            assert!(
+                profile.abi_1_0 || profile.software_device.is_none(),
+                "the software device at ABI 1.1 has events: {err}"
+            );
             assert_eq!(err.status(), Status::UNSUPPORTED, "{err}");
             let refused = runtime.create_event(false).unwrap_err();
             assert_eq!(refused.status(), Status::UNSUPPORTED, "{refused}");
@@ -164,9 +183,9 @@ fn consumer_waiting_on_held_producer(
 
 /// flex.h, "Events": an event never recorded is complete — query is ready,
 /// synchronize returns at once, a wait is a no-op — and has no time.
-pub fn an_event_never_recorded_is_complete(backend: &dyn Backend, _: &Profile) {
+pub fn an_event_never_recorded_is_complete(backend: &dyn Backend, profile: &Profile) {
     let runtime = runtime(backend);
-    let Some(_) = capabilities(&*runtime) else {
+    let Some(_) = capabilities(&*runtime, profile) else {
         return;
     };
     let stream = new_stream(&*runtime, StreamPriority::Normal);
@@ -191,9 +210,9 @@ pub fn an_event_never_recorded_is_complete(backend: &dyn Backend, _: &Profile) {
 /// the event (never recorded, recorded on this stream, or elsewhere), as
 /// a record and every other enqueue are: the stream failed by a host
 /// callback's panic, and by a completion's.
-pub fn a_failed_stream_refuses_every_wait(backend: &dyn Backend, _: &Profile) {
+pub fn a_failed_stream_refuses_every_wait(backend: &dyn Backend, profile: &Profile) {
     let runtime = runtime(backend);
-    let Some(_) = capabilities(&*runtime) else {
+    let Some(_) = capabilities(&*runtime, profile) else {
         return;
     };
     let failed_by: [(&str, LaunchOptions, HostCallback); 2] = [
@@ -239,9 +258,9 @@ pub fn a_failed_stream_refuses_every_wait(backend: &dyn Backend, _: &Profile) {
 /// A record captures exactly the work enqueued before it: the event is not
 /// ready while that work is held, and work launched after the record does
 /// not delay it. Its completion is called exactly once.
-pub fn a_record_captures_exactly_the_work_before_it(backend: &dyn Backend, _: &Profile) {
+pub fn a_record_captures_exactly_the_work_before_it(backend: &dyn Backend, profile: &Profile) {
     let runtime = runtime(backend);
-    let Some(_) = capabilities(&*runtime) else {
+    let Some(_) = capabilities(&*runtime, profile) else {
         return;
     };
     let stream = new_stream(&*runtime, StreamPriority::Normal);
@@ -273,9 +292,9 @@ pub fn a_record_captures_exactly_the_work_before_it(backend: &dyn Backend, _: &P
 /// says "nothing to wait for" (dropping the callback uncalled) with the
 /// record's outcome for an event never recorded (`Ok`), already complete
 /// (`Ok`) or already failed (the record's error).
-pub fn notify_calls_back_when_the_latest_record_settles(backend: &dyn Backend, _: &Profile) {
+pub fn notify_calls_back_when_the_latest_record_settles(backend: &dyn Backend, profile: &Profile) {
     let runtime = runtime(backend);
-    let Some(_) = capabilities(&*runtime) else {
+    let Some(_) = capabilities(&*runtime, profile) else {
         return;
     };
     let stream = new_stream(&*runtime, StreamPriority::Normal);
@@ -343,9 +362,9 @@ pub fn notify_calls_back_when_the_latest_record_settles(backend: &dyn Backend, _
 /// A wait orders every later launch on the waiting stream after the event;
 /// with device-side waits it does not block the caller, and every other
 /// stream keeps running meanwhile (no engine is held while it waits).
-pub fn a_wait_orders_later_work_after_the_event(backend: &dyn Backend, _: &Profile) {
+pub fn a_wait_orders_later_work_after_the_event(backend: &dyn Backend, profile: &Profile) {
     let runtime = runtime(backend);
-    let Some(capabilities) = capabilities(&*runtime) else {
+    let Some(capabilities) = capabilities(&*runtime, profile) else {
         return;
     };
     let HeldProducer {
@@ -387,9 +406,12 @@ pub fn a_wait_orders_later_work_after_the_event(backend: &dyn Backend, _: &Profi
 /// run (CUDA's `cudaStreamWaitEvent` then `cudaStreamSynchronize`;
 /// PyTorch's `s.wait_stream(other); s.synchronize()`). Without device-side
 /// waits the wait itself blocks the host until then.
-pub fn a_pending_wait_is_unfinished_work_of_the_waiting_stream(backend: &dyn Backend, _: &Profile) {
+pub fn a_pending_wait_is_unfinished_work_of_the_waiting_stream(
+    backend: &dyn Backend,
+    profile: &Profile,
+) {
     let runtime = runtime(backend);
-    let Some(capabilities) = capabilities(&*runtime) else {
+    let Some(capabilities) = capabilities(&*runtime, profile) else {
         return;
     };
     let HeldProducer {
@@ -425,9 +447,12 @@ pub fn a_pending_wait_is_unfinished_work_of_the_waiting_stream(backend: &dyn Bac
 
 /// Re-recording moves the event: query and synchronize see only the latest
 /// record, while a wait already made keeps the record it saw.
-pub fn re_recording_moves_the_event_but_not_an_earlier_wait(backend: &dyn Backend, _: &Profile) {
+pub fn re_recording_moves_the_event_but_not_an_earlier_wait(
+    backend: &dyn Backend,
+    profile: &Profile,
+) {
     let runtime = runtime(backend);
-    let Some(capabilities) = capabilities(&*runtime) else {
+    let Some(capabilities) = capabilities(&*runtime, profile) else {
         return;
     };
     let first = new_stream(&*runtime, StreamPriority::Normal);
@@ -464,9 +489,9 @@ pub fn re_recording_moves_the_event_but_not_an_earlier_wait(backend: &dyn Backen
 /// Waiting on an event recorded on the same stream (as after the round
 /// robin wraps) is a no-op, not a self-deadlock, even while the stream is
 /// held.
-pub fn waiting_on_the_same_stream_is_a_no_op(backend: &dyn Backend, _: &Profile) {
+pub fn waiting_on_the_same_stream_is_a_no_op(backend: &dyn Backend, profile: &Profile) {
     let runtime = runtime(backend);
-    let Some(_) = capabilities(&*runtime) else {
+    let Some(_) = capabilities(&*runtime, profile) else {
         return;
     };
     let stream = new_stream(&*runtime, StreamPriority::Normal);
@@ -489,9 +514,12 @@ pub fn waiting_on_the_same_stream_is_a_no_op(backend: &dyn Backend, _: &Profile)
 /// notification), while one recorded before it completes, with a record
 /// carrying a completion and a refused launch between the two (neither
 /// may shift the operation's place).
-pub fn a_completion_panic_fails_the_events_recorded_behind_it(backend: &dyn Backend, _: &Profile) {
+pub fn a_completion_panic_fails_the_events_recorded_behind_it(
+    backend: &dyn Backend,
+    profile: &Profile,
+) {
     let runtime = runtime(backend);
-    let Some(_) = capabilities(&*runtime) else {
+    let Some(_) = capabilities(&*runtime, profile) else {
         return;
     };
     let stream = new_stream(&*runtime, StreamPriority::Normal);
@@ -551,9 +579,9 @@ pub fn a_completion_panic_fails_the_events_recorded_behind_it(backend: &dyn Back
 /// Dropping the runtime destroys its events (flex.h): an event that
 /// outlives it fails every call with `INVALID_HANDLE`, and dropping it
 /// afterwards is harmless.
-pub fn an_event_dies_with_its_runtime(backend: &dyn Backend, _: &Profile) {
+pub fn an_event_dies_with_its_runtime(backend: &dyn Backend, profile: &Profile) {
     let runtime = runtime(backend);
-    let Some(_) = capabilities(&*runtime) else {
+    let Some(_) = capabilities(&*runtime, profile) else {
         return;
     };
     let event = event(&*runtime, false);
@@ -600,9 +628,9 @@ pub fn an_event_dies_with_its_runtime(backend: &dyn Backend, _: &Profile) {
 /// and synchronize return the stream's error, never "not ready" forever,
 /// and a stream that waits on it fails with an error naming the event's
 /// stream instead of hanging.
-pub fn a_failed_record_poisons_the_event_and_its_waiters(backend: &dyn Backend, _: &Profile) {
+pub fn a_failed_record_poisons_the_event_and_its_waiters(backend: &dyn Backend, profile: &Profile) {
     let runtime = runtime(backend);
-    let Some(capabilities) = capabilities(&*runtime) else {
+    let Some(capabilities) = capabilities(&*runtime, profile) else {
         return;
     };
     let failing = new_stream(&*runtime, StreamPriority::Normal);
@@ -664,10 +692,13 @@ pub fn a_failed_record_poisons_the_event_and_its_waiters(backend: &dyn Backend, 
 /// A callback of one stream may launch on a stream that waits for an event
 /// behind that callback: the wait (blocking the host or not) must not keep
 /// the launch out, or neither would ever finish.
-pub fn a_callback_may_launch_on_a_stream_that_waits_for_it(backend: &dyn Backend, _: &Profile) {
+pub fn a_callback_may_launch_on_a_stream_that_waits_for_it(
+    backend: &dyn Backend,
+    profile: &Profile,
+) {
     // The callback needs the waiter for the life of the process.
     let runtime: &'static dyn Runtime = Box::leak(runtime(backend));
-    let Some(capabilities) = capabilities(runtime) else {
+    let Some(capabilities) = capabilities(runtime, profile) else {
         return;
     };
     let producer = new_stream(runtime, StreamPriority::Normal);
@@ -714,9 +745,12 @@ pub fn a_callback_may_launch_on_a_stream_that_waits_for_it(backend: &dyn Backend
 
 /// An event may be dropped while its record and a wait on it are pending:
 /// the wait is still honoured, nothing blocks and nothing panics.
-pub fn dropping_an_event_with_pending_work_keeps_its_waits(backend: &dyn Backend, _: &Profile) {
+pub fn dropping_an_event_with_pending_work_keeps_its_waits(
+    backend: &dyn Backend,
+    profile: &Profile,
+) {
     let runtime = runtime(backend);
-    let Some(capabilities) = capabilities(&*runtime) else {
+    let Some(capabilities) = capabilities(&*runtime, profile) else {
         return;
     };
     let HeldProducer {
@@ -754,9 +788,12 @@ pub fn dropping_an_event_with_pending_work_keeps_its_waits(backend: &dyn Backend
 /// and says which precondition failed; the time is taken when the device
 /// reaches each event, not when the host recorded it; reversed, it is
 /// negative.
-pub fn elapsed_time_is_device_time_with_named_preconditions(backend: &dyn Backend, _: &Profile) {
+pub fn elapsed_time_is_device_time_with_named_preconditions(
+    backend: &dyn Backend,
+    profile: &Profile,
+) {
     let runtime = runtime(backend);
-    let Some(capabilities) = capabilities(&*runtime) else {
+    let Some(capabilities) = capabilities(&*runtime, profile) else {
         return;
     };
     let stream = new_stream(&*runtime, StreamPriority::Normal);
@@ -803,9 +840,9 @@ pub fn elapsed_time_is_device_time_with_named_preconditions(backend: &dyn Backen
 /// Events of one runtime cannot be recorded on or waited for by another
 /// runtime's stream, nor measured against another runtime's event:
 /// `INVALID_ARGUMENT`, and nothing changes.
-pub fn an_event_of_another_runtime_is_refused(backend: &dyn Backend, _: &Profile) {
+pub fn an_event_of_another_runtime_is_refused(backend: &dyn Backend, profile: &Profile) {
     let first = runtime(backend);
-    let Some(capabilities) = capabilities(&*first) else {
+    let Some(capabilities) = capabilities(&*first, profile) else {
         return;
     };
     let second = runtime(backend);
@@ -845,11 +882,11 @@ pub fn an_event_of_another_runtime_is_refused(backend: &dyn Backend, _: &Profile
 
 /// Concurrent records of one event from several threads are serialized:
 /// every record completes exactly once, and afterwards the event is ready.
-pub fn concurrent_records_are_serialized(backend: &dyn Backend, _: &Profile) {
+pub fn concurrent_records_are_serialized(backend: &dyn Backend, profile: &Profile) {
     const THREADS: usize = 4;
     const RECORDS: usize = 50;
     let runtime = runtime(backend);
-    let Some(_) = capabilities(&*runtime) else {
+    let Some(_) = capabilities(&*runtime, profile) else {
         return;
     };
     let shared = event(&*runtime, true);
@@ -889,7 +926,7 @@ pub fn concurrent_records_are_serialized(backend: &dyn Backend, _: &Profile) {
 pub fn a_record_without_a_completion_needs_no_engine(backend: &dyn Backend, profile: &Profile) {
     let device = software_device(profile);
     let runtime = runtime(backend);
-    let Some(_) = capabilities(&*runtime) else {
+    let Some(_) = capabilities(&*runtime, profile) else {
         return;
     };
     let (gates, blockers) = occupy_every_engine(&*runtime, &device, StreamPriority::High);

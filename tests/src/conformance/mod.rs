@@ -43,18 +43,28 @@ pub struct Profile {
     /// Facts about spyre-mock's software device when it is the backend (in
     /// process or as the shared library); `None` for any other library.
     pub software_device: Option<SoftwareDevice>,
+    /// Whether the library reports ABI 1.0, which has no events: the event
+    /// cases then check that events are refused as unsupported.
+    pub abi_1_0: bool,
 }
 
 impl Profile {
     /// The software device configured as [`SOFTWARE_DEVICE`].
-    pub const SOFTWARE_DEVICE: Profile = Profile {
-        software_device: Some(SOFTWARE_DEVICE),
-    };
+    pub const SOFTWARE_DEVICE: Profile = Profile::of(SOFTWARE_DEVICE);
 
     /// A library the suite knows nothing more about.
     pub const ANY_LIBRARY: Profile = Profile {
         software_device: None,
+        abi_1_0: false,
     };
+
+    /// The software device configured as `device`, at ABI 1.1.
+    pub const fn of(device: SoftwareDevice) -> Profile {
+        Profile {
+            software_device: Some(device),
+            abi_1_0: false,
+        }
+    }
 }
 
 /// The configuration of the software device in the conformance runs.
@@ -242,7 +252,7 @@ macro_rules! conformance_tests {
 
 /// Longest wait for something that only happens if the backend works;
 /// reaching it means a lost wakeup or a deadlock.
-pub(crate) const PATIENCE: Duration = Duration::from_secs(20);
+pub const PATIENCE: Duration = Duration::from_secs(20);
 
 pub(crate) fn runtime(backend: &dyn Backend) -> Box<dyn Runtime> {
     backend.create_runtime(0).unwrap_or_else(|err| {
