@@ -22,7 +22,11 @@ pub(crate) const MAX_IN_FLIGHT: usize = 1024;
         Log output goes to stderr and follows RUST_LOG (default: warn).\n\n\
         Exit codes: 0 success; 1 the work failed (device error or a result that \
         differs from the host reference); 2 bad arguments or environment, \
-        including a run that asks for more device memory than the device has."
+        including a run that asks for more device memory than the device has \
+        (refused before any work where the up-front estimate sees it; a run \
+        near the limit, whose streams each keep their freed memory cached, \
+        can still run out partway, and exits 2 then too, naming the \
+        iteration)."
 )]
 pub(crate) struct Cli {
     /// What to do.

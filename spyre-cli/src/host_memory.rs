@@ -3,7 +3,7 @@
 //! sizes instead of an allocation failure that aborts the process.
 
 use crate::error::CliError;
-use crate::size::format_size;
+use crate::size::{format_size, format_total};
 
 /// Bytes of memory the host can give without swapping (`MemAvailable` in
 /// `/proc/meminfo`), or `None` where that cannot be read.
@@ -51,8 +51,8 @@ pub(crate) fn check_with_regions(
     let what = if backed > 0 {
         format!(
             "{what} ({} of {held}, and {} of the software device's memory regions (SPYRE_MOCK_REGION_BYTES), which it backs with host memory when they are first written)",
-            format_size(buffers),
-            format_size(backed)
+            format_total(buffers),
+            format_total(backed)
         )
     } else {
         what.to_owned()
@@ -62,11 +62,18 @@ pub(crate) fn check_with_regions(
 
 fn check_against(needed: u64, available: Option<u64>, what: &str) -> Result<(), CliError> {
     match available {
-        Some(available) if needed > available => Err(CliError::Usage(format!(
-            "{what} needs {needed} bytes ({}) of host memory, but the host has {available} bytes ({}) available (MemAvailable in /proc/meminfo)",
-            format_size(needed),
-            format_size(available)
-        ))),
+        Some(available) if needed > available => {
+            // `needed` is summed with saturation: at the top it is a bound.
+            let needed = if needed == u64::MAX {
+                format!("more than {needed} bytes (16 EiB)")
+            } else {
+                format!("{needed} bytes ({})", format_size(needed))
+            };
+            Err(CliError::Usage(format!(
+                "{what} needs {needed} of host memory, but the host has {available} bytes ({}) available (MemAvailable in /proc/meminfo)",
+                format_size(available)
+            )))
+        }
         _ => Ok(()),
     }
 }
@@ -93,6 +100,13 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "--size 1GiB needs 3221225472 bytes (3 GiB) of host memory, but the host has 1073741824 bytes (1 GiB) available (MemAvailable in /proc/meminfo)"
+        );
+        // A need whose sum saturated is a bound, not a figure.
+        assert_eq!(
+            check_against(u64::MAX, Some(1 << 30), "x")
+                .unwrap_err()
+                .to_string(),
+            "x needs more than 18446744073709551615 bytes (16 EiB) of host memory, but the host has 1073741824 bytes (1 GiB) available (MemAvailable in /proc/meminfo)"
         );
     }
 }

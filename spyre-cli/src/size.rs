@@ -123,9 +123,27 @@ pub(crate) fn format_size(bytes: u64) -> String {
     format!("{bytes} B")
 }
 
+/// `bytes` of a total summed or multiplied with saturation: as
+/// [`format_size`] gives it, or "more than 16 EiB" for `u64::MAX`, where
+/// the saturation stops (the true figure does not fit in 64 bits).
+pub(crate) fn format_total(bytes: u64) -> String {
+    if bytes == u64::MAX {
+        "more than 16 EiB".to_owned()
+    } else {
+        format_size(bytes)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_saturated_total_is_not_shown_as_a_figure() {
+        assert_eq!(format_total(u64::MAX), "more than 16 EiB");
+        assert_eq!(format_total(u64::MAX - 1), format_size(u64::MAX - 1));
+        assert_eq!(format_total(3 << 30), "3 GiB");
+    }
 
     #[test]
     fn plain_bytes_and_units() {

@@ -67,41 +67,111 @@ impl From<Refusal> for CliError {
 /// segments of their own, or, for small operands that fill their segments,
 /// one operand block each). The allocator keeps segments per stream,
 /// so a run close to the limit may still need it to return its cache and
-/// retry, or fail with a named out-of-memory error.
+/// retry, or fail with a named out-of-memory error. Where a smaller
+/// `--size` is the way out, the advice names one that passes this check
+/// with the run's other flags.
 pub(crate) fn check_capacity(
     plan: &Plan,
     args: &RunArgs,
     layout: MemoryLayout,
 ) -> Result<(), Refusal> {
+    let Err(misfit) = assess(plan, args, layout) else {
+        return Ok(());
+    };
     let MemoryLayout {
         total_bytes: memory,
         region_bytes: region,
     } = layout;
     let block = plan.block_bytes();
-    if block > region {
-        // A block is an operand rounded up to the allocator's granularity.
-        let largest_operand = region / MIN_BLOCK * MIN_BLOCK;
-        let advice = if largest_operand == 0 {
-            format!(
-                "no operand fits a region of {region} bytes; make the device's regions larger (SPYRE_MOCK_REGION_BYTES of at least {MIN_BLOCK}, with SPYRE_MOCK_MEMORY_BYTES at least as large)"
-            )
-        } else {
-            format!(
-                "use a --size of at most {} (operands of {largest_operand} bytes)",
-                largest_operand.saturating_mul(3)
-            )
-        };
-        return Err(Refusal {
+    let smaller_size = || largest_size_that_fits(args, layout);
+    Err(match misfit {
+        Misfit::BlockOverRegion => {
+            let advice = match smaller_size() {
+                Some((size, plan)) => format!(
+                    "use a --size of at most {size} (operands of {} bytes)",
+                    plan.operand_bytes
+                ),
+                None if region < MIN_BLOCK => format!(
+                    "no operand fits a region of {region} bytes; make the device's regions larger (SPYRE_MOCK_REGION_BYTES of at least {MIN_BLOCK}, with SPYRE_MOCK_MEMORY_BYTES at least as large)"
+                ),
+                None => nothing_fits(args),
+            };
+            Refusal {
+                reason: format!(
+                    "--size {} needs operands of {} bytes ({}), each in a block of {block} bytes (the allocator rounds to {MIN_BLOCK}), but one memory region of the device holds {} bytes ({}) and a block must lie in one region",
+                    args.size,
+                    plan.operand_bytes,
+                    format_size(plan.operand_bytes),
+                    region,
+                    format_size(region),
+                ),
+                advice,
+            }
+        }
+        Misfit::NoIteration { blocks_held } => Refusal {
             reason: format!(
-                "--size {} needs operands of {} bytes ({}), each in a block of {block} bytes (the allocator rounds to {MIN_BLOCK}), but one memory region of the device holds {} bytes ({}) and a block must lie in one region",
+                "--size {} needs {BLOCKS_PER_ITERATION} blocks of {block} bytes per iteration, each in one memory region, but the device has {memory} bytes ({}) in regions of {region} bytes, where the caching allocator's segments hold {blocks_held} such block{} beside the programs",
                 args.size,
-                plan.operand_bytes,
-                format_size(plan.operand_bytes),
-                region,
-                format_size(region),
+                format_size(memory),
+                if blocks_held == 1 { "" } else { "s" }
             ),
-            advice,
-        });
+            advice: smaller_size().map_or_else(
+                || nothing_fits(args),
+                |(size, _)| format!("use a --size of at most {size}"),
+            ),
+        },
+        Misfit::TooManyInFlight {
+            in_flight,
+            per_thread,
+            iterations_held,
+        } => Refusal {
+            reason: format!(
+                "--size {} with --threads {} and --in-flight {} (--mode {}) keeps {in_flight} iterations' memory on the device, each in {BLOCKS_PER_ITERATION} blocks of {block} bytes that must each lie in one memory region, but the device has {memory} bytes ({}) in regions of {region} bytes, where the caching allocator's segments hold at most {iterations_held} of them at once beside their programs",
+                args.size,
+                args.threads,
+                args.in_flight,
+                args.mode.name(),
+                format_size(memory)
+            ),
+            advice: capacity_advice(args.mode, args.threads as u64, per_thread, iterations_held),
+        },
+    })
+}
+
+/// The advice when not even the smallest `--size` fits with `args`' other
+/// flags.
+fn nothing_fits(args: &RunArgs) -> String {
+    format!(
+        "no --size fits this device with --threads {} and --in-flight {} (--mode {}), not even operands of one f32 (--size {MIN_SIZE}): use fewer --threads or --in-flight, or a device with more memory (SPYRE_MOCK_MEMORY_BYTES)",
+        args.threads,
+        args.in_flight,
+        args.mode.name()
+    )
+}
+
+/// Why a run does not fit ([`assess`]), with what its refusal names.
+enum Misfit {
+    /// An operand's block is larger than a memory region.
+    BlockOverRegion,
+    /// Not one iteration fits beside its program; the device holds
+    /// `blocks_held` operand blocks beside one program.
+    NoIteration { blocks_held: u64 },
+    /// `in_flight` iterations' memory (`per_thread` a thread) is more
+    /// than the `iterations_held` that fit beside their programs.
+    TooManyInFlight {
+        in_flight: u64,
+        per_thread: u64,
+        iterations_held: u64,
+    },
+}
+
+/// Whether the run of `plan` with `args` (whose `--size` is not read: the
+/// plan says what it asks) fits the device's memory (see
+/// [`check_capacity`]).
+fn assess(plan: &Plan, args: &RunArgs, layout: MemoryLayout) -> Result<(), Misfit> {
+    let block = plan.block_bytes();
+    if block > layout.region_bytes {
+        return Err(Misfit::BlockOverRegion);
     }
     let per_thread = per_thread_on_device(args);
     let in_flight = (args.threads as u64).saturating_mul(per_thread);
@@ -135,7 +205,6 @@ pub(crate) fn check_capacity(
         operand_blocks.saturating_sub(lost)
     };
     let held = |n: u64| blocks_beside(n) / BLOCKS_PER_ITERATION;
-    let blocks_held = blocks_beside(1);
     // The most iterations that fit beside their own programs: `held` never
     // grows with `n`, so the `n` with `n <= held(n)` are 1 up to that.
     let iterations_held = {
@@ -151,31 +220,44 @@ pub(crate) fn check_capacity(
         fits
     };
     if iterations_held == 0 {
-        return Err(Refusal {
-            reason: format!(
-                "--size {} needs {BLOCKS_PER_ITERATION} blocks of {block} bytes per iteration, each in one memory region, but the device has {memory} bytes ({}) in regions of {region} bytes, where the caching allocator's segments hold {blocks_held} such block{} beside the programs",
-                args.size,
-                format_size(memory),
-                if blocks_held == 1 { "" } else { "s" }
-            ),
-            advice: "use a smaller --size".to_owned(),
+        return Err(Misfit::NoIteration {
+            blocks_held: blocks_beside(1),
         });
     }
     if in_flight > held(in_flight) {
-        return Err(Refusal {
-            reason: format!(
-                "--size {} with --threads {} and --in-flight {} (--mode {}) keeps {in_flight} iterations' memory on the device, each in {BLOCKS_PER_ITERATION} blocks of {block} bytes that must each lie in one memory region, but the device has {memory} bytes ({}) in regions of {region} bytes, where the caching allocator's segments hold at most {iterations_held} of them at once beside their programs",
-                args.size,
-                args.threads,
-                args.in_flight,
-                args.mode.name(),
-                format_size(memory)
-            ),
-            advice: capacity_advice(args.mode, args.threads as u64, per_thread, iterations_held),
+        return Err(Misfit::TooManyInFlight {
+            in_flight,
+            per_thread,
+            iterations_held,
         });
     }
     Ok(())
 }
+
+/// The largest `--size` below `args.size` that fits with the run's other
+/// flags, and its plan; `None` when not even [`MIN_SIZE`] fits. Found by
+/// bisection, every size tried checked whole ([`assess`]): so the size
+/// found fits, and is the largest that does where a larger size never
+/// needs less memory.
+fn largest_size_that_fits(args: &RunArgs, layout: MemoryLayout) -> Option<(u64, Plan)> {
+    let fits = |size: u64| {
+        let plan = Plan::new(args.kernel, size).ok()?;
+        assess(&plan, args, layout).is_ok().then_some(plan)
+    };
+    let (mut fit, mut over) = (MIN_SIZE, args.size);
+    let mut plan = fits(fit)?;
+    while over - fit > 1 {
+        let mid = fit + (over - fit) / 2;
+        match fits(mid) {
+            Some(mid_plan) => (fit, plan) = (mid, mid_plan),
+            None => over = mid,
+        }
+    }
+    Some((fit, plan))
+}
+
+/// The smallest `--size`: one `f32` in each operand.
+const MIN_SIZE: u64 = 12;
 
 /// What to change when `threads` threads of `mode`, each keeping
 /// `per_thread` iterations' memory, keep more than the device holds
@@ -247,6 +329,69 @@ mod tests {
     fn backed(size: u64, threads: usize, in_flight: usize, mode: ModeArg) -> u64 {
         let plan = Plan::new(KernelArg::Axpy, size).unwrap();
         backed_bytes(&plan, &args(size, threads, in_flight, mode), DEFAULT)
+    }
+
+    /// The `--size` `check_capacity`'s advice names for `size` on `layout`.
+    fn advised_size(size: u64, threads: usize, layout: MemoryLayout) -> Option<u64> {
+        let run = args(size, threads, 1, ModeArg::PerIteration);
+        let plan = Plan::new(KernelArg::Axpy, size).unwrap();
+        let refusal = check_capacity(&plan, &run, layout).unwrap_err();
+        let (_, rest) = refusal.advice.split_once("use a --size of at most ")?;
+        Some(rest.split(' ').next().unwrap().parse().unwrap())
+    }
+
+    /// Whether a run of `size` fits `layout`.
+    fn fits(size: u64, threads: usize, layout: MemoryLayout) -> bool {
+        let plan = Plan::new(KernelArg::Axpy, size).unwrap();
+        check_capacity(
+            &plan,
+            &args(size, threads, 1, ModeArg::PerIteration),
+            layout,
+        )
+        .is_ok()
+    }
+
+    #[test]
+    fn the_advised_size_is_the_largest_that_fits_with_the_other_flags() {
+        // 512 MiB in two regions of 256 MiB, one iteration: three operand
+        // blocks and a program. Blocks of 128 MiB go two to a region, four
+        // in all, and the program's segment costs one: three, one
+        // iteration. One of 128 MiB + 512 B goes one to a region. So the
+        // largest operand is 128 MiB, 33 554 432 elements, the plan of
+        // sizes 402 653 184 to 402 653 195. (Before, the advice was 768
+        // MiB, three operands of a whole region, which the check refused
+        // again.)
+        let half_gib = MemoryLayout {
+            total_bytes: 512 * MIB,
+            region_bytes: 256 * MIB,
+        };
+        for size in [1 << 30, 512 * MIB, 402_653_196] {
+            assert_eq!(advised_size(size, 1, half_gib), Some(402_653_195), "{size}");
+        }
+        assert!(fits(402_653_195, 1, half_gib));
+        assert!(!fits(402_653_196, 1, half_gib));
+        // Where a block fits a region but not one iteration fits, the
+        // advice names a bound too (before, "use a smaller --size" alone):
+        // one that fits, where the next size up, a larger operand, does
+        // not.
+        let tiny = MemoryLayout {
+            total_bytes: 4096,
+            region_bytes: 4096,
+        };
+        let advised = advised_size(64 << 10, 1, tiny).expect("a bound");
+        assert!(
+            fits(advised, 1, tiny) && !fits(advised + 1, 1, tiny),
+            "{advised}"
+        );
+        // With more threads than the device holds an iteration for, no
+        // size fits, and the advice says what else to change.
+        let run = args(64 << 10, 64, 1, ModeArg::PerIteration);
+        let plan = Plan::new(KernelArg::Axpy, 64 << 10).unwrap();
+        let advice = check_capacity(&plan, &run, tiny).unwrap_err().advice;
+        assert!(
+            advice.starts_with("no --size fits this device with --threads 64 and --in-flight 1 (--mode per-iteration), not even operands of one f32 (--size 12): use fewer --threads"),
+            "{advice}"
+        );
     }
 
     #[test]

@@ -58,7 +58,7 @@ use crate::cli::{KernelArg, ModeArg, RunArgs};
 use crate::error::CliError;
 use crate::host_memory;
 use crate::output;
-use crate::size::format_size;
+use crate::size::format_total;
 
 /// Host memory a traced iteration holds until the run ends, rounded up
 /// from the peak resident memory of `spyre run --threads 2 --iterations
@@ -213,7 +213,7 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
         let _ = write!(
             what,
             ", tracing {total} iterations (the trace is kept in memory until the run ends: {} at about {per_traced_iteration} bytes an iteration; fewer --iterations, or no --trace and --timeline, need less)",
-            format_size(traced)
+            format_total(traced)
         );
         held = "host buffers and the trace";
     }
