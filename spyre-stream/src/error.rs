@@ -331,7 +331,9 @@ pub struct OutOfMemory {
     /// Bytes the allocator still holds but no buffer uses, after the
     /// retry: free blocks in segments that live buffers share (a segment
     /// goes back to the device only whole), of streams that had work left
-    /// or too small to lend for the request, memory of streams that could
+    /// that could not be waited for on the device side (host-blocking
+    /// waits, a failed stream) or too small to lend for the request,
+    /// memory of streams that could
     /// not be waited for (from a host callback of the device), and memory
     /// freed only after the retry's wait began on a stream still busy.
     /// For a request larger than the device, what the allocator held then
@@ -391,7 +393,8 @@ impl std::fmt::Display for OutOfMemory {
             "out of device memory: cannot allocate {requested} bytes; the device has {free} free, \
              the allocator caches {cached} bytes (largest cached block {largest_cached} bytes: \
              free blocks in segments that buffers still use, of streams that had work left (only \
-             a stream that has finished its work lends its cached blocks), memory freed during \
+             a stream that has finished its work lends its cached blocks, or, where the device \
+             waits on the device side, one whose work the borrower can wait for), memory freed during \
              the retry, or memory of streams that could not be waited for); drop buffers no \
              longer needed or allocate less: {source}"
         )

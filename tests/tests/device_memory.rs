@@ -1260,13 +1260,23 @@ fn a_full_device_with_a_block_cached_for(
     (live, rest, address)
 }
 
+/// [`FOUR_MIB_DEVICE`] with waits that block the host, like today's
+/// Spyre card.
+const FOUR_MIB_DEVICE_HOST_WAIT: [(&str, &str); 4] = [
+    MOCK,
+    ("SPYRE_MOCK_MEMORY_BYTES", "4194304"),
+    ("SPYRE_MOCK_REGION_BYTES", "4194304"),
+    ("SPYRE_MOCK_DEVICE_SIDE_WAIT", "0"),
+];
+
 #[test]
 fn a_full_device_lends_a_finished_streams_cached_block_to_another_stream() {
-    isolated!(&FOUR_MIB_DEVICE, || {
+    isolated!(&FOUR_MIB_DEVICE_HOST_WAIT, || {
         let (owner, filler, borrower) = (pool_stream(), pool_stream(), pool_stream());
         let (live, rest, address) = a_full_device_with_a_block_cached_for(owner, filler);
         // While `owner` has work queued, its cached block may still be
-        // read by it: not lent.
+        // read by it, and the borrower could wait for that work only by
+        // blocking this thread: not lent.
         let gate = hold(owner);
         let error = DeviceBuffer::<u8>::new(borrower, 64 << 10).unwrap_err();
         assert!(matches!(error, Error::OutOfMemory(_)), "{error:?}");
@@ -1286,6 +1296,52 @@ fn a_full_device_lends_a_finished_streams_cached_block_to_another_stream() {
             "every byte of the device in a buffer"
         );
         drop((lent, live, rest));
+    });
+}
+
+/// Where the device waits on the device side, a full device lends a
+/// cached block of a stream with work left, once the borrowing stream
+/// waits for that work (CUDA's inserted dependencies): the allocation
+/// blocks no thread, and the borrower's later work runs only after the
+/// owner's. Before, it failed with `OutOfMemory` while the block lay
+/// cached (a run whose threads share busy streams ran out of memory with
+/// a fifth of the device cached).
+#[test]
+fn a_full_device_lends_a_busy_streams_cached_block_behind_its_work() {
+    isolated!(&FOUR_MIB_DEVICE, || {
+        let (owner, filler, borrower) = (pool_stream(), pool_stream(), pool_stream());
+        let (live, rest, address) = a_full_device_with_a_block_cached_for(owner, filler);
+        let gate = hold(owner);
+        let lent = DeviceBuffer::<u8>::new(borrower, 64 << 10).unwrap();
+        assert_eq!(lent.address(), &address);
+        // Opened 100 ms from now: a callback on `borrower` that ran
+        // before would find the flag clear.
+        let (opened, opener) = open_later(gate, std::time::Duration::from_millis(100));
+        let ran_after_owner = Arc::new(AtomicBool::new(false));
+        borrower
+            .launch_host_callback(
+                {
+                    let (opened, ran) = (Arc::clone(&opened), Arc::clone(&ran_after_owner));
+                    move || ran.store(opened.load(Ordering::SeqCst), Ordering::SeqCst)
+                },
+                LaunchOptions::new(),
+            )
+            .unwrap();
+        assert!(!borrower.query().unwrap(), "`borrower` waits for `owner`");
+        borrower.synchronize().unwrap();
+        assert!(
+            ran_after_owner.load(Ordering::SeqCst),
+            "`borrower`'s work ran before `owner`'s had ended"
+        );
+        let s = stats();
+        assert_eq!((s.device_allocations, s.out_of_memory), (2, 0), "{s:?}");
+        assert_eq!(
+            s.allocated_bytes,
+            4 * MIB,
+            "every byte of the device in a buffer"
+        );
+        drop((lent, live, rest));
+        opener.join().unwrap();
     });
 }
 
@@ -1393,11 +1449,12 @@ fn a_full_device_waits_for_the_streams_a_pending_free_waits_for() {
 
 #[test]
 fn a_full_device_from_a_host_callback_fails_instead_of_waiting_for_itself() {
-    isolated!(&FOUR_MIB_DEVICE, || {
+    isolated!(&FOUR_MIB_DEVICE_HOST_WAIT, || {
         let (a, b) = (pool_stream(), pool_stream());
         drop(DeviceBuffer::<u8>::new(a, 3 << 20).unwrap());
         // Inside `a`'s host callback `a` is busy until the callback returns:
-        // its cache cannot be waited for, and the device refuses the wait.
+        // its cache cannot be waited for, and the device refuses the wait
+        // (its waits would block the host).
         let (tx, rx) = std::sync::mpsc::channel();
         a.launch_host_callback(
             move || {
@@ -1416,6 +1473,54 @@ fn a_full_device_from_a_host_callback_fails_instead_of_waiting_for_itself() {
         a.synchronize().unwrap();
         // From an ordinary thread the same allocation waits and succeeds.
         drop(DeviceBuffer::<u8>::new(b, 2 << 20).unwrap());
+    });
+}
+
+/// Where the device waits on the device side, the same allocation from
+/// `a`'s host callback is served at once by `a`'s cached block, lent
+/// behind `a`'s work (the callback included): nothing blocks, and `b`'s
+/// later work runs after the callback.
+#[test]
+fn a_full_device_from_a_host_callback_lends_behind_the_callback() {
+    isolated!(&FOUR_MIB_DEVICE, || {
+        let (a, b) = (pool_stream(), pool_stream());
+        drop(DeviceBuffer::<u8>::new(a, 3 << 20).unwrap());
+        let callback_ended = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = std::sync::mpsc::channel();
+        a.launch_host_callback(
+            {
+                let ended = Arc::clone(&callback_ended);
+                move || {
+                    let lent = DeviceBuffer::<u8>::new(b, 2 << 20);
+                    let after_callback = lent.as_ref().ok().map(|_| {
+                        let ran = Arc::new(AtomicBool::new(false));
+                        let (ran_flag, ended) = (Arc::clone(&ran), Arc::clone(&ended));
+                        b.launch_host_callback(
+                            move || ran_flag.store(ended.load(Ordering::SeqCst), Ordering::SeqCst),
+                            LaunchOptions::new(),
+                        )
+                        .unwrap();
+                        ran
+                    });
+                    // Let `b` run now, if it could: it must not.
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                    ended.store(true, Ordering::SeqCst);
+                    let _ = tx.send((lent.map(drop), after_callback));
+                }
+            },
+            LaunchOptions::new(),
+        )
+        .unwrap();
+        let (result, after_callback) = rx
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .expect("the allocation returned");
+        result.expect("lent behind the callback");
+        b.synchronize().unwrap();
+        assert!(
+            after_callback.unwrap().load(Ordering::SeqCst),
+            "`b`'s work ran during `a`'s callback"
+        );
+        assert_eq!(stats().out_of_memory, 0);
     });
 }
 

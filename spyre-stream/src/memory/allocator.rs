@@ -95,13 +95,18 @@
 //!   failed by a synchronize, which waits only for the work it began
 //!   before the failure): every use of a
 //!   cached block was enqueued before its free, so none can still touch
-//!   it. (CUDA's stream-ordered pools reuse memory freed on another stream
-//!   opportunistically by default, once that free's own event has
-//!   completed; PyTorch's allocator fails instead.) A block in one chunk
-//!   is lent first where the request fits a region; streams with work
-//!   left (or that need shutdown, or cannot be queried) are passed over,
-//!   as are the segments a waiting retry holds; nothing is waited for but
-//!   a failed stream's work begun before its failure.
+//!   it. Where the device waits on the device side, a stream with work
+//!   left lends too: the borrowing stream first waits for all the work
+//!   enqueued on it so far ([`crate::SpyreStream::wait_stream`]), which
+//!   blocks no thread. (CUDA's stream-ordered pools reuse memory freed on
+//!   another stream by default, once that free's own event has completed
+//!   or by inserting such a dependency; PyTorch's allocator fails
+//!   instead.) A block in one chunk is lent first where the request fits
+//!   a region; streams whose work cannot be waited for so (host-blocking
+//!   waits, a failed stream no synchronize has seen fail, one that needs
+//!   shutdown or cannot be queried) are passed over, as are the segments
+//!   a waiting retry holds; nothing is waited for on the host but a
+//!   failed stream's work begun before its failure.
 //!   The block stays in its segment: when its buffer is dropped it waits
 //!   for the borrowing stream, as for a stream that used it, before it is
 //!   cached again for its segment's stream. Without it, streams that each
@@ -858,19 +863,23 @@ impl CachingAllocator {
     }
 
     /// The last resort of a full device: a cached block of another stream
-    /// that has finished its work ([`has_finished_or_failed`]), lent to
-    /// `stream` for `rounded` bytes (CUDA's opportunistic reuse of a
+    /// lent to `stream` for `rounded` bytes (CUDA's reuse of a
     /// stream-ordered pool; PyTorch's caching allocator never lends). Every
     /// use of a cached block was enqueued before its free (uses on other
     /// streams are fenced before it is cached again), so once its stream
     /// is seen finished after the block was set aside, no work can touch
-    /// it ([`has_finished_or_failed`]). The best fit is lent, one lying in
-    /// one chunk first where `pieces` refuses several; a stream found busy
-    /// is passed over, as are the segments a waiting retry holds. The
-    /// block stays in its segment: when freed, it waits for `stream` (and
-    /// its other users) before it is cached again for the segment's
-    /// stream. Nothing is waited for but the work a failed stream began
-    /// before its failure.
+    /// it ([`has_finished_or_failed`]); where the device waits on the
+    /// device side, a stream with work left lends it too, once `stream`
+    /// waits for that work ([`SpyreStream::wait_stream`]: CUDA's inserted
+    /// dependencies, `cudaMemPoolReuseAllowInternalDependencies`), which
+    /// blocks no thread. The best fit is lent, one lying in one chunk
+    /// first where `pieces` refuses several; a stream whose work cannot be
+    /// waited for so (host-blocking waits, a failed stream whose failure
+    /// no synchronize has seen, a refused wait) is passed over, as are the
+    /// segments a waiting retry holds. The block stays in its segment:
+    /// when freed, it waits for `stream` (and its other users) before it
+    /// is cached again for the segment's stream. Nothing is waited for on
+    /// the host but the work a failed stream began before its failure.
     ///
     /// # Errors
     /// As [`State::take`].
@@ -897,9 +906,10 @@ impl CachingAllocator {
                 found
             };
             // No lock is held: a failed stream's synchronize may wait.
-            let owner_finished = has_finished_or_failed(self.stream(candidate.stream));
+            let owner = self.stream(candidate.stream);
+            let ordered = has_finished_or_failed(owner) || self.waits_on_device(stream, owner);
             let mut state = self.state.lock();
-            if owner_finished {
+            if ordered {
                 let mut block = state.hand_out(candidate, rounded, requested)?;
                 block.lent_to = Some(stream);
                 return Ok(Some(block));
@@ -907,6 +917,17 @@ impl CachingAllocator {
             state.release(candidate.segment, candidate.offset);
             busy.insert(candidate.stream);
         }
+    }
+
+    /// Whether `borrower`'s later work now waits for all work enqueued on
+    /// `owner` so far, on the device side: `false` where the device's
+    /// waits block the host (or it has no events), or the wait was
+    /// refused (a stream failed, say).
+    fn waits_on_device(&self, borrower: SpyreStream, owner: SpyreStream) -> bool {
+        self.runtime
+            .capabilities()
+            .is_ok_and(|capabilities| capabilities.device_side_wait)
+            && borrower.wait_stream(owner).is_ok()
     }
 
     /// Returns the segments `finished` allows
