@@ -639,10 +639,16 @@ impl MockSystemBuilder {
             ));
         }
         if self.op_latency > MAX_OP_LATENCY {
+            // In µs where that is exact (as the variable gives it), else
+            // whole: truncated, 1 s and 1 ns would read as the limit.
+            let got = if self.op_latency.subsec_nanos().is_multiple_of(1_000) {
+                format!("{} µs", self.op_latency.as_micros())
+            } else {
+                format!("{:?}", self.op_latency)
+            };
             return fail(format!(
-                "op_latency must be at most {} µs (1 s), got {} µs",
+                "op_latency must be at most {} µs (1 s), got {got}",
                 MAX_OP_LATENCY.as_micros(),
-                self.op_latency.as_micros()
             ));
         }
         if let Some(visible) = &self.visible_devices {
@@ -896,6 +902,10 @@ mod tests {
             (
                 MockSystemBuilder::new().op_latency(Duration::from_micros(1_000_001)),
                 "op_latency must be at most 1000000 µs (1 s), got 1000001 µs",
+            ),
+            (
+                MockSystemBuilder::new().op_latency(Duration::from_nanos(1_000_000_001)),
+                "op_latency must be at most 1000000 µs (1 s), got 1.000000001s",
             ),
         ];
         assert!(

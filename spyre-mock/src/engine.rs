@@ -426,6 +426,22 @@ fn engine_main(device: Arc<Device>) {
                 }
             }
             None if scheduler.shutting_down => {
+                if busy {
+                    busy = false;
+                    scheduler.busy -= 1;
+                }
+                if scheduler.busy > 0 {
+                    // Another engine still runs work, which may make
+                    // streams ready (its own stream's next operation, a
+                    // stream its record lets go): stay to run them, so
+                    // that the work drains on every engine, as it would
+                    // run with the runtime alive (a host function that
+                    // waits for another stream's work needs a second
+                    // engine). Woken as an idle engine is, or by the last
+                    // engine to stop.
+                    device.work.wait(&mut scheduler);
+                    continue;
+                }
                 // The last engine to stop closes the device: the runtime
                 // was dropped and its work has drained, and its events die
                 // with it (flex.h), whichever thread dropped it (one of
@@ -434,6 +450,8 @@ fn engine_main(device: Arc<Device>) {
                 if scheduler.engines_stopped == device.engines {
                     device.closed.store(true, Ordering::Release);
                 }
+                // Engines that waited for this one's work stop too.
+                device.work.notify_all();
                 break;
             }
             None => {

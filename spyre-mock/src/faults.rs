@@ -37,7 +37,8 @@ impl SystemFaults {
 /// Faults of a [`crate::MockRuntime`], reached through
 /// [`crate::MockRuntime::faults`].
 ///
-/// Thread-safety: `Send + Sync`; every method is a single atomic operation.
+/// Thread-safety: `Send + Sync`; every method takes one short lock, so
+/// concurrent calls and stream creations see each setting whole.
 #[derive(Debug, Default)]
 pub struct RuntimeFaults {
     /// (creations that still succeed first, creations that fail after them).

@@ -147,7 +147,7 @@
 //! # Environment
 //!
 //! [`MockSystem::from_env`] reads (decimal numbers but the sync policy, the
-//! two booleans and the device list; unset or empty keeps the default):
+//! three booleans and the device list; unset or empty keeps the default):
 //!
 //! | variable                    | meaning                                   | default   |
 //! |-----------------------------|-------------------------------------------|-----------|

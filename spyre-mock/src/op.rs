@@ -29,7 +29,8 @@ use crate::record::EventRecord;
 ///
 /// `len` is called when the operation is enqueued (to check the size) and
 /// by the operation's `Debug` format, `bytes` once on an engine thread when
-/// it runs; the two must agree.
+/// it runs, with no lock of the device held (it may call the runtime,
+/// allocate or free device memory, say); the two must agree.
 pub trait HostSource: Send {
     /// The bytes to copy to the device.
     fn bytes(&self) -> &[u8];
@@ -53,7 +54,8 @@ pub trait HostSource: Send {
 /// operation's completion, so the completion may read the bytes.
 ///
 /// `len` is called when the operation is enqueued (to check the size),
-/// `bytes_mut` once on an engine thread when it runs; the two must agree.
+/// `bytes_mut` once on an engine thread when it runs, with no lock of the
+/// device held (as [`HostSource::bytes`]); the two must agree.
 pub trait HostSink: Send {
     /// The bytes the device data is copied into.
     fn bytes_mut(&mut self) -> &mut [u8];
@@ -254,15 +256,20 @@ impl Op {
         let failed = |message: String| FlexError::new(Status::EXECUTION_FAILED, call, message);
         let out_of_memory = |message: String| FlexError::new(Status::OUT_OF_MEMORY, call, message);
         match self {
+            // The caller's source or sink gives its bytes before the memory
+            // is viewed: it may allocate or free device memory itself,
+            // which the view would block.
             Self::H2d { src, dst } => {
+                let bytes = src.bytes();
                 let view = memory.view();
                 let spans = view.spans(&dst).map_err(failed)?;
-                view.write(&spans, src.bytes()).map_err(out_of_memory)
+                view.write(&spans, bytes).map_err(out_of_memory)
             }
             Self::D2h { src, mut dst } => {
+                let sink = dst.bytes_mut();
                 let view = memory.view();
                 let spans = view.spans(&src).map_err(failed)?;
-                view.read(&spans, dst.bytes_mut());
+                view.read(&spans, sink);
                 Ok(())
             }
             Self::Fill { dst, value, format } => {

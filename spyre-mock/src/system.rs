@@ -84,7 +84,7 @@ impl MockSystem {
             let visible = self.config.visible_count();
             let which = match self.config.visible_devices() {
                 Some(list) => format!(
-                    "{visible} device(s) are visible (SPYRE_DEVICES={})",
+                    "{visible} device(s) are visible ({}, as SPYRE_DEVICES or visible_devices set them)",
                     device_list(list)
                 ),
                 None => format!("the mock system has {visible} device(s) (0..{visible})"),

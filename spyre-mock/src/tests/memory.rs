@@ -253,3 +253,59 @@ fn memory_freed_under_queued_work_fails_that_work() {
         Status::EXECUTION_FAILED
     );
 }
+
+/// A copy's host source and sink are called with no lock of the device
+/// held, so they may allocate and free device memory on the runtime
+/// themselves (a C layer releasing a staging block, say). Before, they ran
+/// inside the device memory's read lock, and an allocation there waited
+/// for that lock on the same thread for ever.
+#[test]
+fn a_copys_host_source_and_sink_may_allocate_device_memory() {
+    struct Allocating(std::sync::Arc<MockRuntime>, Vec<u8>);
+    impl Allocating {
+        fn churn(&self) {
+            let address = self.0.allocate(128).expect("allocate inside the copy");
+            self.0.free(&address).expect("free inside the copy");
+        }
+    }
+    impl crate::HostSource for Allocating {
+        fn bytes(&self) -> &[u8] {
+            self.churn();
+            &self.1
+        }
+    }
+    impl crate::HostSink for Allocating {
+        fn bytes_mut(&mut self) -> &mut [u8] {
+            self.churn();
+            &mut self.1
+        }
+        fn len(&self) -> usize {
+            self.1.len()
+        }
+    }
+    let rt = std::sync::Arc::new(small(8192, 2048));
+    let address = rt.allocate(256).unwrap();
+    let s = stream(&rt);
+    s.enqueue(
+        crate::Op::h2d(
+            Allocating(std::sync::Arc::clone(&rt), pattern(256)),
+            address.clone(),
+        ),
+        LaunchOptions::new(),
+    )
+    .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    s.enqueue(
+        crate::Op::d2h(
+            address.clone(),
+            Allocating(std::sync::Arc::clone(&rt), vec![0; 256]),
+        ),
+        LaunchOptions::new().on_complete(move |result| tx.send(result).unwrap()),
+    )
+    .unwrap();
+    rx.recv_timeout(std::time::Duration::from_secs(10))
+        .expect("the copies ran")
+        .unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(rt.memory_info().unwrap().free_bytes, 8192 - 256);
+}

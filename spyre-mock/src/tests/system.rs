@@ -114,6 +114,58 @@ fn dropping_a_runtime_finishes_its_work_and_joins_its_engines() {
     );
 }
 
+/// A dropped runtime drains its work on every engine: an engine that
+/// finds nothing ready while another runs work stays for what that work
+/// makes ready. Here the first engine's work on `a` lets `b` go (its wait
+/// on `a`'s record), then runs a host function that waits for `b`'s: on
+/// one engine, `b` would run only after that host function gave up.
+/// Before, the idle engine stopped at the drop's wake-up, and the host
+/// function waited its 5 s in vain.
+#[test]
+fn a_dropped_runtime_drains_its_work_on_every_engine() {
+    let rt = runtime(2);
+    let (a, b) = (stream(&rt), stream(&rt));
+    let event = rt.create_event(false).unwrap();
+    let (started, a_running) = std::sync::mpsc::channel();
+    let (b_ran, b_done) = std::sync::mpsc::channel::<()>();
+    let waited = Arc::new(AtomicUsize::new(0));
+    a.launch_host_callback(
+        Box::new(move || {
+            started.send(()).unwrap();
+            std::thread::sleep(Duration::from_millis(100));
+        }),
+        LaunchOptions::new(),
+    )
+    .unwrap();
+    a.record_event(&*event, None).unwrap();
+    a.launch_host_callback(
+        Box::new({
+            let waited = Arc::clone(&waited);
+            move || {
+                let got = b_done.recv_timeout(Duration::from_secs(5)).is_ok();
+                waited.store(if got { 1 } else { 2 }, Ordering::SeqCst);
+            }
+        }),
+        LaunchOptions::new(),
+    )
+    .unwrap();
+    b.wait_event(&*event).unwrap();
+    b.launch_host_callback(
+        Box::new(move || b_ran.send(()).unwrap()),
+        LaunchOptions::new(),
+    )
+    .unwrap();
+    // `a`'s first operation runs on one engine; the other is idle.
+    a_running.recv().unwrap();
+    drop(event);
+    drop(rt);
+    assert_eq!(
+        waited.load(Ordering::SeqCst),
+        1,
+        "`b`'s work ran while `a`'s host function waited for it"
+    );
+}
+
 /// Drops `rt` here and, once the returned sender sends, its last handle
 /// inside a host callback of its own: on one of its engine threads.
 fn drop_inside_its_own_callback(rt: Arc<crate::MockRuntime>) -> std::sync::mpsc::Sender<()> {
