@@ -108,8 +108,9 @@ pub struct SpyreEvent {
 /// with the futures that await it.
 struct Shared {
     event: RuntimeEvent,
-    /// Records begun ([`SpyreEvent::record`] called), and records whose
-    /// call has returned.
+    /// Records begun ([`SpyreEvent::record`] called, less those refused,
+    /// uncounted again as they return), and records made (whose call has
+    /// returned `Ok`).
     begun: AtomicU64,
     made: AtomicU64,
 }
@@ -224,13 +225,18 @@ impl SpyreEvent {
     /// stream of another device); the stream's error if it has failed. On
     /// error the event is unchanged.
     pub fn record(&self, stream: SpyreStream) -> Result<()> {
-        // A stream refused here never counts as a record begun, which would
-        // make a future made meanwhile drop its error's detail and
-        // `elapsed_time` measure again.
         let handle = stream.handle()?;
         self.shared.begun.fetch_add(1, Ordering::SeqCst);
         let recorded = self.record_counted(handle, stream);
-        self.shared.made.fetch_add(1, Ordering::SeqCst);
+        if recorded.is_ok() {
+            self.shared.made.fetch_add(1, Ordering::SeqCst);
+        } else {
+            // Refused, the event unchanged: as if never begun, so that a
+            // future made before it keeps its error's detail and
+            // `elapsed_time` does not measure again (a reader that saw it
+            // begun took it as a record in progress, which is safe).
+            self.shared.begun.fetch_sub(1, Ordering::SeqCst);
+        }
         recorded
     }
 

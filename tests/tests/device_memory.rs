@@ -1345,6 +1345,40 @@ fn a_full_device_lends_a_busy_streams_cached_block_behind_its_work() {
     });
 }
 
+/// A block that needs no wait is lent before one of a stream with work
+/// left, even where the busy stream's block fits better: the borrower is
+/// then tied to no other stream's work. Before, the best fit over every
+/// stream was taken, and the borrower waited behind the busy stream.
+#[test]
+fn a_full_device_lends_an_idle_streams_block_before_a_busy_ones() {
+    isolated!(&FOUR_MIB_DEVICE, || {
+        let (busy, idle, filler, borrower) =
+            (pool_stream(), pool_stream(), pool_stream(), pool_stream());
+        // Segments of 128 KiB (1/32 of the device): `busy`'s caches 64
+        // KiB beside a live 64 KiB, `idle`'s 96 KiB beside a live 32 KiB,
+        // and `filler` takes the rest of the device.
+        let busy_live = DeviceBuffer::<u8>::new(busy, 64 << 10).unwrap();
+        drop(DeviceBuffer::<u8>::new(busy, 64 << 10).unwrap());
+        let idle_live = DeviceBuffer::<u8>::new(idle, 32 << 10).unwrap();
+        let cached = DeviceBuffer::<u8>::new(idle, 96 << 10).unwrap();
+        let idle_block = cached.address().chunks()[0].address;
+        drop(cached);
+        let rest = DeviceBuffer::<u8>::new(filler, (4 << 20) - (256 << 10)).unwrap();
+        let s = stats();
+        assert_eq!(
+            (s.reserved_bytes, s.device_allocations),
+            (4 * MIB, 3),
+            "{s:?}"
+        );
+        let gate = hold(busy);
+        let lent = DeviceBuffer::<u8>::new(borrower, 64 << 10).unwrap();
+        assert_eq!(lent.address().chunks()[0].address, idle_block);
+        assert!(borrower.query().unwrap(), "`borrower` waits for no stream");
+        gate.open();
+        drop((lent, busy_live, idle_live, rest));
+    });
+}
+
 /// Makes the process-wide backend a [`SpyBackend`] over a 4 MiB device of
 /// one region (as `FOUR_MIB_DEVICE`), and returns it.
 fn spy_on_a_four_mib_device() -> SpyBackend {

@@ -509,11 +509,12 @@ fn a_failed_await_names_the_first_error_through_the_ffi_path() {
     through_the_ffi_path!(failed_awaits_name_the_first_error);
 }
 
-/// A record refused for its stream (one of another device) leaves the
-/// event unchanged, and with it the detail of a failed await made before:
-/// the future still names the first error and its cause (through the flex
-/// library, the refused record counted as a record begun since the future
-/// was made, and the future gave the notification's status alone).
+/// A record refused for its stream (one of another device) or by the
+/// runtime (the stream has failed) leaves the event unchanged, and with it
+/// the detail of a failed await made before: the future still names the
+/// first error and its cause (through the flex library, the refused record
+/// counted as a record begun since the future was made, and the future
+/// gave the notification's status alone).
 fn a_refused_record_keeps_the_detail_of_an_await() {
     let failing = pool_stream();
     let gate = hold(failing);
@@ -535,6 +536,12 @@ fn a_refused_record_keeps_the_detail_of_an_await() {
         "a stream of device 5 on device 0's runtime"
     );
     gate.open();
+    assert!(failing.synchronize().is_err(), "the stream failed");
+    let refused = event.record(failing).unwrap_err();
+    assert!(
+        matches!(&refused, Error::Flex(e) if e.status() == Status::STREAM_FAILED),
+        "{refused:?}"
+    );
     futures_fail_naming(
         [future],
         &[
@@ -620,6 +627,9 @@ fn a_future_of_a_failed_record_never_resolves_ok() {
     use std::task::{Context, Poll, Waker};
     const ROUNDS: usize = 4_000;
     let (failing, held) = (pool_stream(), pool_stream());
+    // The rounds end at half the held stream's gate's patience, counted
+    // from before the gate is set.
+    let deadline = Instant::now() + PATIENCE / 2;
     let held_gate = hold(held);
     let failing_gate = hold(failing);
     failing
@@ -649,7 +659,6 @@ fn a_future_of_a_failed_record_never_resolves_ok() {
     };
     let (ready, start) = (AtomicUsize::new(0), AtomicUsize::new(0));
     let stop = AtomicBool::new(false);
-    let deadline = Instant::now() + PATIENCE / 2;
     let mut resolved_ok = 0;
     let mut outcomes = [0usize; 2];
     std::thread::scope(|scope| {

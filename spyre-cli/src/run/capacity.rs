@@ -69,7 +69,7 @@ impl From<Refusal> for CliError {
 /// so a run close to the limit may still need it to return its cache and
 /// retry, or fail with a named out-of-memory error. Where a smaller
 /// `--size` is the way out, the advice names one that passes this check
-/// with the run's other flags.
+/// with the run's other flags, and suggests none where none does.
 pub(crate) fn check_capacity(
     plan: &Plan,
     args: &RunArgs,
@@ -83,12 +83,12 @@ pub(crate) fn check_capacity(
         region_bytes: region,
     } = layout;
     let block = plan.block_bytes();
-    let smaller_size = || largest_size_that_fits(args, layout);
+    let smaller_size = || smaller_size_that_fits(args, layout);
     Err(match misfit {
         Misfit::BlockOverRegion => {
             let advice = match smaller_size() {
                 Some((size, plan)) => format!(
-                    "use a --size of at most {size} (operands of {} bytes)",
+                    "use a smaller --size: {size} fits with these flags (operands of {} bytes)",
                     plan.operand_bytes
                 ),
                 None if region < MIN_BLOCK => format!(
@@ -117,7 +117,7 @@ pub(crate) fn check_capacity(
             ),
             advice: smaller_size().map_or_else(
                 || nothing_fits(args),
-                |(size, _)| format!("use a --size of at most {size}"),
+                |(size, _)| format!("use a smaller --size: {size} fits with these flags"),
             ),
         },
         Misfit::TooManyInFlight {
@@ -133,7 +133,13 @@ pub(crate) fn check_capacity(
                 args.mode.name(),
                 format_size(memory)
             ),
-            advice: capacity_advice(args.mode, args.threads as u64, per_thread, iterations_held),
+            advice: capacity_advice(
+                args.mode,
+                args.threads as u64,
+                per_thread,
+                iterations_held,
+                smaller_size().is_some(),
+            ),
         },
     })
 }
@@ -141,8 +147,13 @@ pub(crate) fn check_capacity(
 /// The advice when not even the smallest `--size` fits with `args`' other
 /// flags.
 fn nothing_fits(args: &RunArgs) -> String {
+    // A pipelined thread keeps its two slots however many are in flight.
+    let fewer = match args.mode {
+        ModeArg::Pipelined => "fewer --threads",
+        ModeArg::PerIteration | ModeArg::Serialized => "fewer --threads or --in-flight",
+    };
     format!(
-        "no --size fits this device with --threads {} and --in-flight {} (--mode {}), not even operands of one f32 (--size {MIN_SIZE}): use fewer --threads or --in-flight, or a device with more memory (SPYRE_MOCK_MEMORY_BYTES)",
+        "no --size fits this device with --threads {} and --in-flight {} (--mode {}), not even operands of one f32 (--size {MIN_SIZE}): use {fewer}, or a device with more memory (SPYRE_MOCK_MEMORY_BYTES)",
         args.threads,
         args.in_flight,
         args.mode.name()
@@ -234,12 +245,14 @@ fn assess(plan: &Plan, args: &RunArgs, layout: MemoryLayout) -> Result<(), Misfi
     Ok(())
 }
 
-/// The largest `--size` below `args.size` that fits with the run's other
-/// flags, and its plan; `None` when not even [`MIN_SIZE`] fits. Found by
-/// bisection, every size tried checked whole ([`assess`]): so the size
-/// found fits, and is the largest that does where a larger size never
-/// needs less memory.
-fn largest_size_that_fits(args: &RunArgs, layout: MemoryLayout) -> Option<(u64, Plan)> {
+/// A `--size` below `args.size` that fits with the run's other flags, and
+/// its plan; `None` when not even [`MIN_SIZE`] fits. Found by bisection,
+/// every size tried checked whole ([`assess`]): so the size found fits,
+/// and it is the largest that does where a larger size never needs less
+/// memory. The allocator's pools make that not so everywhere (operands
+/// just over [`SMALL_REQUEST`] go to larger segments, where more may fit
+/// than of ones just under it), so a larger size may fit too.
+fn smaller_size_that_fits(args: &RunArgs, layout: MemoryLayout) -> Option<(u64, Plan)> {
     let fits = |size: u64| {
         let plan = Plan::new(args.kernel, size).ok()?;
         assess(&plan, args, layout).is_ok().then_some(plan)
@@ -261,8 +274,15 @@ const MIN_SIZE: u64 = 12;
 
 /// What to change when `threads` threads of `mode`, each keeping
 /// `per_thread` iterations' memory, keep more than the device holds
-/// (`iterations_held`, at least 1): only changes that would fit are named.
-fn capacity_advice(mode: ModeArg, threads: u64, per_thread: u64, iterations_held: u64) -> String {
+/// (`iterations_held`, at least 1): only changes that would fit are named,
+/// a smaller `--size` only where one fits (`size_fits`).
+fn capacity_advice(
+    mode: ModeArg,
+    threads: u64,
+    per_thread: u64,
+    iterations_held: u64,
+    size_fits: bool,
+) -> String {
     match mode {
         ModeArg::Pipelined => {
             let holds = if per_thread == 1 {
@@ -282,18 +302,35 @@ fn capacity_advice(mode: ModeArg, threads: u64, per_thread: u64, iterations_held
                     "use --mode per-iteration --in-flight 1 with --threads at most {iterations_held}"
                 )
             };
+            let size = if size_fits {
+                ", or use a smaller --size"
+            } else {
+                ""
+            };
             format!(
-                "a pipelined thread keeps {holds} memory however many are in flight: {pipelined}, or {one_each}, or use a smaller --size"
+                "a pipelined thread keeps {holds} memory however many are in flight: {pipelined}, or {one_each}{size}"
             )
         }
-        ModeArg::PerIteration | ModeArg::Serialized if threads <= iterations_held => format!(
-            "lower --in-flight to at most {} (or {}--size)",
-            iterations_held / threads,
+        ModeArg::PerIteration | ModeArg::Serialized if threads <= iterations_held => {
             // One thread has none to spare.
-            if threads > 1 { "--threads or " } else { "" }
-        ),
+            let others = match (threads > 1, size_fits) {
+                (true, true) => " (or --threads or --size)",
+                (true, false) => " (or --threads)",
+                (false, true) => " (or --size)",
+                (false, false) => "",
+            };
+            format!(
+                "lower --in-flight to at most {}{others}",
+                iterations_held / threads
+            )
+        }
         ModeArg::PerIteration | ModeArg::Serialized => format!(
-            "even one iteration per thread does not fit: lower --threads to at most {iterations_held} or use a smaller --size"
+            "even one iteration per thread does not fit: lower --threads to at most {iterations_held}{}",
+            if size_fits {
+                " or use a smaller --size"
+            } else {
+                ""
+            }
         ),
     }
 }
@@ -336,7 +373,7 @@ mod tests {
         let run = args(size, threads, 1, ModeArg::PerIteration);
         let plan = Plan::new(KernelArg::Axpy, size).unwrap();
         let refusal = check_capacity(&plan, &run, layout).unwrap_err();
-        let (_, rest) = refusal.advice.split_once("use a --size of at most ")?;
+        let (_, rest) = refusal.advice.split_once("use a smaller --size: ")?;
         Some(rest.split(' ').next().unwrap().parse().unwrap())
     }
 
@@ -352,7 +389,7 @@ mod tests {
     }
 
     #[test]
-    fn the_advised_size_is_the_largest_that_fits_with_the_other_flags() {
+    fn the_advised_size_fits_with_the_other_flags() {
         // 512 MiB in two regions of 256 MiB, one iteration: three operand
         // blocks and a program. Blocks of 128 MiB go two to a region, four
         // in all, and the program's segment costs one: three, one
@@ -371,7 +408,7 @@ mod tests {
         assert!(fits(402_653_195, 1, half_gib));
         assert!(!fits(402_653_196, 1, half_gib));
         // Where a block fits a region but not one iteration fits, the
-        // advice names a bound too (before, "use a smaller --size" alone):
+        // advice names a size too (before, "use a smaller --size" alone):
         // one that fits, where the next size up, a larger operand, does
         // not.
         let tiny = MemoryLayout {
@@ -389,9 +426,20 @@ mod tests {
         let plan = Plan::new(KernelArg::Axpy, 64 << 10).unwrap();
         let advice = check_capacity(&plan, &run, tiny).unwrap_err().advice;
         assert!(
-            advice.starts_with("no --size fits this device with --threads 64 and --in-flight 1 (--mode per-iteration), not even operands of one f32 (--size 12): use fewer --threads"),
+            advice.starts_with("no --size fits this device with --threads 64 and --in-flight 1 (--mode per-iteration), not even operands of one f32 (--size 12): use fewer --threads or --in-flight,"),
             "{advice}"
         );
+        // Where too many are in flight and no smaller size would fit (12
+        // bytes is the smallest), none is suggested (before, "or --size").
+        let run = args(12, 1, 3, ModeArg::PerIteration);
+        let plan = Plan::new(KernelArg::Axpy, 12).unwrap();
+        let advice = check_capacity(&plan, &run, tiny).unwrap_err().advice;
+        assert!(!advice.contains("--size"), "{advice}");
+        // In pipelined mode --in-flight changes nothing: not named.
+        let run = args(1 << 20, 64, 4, ModeArg::Pipelined);
+        let plan = Plan::new(KernelArg::Axpy, 1 << 20).unwrap();
+        let advice = check_capacity(&plan, &run, tiny).unwrap_err().advice;
+        assert!(advice.contains(": use fewer --threads, or"), "{advice}");
     }
 
     #[test]

@@ -87,18 +87,21 @@
 //!   the wait): busy streams, and those a retry holds, keep their
 //!   segments. Then it takes a cached block in several chunks if one fits
 //!   (it serves copies and fills, not kernel operands); then it borrows a
-//!   cached block of another stream that has finished its work now (below);
-//!   then it fails with [`Error::OutOfMemory`].
+//!   cached block of another stream that has finished its work now, or,
+//!   where the device waits on the device side, of one with work left,
+//!   behind that work (below); then it fails with [`Error::OutOfMemory`].
 //! - **Lent blocks.** A full device's last resort, before it fails, is a
 //!   cached block in a segment of another stream, lent if that stream is
 //!   seen idle once the block is set aside (or failed, and then seen
 //!   failed by a synchronize, which waits only for the work it began
 //!   before the failure): every use of a
 //!   cached block was enqueued before its free, so none can still touch
-//!   it. Where the device waits on the device side, a stream with work
-//!   left lends too: the borrowing stream first waits for all the work
-//!   enqueued on it so far ([`crate::SpyreStream::wait_stream`]), which
-//!   blocks no thread. (CUDA's stream-ordered pools reuse memory freed on
+//!   it. Where no such block serves and the device waits on the device
+//!   side, a stream with work left lends too: the borrowing stream first
+//!   waits for all the work enqueued on it so far
+//!   ([`crate::SpyreStream::wait_stream`]), which blocks no thread, but
+//!   ties the borrower to that work: if it fails, the borrowing stream
+//!   fails too, as after any wait on an event. (CUDA's stream-ordered pools reuse memory freed on
 //!   another stream by default, once that free's own event has completed
 //!   or by inserting such a dependency; PyTorch's allocator fails
 //!   instead.) A block in one chunk is lent first where the request fits
@@ -651,7 +654,8 @@ pub fn segment_bytes(layout: MemoryLayout, bytes: u64) -> u64 {
 /// segment, 2 560 in all, where the regions alone would hold 3 068. A
 /// bound for one stream's buffers; streams that each keep a partly used
 /// segment may hold fewer, though a full device lends the cached blocks of
-/// idle streams (see the module docs). Pure: reads nothing of a runtime.
+/// idle streams, and, where it waits on the device side, of busy ones
+/// (see the module docs). Pure: reads nothing of a runtime.
 pub fn allocations_held(layout: MemoryLayout, bytes: u64) -> u64 {
     let MemoryLayout {
         total_bytes: total,
@@ -868,12 +872,14 @@ impl CachingAllocator {
     /// use of a cached block was enqueued before its free (uses on other
     /// streams are fenced before it is cached again), so once its stream
     /// is seen finished after the block was set aside, no work can touch
-    /// it ([`has_finished_or_failed`]); where the device waits on the
-    /// device side, a stream with work left lends it too, once `stream`
-    /// waits for that work ([`SpyreStream::wait_stream`]: CUDA's inserted
-    /// dependencies, `cudaMemPoolReuseAllowInternalDependencies`), which
-    /// blocks no thread. The best fit is lent, one lying in one chunk
-    /// first where `pieces` refuses several; a stream whose work cannot be
+    /// it ([`has_finished_or_failed`]). Only where no such block serves,
+    /// and the device waits on the device side, a stream with work left
+    /// lends one, once `stream` waits for that work
+    /// ([`SpyreStream::wait_stream`]: CUDA's inserted dependencies,
+    /// `cudaMemPoolReuseAllowInternalDependencies`), which blocks no
+    /// thread, but makes `stream` fail if that work fails (as any wait on
+    /// an event does). The best fit is lent, one lying in one chunk first
+    /// where `pieces` refuses several; a stream whose work cannot be
     /// waited for so (host-blocking waits, a failed stream whose failure
     /// no synchronize has seen, a refused wait) is passed over, as are the
     /// segments a waiting retry holds. The block stays in its segment:
@@ -891,7 +897,11 @@ impl CachingAllocator {
         pieces: Pieces,
     ) -> Result<Option<Block>> {
         let borrower = stream.id().get();
-        let mut busy = BTreeSet::new();
+        // First the blocks of streams that have finished, which need no
+        // wait; then, where the device waits on the device side, those of
+        // streams with work left, behind that work.
+        let mut passed_over = BTreeSet::new();
+        let mut behind_work = false;
         loop {
             // Set aside under the lock: neither its stream's allocations
             // nor a return of cached memory take it while its stream is
@@ -899,15 +909,23 @@ impl CachingAllocator {
             let candidate = {
                 let mut state = self.state.lock();
                 state.merge_recent(None);
-                let Some(found) = state.lendable(borrower, rounded, pieces, &busy) else {
-                    return Ok(None);
-                };
-                state.set_aside(found);
-                found
+                match state.lendable(borrower, rounded, pieces, &passed_over) {
+                    Some(found) => {
+                        state.set_aside(found);
+                        found
+                    }
+                    None if !behind_work && self.waits_on_device_side() => {
+                        behind_work = true;
+                        passed_over.clear();
+                        continue;
+                    }
+                    None => return Ok(None),
+                }
             };
             // No lock is held: a failed stream's synchronize may wait.
             let owner = self.stream(candidate.stream);
-            let ordered = has_finished_or_failed(owner) || self.waits_on_device(stream, owner);
+            let ordered =
+                has_finished_or_failed(owner) || (behind_work && stream.wait_stream(owner).is_ok());
             let mut state = self.state.lock();
             if ordered {
                 let mut block = state.hand_out(candidate, rounded, requested)?;
@@ -915,19 +933,17 @@ impl CachingAllocator {
                 return Ok(Some(block));
             }
             state.release(candidate.segment, candidate.offset);
-            busy.insert(candidate.stream);
+            passed_over.insert(candidate.stream);
         }
     }
 
-    /// Whether `borrower`'s later work now waits for all work enqueued on
-    /// `owner` so far, on the device side: `false` where the device's
-    /// waits block the host (or it has no events), or the wait was
-    /// refused (a stream failed, say).
-    fn waits_on_device(&self, borrower: SpyreStream, owner: SpyreStream) -> bool {
+    /// Whether the device waits on events on the device side (a wait then
+    /// blocks no thread); `false` where its waits block the host, or it
+    /// has no events.
+    fn waits_on_device_side(&self) -> bool {
         self.runtime
             .capabilities()
             .is_ok_and(|capabilities| capabilities.device_side_wait)
-            && borrower.wait_stream(owner).is_ok()
     }
 
     /// Returns the segments `finished` allows

@@ -58,9 +58,11 @@ use crate::stream::SpyreStream;
 /// the memory is reused only after all have completed. Device memory goes
 /// back to the device only by [`crate::empty_cache`], or when the device
 /// is full (see [`DeviceBuffer::new`]). On a full device, a buffer may be
-/// given memory cached for another stream that has finished its work;
-/// when dropped, that memory waits for the buffer's stream before the
-/// stream it was cached for reuses it.
+/// given memory cached for another stream that has finished its work, or,
+/// where the device waits on the device side, for one with work left,
+/// after which the buffer's stream waits for that work (and fails if it
+/// fails); when dropped, that memory waits for the buffer's stream before
+/// the stream it was cached for reuses it.
 ///
 /// Thread-safety: `Send + Sync`. Methods that write to the buffer take
 /// `&mut self`; the device orders the work itself only within a stream.
@@ -101,7 +103,12 @@ impl<T: DeviceElement> DeviceBuffer<T> {
     /// enough, a block cached for another stream that has finished its
     /// work now is lent (as CUDA's stream-ordered pools reuse memory
     /// opportunistically), waiting for nothing but, where that stream has
-    /// failed, the work it began before its failure. Called from a
+    /// failed, the work it began before its failure; failing that, where
+    /// the device waits on the device side, one cached for a stream with
+    /// work left, after `stream` is made to wait for that work
+    /// ([`SpyreStream::wait_stream`], which blocks no thread; CUDA's
+    /// inserted dependencies): `stream` then fails if that work fails.
+    /// Called from a
     /// completion or host callback of the device, it waits for no stream
     /// (the device refuses that wait) nor for another thread, and may fail
     /// instead.

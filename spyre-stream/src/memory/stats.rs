@@ -7,21 +7,19 @@ use crate::error::{Error, Result};
 use crate::runtime;
 
 /// The caching allocator's statistics for `device`
-/// (`torch.cuda.memory_stats`); all zero before the runtime starts (this
-/// starts nothing, but checks `device` as [`crate::start_runtime`] would,
-/// which loads the backend to count the devices).
+/// (`torch.cuda.memory_stats`); all zero before the runtime starts, for
+/// any device, as PyTorch's are empty before CUDA is initialized (this
+/// starts and loads nothing, and so cannot check the device then).
 ///
 /// # Errors
 /// [`Error::ForkedProcess`] in a forked child; [`Error::OtherDevice`] when
-/// the runtime runs on another device; before the start,
-/// [`Error::DeviceOutOfRange`], [`Error::InvalidEnv`] for a malformed
-/// local-rank variable, and [`crate::device_count`]'s errors.
+/// the runtime runs on another device.
 pub fn memory_stats(device: Device) -> Result<MemoryStats> {
     with_allocator(device, MemoryStats::default(), CachingAllocator::stats)
 }
 
 /// `f` of `device`'s allocator once the runtime has started; `before` until
-/// then, once `device` is checked (nothing is started).
+/// then (nothing is started).
 fn with_allocator<T>(
     device: Device,
     before: T,
@@ -29,7 +27,7 @@ fn with_allocator<T>(
 ) -> Result<T> {
     match runtime::started_allocator_for(device) {
         Ok(allocator) => Ok(f(allocator)),
-        Err(Error::NotStarted) => runtime::check_device_before_start(device).map(|()| before),
+        Err(Error::NotStarted) => Ok(before),
         Err(error) => Err(error),
     }
 }
