@@ -363,15 +363,50 @@ pub(crate) fn spawn_engines(device: &Arc<Device>, count: u32) -> Result<Vec<Join
     Ok(handles)
 }
 
+/// An engine as the scheduler counts it; when dropped (the engine stops,
+/// or its thread unwinds from a panic outside the device's catches, in a
+/// `tracing` subscriber, say), it counts the engine out: no longer busy,
+/// stopped, the device closed by the last engine to stop, and the engines
+/// that wait at shutdown for busy ones woken. So dropping the runtime ends
+/// either way.
+struct Counted<'a> {
+    device: &'a Device,
+    /// Whether this engine counts in `scheduler.busy`: from taking a job
+    /// until it finds no work.
+    busy: bool,
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        let mut scheduler = self.device.scheduler.lock();
+        if self.busy {
+            scheduler.busy -= 1;
+        }
+        // The last engine to stop closes the device: the runtime was
+        // dropped and its work has drained, and its events die with it
+        // (flex.h), whichever thread dropped it (one of these engines too,
+        // which cannot join the others).
+        scheduler.engines_stopped += 1;
+        if scheduler.engines_stopped == self.device.engines {
+            self.device.closed.store(true, Ordering::Release);
+        }
+        drop(scheduler);
+        // Engines that waited for this one's work stop too.
+        self.device.work.notify_all();
+    }
+}
+
 fn engine_main(device: Arc<Device>) {
     ENGINE_OF.with(|t| t.set(device.token));
+    // Declared before the lock's guard, so dropped after it on unwind.
+    let mut engine = Counted {
+        device: &device,
+        busy: false,
+    };
     let mut scheduler = device.scheduler.lock();
     // When this engine ran out of work, for its spin budget: kept across
     // wake-ups that find nothing for it, reset only when it takes a job.
     let mut idle_since: Option<Instant> = None;
-    // Whether this engine counts in `scheduler.busy`: from taking a job
-    // until it finds no work.
-    let mut busy = false;
     // The operations taken after a job's own (`Scheduler::take_batch`);
     // empty between jobs, kept for its capacity.
     let mut batch = VecDeque::new();
@@ -387,8 +422,8 @@ fn engine_main(device: Arc<Device>) {
         match scheduler.next_job() {
             Some(job) => {
                 idle_since = None;
-                if !busy {
-                    busy = true;
+                if !engine.busy {
+                    engine.busy = true;
                     scheduler.busy += 1;
                 }
                 // More streams waiting (launched, or made ready again as an
@@ -426,8 +461,8 @@ fn engine_main(device: Arc<Device>) {
                 }
             }
             None if scheduler.shutting_down => {
-                if busy {
-                    busy = false;
+                if engine.busy {
+                    engine.busy = false;
                     scheduler.busy -= 1;
                 }
                 if scheduler.busy > 0 {
@@ -442,21 +477,12 @@ fn engine_main(device: Arc<Device>) {
                     device.work.wait(&mut scheduler);
                     continue;
                 }
-                // The last engine to stop closes the device: the runtime
-                // was dropped and its work has drained, and its events die
-                // with it (flex.h), whichever thread dropped it (one of
-                // these engines too, which cannot join the others).
-                scheduler.engines_stopped += 1;
-                if scheduler.engines_stopped == device.engines {
-                    device.closed.store(true, Ordering::Release);
-                }
-                // Engines that waited for this one's work stop too.
-                device.work.notify_all();
+                // Stopped: counted out as `engine` drops.
                 break;
             }
             None => {
-                if busy {
-                    busy = false;
+                if engine.busy {
+                    engine.busy = false;
                     scheduler.busy -= 1;
                 }
                 // Idle: watch for new work for a moment without the lock,

@@ -94,7 +94,7 @@ pub(crate) fn check_capacity(
                 None if region < MIN_BLOCK => format!(
                     "no operand fits a region of {region} bytes; make the device's regions larger (SPYRE_MOCK_REGION_BYTES of at least {MIN_BLOCK}, with SPYRE_MOCK_MEMORY_BYTES at least as large)"
                 ),
-                None => nothing_fits(args),
+                None => nothing_fits(args, layout),
             };
             Refusal {
                 reason: format!(
@@ -116,7 +116,7 @@ pub(crate) fn check_capacity(
                 if blocks_held == 1 { "" } else { "s" }
             ),
             advice: smaller_size().map_or_else(
-                || nothing_fits(args),
+                || nothing_fits(args, layout),
                 |(size, _)| format!("use a smaller --size: {size} fits with these flags"),
             ),
         },
@@ -145,19 +145,29 @@ pub(crate) fn check_capacity(
 }
 
 /// The advice when not even the smallest `--size` fits with `args`' other
-/// flags.
-fn nothing_fits(args: &RunArgs) -> String {
-    // A pipelined thread keeps its two slots however many are in flight.
-    let fewer = match args.mode {
-        ModeArg::Pipelined => "fewer --threads",
-        ModeArg::PerIteration | ModeArg::Serialized => "fewer --threads or --in-flight",
-    };
-    format!(
-        "no --size fits this device with --threads {} and --in-flight {} (--mode {}), not even operands of one f32 (--size {MIN_SIZE}): use {fewer}, or a device with more memory (SPYRE_MOCK_MEMORY_BYTES)",
-        args.threads,
-        args.in_flight,
-        args.mode.name()
-    )
+/// flags: fewer threads or iterations in flight where that makes it fit,
+/// else a device with more memory.
+fn nothing_fits(args: &RunArgs, layout: MemoryLayout) -> String {
+    let smallest = Plan::new(args.kernel, MIN_SIZE).ok();
+    match smallest.map(|plan| assess(&plan, args, layout)) {
+        Some(Err(Misfit::TooManyInFlight {
+            per_thread,
+            iterations_held,
+            ..
+        })) => format!(
+            "no --size fits with these flags, not even operands of one f32 (--size {MIN_SIZE}): {}",
+            capacity_advice(
+                args.mode,
+                args.threads as u64,
+                per_thread,
+                iterations_held,
+                false
+            )
+        ),
+        _ => format!(
+            "no --size fits this device, not even operands of one f32 (--size {MIN_SIZE}): one iteration's three blocks of {MIN_BLOCK} bytes and its program do not fit its memory; use a device with more memory (SPYRE_MOCK_MEMORY_BYTES)"
+        ),
+    }
 }
 
 /// Why a run does not fit ([`assess`]), with what its refusal names.
@@ -426,8 +436,21 @@ mod tests {
         let plan = Plan::new(KernelArg::Axpy, 64 << 10).unwrap();
         let advice = check_capacity(&plan, &run, tiny).unwrap_err().advice;
         assert!(
-            advice.starts_with("no --size fits this device with --threads 64 and --in-flight 1 (--mode per-iteration), not even operands of one f32 (--size 12): use fewer --threads or --in-flight,"),
+            advice.starts_with("no --size fits with these flags, not even operands of one f32 (--size 12): even one iteration per thread does not fit: lower --threads to at most "),
             "{advice}"
+        );
+        // Where not one iteration of the smallest size fits (three blocks
+        // of 512 bytes fill 1 536 bytes, with no room for the program),
+        // fewer threads cannot help: only more memory.
+        let no_room = MemoryLayout {
+            total_bytes: 1536,
+            region_bytes: 1536,
+        };
+        let run = args(12, 1, 1, ModeArg::PerIteration);
+        let plan = Plan::new(KernelArg::Axpy, 12).unwrap();
+        assert_eq!(
+            check_capacity(&plan, &run, no_room).unwrap_err().advice,
+            "no --size fits this device, not even operands of one f32 (--size 12): one iteration's three blocks of 512 bytes and its program do not fit its memory; use a device with more memory (SPYRE_MOCK_MEMORY_BYTES)"
         );
         // Where too many are in flight and no smaller size would fit (12
         // bytes is the smallest), none is suggested (before, "or --size").
@@ -435,11 +458,15 @@ mod tests {
         let plan = Plan::new(KernelArg::Axpy, 12).unwrap();
         let advice = check_capacity(&plan, &run, tiny).unwrap_err().advice;
         assert!(!advice.contains("--size"), "{advice}");
-        // In pipelined mode --in-flight changes nothing: not named.
+        // In pipelined mode --in-flight changes nothing: the advice is a
+        // pipelined thread's.
         let run = args(1 << 20, 64, 4, ModeArg::Pipelined);
         let plan = Plan::new(KernelArg::Axpy, 1 << 20).unwrap();
         let advice = check_capacity(&plan, &run, tiny).unwrap_err().advice;
-        assert!(advice.contains(": use fewer --threads, or"), "{advice}");
+        assert!(
+            advice.starts_with("no --size fits with these flags, not even operands of one f32 (--size 12): a pipelined thread keeps 2 iterations' memory however many are in flight: "),
+            "{advice}"
+        );
     }
 
     #[test]

@@ -100,8 +100,9 @@
 //!   side, a stream with work left lends too: the borrowing stream first
 //!   waits for all the work enqueued on it so far
 //!   ([`crate::SpyreStream::wait_stream`]), which blocks no thread, but
-//!   ties the borrower to that work: if it fails, the borrowing stream
-//!   fails too, as after any wait on an event. (CUDA's stream-ordered pools reuse memory freed on
+//!   ties the borrower to that work: the borrowing stream's later work,
+//!   and its synchronize, wait for it, and if it fails the borrowing
+//!   stream fails too, as after any wait on an event. (CUDA's stream-ordered pools reuse memory freed on
 //!   another stream by default, once that free's own event has completed
 //!   or by inserting such a dependency; PyTorch's allocator fails
 //!   instead.) A block in one chunk is lent first where the request fits
@@ -877,9 +878,11 @@ impl CachingAllocator {
     /// lends one, once `stream` waits for that work
     /// ([`SpyreStream::wait_stream`]: CUDA's inserted dependencies,
     /// `cudaMemPoolReuseAllowInternalDependencies`), which blocks no
-    /// thread, but makes `stream` fail if that work fails (as any wait on
-    /// an event does). The best fit is lent, one lying in one chunk first
-    /// where `pieces` refuses several; a stream whose work cannot be
+    /// thread, but makes `stream` wait for that work (its synchronize too)
+    /// and fail if that work fails, as any wait on an event does. The best
+    /// fit is lent; where `pieces` refuses several chunks, one lying in one
+    /// chunk goes first, whether or not it needs the wait, then the
+    /// others in the same order; a stream whose work cannot be
     /// waited for so (host-blocking waits, a failed stream whose failure
     /// no synchronize has seen, a refused wait) is passed over, as are the
     /// segments a waiting retry holds. The block stays in its segment:
@@ -898,43 +901,49 @@ impl CachingAllocator {
     ) -> Result<Option<Block>> {
         let borrower = stream.id().get();
         // First the blocks of streams that have finished, which need no
-        // wait; then, where the device waits on the device side, those of
-        // streams with work left, behind that work.
-        let mut passed_over = BTreeSet::new();
-        let mut behind_work = false;
-        loop {
-            // Set aside under the lock: neither its stream's allocations
-            // nor a return of cached memory take it while its stream is
-            // looked at.
-            let candidate = {
+        // wait; then, where the device waits on the device side (and the
+        // borrower can wait), those of streams with work left, behind that
+        // work. Where `pieces` refuses several chunks, blocks whose front
+        // lies in one chunk go first, in both ways, then the others.
+        let behind_work = self.waits_on_device_side() && stream.query().is_ok();
+        let one_chunk = pieces == Pieces::Refuse;
+        let passes = [(true, false), (true, true), (false, false), (false, true)]
+            .into_iter()
+            .filter(|&(one_chunk_only, waits)| {
+                (one_chunk || !one_chunk_only) && (behind_work || !waits)
+            });
+        for (one_chunk_only, waits) in passes {
+            let mut passed_over = BTreeSet::new();
+            loop {
+                // Set aside under the lock: neither its stream's
+                // allocations nor a return of cached memory take it while
+                // its stream is looked at.
+                let candidate = {
+                    let mut state = self.state.lock();
+                    state.merge_recent(None);
+                    let Some(found) =
+                        state.lendable(borrower, rounded, pieces, one_chunk_only, &passed_over)
+                    else {
+                        break;
+                    };
+                    state.set_aside(found);
+                    found
+                };
+                // No lock is held: a failed stream's synchronize may wait.
+                let owner = self.stream(candidate.stream);
+                let ordered =
+                    has_finished_or_failed(owner) || (waits && stream.wait_stream(owner).is_ok());
                 let mut state = self.state.lock();
-                state.merge_recent(None);
-                match state.lendable(borrower, rounded, pieces, &passed_over) {
-                    Some(found) => {
-                        state.set_aside(found);
-                        found
-                    }
-                    None if !behind_work && self.waits_on_device_side() => {
-                        behind_work = true;
-                        passed_over.clear();
-                        continue;
-                    }
-                    None => return Ok(None),
+                if ordered {
+                    let mut block = state.hand_out(candidate, rounded, requested)?;
+                    block.lent_to = Some(stream);
+                    return Ok(Some(block));
                 }
-            };
-            // No lock is held: a failed stream's synchronize may wait.
-            let owner = self.stream(candidate.stream);
-            let ordered =
-                has_finished_or_failed(owner) || (behind_work && stream.wait_stream(owner).is_ok());
-            let mut state = self.state.lock();
-            if ordered {
-                let mut block = state.hand_out(candidate, rounded, requested)?;
-                block.lent_to = Some(stream);
-                return Ok(Some(block));
+                state.release(candidate.segment, candidate.offset);
+                passed_over.insert(candidate.stream);
             }
-            state.release(candidate.segment, candidate.offset);
-            passed_over.insert(candidate.stream);
         }
+        Ok(None)
     }
 
     /// Whether the device waits on events on the device side (a wait then
@@ -1527,20 +1536,22 @@ impl State {
 
     /// The cached block [`CachingAllocator::lend_block`] would lend for
     /// `rounded` bytes to stream `borrower`: the smallest one large enough
-    /// of a stream other than `borrower` and those in `busy`, outside the
-    /// segments held for a waiting retry; one whose front `rounded` bytes
-    /// lie in one chunk first, where `pieces` refuses several.
+    /// of a stream other than `borrower` and those in `passed_over`,
+    /// outside the segments held for a waiting retry; where `pieces`
+    /// refuses several chunks, one whose front `rounded` bytes lie in one
+    /// chunk first, and with `one_chunk_only` no other.
     fn lendable(
         &self,
         borrower: i64,
         rounded: u64,
         pieces: Pieces,
-        busy: &BTreeSet<i64>,
+        one_chunk_only: bool,
+        passed_over: &BTreeSet<i64>,
     ) -> Option<FreeKey> {
         self.free
             .iter()
             .filter(|key| {
-                key.stream != borrower && key.size >= rounded && !busy.contains(&key.stream)
+                key.stream != borrower && key.size >= rounded && !passed_over.contains(&key.stream)
             })
             .filter(|key| {
                 self.segments
@@ -1554,6 +1565,7 @@ impl State {
                         .lie_in_one_chunk(key.segment, key.offset, rounded);
                 (pieced, key.size, *key)
             })
+            .filter(|&(pieced, _, _)| !(one_chunk_only && pieced))
             .min()
             .map(|(_, _, key)| key)
     }
@@ -2006,6 +2018,59 @@ mod tests {
             ]
         );
         assert_eq!(block.stream, stream);
+    }
+
+    #[test]
+    fn a_block_in_one_chunk_is_lent_first_and_alone_where_asked() {
+        const MIB: u64 = 1 << 20;
+        // Stream 1's segment: one 4 MiB chunk, a free 4 MiB block. Stream
+        // 2's: two 4 MiB chunks, a free 2 MiB block across their boundary
+        // (at 3 MiB). A 2 MiB request that refuses pieces fits both.
+        let mut state = State::default();
+        let mut add = |stream: i64, chunks: u32, offset: u64, size: u64| {
+            let mut segment = segment();
+            segment.address = CompositeAddress::new(
+                (0..chunks)
+                    .map(|region_id| flex_rt::AddressChunk {
+                        address: flex_rt::LogicalAddress {
+                            region_id: region_id + 2 * stream as u32,
+                            offset: 0,
+                        },
+                        size: 4 * MIB,
+                    })
+                    .collect::<Vec<_>>(),
+            )
+            .expect("aligned chunks");
+            segment.stream = stream;
+            segment.blocks.insert(offset, Span { size, free: true });
+            let id = state.segments.push(segment);
+            state.free.insert(FreeKey {
+                stream,
+                size,
+                segment: id,
+                offset,
+            });
+        };
+        add(1, 1, 0, 4 * MIB);
+        add(2, 2, 3 * MIB, 2 * MIB);
+        let lendable = |passed_over: &[i64], one_chunk_only| {
+            state
+                .lendable(
+                    3,
+                    2 * MIB,
+                    Pieces::Refuse,
+                    one_chunk_only,
+                    &passed_over.iter().copied().collect(),
+                )
+                .map(|key| key.stream)
+        };
+        // The block in one chunk first, though the other fits better.
+        assert_eq!(lendable(&[], false), Some(1));
+        assert_eq!(lendable(&[], true), Some(1));
+        // With its stream passed over: the other only when pieces are
+        // taken.
+        assert_eq!(lendable(&[1], true), None);
+        assert_eq!(lendable(&[1], false), Some(2));
     }
 
     #[test]

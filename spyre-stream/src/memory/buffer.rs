@@ -60,8 +60,8 @@ use crate::stream::SpyreStream;
 /// is full (see [`DeviceBuffer::new`]). On a full device, a buffer may be
 /// given memory cached for another stream that has finished its work, or,
 /// where the device waits on the device side, for one with work left,
-/// after which the buffer's stream waits for that work (and fails if it
-/// fails); when dropped, that memory waits for the buffer's stream before
+/// after which the buffer's stream waits for that work (its synchronize
+/// too) and fails if it fails; when dropped, that memory waits for the buffer's stream before
 /// the stream it was cached for reuses it.
 ///
 /// Thread-safety: `Send + Sync`. Methods that write to the buffer take
@@ -107,7 +107,8 @@ impl<T: DeviceElement> DeviceBuffer<T> {
     /// the device waits on the device side, one cached for a stream with
     /// work left, after `stream` is made to wait for that work
     /// ([`SpyreStream::wait_stream`], which blocks no thread; CUDA's
-    /// inserted dependencies): `stream` then fails if that work fails.
+    /// inserted dependencies): `stream`'s later work and its synchronize
+    /// then wait for that work too, and `stream` fails if that work fails.
     /// Called from a
     /// completion or host callback of the device, it waits for no stream
     /// (the device refuses that wait) nor for another thread, and may fail
