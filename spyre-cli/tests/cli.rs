@@ -491,7 +491,7 @@ fn bad_sizes_exit_2_naming_the_value() {
     );
     // 300 MiB fits two iterations: the advice names only what would fit
     // (with more threads than that, fewer in flight cannot help).
-    let too_many = "even one iteration per thread does not fit: lower --threads to at most 2";
+    let too_many = "even one iteration per thread does not fit: lower --threads to at most 2, with --in-flight 1, or use a smaller --size";
     let pipelined = "a pipelined thread keeps 2 iterations' memory however many are in flight: lower --threads to at most 1";
     let one_each =
         "or use --mode per-iteration --in-flight 1 (one iteration's memory per thread), which fits";
@@ -585,11 +585,12 @@ fn bad_sizes_exit_2_naming_the_value() {
             "lower --in-flight to at most 16 (or --size)",
         ],
     );
-    // With two threads, fewer threads is advice too.
+    // With two threads, fewer threads is advice too: 16 held, 9 each,
+    // one thread.
     refused(
         &per_iteration("2", "9"),
         &small_operands,
-        &["lower --in-flight to at most 8 (or --threads or --size)"],
+        &["lower --in-flight to at most 8 (or --threads to at most 1, or --size)"],
     );
     // Operands that fill their segments leave no room for the programs:
     // 12 MiB holds 12 operands of 1 MiB, 4 iterations, but the programs

@@ -149,8 +149,9 @@ pub(crate) struct Device {
     /// ([`crate::MockRuntime::live_events`]).
     pub(crate) live_events: AtomicUsize,
     /// Set once the runtime has been dropped and its work has drained, by
-    /// the last engine to stop (and by the drop after joining the engines,
-    /// should one have unwound instead, with its work left unsettled): its
+    /// the last engine to stop (or the drop's shutdown, should every engine
+    /// have unwound before, and the drop after joining them, with any
+    /// work left unsettled): its
     /// events are destroyed with it, as `flex.h`'s are
     /// ([`crate::MockEvent`]'s calls fail from then on).
     pub(crate) closed: AtomicBool,
@@ -249,6 +250,10 @@ impl Device {
             let mut scheduler = self.scheduler.lock();
             scheduler.shutting_down = true;
             self.mark_work();
+            // Every engine unwound already: none is left to close it.
+            if scheduler.engines_stopped == self.engines {
+                self.closed.store(true, Ordering::Release);
+            }
         }
         self.work.notify_all();
     }
@@ -387,7 +392,9 @@ impl Drop for Counted<'_> {
         // (flex.h), whichever thread dropped it (one of these engines too,
         // which cannot join the others).
         scheduler.engines_stopped += 1;
-        if scheduler.engines_stopped == self.device.engines {
+        // An engine that unwound before the drop leaves the device open:
+        // `begin_shutdown` closes it if none is left by then.
+        if scheduler.shutting_down && scheduler.engines_stopped == self.device.engines {
             self.device.closed.store(true, Ordering::Release);
         }
         drop(scheduler);
@@ -403,13 +410,15 @@ fn engine_main(device: Arc<Device>) {
         device: &device,
         busy: false,
     };
+    // The operations taken after a job's own (`Scheduler::take_batch`);
+    // empty between jobs, kept for its capacity. Declared before the
+    // lock's guard too: on unwind, the caller's operations in it are
+    // dropped without the lock.
+    let mut batch = VecDeque::new();
     let mut scheduler = device.scheduler.lock();
     // When this engine ran out of work, for its spin budget: kept across
     // wake-ups that find nothing for it, reset only when it takes a job.
     let mut idle_since: Option<Instant> = None;
-    // The operations taken after a job's own (`Scheduler::take_batch`);
-    // empty between jobs, kept for its capacity.
-    let mut batch = VecDeque::new();
     // How many to take at most: doubled after a batch that took as many as
     // it could and ran whole; after a batch cut short (a high-priority
     // stream made ready, a change or a failure of the stream), none for the

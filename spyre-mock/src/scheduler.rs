@@ -192,8 +192,10 @@ pub(crate) struct Scheduler {
     high_ready_epoch: Arc<CachePadded<std::sync::atomic::AtomicU64>>,
     /// Set when the runtime is dropped: engines exit once nothing is ready.
     pub(crate) shutting_down: bool,
-    /// Engines that have stopped for good after the shutdown began; the
-    /// last one closes the device ([`crate::engine::Device::closed`]).
+    /// Engines that have stopped for good: after the shutdown began, or
+    /// by unwinding before; the last one to stop after it began closes the
+    /// device ([`crate::engine::Device::closed`]), or the shutdown itself
+    /// if none is left then.
     pub(crate) engines_stopped: usize,
     /// Idle engines watching the device's work epoch now (without this
     /// lock): a launch, or a busy engine that sees more ready streams, that

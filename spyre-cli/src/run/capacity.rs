@@ -155,7 +155,7 @@ fn nothing_fits(args: &RunArgs, layout: MemoryLayout) -> String {
             iterations_held,
             ..
         })) => format!(
-            "no --size fits with these flags, not even operands of one f32 (--size {MIN_SIZE}): {}",
+            "no --size fits with these flags, not even operands of one f32 (--size {MIN_SIZE}); with --size {MIN_SIZE}, {}",
             capacity_advice(
                 args.mode,
                 args.threads as u64,
@@ -322,12 +322,18 @@ fn capacity_advice(
             )
         }
         ModeArg::PerIteration | ModeArg::Serialized if threads <= iterations_held => {
-            // One thread has none to spare.
-            let others = match (threads > 1, size_fits) {
-                (true, true) => " (or --threads or --size)",
-                (true, false) => " (or --threads)",
-                (false, true) => " (or --size)",
-                (false, false) => "",
+            // Fewer threads, each keeping as many: only where one fits.
+            let fewer_threads = iterations_held / per_thread;
+            let threads_fit = (threads > 1 && fewer_threads >= 1)
+                .then(|| format!("or --threads to at most {fewer_threads}"));
+            let others: Vec<String> = threads_fit
+                .into_iter()
+                .chain(size_fits.then(|| "or --size".to_owned()))
+                .collect();
+            let others = if others.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", others.join(", "))
             };
             format!(
                 "lower --in-flight to at most {}{others}",
@@ -335,9 +341,14 @@ fn capacity_advice(
             )
         }
         ModeArg::PerIteration | ModeArg::Serialized => format!(
-            "even one iteration per thread does not fit: lower --threads to at most {iterations_held}{}",
+            "even one iteration per thread does not fit: lower --threads to at most {iterations_held}{}{}",
+            if per_thread > 1 {
+                ", with --in-flight 1"
+            } else {
+                ""
+            },
             if size_fits {
-                " or use a smaller --size"
+                ", or use a smaller --size"
             } else {
                 ""
             }
@@ -435,9 +446,20 @@ mod tests {
         let run = args(64 << 10, 64, 1, ModeArg::PerIteration);
         let plan = Plan::new(KernelArg::Axpy, 64 << 10).unwrap();
         let advice = check_capacity(&plan, &run, tiny).unwrap_err().advice;
-        assert!(
-            advice.starts_with("no --size fits with these flags, not even operands of one f32 (--size 12): even one iteration per thread does not fit: lower --threads to at most "),
-            "{advice}"
+        // At 12 bytes, a block each of 512 bytes: 4 KiB holds 8, and each
+        // iteration's program takes a segment of its own (512 bytes, a
+        // block's worth): n iterations leave 8 - n blocks, 3 to an
+        // iteration, so 2 fit (2 ≤ 6 / 3), 3 do not (5 / 3 = 1).
+        assert_eq!(
+            advice,
+            "no --size fits with these flags, not even operands of one f32 (--size 12); with --size 12, even one iteration per thread does not fit: lower --threads to at most 2"
+        );
+        // Keeping 3 each, fewer threads alone would not fit: named with
+        // --in-flight 1.
+        let run = args(64 << 10, 64, 3, ModeArg::PerIteration);
+        assert_eq!(
+            check_capacity(&plan, &run, tiny).unwrap_err().advice,
+            "no --size fits with these flags, not even operands of one f32 (--size 12); with --size 12, even one iteration per thread does not fit: lower --threads to at most 2, with --in-flight 1"
         );
         // Where not one iteration of the smallest size fits (three blocks
         // of 512 bytes fill 1 536 bytes, with no room for the program),
@@ -464,7 +486,7 @@ mod tests {
         let plan = Plan::new(KernelArg::Axpy, 1 << 20).unwrap();
         let advice = check_capacity(&plan, &run, tiny).unwrap_err().advice;
         assert!(
-            advice.starts_with("no --size fits with these flags, not even operands of one f32 (--size 12): a pipelined thread keeps 2 iterations' memory however many are in flight: "),
+            advice.starts_with("no --size fits with these flags, not even operands of one f32 (--size 12); with --size 12, a pipelined thread keeps 2 iterations' memory however many are in flight: lower --threads to at most 1, "),
             "{advice}"
         );
     }

@@ -96,8 +96,10 @@
 //!   failed by a synchronize, which waits only for the work it began
 //!   before the failure): every use of a
 //!   cached block was enqueued before its free, so none can still touch
-//!   it. Where no such block serves and the device waits on the device
-//!   side, a stream with work left lends too: the borrowing stream first
+//!   it. Where the device waits on the device side (and the borrower has
+//!   not failed), a stream with work left lends too, after the blocks of
+//!   finished streams (of those in one chunk, where the request fits a
+//!   region, then of the others): the borrowing stream first
 //!   waits for all the work enqueued on it so far
 //!   ([`crate::SpyreStream::wait_stream`]), which blocks no thread, but
 //!   ties the borrower to that work: the borrowing stream's later work,
@@ -873,9 +875,10 @@ impl CachingAllocator {
     /// use of a cached block was enqueued before its free (uses on other
     /// streams are fenced before it is cached again), so once its stream
     /// is seen finished after the block was set aside, no work can touch
-    /// it ([`has_finished_or_failed`]). Only where no such block serves,
-    /// and the device waits on the device side, a stream with work left
-    /// lends one, once `stream` waits for that work
+    /// it ([`has_finished_or_failed`]). Where the device waits on the
+    /// device side (and `stream` has not failed), a stream with work left
+    /// lends one too, after the blocks of finished streams of the same
+    /// kind (below), once `stream` waits for that work
     /// ([`SpyreStream::wait_stream`]: CUDA's inserted dependencies,
     /// `cudaMemPoolReuseAllowInternalDependencies`), which blocks no
     /// thread, but makes `stream` wait for that work (its synchronize too)
