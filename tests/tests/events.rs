@@ -28,6 +28,16 @@ fn hold(stream: SpyreStream) -> Arc<Gate> {
     Gate::hold_pool_stream(stream)
 }
 
+/// Makes `stream` fail once the returned gate opens: held at the gate,
+/// behind which a host callback panics ("deliberate panic").
+fn fail_once_opened(stream: SpyreStream) -> Arc<Gate> {
+    let gate = hold(stream);
+    stream
+        .launch_host_callback(|| panic!("deliberate panic"), LaunchOptions::new())
+        .unwrap();
+    gate
+}
+
 fn log_on(stream: SpyreStream, log: &Arc<Mutex<Vec<&'static str>>>, entry: &'static str) {
     let log = Arc::clone(log);
     stream
@@ -160,10 +170,7 @@ fn elapsed_time_names_the_event_whose_record_failed() {
         let start = SpyreEvent::with_timing().unwrap();
         let end = SpyreEvent::with_timing().unwrap();
         start.record(healthy).unwrap();
-        let gate = hold(failing);
-        failing
-            .launch_host_callback(|| panic!("deliberate panic"), LaunchOptions::new())
-            .unwrap();
+        let gate = fail_once_opened(failing);
         end.record(failing).unwrap();
         gate.open();
         start.synchronize().unwrap();
@@ -398,10 +405,7 @@ fn a_failed_stream_fails_its_awaits_and_its_waiters() {
     isolated!(&[MOCK], || {
         let failing = pool_stream();
         let waiter = pool_stream();
-        let gate = hold(failing);
-        failing
-            .launch_host_callback(|| panic!("deliberate panic"), LaunchOptions::new())
-            .unwrap();
+        let gate = fail_once_opened(failing);
         let event = SpyreEvent::new().unwrap();
         event.record(failing).unwrap();
         waiter.wait_event(&event).unwrap();
@@ -447,10 +451,7 @@ fn a_failed_stream_fails_its_awaits_and_its_waiters() {
 /// first error without the panic).
 fn failed_awaits_name_the_first_error() {
     let failing = pool_stream();
-    let gate = hold(failing);
-    failing
-        .launch_host_callback(|| panic!("deliberate panic"), LaunchOptions::new())
-        .unwrap();
+    let gate = fail_once_opened(failing);
     let futures = futures_of(failing);
     gate.open();
     futures_fail_naming(
@@ -517,10 +518,7 @@ fn a_failed_await_names_the_first_error_through_the_ffi_path() {
 /// gave the notification's status alone).
 fn a_refused_record_keeps_the_detail_of_an_await() {
     let failing = pool_stream();
-    let gate = hold(failing);
-    failing
-        .launch_host_callback(|| panic!("deliberate panic"), LaunchOptions::new())
-        .unwrap();
+    let gate = fail_once_opened(failing);
     let event = SpyreEvent::new().unwrap();
     event.record(failing).unwrap();
     let future = event.synchronize_async();
@@ -631,10 +629,7 @@ fn a_future_of_a_failed_record_never_resolves_ok() {
     // from before the gate is set.
     let deadline = Instant::now() + PATIENCE / 2;
     let held_gate = hold(held);
-    let failing_gate = hold(failing);
-    failing
-        .launch_host_callback(|| panic!("deliberate panic"), LaunchOptions::new())
-        .unwrap();
+    let failing_gate = fail_once_opened(failing);
     let events: Vec<SpyreEvent> = (0..ROUNDS)
         .map(|_| {
             let event = SpyreEvent::new().unwrap();

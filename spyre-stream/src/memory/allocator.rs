@@ -104,15 +104,15 @@
 //!   ([`crate::SpyreStream::wait_stream`]), which blocks no thread, but
 //!   ties the borrower to that work: the borrowing stream's later work,
 //!   and its synchronize, wait for it, and if it fails the borrowing
-//!   stream fails too, as after any wait on an event. (CUDA's stream-ordered pools reuse memory freed on
-//!   another stream by default, once that free's own event has completed
-//!   or by inserting such a dependency; PyTorch's allocator fails
-//!   instead.) A block in one chunk is lent first where the request fits
-//!   a region; streams whose work cannot be waited for so (host-blocking
-//!   waits, a failed stream no synchronize has seen fail, one that needs
-//!   shutdown or cannot be queried) are passed over, as are the segments
-//!   a waiting retry holds; nothing is waited for on the host but a
-//!   failed stream's work begun before its failure.
+//!   stream fails too, as after any wait on an event. (CUDA's
+//!   stream-ordered pools reuse memory freed on another stream by
+//!   default, once that free's own event has completed or by inserting
+//!   such a dependency; PyTorch's allocator fails instead.) Streams whose
+//!   work cannot be waited for so (host-blocking waits, a failed stream
+//!   no synchronize has seen fail, one that needs shutdown or cannot be
+//!   queried) are passed over, as are the segments a waiting retry holds;
+//!   nothing is waited for on the host but a failed stream's work begun
+//!   before its failure.
 //!   The block stays in its segment: when its buffer is dropped it waits
 //!   for the borrowing stream, as for a stream that used it, before it is
 //!   cached again for its segment's stream. Without it, streams that each
@@ -1922,17 +1922,11 @@ mod tests {
         (state, id)
     }
 
-    /// A state holding one segment of `pool` over `chunks` (4 MiB each) and
-    /// a recent block of it at `offset`, `size` bytes, last handed out for
-    /// `requested`.
-    fn state_with_recent(
-        pool: Pool,
-        chunks: u32,
-        (offset, size, requested): (u64, u64, u64),
-    ) -> (State, i64) {
-        let mut segment = segment();
-        segment.address = CompositeAddress::new(
-            (0..chunks)
+    /// `chunks` chunks of 4 MiB, each at the start of its own region from
+    /// `first_region` on.
+    fn chunks_of_4_mib(first_region: u32, chunks: u32) -> CompositeAddress {
+        CompositeAddress::new(
+            (first_region..first_region + chunks)
                 .map(|region_id| flex_rt::AddressChunk {
                     address: flex_rt::LogicalAddress {
                         region_id,
@@ -1942,7 +1936,19 @@ mod tests {
                 })
                 .collect::<Vec<_>>(),
         )
-        .expect("aligned chunks");
+        .expect("aligned chunks")
+    }
+
+    /// A state holding one segment of `pool` over `chunks` (4 MiB each) and
+    /// a recent block of it at `offset`, `size` bytes, last handed out for
+    /// `requested`.
+    fn state_with_recent(
+        pool: Pool,
+        chunks: u32,
+        (offset, size, requested): (u64, u64, u64),
+    ) -> (State, i64) {
+        let mut segment = segment();
+        segment.address = chunks_of_4_mib(0, chunks);
         segment.pool = pool;
         let stream = segment.stream;
         let address = segment.address.slice(offset, requested).expect("inside");
@@ -2032,18 +2038,7 @@ mod tests {
         let mut state = State::default();
         let mut add = |stream: i64, chunks: u32, offset: u64, size: u64| {
             let mut segment = segment();
-            segment.address = CompositeAddress::new(
-                (0..chunks)
-                    .map(|region_id| flex_rt::AddressChunk {
-                        address: flex_rt::LogicalAddress {
-                            region_id: region_id + 2 * stream as u32,
-                            offset: 0,
-                        },
-                        size: 4 * MIB,
-                    })
-                    .collect::<Vec<_>>(),
-            )
-            .expect("aligned chunks");
+            segment.address = chunks_of_4_mib(2 * stream as u32, chunks);
             segment.stream = stream;
             segment.blocks.insert(offset, Span { size, free: true });
             let id = state.segments.push(segment);
