@@ -108,7 +108,9 @@ impl<T: DeviceElement> DeviceBuffer<T> {
     /// work left, after `stream` is made to wait for that work
     /// ([`SpyreStream::wait_stream`], which blocks no thread; CUDA's
     /// inserted dependencies): `stream`'s later work and its synchronize
-    /// then wait for that work too, and `stream` fails if that work fails.
+    /// then wait for that work too (a host function there that waits for
+    /// the thread synchronizing `stream` would never return), and
+    /// `stream` fails if that work fails.
     /// Called from a
     /// completion or host callback of the device, it waits for no stream
     /// (the device refuses that wait) nor for another thread, and may fail
