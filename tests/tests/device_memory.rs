@@ -1314,9 +1314,9 @@ fn a_full_device_lends_a_busy_streams_cached_block_behind_its_work() {
         let gate = hold(owner);
         let lent = DeviceBuffer::<u8>::new(borrower, 64 << 10).unwrap();
         assert_eq!(lent.address(), &address);
-        // Opened 100 ms from now: a callback on `borrower` that ran
-        // before would find the flag clear.
-        let (opened, opener) = open_later(gate, std::time::Duration::from_millis(100));
+        // A callback on `borrower` that ran before the gate opened would
+        // find the flag clear: given 100 ms to do so.
+        let opened = Arc::new(AtomicBool::new(false));
         let ran_after_owner = Arc::new(AtomicBool::new(false));
         borrower
             .launch_host_callback(
@@ -1328,6 +1328,9 @@ fn a_full_device_lends_a_busy_streams_cached_block_behind_its_work() {
             )
             .unwrap();
         assert!(!borrower.query().unwrap(), "`borrower` waits for `owner`");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        opened.store(true, Ordering::SeqCst);
+        gate.open();
         borrower.synchronize().unwrap();
         assert!(
             ran_after_owner.load(Ordering::SeqCst),
@@ -1341,7 +1344,6 @@ fn a_full_device_lends_a_busy_streams_cached_block_behind_its_work() {
             "every byte of the device in a buffer"
         );
         drop((lent, live, rest));
-        opener.join().unwrap();
     });
 }
 
