@@ -1260,6 +1260,23 @@ fn a_full_device_with_a_block_cached_for(
     (live, rest, address)
 }
 
+/// On the device [`a_full_device_with_a_block_cached_for`] fills: still
+/// its 2 device allocations, `out_of_memory` failed allocations, and
+/// every byte of the device in a buffer.
+fn assert_full_in_buffers(out_of_memory: u64) {
+    let s = stats();
+    assert_eq!(
+        (s.device_allocations, s.out_of_memory),
+        (2, out_of_memory),
+        "{s:?}"
+    );
+    assert_eq!(
+        s.allocated_bytes,
+        4 * MIB,
+        "every byte of the device in a buffer"
+    );
+}
+
 /// [`FOUR_MIB_DEVICE`] with waits that block the host, like today's
 /// Spyre card.
 const FOUR_MIB_DEVICE_HOST_WAIT: [(&str, &str); 4] = [
@@ -1288,13 +1305,7 @@ fn a_full_device_lends_a_finished_streams_cached_block_to_another_stream() {
         assert_eq!(lent.address(), &address);
         // Lent only once its owner had finished: no barrier asked.
         assert_eq!(next_launch_barriers(borrower), [false, false]);
-        let s = stats();
-        assert_eq!((s.device_allocations, s.out_of_memory), (2, 1), "{s:?}");
-        assert_eq!(
-            s.allocated_bytes,
-            4 * MIB,
-            "every byte of the device in a buffer"
-        );
+        assert_full_in_buffers(1);
         drop((lent, live, rest));
     });
 }
@@ -1336,13 +1347,7 @@ fn a_full_device_lends_a_busy_streams_cached_block_behind_its_work() {
             ran_after_owner.load(Ordering::SeqCst),
             "`borrower`'s work ran before `owner`'s had ended"
         );
-        let s = stats();
-        assert_eq!((s.device_allocations, s.out_of_memory), (2, 0), "{s:?}");
-        assert_eq!(
-            s.allocated_bytes,
-            4 * MIB,
-            "every byte of the device in a buffer"
-        );
+        assert_full_in_buffers(0);
         drop((lent, live, rest));
     });
 }
