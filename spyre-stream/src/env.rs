@@ -107,7 +107,9 @@ pub fn parse_rank(variable: &'static str, raw: Option<&str>) -> Result<u8> {
         Ok(v) if v < 0 => Err(invalid(
             variable,
             raw,
-            format!("{variable} value is out of range: a device index cannot be negative"),
+            format!(
+                "{variable} value is out of range: '{raw}' (a device index cannot be negative)"
+            ),
         )),
         Ok(v) if v > i64::from(MAX_DEVICE_INDEX) => Err(invalid(
             variable,
@@ -126,13 +128,13 @@ pub fn parse_rank(variable: &'static str, raw: Option<&str>) -> Result<u8> {
             Err(invalid(
                 variable,
                 raw,
-                format!("{variable} value is out of range: expected 0..=127"),
+                format!("{variable} value is out of range: '{raw}'; expected 0..=127"),
             ))
         }
         Err(_) => Err(invalid(
             variable,
             raw,
-            format!("{variable} is not a valid integer: expected 0..=127"),
+            format!("{variable} is not a valid integer: '{raw}'; expected 0..=127"),
         )),
     }
 }
@@ -257,10 +259,11 @@ mod tests {
                 .1
                 .contains("not a valid integer")
         );
+        // torch-spyre's texts, with the raw value quoted as it quotes it.
         assert!(
             reason(parse_local_rank(Some("-1")).unwrap_err())
                 .1
-                .contains("out of range")
+                .starts_with("LOCAL_RANK value is out of range: '-1'")
         );
         assert!(
             reason(parse_local_rank(Some("128")).unwrap_err())
@@ -270,7 +273,7 @@ mod tests {
         assert!(
             reason(parse_local_rank(Some("99999999999999999999")).unwrap_err())
                 .1
-                .contains("out of range")
+                .starts_with("LOCAL_RANK value is out of range: '99999999999999999999'")
         );
         let message = parse_local_rank(Some("abc")).unwrap_err().to_string();
         assert!(
@@ -295,7 +298,10 @@ mod tests {
             assert!(why.ends_with(SPACES_NOTE), "{value:?}: {why}");
         }
         let (_, why) = reason(parse_local_rank(Some("abc")).unwrap_err());
-        assert_eq!(why, "LOCAL_RANK is not a valid integer: expected 0..=127");
+        assert_eq!(
+            why,
+            "LOCAL_RANK is not a valid integer: 'abc'; expected 0..=127"
+        );
     }
 
     #[test]
@@ -344,7 +350,7 @@ mod tests {
         let message = launcher_local_rank(lookup).unwrap_err().to_string();
         assert_eq!(
             message,
-            "OMPI_COMM_WORLD_LOCAL_RANK=\"x1\" is invalid: OMPI_COMM_WORLD_LOCAL_RANK is not a valid integer: expected 0..=127"
+            "OMPI_COMM_WORLD_LOCAL_RANK=\"x1\" is invalid: OMPI_COMM_WORLD_LOCAL_RANK is not a valid integer: 'x1'; expected 0..=127"
         );
         let (value, why) = reason(parse_rank(SLURM_LOCAL_ID, Some("200")).unwrap_err());
         assert_eq!(value, "200");

@@ -8,10 +8,15 @@ use crate::id::{
 
 /// Everything that can go wrong in the stream layer. Each variant carries the
 /// facts a caller needs: the id, the device indices, the variable and its raw
-/// value, the valid range. Where torch-spyre has a text for the error, the
-/// message carries it (without the name of its function where several
-/// functions return the error), and what the Rust API adds (the device,
-/// where a value came from) follows.
+/// value, the valid range. Where torch-spyre raises the error with a text
+/// of its own, the message carries it (without the name of its function
+/// where several functions return the error), and what the Rust API adds
+/// (the device, where a value came from) follows. The exceptions, each
+/// saying why: [`Error::OtherDevice`], the range check of
+/// [`crate::set_device`], and a runtime that cannot be created, which
+/// gives the runtime's own error ([`Error::Flex`], or
+/// [`Error::BackendConfig`] for its configuration) where torch-spyre,
+/// given a null runtime, says `Failed to initialize Spyre runtime.`
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -43,6 +48,11 @@ pub enum Error {
 
     /// A device other than the one the process's runtime runs on was asked
     /// for. Nothing was changed: the runtime stays on its device.
+    /// torch-spyre's nearest error, `initializeStreamPoolImpl already
+    /// called with device_index <a>; cannot reinitialize with device_index
+    /// <b>`, names its pool's index, which need not be the device the
+    /// runtime runs on there (see the crate docs on a device named
+    /// explicitly); this message names the devices instead.
     #[error(
         "device {requested} was requested, but this process uses device {bound}: one Spyre device per process is supported; use device {bound}, or start one process per device"
     )]

@@ -51,12 +51,15 @@
 //!   one release store of the pool's `initialized` flag; readers resolve
 //!   those ids only after seeing the flag, so they see all of them or none.
 //!   On error nothing is written and a later call retries.
-//! - **No lock is held while waiting on the device**, and none is taken to
-//!   resolve a handle or, once every id of a pool has its stream and no
+//! - **The pool holds no lock while waiting on the device**, and takes none
+//!   to resolve a handle or, once every id of a pool has its stream and no
 //!   failed id waits to be handed out again, to assign from that pool:
 //!   `resolve` is an acquire load, such an assignment an acquire load and
 //!   an atomic add (before that, an assignment takes the pool's retry lock);
 //!   [`synchronize_device`] snapshots the table without a lock, then waits.
+//!   (The caching allocator's retry of a full device is the one wait made
+//!   under a lock: its own, so that such retries wait one at a time; see
+//!   [`DeviceBuffer::new`].)
 //! - **One device per process.** The pool is bound to the runtime's logical
 //!   device; asking for another fails with an error naming both. A request
 //!   that cannot be served binds nothing: the device is checked against the
@@ -75,9 +78,12 @@
 //!   any thread, named another device; that thread's calls on the current
 //!   device then fail with [`Error::OtherDevice`], naming both.
 //! - **Device state does not cross `fork()`.** In a child forked after the
-//!   start, every entry point of the process-wide API that returns a
-//!   `Result` returns [`Error::ForkedProcess`] (PyTorch's "cannot
-//!   re-initialize CUDA in forked subprocess"); [`device_state`] says
+//!   start, every entry point of the process-wide API that uses device
+//!   state and returns a `Result` returns [`Error::ForkedProcess`]
+//!   (PyTorch's "cannot re-initialize CUDA in forked subprocess"), but for
+//!   arguments wrong on their face (0 bytes, a device index above 127, a
+//!   stream id outside the id space), which are refused first, as in any
+//!   process; [`device_state`] says
 //!   `NotInitialized`, [`runtime_info`] `None`, [`counters()`] an empty
 //!   snapshot, and [`free_runtime`] does nothing. Detected by a
 //!   `pthread_atfork` handler at the cost of one relaxed atomic load per
@@ -220,16 +226,32 @@
 //!   its creation (at most one creation per id still holds). A failed
 //!   creation (an error or a panic) publishes nothing and its id is handed
 //!   out again first, once per failure, by a later assignment of the pool,
-//!   which then does not advance the cursor: once no creation is in flight
-//!   the ids handed out are the spec's (a cursor that stays on a failure),
-//!   but an assignment concurrent with the failing one may be handed the
-//!   next id before the failed one comes round again. A runtime's
-//!   `create_stream` must not assign from the same pool.
-//! - A positive priority asks for a normal-priority stream (PyTorch's
-//!   convention), and the runtime priority always matches the id's pool;
+//!   which then does not advance the cursor. The cursor advances before the
+//!   creation, as torch-spyre's does, but torch-spyre skips an id whose
+//!   creation failed until its cursor comes round to it again; here, once
+//!   no creation is in flight, the ids handed out are those of a cursor
+//!   that stayed on the failure, so that a transient failure does not shift
+//!   the round robin (an assignment concurrent with the failing one may
+//!   still be handed the next id before the failed one). A runtime's `create_stream` must not assign from
+//!   the same pool.
+//! - A positive priority asks for a normal-priority stream, as
+//!   `torch.cuda.Stream(priority=...)` documents and CUDA does (a priority
+//!   past the lowest is the lowest), so a priority written for CUDA gets
+//!   the stream it would get there (PyTorch's C++ `getStreamFromPool`
+//!   refuses a positive one); and the runtime priority always matches the
+//!   id's pool;
 //!   torch-spyre sends any non-zero priority to the high pool and creates
 //!   NORMAL runtime streams for host-compute ids.
-//! - [`free_runtime`] makes a later start an explicit error.
+//! - After [`free_runtime`], a later start and every call that would start
+//!   the runtime, hand out a stream (from a pool, a host-compute stream,
+//!   the default stream, the current stream where it falls back to the
+//!   default one) or use the freed runtime's allocator or marker events is
+//!   an explicit error ([`Error::RuntimeReset`]); operations on streams
+//!   already handed out keep working, so that work in flight can still be
+//!   waited for. torch-spyre keeps handing out ids that already have handles and
+//!   would call a null runtime for a fresh one ("Runtime reset after stream
+//!   initialization is not supported"): whether a call works would depend
+//!   on which ids other threads had been given before.
 //! - A failed pool initialization publishes nothing and can be retried.
 //! - `TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS` is parsed strictly, and fixed
 //!   when the runtime starts. Before the start, [`host_compute_stream_by_id`]
@@ -249,8 +271,12 @@
 //!   (`1/0/true/false/on/off/yes/no`, any case); another value is an error
 //!   instead of silently off. An empty value means unset for every variable.
 //! - A call that names a device explicitly before the runtime has started
-//!   starts it on that device ([`DeviceSource::Requested`]); torch-spyre
-//!   starts on the thread's device and then refuses the request.
+//!   starts it on that device ([`DeviceSource::Requested`]), as in CUDA.
+//!   torch-spyre starts the runtime on the thread's device whatever the
+//!   call names and binds its pool to the index the call named: its streams
+//!   then run on the thread's device under the other index, and calls for
+//!   the thread's own device are refused afterwards
+//!   (`initializeStreamPoolImpl already called with device_index ...`).
 //! - A forked child gets [`Error::ForkedProcess`] instead of its parent's
 //!   device state.
 //! - **The process's device comes from the launcher that started it**, not

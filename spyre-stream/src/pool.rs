@@ -185,11 +185,13 @@ impl PoolCursor {
 /// creation holds up only the callers handed the same id (they wait for it;
 /// at most one creation per id still holds). A failed creation (an error or
 /// a panic) publishes nothing and hands its id out again, first, to a later
-/// assignment of that pool, which does not advance the cursor then: once no
-/// creation is in flight, the ids handed out are those of the spec's cursor
-/// that stays put on a failure. Once all 32 ids of a pool have streams and
-/// no failed id is queued, an assignment of that pool is an acquire load
-/// and an atomic add. A runtime's `create_stream` must not assign
+/// assignment of that pool, which does not advance the cursor then: once
+/// no creation is in flight, the ids handed out are those of a cursor that
+/// stayed put on the failure (torch-spyre's, advanced before the creation
+/// as here, skips a failed id until it comes round again; see the crate
+/// docs). Once all 32 ids
+/// of a pool have streams and no failed id is queued, an assignment of that
+/// pool is an acquire load and an atomic add. A runtime's `create_stream` must not assign
 /// from the same pool (it would wait for itself). Handle resolution
 /// ([`StreamPool::resolve`], [`StreamPool::default_stream_handle`]) and the
 /// snapshot of [`StreamPool::synchronize_device`] take no lock: the table
@@ -357,8 +359,11 @@ impl<'rt> StreamPool<'rt> {
 
     /// Hands out the next stream of a pool, round robin (`getStreamFromPool`):
     /// a negative `priority` picks the high-priority pool (ids 33–64), zero
-    /// or positive the normal pool (ids 1–32) — PyTorch's convention. The
-    /// cursor advances (one atomic add, no lock) on every assignment but one
+    /// or positive the normal pool (ids 1–32), as `torch.cuda.Stream` and
+    /// CUDA map a priority past the lowest to the lowest (PyTorch's C++
+    /// `getStreamFromPool` refuses a positive one; see the crate docs). The
+    /// cursor advances (one atomic add; until every id of the pool has its
+    /// stream, under the pool's retry lock) on every assignment but one
     /// handing out again an id whose creation failed. The first time an id
     /// is handed out its handle is created, with the runtime priority of its
     /// pool, under that id's own lock, so only callers handed the same id
@@ -369,7 +374,7 @@ impl<'rt> StreamPool<'rt> {
     /// The runtime's error if the pool cannot initialize or the stream cannot
     /// be created; then nothing is inserted, and the next assignment of the
     /// pool retries the same id without advancing the cursor (as if it had
-    /// stayed on it).
+    /// stayed on it; torch-spyre's cursor has moved on by then).
     #[inline]
     pub fn stream_from_pool(&self, priority: i32) -> Result<SpyreStream> {
         let high = priority < 0;

@@ -287,7 +287,10 @@ pub fn current_device() -> Result<u8> {
 ///
 /// # Errors
 /// [`Error::InvalidDeviceIndex`] for an index outside 0..=127;
-/// [`Error::DeviceOutOfRange`] when it is not below [`device_count`];
+/// [`Error::DeviceOutOfRange`] when it is not below [`device_count`] (the
+/// start's text for the same fact, `Device index out of bounds. ...`,
+/// rather than that of torch-spyre's Python binding, `Device index <i>
+/// out of range [0, <n>)`: one error for one fact);
 /// [`Error::OtherDevice`] for another device than the started runtime's
 /// (nothing is changed); as [`device_count`] otherwise.
 pub fn set_device(index: i64) -> Result<()> {

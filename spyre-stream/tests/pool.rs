@@ -33,7 +33,8 @@ fn normal_ids_go_round_robin_from_1_to_32_and_wrap() {
         .collect();
     let expected: Vec<i64> = (1..=32).chain([1, 2]).collect();
     assert_eq!(ids, expected);
-    // Positive priorities are normal too (PyTorch's convention).
+    // Positive priorities are normal too (torch.cuda.Stream and CUDA map a
+    // priority past the lowest to the lowest).
     assert_eq!(pool.stream_from_pool(5).unwrap().id(), StreamId(3));
 }
 

@@ -159,6 +159,7 @@ use self::fence::{
 };
 use self::sizing::{Pool, round_request, segment_cap, segment_size};
 use crate::error::{Error, OutOfMemory, Result};
+use crate::id::StreamId;
 use crate::marker::MarkerEvents;
 use crate::memory::reuse_barrier::ReuseBarriers;
 use crate::stream::SpyreStream;
@@ -910,7 +911,7 @@ impl CachingAllocator {
 
     /// The stream of this device with (pool) id `id`.
     fn stream(&self, id: i64) -> SpyreStream {
-        SpyreStream::from_parts(self.runtime.logical_device() as u8, crate::StreamId(id))
+        SpyreStream::from_parts(self.runtime.logical_device() as u8, StreamId(id))
     }
 
     /// Starts the peaks again from the current values.
