@@ -43,7 +43,8 @@ pub enum Notification {
 /// Made by [`Runtime::create_event`](crate::Runtime::create_event), recorded
 /// by [`Stream::record_event`](crate::Stream::record_event), waited on by
 /// [`Stream::wait_event`](crate::Stream::wait_event). The contract, the same
-/// for every backend (PyTorch's and CUDA's rules):
+/// for every device backend (PyTorch's and CUDA's rules; the no-op test
+/// double departs from it where [`crate::noop`] says):
 ///
 /// - a record captures exactly the work enqueued on its stream before it;
 ///   the event completes when that work has completed, and later launches do
@@ -119,8 +120,10 @@ pub trait Event: Send + Sync + fmt::Debug {
     /// belong to different runtimes or backends;
     /// [`Status::NOT_READY`](crate::Status::NOT_READY) when one has not
     /// completed; [`Status::INVALID_HANDLE`](crate::Status::INVALID_HANDLE)
-    /// when either event's runtime was closed (which destroyed it); a
-    /// record's error. The message names the event and the precondition.
+    /// when either event's runtime was closed (which destroyed it);
+    /// [`Status::UNSUPPORTED`](crate::Status::UNSUPPORTED) when the runtime
+    /// cannot time events (`Capabilities::event_timing` false); a record's
+    /// error. The message names the event and the precondition.
     fn elapsed_nanos(&self, end: &dyn Event) -> Result<i64>;
 
     /// The event as `Any`, so a backend can recognise its own events.

@@ -8,7 +8,9 @@ use crate::error::FlexError;
 /// failed (`Err` with the operation's error). Runs on a runtime thread; the
 /// stream does not advance while it runs, so keep it short, and never
 /// synchronize a stream of the same runtime inside it. A panic inside it
-/// never unwinds into the runtime: it is caught, and the completion of a
+/// never unwinds into a device backend's runtime (the no-op test double
+/// runs it on the launching thread and lets a panic unwind into the
+/// launch: [`crate::noop`]): it is caught, and the completion of a
 /// launch that panics after its operation succeeded fails the stream with
 /// [`crate::Status::HOST_CALLBACK_FAILED`] naming the panic (through a
 /// flex library, on flex-rt's side: see the hardware backend's stream); a
@@ -20,7 +22,8 @@ pub type Completion = Box<dyn FnOnce(Result<(), FlexError>) + Send + 'static>;
 /// after every earlier operation on the stream has completed, and the stream
 /// does not advance until it returns. A panic inside it is caught and fails
 /// the operation (and the stream) with
-/// [`crate::Status::HOST_CALLBACK_FAILED`]; it never unwinds into the runtime.
+/// [`crate::Status::HOST_CALLBACK_FAILED`]; it never unwinds into a device
+/// backend's runtime (the no-op test double differs: [`crate::noop`]).
 pub type HostCallback = Box<dyn FnOnce() + Send + 'static>;
 
 /// Options of one launch (flex.h: `pipeline_barrier` and `completion`).

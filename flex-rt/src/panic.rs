@@ -1,9 +1,10 @@
 //! Caught panics of user code.
 //!
 //! A launch runs user code on the device's side: host callbacks, host
-//! functions and completions. Every backend catches their panics and turns
-//! them into a failed stream (`HOST_CALLBACK_FAILED`) or a log line, and
-//! every backend needs the same two things of a caught payload: its text,
+//! functions and completions. Every device backend (the hardware backend,
+//! the software device; not the no-op test double) catches their panics
+//! and turns them into a failed stream (`HOST_CALLBACK_FAILED`) or a log
+//! line, and each needs the same two things of a caught payload: its text,
 //! and a drop that cannot unwind, since a payload's `Drop` is user code too.
 //! They live here, once, for the backends of this crate and of the software
 //! device.

@@ -277,7 +277,9 @@ pub enum DescriptorError {
 pub struct KernelDescriptor {
     /// The kernel to run.
     pub kernel: Kernel,
-    /// Sizes, as the kernel defines them; unused dims are 0.
+    /// Sizes in elements (not bytes), as the kernel names them
+    /// ([`Kernel::dim_names`]): `[n, 0, 0]` for the element-wise kernels,
+    /// `[m, k, n]` for matmul; unused dims are 0.
     pub dims: [u64; 3],
     /// Scalar of `fill` and `axpy`; ignored by the others.
     pub alpha: f32,

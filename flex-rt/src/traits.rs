@@ -354,8 +354,10 @@ pub trait Stream: Send + Sync + fmt::Debug {
     fn wait_event(&self, event: &dyn Event) -> Result<()>;
 }
 
-/// Checks that a copy's host and device sizes agree; every backend's
-/// `launch_h2d` and `launch_d2h` call it before enqueuing.
+/// Checks that a copy's host and device sizes agree; the device backends'
+/// `launch_h2d` and `launch_d2h` (the hardware backend's, the software
+/// device's) call it before enqueuing. The no-op backend, a test double,
+/// checks no sizes ([`crate::noop`]).
 ///
 /// # Errors
 /// [`crate::Status::INVALID_ARGUMENT`] naming both sizes.

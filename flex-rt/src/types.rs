@@ -9,9 +9,11 @@ use crate::error::{FlexError, Result};
 /// Priority of a hardware stream (`flex_stream_priority_t`).
 ///
 /// When more streams have work than a device has engines, queued work of
-/// [`StreamPriority::High`] streams starts first. torch-spyre creates its
-/// high-priority pool streams (ids 33–64) as `HIGH` and everything else as
-/// `NORMAL` (`flex::RuntimeStreamPriority`).
+/// [`StreamPriority::High`] streams starts first. torch-spyre creates a pool
+/// stream as `HIGH` when the call that first hands out its id asks for a
+/// negative priority, so its high-priority pool's streams (ids 33–64) are
+/// `HIGH` unless first handed out for a positive one, and every other
+/// stream as `NORMAL` (`flex::RuntimeStreamPriority`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum StreamPriority {
     /// `FLEX_STREAM_PRIORITY_NORMAL`.
@@ -176,7 +178,9 @@ impl MemoryLayout {
     /// How many blocks of `block` bytes the memory holds at once, each in
     /// one region: the blocks that fit whole in each region, added up. Exact
     /// for a first-fit allocator when every allocation has the size `block`
-    /// (rounded to 128 bytes); 0 when `block` is 0 or larger than a region.
+    /// (pass it rounded as the allocator rounds it, to
+    /// [`ADDRESS_ALIGNMENT`](crate::ADDRESS_ALIGNMENT) or more: it is not
+    /// rounded here); 0 when `block` is 0 or larger than a region.
     pub fn blocks_held(&self, block: u64) -> u64 {
         if self.region_bytes == 0 || block == 0 {
             return 0;

@@ -264,7 +264,8 @@ impl MockConfig {
     /// value when a value is not a decimal number of the right range, not a
     /// sync policy (`SPYRE_MOCK_SYNC_POLICY`) or not a boolean
     /// (`SPYRE_MOCK_DEVICE_SIDE_WAIT`, `SPYRE_MOCK_EVENT_TIMING`,
-    /// `SPYRE_MOCK_CHECK_REUSE`), or when
+    /// `SPYRE_MOCK_CHECK_REUSE`), when `SPYRE_DEVICES` is not a
+    /// comma-separated list of device indices, or when
     /// the values together fail the builder's checks (then the message names
     /// every variable that was set).
     pub fn from_lookup<F>(mut lookup: F) -> Result<Self>
@@ -586,8 +587,11 @@ impl MockSystemBuilder {
     /// [`flex_rt::Status::INVALID_ARGUMENT`] naming the value: devices 0 or
     /// above `i32::MAX`; engines outside 1..=[`MAX_ENGINES`]; a memory or
     /// region size that is 0 or not a multiple of 128; a region larger than
-    /// the memory; more than [`MAX_REGIONS`] regions; an op latency above
-    /// [`MAX_OP_LATENCY`]; a copy bandwidth below [`MIN_COPY_BANDWIDTH`].
+    /// the memory or than this host's address space; more than
+    /// [`MAX_REGIONS`] regions; an op latency above [`MAX_OP_LATENCY`];
+    /// visible devices that are none, name a device at or above
+    /// [`MockSystemBuilder::devices`], or name one twice; a copy bandwidth
+    /// below [`MIN_COPY_BANDWIDTH`].
     pub fn build_config(self) -> Result<MockConfig> {
         const CALL: &str = "MockSystemBuilder::build";
         let region_bytes = self

@@ -30,7 +30,9 @@ use crate::record::EventRecord;
 /// `len` is called when the operation is enqueued (to check the size) and
 /// by the operation's `Debug` format, `bytes` once on an engine thread when
 /// it runs, with no lock of the device held (it may call the runtime,
-/// allocate or free device memory, say); the two must agree.
+/// allocate or free device memory, say); the two must agree. Where they
+/// do not, the copy moves the shorter of `bytes` and the device range (the
+/// device bytes past a short source keep their values); nothing fails.
 pub trait HostSource: Send {
     /// The bytes to copy to the device.
     fn bytes(&self) -> &[u8];
@@ -55,7 +57,9 @@ pub trait HostSource: Send {
 ///
 /// `len` is called when the operation is enqueued (to check the size),
 /// `bytes_mut` once on an engine thread when it runs, with no lock of the
-/// device held (as [`HostSource::bytes`]); the two must agree.
+/// device held (as [`HostSource::bytes`]); the two must agree. Where they
+/// do not, the copy fills the shorter of `bytes_mut` and the device range
+/// (the bytes of a longer sink past it keep their values); nothing fails.
 pub trait HostSink: Send {
     /// The bytes the device data is copied into.
     fn bytes_mut(&mut self) -> &mut [u8];

@@ -36,8 +36,8 @@ pub const BACKEND: &str = "SPYRE_BACKEND";
 
 /// Every environment variable the stream layer and its backends read, in a
 /// stable order: this crate's, then `FLEX_RUNTIME_LIB` (the hardware
-/// backend's), then the software device's `SPYRE_MOCK_*` when feature `mock`
-/// is on.
+/// backend's), then the software device's `SPYRE_MOCK_*` and
+/// `SPYRE_DEVICES` when feature `mock` is on.
 pub fn variables() -> Vec<&'static str> {
     let mut names = LOCAL_RANK_VARIABLES.to_vec();
     names.extend([

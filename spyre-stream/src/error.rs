@@ -217,8 +217,8 @@ pub enum Error {
     BackendUnavailable(String),
 
     /// The backend's configuration in the environment is invalid (a
-    /// malformed or out-of-range `SPYRE_MOCK_*` value); the message names the
-    /// variable and its value.
+    /// malformed or out-of-range `SPYRE_MOCK_*` or `SPYRE_DEVICES` value);
+    /// the message names the variable and its value.
     #[error("{0}")]
     BackendConfig(FlexError),
 
@@ -327,12 +327,13 @@ pub enum Error {
 pub struct OutOfMemory {
     /// Bytes asked for.
     pub requested: u64,
-    /// All of the device's memory, from the runtime (`None` when it cannot
-    /// tell: a flex library of ABI 1.0, or one whose memory information
-    /// failed, or reported 0, when the device's allocator was made).
+    /// All of the device's memory, in bytes, from the runtime (`None` when
+    /// it cannot tell: a flex library of ABI 1.0, or one whose memory
+    /// information failed, or reported 0, when the device's allocator was
+    /// made).
     pub device_total: Option<u64>,
-    /// Free device memory, from the runtime (`None` when it cannot tell:
-    /// see [`OutOfMemory::memory_query_error`]).
+    /// Free device memory, in bytes, from the runtime (`None` when it
+    /// cannot tell: see [`OutOfMemory::memory_query_error`]).
     pub device_free: Option<u64>,
     /// Why [`OutOfMemory::device_free`] is `None`: the runtime's error of
     /// its memory query (`UNSUPPORTED` from a flex library of ABI 1.0,
@@ -349,7 +350,7 @@ pub struct OutOfMemory {
     /// For a request larger than the device, what the allocator held then
     /// (nothing was returned or waited for).
     pub cached: u64,
-    /// The largest block among them.
+    /// The largest block among them, in bytes.
     pub largest_cached: u64,
     /// The runtime's refusal.
     pub source: FlexError,
@@ -443,8 +444,9 @@ impl Error {
 
     /// A backend's error while counting devices or creating the runtime:
     /// [`Error::BackendConfig`] when the backend refused its configuration
-    /// (`INVALID_ARGUMENT`: a bad `SPYRE_MOCK_*` value of the software device
-    /// or of its flex library), else [`Error::Flex`].
+    /// (`INVALID_ARGUMENT`: a bad `SPYRE_MOCK_*` or `SPYRE_DEVICES` value
+    /// of the software device or of its flex library), else
+    /// [`Error::Flex`].
     pub(crate) fn from_backend(error: FlexError) -> Self {
         if error.status() == flex_rt::Status::INVALID_ARGUMENT {
             Self::BackendConfig(error)

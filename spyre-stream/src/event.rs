@@ -655,8 +655,12 @@ impl SpyreStream {
     /// the device side.
     ///
     /// # Errors
-    /// As [`SpyreEvent::new`] (for the marker; [`Error::RuntimeReset`] after
-    /// [`crate::free_runtime`]) and [`SpyreEvent::wait`], for either stream;
+    /// For the marker, which starts nothing: as [`SpyreStream::query`] for
+    /// `other` ([`Error::NoHandle`], [`Error::WrongDevice`],
+    /// [`Error::ForkedProcess`]), [`Error::RuntimeReset`] after
+    /// [`crate::free_runtime`], [`Error::Unsupported`] when the runtime has
+    /// no events (a flex library of ABI 1.0) and the runtime's error making
+    /// it ([`Error::Flex`]); as [`SpyreEvent::wait`] for this stream;
     /// a refused record on `other` (it has failed, say) is [`Error::Flex`]
     /// with the call `wait_stream` and a message naming `other`; for this
     /// stream itself, its error as [`SpyreStream::query`] reports it.
@@ -700,8 +704,12 @@ impl SpyreStream {
     /// waits for them.
     ///
     /// # Errors
-    /// As [`SpyreEvent::new`] (for the marker; [`Error::RuntimeReset`] after
-    /// [`crate::free_runtime`]) and [`SpyreEvent::record`].
+    /// For the marker, which starts nothing: as [`SpyreStream::query`]
+    /// ([`Error::NoHandle`], [`Error::WrongDevice`],
+    /// [`Error::ForkedProcess`]), [`Error::RuntimeReset`] after
+    /// [`crate::free_runtime`], [`Error::Unsupported`] when the runtime has
+    /// no events (a flex library of ABI 1.0) and the runtime's error making
+    /// it ([`Error::Flex`]); as [`SpyreEvent::record`].
     pub fn synchronize_async(self) -> Result<SynchronizeFuture> {
         let marker = SpyreEvent::marker(self)?;
         marker.record(self)?;

@@ -295,8 +295,9 @@
 //! The launchers' local-rank variables (`LOCAL_RANK`, then
 //! `OMPI_COMM_WORLD_LOCAL_RANK`, `MPI_LOCALRANKID`, `SLURM_LOCALID`),
 //! `TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS`, `SPYRE_HAZARD_TRACKER`,
-//! `SPYRE_BACKEND` (see [`mod@env`]); the software device
-//! reads `SPYRE_MOCK_*`, the hardware backend `FLEX_RUNTIME_LIB`.
+//! `SPYRE_BACKEND` (see [`mod@env`]); the software device reads
+//! `SPYRE_MOCK_*` and `SPYRE_DEVICES`, the hardware backend
+//! `FLEX_RUNTIME_LIB`.
 //!
 //! # Backends
 //!

@@ -306,6 +306,12 @@ impl<'rt> StreamPool<'rt> {
     /// initialized. The cursors start at the first id of their pools (no
     /// assignment runs before initialization, so none needs resetting).
     ///
+    /// Thread-safety: any thread may call it; until the pool is initialized
+    /// a caller waits on the exclusive lock while another thread
+    /// initializes it (creating the host-compute streams), as do the calls
+    /// that initialize first (the default stream and its handle, the
+    /// host-compute streams, the first assignment).
+    ///
     /// # Errors
     /// The runtime's error if a host-compute stream cannot be created; then
     /// nothing is published and the next call retries, keeping the streams

@@ -161,6 +161,11 @@ pub(crate) fn check_not_forked() -> Result<()> {
 /// must install its own (until it does, its start fails with
 /// [`Error::BackendFromParent`]).
 ///
+/// Thread-safety: any thread may call it. While another thread is inside a
+/// call that starts, frees or loads the runtime (a start may load the flex
+/// library and create the runtime and the pool's streams), it waits for
+/// that call to end, by yields and then sleeps of up to 1 ms.
+///
 /// # Errors
 /// [`Error::ForkedProcess`] in a child forked after the start;
 /// [`Error::ForkedDuringStart`] in a child forked while a parent thread
@@ -285,6 +290,9 @@ pub fn current_device() -> Result<u8> {
 /// current device fail with [`Error::OtherDevice`] until it sets the
 /// runtime's device.
 ///
+/// Before the start it loads the backend to count the devices, and may
+/// wait for another thread's start as [`device_count`] does.
+///
 /// # Errors
 /// [`Error::InvalidDeviceIndex`] for an index outside 0..=127;
 /// [`Error::DeviceOutOfRange`] when it is not below [`device_count`] (the
@@ -354,6 +362,11 @@ pub(crate) fn check_device_before_start(device: Device) -> Result<()> {
 /// `TORCH_SPYRE_NUM_HOST_COMPUTE_STREAMS` and `SPYRE_HAZARD_TRACKER`; then
 /// chooses the backend, checks the device against the visible device count,
 /// creates the runtime and the pool (which initializes on first use).
+///
+/// Thread-safety: any thread may call it. While another thread is inside a
+/// call that starts, frees or loads the runtime (a start may load the flex
+/// library and create the runtime and the pool's streams), it waits for
+/// that call to end, by yields and then sleeps of up to 1 ms.
 ///
 /// # Errors
 /// [`Error::ForkedProcess`] in a child forked after the runtime started;
@@ -460,6 +473,9 @@ fn usable(running: &'static Running, device: Device) -> Result<(&'static Running
 /// Before any start it does nothing, and in a child forked after the start,
 /// or while a parent thread was starting the runtime, too (the runtime is
 /// the parent's).
+///
+/// Thread-safety: any thread may call it; it waits for another thread's
+/// start or load of the runtime to end, as [`start_runtime`] does.
 pub fn free_runtime() {
     if check_not_forked().is_err() {
         // The runtime is the parent's. Not logged: the log's locks may have
@@ -628,6 +644,12 @@ pub fn device_state() -> DeviceState {
 
 /// Number of logical devices the backend sees (`device_count`). Loads the
 /// backend if it is not loaded yet; does not start the runtime.
+///
+/// Thread-safety: any thread may call it. Before the start, while another
+/// thread is inside a call that starts, frees or loads the runtime (a start
+/// may load the flex library and create the runtime and the pool's
+/// streams), it waits for that call to end, by yields and then sleeps of up
+/// to 1 ms.
 ///
 /// # Errors
 /// The backend's load, configuration or counting error

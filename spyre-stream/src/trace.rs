@@ -87,8 +87,10 @@ pub struct TraceEntry {
     /// other streams' work) counts as running. `None` until it finished.
     pub started: Option<Duration>,
     /// When the runtime reported it finished (`None`: not by the time the
-    /// trace stopped). An event wait finishes when it is enqueued. An
-    /// event record is reported as its waiters are released, by a
+    /// trace stopped). An event wait finishes, as [`stop_trace`] derives
+    /// it, when its stream has reached it (it was enqueued and the
+    /// operation before it finished) and the record it waits for has
+    /// finished, whichever is later. An event record is reported as its waiters are released, by a
     /// notification that may run a scheduling delay after them: an
     /// operation after a wait on it can show a finish a little before the
     /// record's.
@@ -103,10 +105,14 @@ pub struct TraceEntry {
     pub link: Option<u64>,
 }
 
-/// What [`stop_trace`] returns: every operation traced, in enqueue order.
+/// What [`stop_trace`] returns: every operation traced, in the order the
+/// launching threads recorded them, each just before its launch (for
+/// launches racing on one stream, this can differ from the stream's own
+/// order; the derived times follow the stream's order).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Trace {
-    /// The operations, in the order they were enqueued.
+    /// The operations, in the order the launching threads recorded them
+    /// (see [`Trace`]).
     pub entries: Vec<TraceEntry>,
 }
 

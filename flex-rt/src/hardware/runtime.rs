@@ -49,7 +49,11 @@ use crate::types::{MemoryInfo, StreamMode, StreamPriority};
 ///    `flex.h` requires);
 /// 3. destroy the runtime (`flex_runtime_destroy`).
 ///
-/// Every step runs even if an earlier one failed. `Drop` never panics: it
+/// Every step runs even if an earlier one failed, but in two cases, where
+/// none runs and the runtime is leaked: in a child forked from the process
+/// that made it (the runtime is the parent's), and inside one of its own
+/// callbacks (below); the failure reported then is one
+/// [`TeardownStep::DestroyRuntime`]. `Drop` never panics: it
 /// logs each failure with `tracing::warn!`. [`HardwareRuntime::close`]
 /// returns them all instead. The library reference is released last (the
 /// library itself stays loaded for the rest of the process: see
@@ -604,7 +608,8 @@ pub enum TeardownStep {
         id: u64,
     },
     /// `flex_runtime_destroy` (step 3), or the runtime being leaked because
-    /// the teardown ran inside one of its own callbacks.
+    /// the teardown ran inside one of its own callbacks (`UNSUPPORTED`) or
+    /// in a forked child (`RUNTIME_FAILED` naming fork): then no step ran.
     DestroyRuntime,
 }
 
@@ -640,7 +645,9 @@ impl TeardownError {
 }
 
 /// Every failure of [`HardwareRuntime::close`], in teardown order. The
-/// teardown still ran every step.
+/// teardown still ran every step, but in a forked child or inside one of
+/// the runtime's own callbacks, where it ran none and the one failure is
+/// [`TeardownStep::DestroyRuntime`].
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
     "closing the flex runtime of logical device {logical_device} failed in {} step(s): {}",

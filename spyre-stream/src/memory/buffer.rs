@@ -200,8 +200,9 @@ impl<T: DeviceElement> DeviceBuffer<T> {
             .address
     }
 
-    /// The buffer as a kernel operand ([`flex_rt::program::Operand`]),
-    /// which must lie in one chunk of device memory. Declare the compute's
+    /// The buffer's start address, for a kernel argument
+    /// ([`flex_rt::program::KernelDescriptor`]), whose operand must lie in
+    /// one chunk of device memory. Declare the compute's
     /// stream with [`DeviceBuffer::record_stream`] if it is not the
     /// buffer's own.
     ///
