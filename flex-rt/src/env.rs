@@ -20,9 +20,16 @@ pub const BOOL_EXPECTED: &str =
 ///
 /// Thread-safety: reading the environment is safe from any thread.
 pub fn var(name: &str) -> Option<String> {
-    std::env::var_os(name)
-        .filter(|value| !value.is_empty())
-        .map(|value| value.to_string_lossy().into_owned())
+    var_or_empty(name).filter(|value| !value.is_empty())
+}
+
+/// Reads the process environment variable `name` as [`var`] does, but an
+/// empty value is `Some("")`: for callers whose rules tell an empty value
+/// from an unset one themselves.
+///
+/// Thread-safety: reading the environment is safe from any thread.
+pub fn var_or_empty(name: &str) -> Option<String> {
+    std::env::var_os(name).map(|value| value.to_string_lossy().into_owned())
 }
 
 /// Parses a boolean variable's value (see the [module docs](self)):

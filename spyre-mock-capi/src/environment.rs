@@ -189,19 +189,14 @@ pub(super) fn config(mut lookup: impl FnMut(&str) -> Option<String>) -> Result<M
     Ok(config)
 }
 
-/// Reads a variable of the process environment (`None` when unset; a value
-/// that is not Unicode is converted lossily).
-pub(super) fn process_env(name: &str) -> Option<String> {
-    std::env::var_os(name).map(|value| value.to_string_lossy().into_owned())
-}
-
 /// The environment switches for a call without a runtime.
 pub(crate) fn env_switches() -> Result<Switches, Failure> {
-    Switches::from_lookup(process_env)
+    Switches::from_lookup(flex_rt::env::var_or_empty)
         .map_err(|message| Failure::new(FLEX_ERROR_INVALID_ARGUMENT, message))
 }
 
 /// The device configuration from the environment.
 pub(crate) fn env_config() -> Result<MockConfig, Failure> {
-    config(process_env).map_err(|message| Failure::new(FLEX_ERROR_INVALID_ARGUMENT, message))
+    config(flex_rt::env::var_or_empty)
+        .map_err(|message| Failure::new(FLEX_ERROR_INVALID_ARGUMENT, message))
 }

@@ -7,7 +7,7 @@ use flex_sys::bindings::{FLEX_SUCCESS, flex_status_t};
 
 use crate::args::out_param;
 use crate::boundary::{Failure, boundary, last_error_ptr, status_name};
-use crate::environment::{self, env_config, env_switches, process_env};
+use crate::environment::{self, env_config, env_switches};
 use crate::handles::{self};
 use crate::rcu;
 
@@ -45,7 +45,8 @@ fn at_load() {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn flex_get_api_version() -> u32 {
     std::panic::catch_unwind(|| {
-        environment::abi_version(process_env).unwrap_or_else(|_| environment::header_version())
+        environment::abi_version(flex_rt::env::var_or_empty)
+            .unwrap_or_else(|_| environment::header_version())
     })
     .unwrap_or(0)
 }

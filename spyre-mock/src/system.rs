@@ -50,13 +50,7 @@ impl MockSystem {
     /// and raw text.
     pub fn from_env() -> Result<Self> {
         Ok(Self::with_config(MockConfig::from_lookup(
-            |name| match std::env::var(name) {
-                Ok(value) => Some(value),
-                Err(std::env::VarError::NotPresent) => None,
-                Err(std::env::VarError::NotUnicode(raw)) => {
-                    Some(raw.to_string_lossy().into_owned())
-                }
-            },
+            flex_rt::env::var_or_empty,
         )?))
     }
 

@@ -16,12 +16,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use flex_rt::{FlexError, LaunchOptions};
 
-use crate::id::{HOST_COMPUTE_START, MAX_HOST_COMPUTE_STREAMS, StreamId};
+use crate::id::{MAX_STREAM_SLOTS, StreamId};
 use crate::instrument;
 use crate::stream::SpyreStream;
-
-/// Stream ids with counters: every id the pool can hand out.
-const IDS: usize = HOST_COMPUTE_START as usize + MAX_HOST_COMPUTE_STREAMS;
 
 struct Slot {
     launched: AtomicU64,
@@ -50,7 +47,8 @@ impl Slot {
 /// at once over all streams.
 static DEVICE: Slot = Slot::new();
 
-static SLOTS: [Slot; IDS] = [const { Slot::new() }; IDS];
+/// One per stream id the pool can hand out ([`StreamId::slot`]).
+static SLOTS: [Slot; MAX_STREAM_SLOTS] = [const { Slot::new() }; MAX_STREAM_SLOTS];
 
 /// Which way an operation moves bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -159,10 +157,7 @@ pub(crate) fn counted(
     bytes: u64,
     options: LaunchOptions,
 ) -> (LaunchOptions, Counted) {
-    let Some(slot) = usize::try_from(stream.id().get())
-        .ok()
-        .and_then(|id| SLOTS.get(id))
-    else {
+    let Some(slot) = stream.id().slot().map(|slot| &SLOTS[slot]) else {
         return (options, Counted(None));
     };
     for counts in [slot, &DEVICE] {
