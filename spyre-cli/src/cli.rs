@@ -121,7 +121,7 @@ impl ModeArg {
 }
 
 /// Arguments of `spyre run`.
-#[derive(Debug, Args)]
+#[derive(Clone, Debug, Args)]
 pub(crate) struct RunArgs {
     /// Host threads submitting work (1 to 1024).
     #[arg(long, value_name = "T", default_value = "2", value_parser = parse_threads, allow_negative_numbers = true)]

@@ -1,6 +1,8 @@
 //! The up-front check that the device's memory holds a run.
 
-use spyre_stream::{MIN_BLOCK, MemoryLayout, SMALL_REQUEST, allocations_held, segment_bytes};
+use spyre_stream::{
+    MIN_BLOCK, MemoryLayout, SMALL_REQUEST, STREAMS_PER_POOL, allocations_held, segment_bytes,
+};
 
 use super::plan::{BLOCKS_PER_ITERATION, DESCRIPTOR_BYTES, Plan};
 use crate::cli::{ModeArg, RunArgs};
@@ -15,6 +17,21 @@ fn per_thread_on_device(args: &RunArgs) -> u64 {
         ModeArg::Pipelined => args.iterations.min(2),
         ModeArg::PerIteration | ModeArg::Serialized => (args.in_flight as u64).min(args.iterations),
     }
+}
+
+/// Pool streams that hold the device memory of `n` iterations in flight at
+/// once, each in segments of its own (the caching allocator keeps segments
+/// per stream): pipelined, the default stream, which owns every thread's
+/// slots; serialized, each thread's stream; per iteration, a new stream
+/// each iteration, round robin through both pools.
+fn streams_holding(args: &RunArgs, n: u64) -> u64 {
+    let pool_streams = 2 * STREAMS_PER_POOL as u64;
+    match args.mode {
+        ModeArg::Pipelined => 1,
+        ModeArg::Serialized => (args.threads as u64).min(pool_streams),
+        ModeArg::PerIteration => n.min(pool_streams),
+    }
+    .max(1)
 }
 
 /// Host memory the software device backs a run's device memory with: it
@@ -64,12 +81,13 @@ impl From<Refusal> for CliError {
 /// flight than the caching allocator holds operand blocks for (each block
 /// the size it rounds an operand to, packed into its segments, each in one
 /// region: [`allocations_held`]) beside the iterations' programs (in
-/// segments of their own, or, for small operands that fill their segments,
-/// one operand block each). The allocator keeps segments per stream,
-/// so a run close to the limit may still need it to return its cache and
-/// retry, or fail with a named out-of-memory error. Where a smaller
-/// `--size` is the way out, the advice names one that passes this check
-/// with the run's other flags, and suggests none where none does.
+/// segments of their own, one at least on each stream that holds
+/// iterations, [`streams_holding`]; or, for small operands that fill their
+/// segments, one operand block each). The allocator keeps segments per
+/// stream, so a run close to the limit may still need it to return its
+/// cache and retry, or fail with a named out-of-memory error. The advice
+/// names only changes that pass this check with the run's other flags: a
+/// smaller `--size`, fewer threads or iterations in flight, another mode.
 pub(crate) fn check_capacity(
     plan: &Plan,
     args: &RunArgs,
@@ -133,13 +151,7 @@ pub(crate) fn check_capacity(
                 args.mode.name(),
                 format_size(memory)
             ),
-            advice: capacity_advice(
-                args.mode,
-                args.threads as u64,
-                per_thread,
-                iterations_held,
-                smaller_size().is_some(),
-            ),
+            advice: capacity_advice(plan, args, layout, per_thread, smaller_size().is_some()),
         },
     })
 }
@@ -150,17 +162,13 @@ pub(crate) fn check_capacity(
 fn nothing_fits(args: &RunArgs, layout: MemoryLayout) -> String {
     let smallest = Plan::new(args.kernel, MIN_SIZE).ok();
     match smallest.map(|plan| assess(&plan, args, layout)) {
-        Some(Err(Misfit::TooManyInFlight {
-            per_thread,
-            iterations_held,
-            ..
-        })) => format!(
+        Some(Err(Misfit::TooManyInFlight { per_thread, .. })) => format!(
             "no --size fits with these flags, not even operands of one f32 (--size {MIN_SIZE}); with --size {MIN_SIZE}, {}",
             capacity_advice(
-                args.mode,
-                args.threads as u64,
+                &smallest.expect("assessed above"),
+                args,
+                layout,
                 per_thread,
-                iterations_held,
                 false
             )
         ),
@@ -215,10 +223,17 @@ fn assess(plan: &Plan, args: &RunArgs, layout: MemoryLayout) -> Result<(), Misfi
         if cut_from_operands {
             return operand_blocks.saturating_sub(n);
         }
-        // Else the programs take segments of their own, each costing the
-        // operands the segments it covers.
-        let programs = n
-            .div_ceil(program_segment / MIN_BLOCK)
+        // Else the programs take segments of their own, on every stream
+        // that holds iterations (a program segment serves its own stream
+        // only; its free rest is smaller than an operand's block), each
+        // costing the operands the segments it covers. (Measured before
+        // they were counted per stream: 64 MiB, operands of 5 161 984
+        // bytes, four iterations in flight on four streams passed the
+        // check and ran out of memory, their four programs taking a 2 MiB
+        // segment each.)
+        let streams = streams_holding(args, n);
+        let programs = streams
+            .saturating_mul(n.div_ceil(streams).div_ceil(program_segment / MIN_BLOCK))
             .saturating_mul(program_segment);
         let lost = programs
             .div_ceil(operand_segment)
@@ -282,78 +297,122 @@ fn smaller_size_that_fits(args: &RunArgs, layout: MemoryLayout) -> Option<(u64, 
 /// The smallest `--size`: one `f32` in each operand.
 const MIN_SIZE: u64 = 12;
 
-/// What to change when `threads` threads of `mode`, each keeping
-/// `per_thread` iterations' memory, keep more than the device holds
-/// (`iterations_held`, at least 1): only changes that would fit are named,
-/// a smaller `--size` only where one fits (`size_fits`).
+/// What to change when `args`' threads, each keeping `per_thread`
+/// iterations' memory, keep more than the device holds with `plan`: only
+/// changes that fit are named, each checked whole ([`assess`]) with the
+/// run's other flags (so counted on the streams that mode uses), a
+/// smaller `--size` only where one fits (`size_fits`).
 fn capacity_advice(
-    mode: ModeArg,
-    threads: u64,
+    plan: &Plan,
+    args: &RunArgs,
+    layout: MemoryLayout,
     per_thread: u64,
-    iterations_held: u64,
     size_fits: bool,
 ) -> String {
-    match mode {
+    let fits_with = |change: &dyn Fn(&mut RunArgs)| {
+        let mut changed = args.clone();
+        change(&mut changed);
+        assess(plan, &changed, layout).is_ok()
+    };
+    // The most threads below `args.threads` that fit in `mode` with
+    // `in_flight` each.
+    let threads_fitting = |mode: ModeArg, in_flight: usize| {
+        largest_fitting(args.threads, |threads| {
+            fits_with(&|run| {
+                run.mode = mode;
+                run.in_flight = in_flight;
+                run.threads = threads;
+            })
+        })
+    };
+    let size = if size_fits {
+        ", or use a smaller --size"
+    } else {
+        ""
+    };
+    match args.mode {
         ModeArg::Pipelined => {
             let holds = if per_thread == 1 {
                 "one iteration's".to_owned()
             } else {
                 format!("{per_thread} iterations'")
             };
-            let pipelined = match iterations_held / per_thread {
-                0 => "no pipelined thread fits".to_owned(),
-                fit => format!("lower --threads to at most {fit}"),
-            };
-            let one_each = if threads <= iterations_held {
-                "use --mode per-iteration --in-flight 1 (one iteration's memory per thread), which fits"
-                    .to_owned()
-            } else {
-                format!(
-                    "use --mode per-iteration --in-flight 1 with --threads at most {iterations_held}"
+            let pipelined = threads_fitting(ModeArg::Pipelined, args.in_flight).map_or_else(
+                || "no pipelined thread fits".to_owned(),
+                |fit| format!("lower --threads to at most {fit}"),
+            );
+            let one_each = if fits_with(&|run| {
+                run.mode = ModeArg::PerIteration;
+                run.in_flight = 1;
+            }) {
+                Some(
+                    "use --mode per-iteration --in-flight 1 (one iteration's memory per thread), which fits"
+                        .to_owned(),
                 )
-            };
-            let size = if size_fits {
-                ", or use a smaller --size"
             } else {
-                ""
+                threads_fitting(ModeArg::PerIteration, 1).map(|fit| {
+                    format!("use --mode per-iteration --in-flight 1 with --threads at most {fit}")
+                })
             };
+            let one_each = one_each.map_or_else(String::new, |one_each| format!(", or {one_each}"));
             format!(
-                "a pipelined thread keeps {holds} memory however many are in flight: {pipelined}, or {one_each}{size}"
+                "a pipelined thread keeps {holds} memory however many are in flight: {pipelined}{one_each}{size}"
             )
         }
-        ModeArg::PerIteration | ModeArg::Serialized if threads <= iterations_held => {
-            // Fewer threads, each keeping as many: only where one fits.
-            let fewer_threads = iterations_held / per_thread;
-            let threads_fit = (threads > 1 && fewer_threads >= 1)
-                .then(|| format!("or --threads to at most {fewer_threads}"));
-            let others: Vec<String> = threads_fit
-                .into_iter()
-                .chain(size_fits.then(|| "or --size".to_owned()))
-                .collect();
-            let others = if others.is_empty() {
-                String::new()
-            } else {
-                format!(" ({})", others.join(", "))
-            };
-            format!(
-                "lower --in-flight to at most {}{others}",
-                iterations_held / threads
-            )
-        }
-        ModeArg::PerIteration | ModeArg::Serialized => format!(
-            "even one iteration per thread does not fit: lower --threads to at most {iterations_held}{}{}",
-            if per_thread > 1 {
-                ", with --in-flight 1"
-            } else {
-                ""
-            },
-            if size_fits {
-                ", or use a smaller --size"
-            } else {
-                ""
+        ModeArg::PerIteration | ModeArg::Serialized => {
+            let fewer_in_flight = largest_fitting(args.in_flight, |in_flight| {
+                fits_with(&|run| run.in_flight = in_flight)
+            });
+            match fewer_in_flight {
+                Some(in_flight) => {
+                    // Fewer threads, each keeping as many: only where one fits.
+                    let threads_fit = threads_fitting(args.mode, args.in_flight)
+                        .map(|fit| format!("or --threads to at most {fit}"));
+                    let others: Vec<String> = threads_fit
+                        .into_iter()
+                        .chain(size_fits.then(|| "or --size".to_owned()))
+                        .collect();
+                    let others = if others.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({})", others.join(", "))
+                    };
+                    format!("lower --in-flight to at most {in_flight}{others}")
+                }
+                None => {
+                    let threads = threads_fitting(args.mode, 1).map_or_else(
+                        || "no thread fits".to_owned(),
+                        |fit| format!("lower --threads to at most {fit}"),
+                    );
+                    let with_one = if per_thread > 1 {
+                        ", with --in-flight 1"
+                    } else {
+                        ""
+                    };
+                    format!("even one iteration per thread does not fit: {threads}{with_one}{size}")
+                }
             }
-        ),
+        }
     }
+}
+
+/// The largest value below `current` for which `fits` holds, where it
+/// holds for every value below one that it holds for; `None` when it does
+/// not hold for 1.
+fn largest_fitting(current: usize, fits: impl Fn(usize) -> bool) -> Option<usize> {
+    if current <= 1 || !fits(1) {
+        return None;
+    }
+    let (mut fit, mut over) = (1, current);
+    while over - fit > 1 {
+        let mid = fit + (over - fit) / 2;
+        if fits(mid) {
+            fit = mid;
+        } else {
+            over = mid;
+        }
+    }
+    Some(fit)
 }
 
 #[cfg(test)]
@@ -489,6 +548,47 @@ mod tests {
             advice.starts_with("no --size fits with these flags, not even operands of one f32 (--size 12); with --size 12, a pipelined thread keeps 2 iterations' memory however many are in flight: lower --threads to at most 1, "),
             "{advice}"
         );
+    }
+
+    #[test]
+    fn programs_take_a_segment_on_each_stream_that_holds_iterations() {
+        // 64 MiB in one region; segments at most 2 MiB (1/32), so an
+        // operand of about 5 MiB takes a segment of its own size, and each
+        // program a 2 MiB segment of its stream's.
+        let layout = MemoryLayout {
+            total_bytes: 64 * MIB,
+            region_bytes: 64 * MIB,
+        };
+        let fits = |size, mode| {
+            let plan = Plan::new(KernelArg::Axpy, size).unwrap();
+            check_capacity(&plan, &args(size, 1, 4, mode), layout).is_ok()
+        };
+        // Operands of 5 161 984 bytes: 13 to the device. Per iteration,
+        // four in flight are on four streams, whose four program segments
+        // (8 MiB) cost 2 blocks: 11 left, four iterations need 12. (This
+        // passed the check while the programs were counted as sharing one
+        // segment, and ran out of memory at the fourth iteration.)
+        assert_eq!(
+            Plan::new(KernelArg::Axpy, 15_485_963)
+                .unwrap()
+                .operand_bytes,
+            5_161_984
+        );
+        assert!(!fits(15_485_963, ModeArg::PerIteration));
+        // Serialized, the four are on one stream: one program segment
+        // costs 1 block, 12 left.
+        assert!(fits(15_485_963, ModeArg::Serialized));
+        // Operands of 4 793 344 bytes: 14 to the device, less 2: 12, four
+        // iterations fit (run 12 of 12 iterations, three times); of 4 793 856 (the next
+        // size up), 13 less 2: 11 do not.
+        assert_eq!(
+            Plan::new(KernelArg::Axpy, 14_380_043)
+                .unwrap()
+                .operand_bytes,
+            4_793_344
+        );
+        assert!(fits(14_380_043, ModeArg::PerIteration));
+        assert!(!fits(14_380_044, ModeArg::PerIteration));
     }
 
     #[test]
