@@ -5,24 +5,63 @@
 use crate::error::CliError;
 use crate::size::{format_size, format_total};
 
-/// Bytes of memory the host can give without swapping (`MemAvailable` in
-/// `/proc/meminfo`), or `None` where that cannot be read.
-fn available_bytes() -> Option<u64> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
-    parse_mem_available(&meminfo)
+/// Bytes of memory the process can take, and what says so: the host's
+/// memory available without swapping (`MemAvailable` in `/proc/meminfo`),
+/// or, where it is less, what the process's address-space limit
+/// (`ulimit -v`, in `/proc/self/limits`) leaves beside what it has mapped
+/// (`VmSize` in `/proc/self/status`); `None` where neither can be read.
+fn available_bytes() -> Option<(u64, &'static str)> {
+    let read = |path| std::fs::read_to_string(path).ok();
+    let host = read("/proc/meminfo")
+        .and_then(|meminfo| parse_mem_available(&meminfo))
+        .map(|bytes| (bytes, "available (MemAvailable in /proc/meminfo)"));
+    let limit = read("/proc/self/limits")
+        .and_then(|limits| parse_address_space_limit(&limits))
+        .map(|limit| {
+            let mapped = read("/proc/self/status")
+                .and_then(|status| parse_kib_field(&status, "VmSize:"))
+                .unwrap_or(0);
+            (
+                limit.saturating_sub(mapped),
+                "left under the process's address-space limit (ulimit -v, in /proc/self/limits, less VmSize)",
+            )
+        });
+    [host, limit]
+        .into_iter()
+        .flatten()
+        .min_by_key(|&(bytes, _)| bytes)
 }
 
-/// `MemAvailable` of a `/proc/meminfo` text, in bytes.
-fn parse_mem_available(meminfo: &str) -> Option<u64> {
-    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+/// The soft limit of `Max address space` of a `/proc/self/limits` text,
+/// in bytes; `None` when unlimited or not found.
+fn parse_address_space_limit(limits: &str) -> Option<u64> {
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max address space"))?;
+    line.trim_start_matches("Max address space")
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// A `field` given in kB (`MemAvailable:`, `VmSize:`) of a `/proc` text,
+/// in bytes.
+fn parse_kib_field(text: &str, field: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with(field))?;
     let kib: u64 = line
-        .trim_start_matches("MemAvailable:")
+        .trim_start_matches(field)
         .trim()
         .trim_end_matches("kB")
         .trim()
         .parse()
         .ok()?;
     kib.checked_mul(1024)
+}
+
+/// `MemAvailable` of a `/proc/meminfo` text, in bytes.
+fn parse_mem_available(meminfo: &str) -> Option<u64> {
+    parse_kib_field(meminfo, "MemAvailable:")
 }
 
 /// Refuses `needed` bytes of host memory for `what` when the host has less
@@ -60,9 +99,9 @@ pub(crate) fn check_with_regions(
     check(buffers.saturating_add(backed), &what)
 }
 
-fn check_against(needed: u64, available: Option<u64>, what: &str) -> Result<(), CliError> {
+fn check_against(needed: u64, available: Option<(u64, &str)>, what: &str) -> Result<(), CliError> {
     match available {
-        Some(available) if needed > available => {
+        Some((available, source)) if needed > available => {
             // `needed` is summed with saturation: at the top it is a bound.
             let needed = if needed == u64::MAX {
                 format!("more than {needed} bytes (16 EiB)")
@@ -70,7 +109,7 @@ fn check_against(needed: u64, available: Option<u64>, what: &str) -> Result<(), 
                 format!("{needed} bytes ({})", format_size(needed))
             };
             Err(CliError::Usage(format!(
-                "{what} needs {needed} of host memory, but the host has {available} bytes ({}) available (MemAvailable in /proc/meminfo)",
+                "{what} needs {needed} of host memory, but the process has {available} bytes ({}) {source}",
                 format_size(available)
             )))
         }
@@ -92,21 +131,35 @@ mod tests {
     }
 
     #[test]
+    fn the_address_space_limit_is_read_in_bytes() {
+        let limits = "Limit                     Soft Limit           Hard Limit           Units     \nMax address space         614400000            unlimited            bytes     \n";
+        assert_eq!(parse_address_space_limit(limits), Some(614_400_000));
+        let unlimited =
+            "Max address space         unlimited            unlimited            bytes     \n";
+        assert_eq!(parse_address_space_limit(unlimited), None);
+        assert_eq!(
+            parse_kib_field("VmSize:\t    3892 kB\n", "VmSize:"),
+            Some(3892 * 1024)
+        );
+    }
+
+    #[test]
     fn more_than_available_is_a_usage_error_naming_both() {
-        assert!(check_against(10, Some(10), "x").is_ok());
+        const HOST: &str = "available (MemAvailable in /proc/meminfo)";
+        assert!(check_against(10, Some((10, HOST)), "x").is_ok());
         assert!(check_against(10, None, "x").is_ok());
-        let err = check_against(3 << 30, Some(1 << 30), "--size 1GiB").unwrap_err();
+        let err = check_against(3 << 30, Some((1 << 30, HOST)), "--size 1GiB").unwrap_err();
         assert_eq!(err.exit_code(), crate::error::EXIT_USAGE);
         assert_eq!(
             err.to_string(),
-            "--size 1GiB needs 3221225472 bytes (3 GiB) of host memory, but the host has 1073741824 bytes (1 GiB) available (MemAvailable in /proc/meminfo)"
+            "--size 1GiB needs 3221225472 bytes (3 GiB) of host memory, but the process has 1073741824 bytes (1 GiB) available (MemAvailable in /proc/meminfo)"
         );
         // A need whose sum saturated is a bound, not a figure.
         assert_eq!(
-            check_against(u64::MAX, Some(1 << 30), "x")
+            check_against(u64::MAX, Some((1 << 30, HOST)), "x")
                 .unwrap_err()
                 .to_string(),
-            "x needs more than 18446744073709551615 bytes (16 EiB) of host memory, but the host has 1073741824 bytes (1 GiB) available (MemAvailable in /proc/meminfo)"
+            "x needs more than 18446744073709551615 bytes (16 EiB) of host memory, but the process has 1073741824 bytes (1 GiB) available (MemAvailable in /proc/meminfo)"
         );
     }
 }

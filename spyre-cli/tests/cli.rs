@@ -641,6 +641,31 @@ fn bad_sizes_exit_2_naming_the_value() {
 /// starts (before, the run grew until the host ran out of memory, and left
 /// the trace empty), and no file is created.
 #[cfg(target_os = "linux")]
+/// A run whose memory is more than the process's address-space limit
+/// leaves (`ulimit -v`, which `MemAvailable` does not show) is refused
+/// before it starts, naming the limit (before, the software device's first
+/// region, 256 MiB, aborted the process: "memory allocation of 268435456
+/// bytes failed").
+#[test]
+fn a_run_over_the_address_space_limit_is_refused_before_it_starts() {
+    let program = env!("CARGO_BIN_EXE_spyre");
+    let mut command = Command::new("sh");
+    command
+        .args(["-c", "ulimit -v 250000 && exec \"$0\" \"$@\""])
+        .arg(program)
+        .args(["run", "--threads", "1", "--iterations", "1", "--size", "12"]);
+    clear_environment(&mut command);
+    command.env("SPYRE_BACKEND", "mock");
+    let output = command.output().expect("sh runs");
+    let stderr = stderr(&output);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("256 MiB of the software device's memory regions")
+            && stderr.contains("left under the process's address-space limit (ulimit -v"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn a_run_whose_trace_the_host_cannot_hold_is_refused_before_it_starts() {
     let path = std::env::temp_dir().join(format!("spyre-huge-trace-{}.json", std::process::id()));
@@ -692,7 +717,7 @@ fn a_run_whose_trace_the_host_cannot_hold_is_refused_before_it_starts() {
                 "tracing 20000000000 iterations (the trace is kept in memory until the run ends: {total} at about {per_iteration} bytes an iteration; fewer --iterations, or no --trace and --timeline, need less)"
             )[..],
             "of host buffers and the trace",
-            "of host memory, but the host has",
+            "of host memory, but the process has",
         ] {
             assert!(err.contains(needle), "{needle:?} not in: {err}");
         }
@@ -1547,7 +1572,10 @@ fn a_run_larger_than_host_memory_is_refused_before_it_allocates() {
             "1",
         ],
         &huge_device,
-        &["--size 3298534883328", "of host memory, but the host has"],
+        &[
+            "--size 3298534883328",
+            "of host memory, but the process has",
+        ],
     );
     // The 2 TiB buffer and the 2 TiB region it is written to.
     refused(

@@ -17,15 +17,35 @@ use flex_rt::{CompositeAddress, LogicalAddress};
 use crate::memory::MemoryView;
 use crate::reference;
 
-fn to_f32s(bytes: &[u8]) -> Vec<f32> {
-    bytes
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect()
+/// An empty vector with room for `len` items, or the failure to name when
+/// the host refuses that much memory (the kernel's working copies of its
+/// operands are caller-sized: a refusal fails the operation instead of
+/// aborting the process).
+fn host_vec<T>(len: usize, what: &str) -> Result<Vec<T>, KernelFailure> {
+    let mut vec = Vec::new();
+    vec.try_reserve_exact(len).map_err(|_| {
+        KernelFailure::Backing(format!(
+            "the software device cannot hold {what} ({len} items of {} bytes) in host memory to run the kernel: the allocation was refused",
+            size_of::<T>()
+        ))
+    })?;
+    Ok(vec)
 }
 
-fn to_bytes(values: &[f32]) -> Vec<u8> {
-    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+fn to_f32s(bytes: &[u8]) -> Result<Vec<f32>, KernelFailure> {
+    let mut values = host_vec(bytes.len() / 4, "an operand as f32")?;
+    values.extend(
+        bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+    );
+    Ok(values)
+}
+
+fn to_bytes(values: &[f32]) -> Result<Vec<u8>, KernelFailure> {
+    let mut bytes = host_vec(values.len() * 4, "the result's bytes")?;
+    bytes.extend(values.iter().flat_map(|v| v.to_le_bytes()));
+    Ok(bytes)
 }
 
 /// The descriptor of the program at `program`.
@@ -62,7 +82,8 @@ pub(crate) fn operands(
 pub(crate) enum KernelFailure {
     /// A bad program or operand (`EXECUTION_FAILED`).
     Invalid(String),
-    /// The output's memory could not be backed (`OUT_OF_MEMORY`).
+    /// Host memory for the output, or for the kernel's working copies of
+    /// its operands, could not be had (`OUT_OF_MEMORY`).
     Backing(String),
 }
 
@@ -103,11 +124,16 @@ pub(crate) fn execute(
     let inputs: Vec<Vec<f32>> = inputs
         .iter()
         .map(|span| {
-            let mut raw = vec![0u8; span.len()];
+            let mut raw = bytemuck::allocation::try_zeroed_vec(span.len()).map_err(|()| {
+                KernelFailure::Backing(format!(
+                    "the software device cannot hold an operand of {} bytes in host memory to run the kernel: the allocation was refused",
+                    span.len()
+                ))
+            })?;
             view.read(std::slice::from_ref(span), &mut raw);
             to_f32s(&raw)
         })
-        .collect();
+        .collect::<Result<_, _>>()?;
     let n = output.len() / 4;
     let alpha = descriptor.alpha;
     let result = match (kernel, inputs.as_slice()) {
@@ -124,6 +150,26 @@ pub(crate) fn execute(
         }
         _ => return Err(format!("kernel {} got the wrong operands", kernel.name()).into()),
     };
-    view.write(std::slice::from_ref(output), &to_bytes(&result))
+    view.write(std::slice::from_ref(output), &to_bytes(&result)?)
         .map_err(KernelFailure::Backing)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A working copy the host cannot hold (here more than the address
+    /// space) fails the kernel with `OUT_OF_MEMORY`, naming its size,
+    /// instead of aborting the process.
+    #[test]
+    fn a_working_copy_the_host_refuses_is_a_failure() {
+        let Err(KernelFailure::Backing(message)) = host_vec::<f32>(1 << 61, "an operand as f32")
+        else {
+            panic!("a reservation of 2^63 bytes succeeded");
+        };
+        assert_eq!(
+            message,
+            "the software device cannot hold an operand as f32 (2305843009213693952 items of 4 bytes) in host memory to run the kernel: the allocation was refused"
+        );
+    }
 }

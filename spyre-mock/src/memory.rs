@@ -467,17 +467,32 @@ impl MemoryView<'_> {
 /// zeroed bytes (the OS maps the pages on first touch). Refuses, instead of
 /// aborting the process in the allocator, a region larger than the host
 /// memory available now (`MemAvailable` in `/proc/meminfo`, where it can
-/// be read).
+/// be read), or one the allocator refuses (a limit on the process's
+/// address space, say).
 fn back(bytes: &mut Vec<u8>, size: usize, index: usize) -> Result<(), String> {
+    back_within(bytes, size, index, host_memory_available())
+}
+
+/// [`back`] on a host with `available` bytes available (`None`: unknown).
+fn back_within(
+    bytes: &mut Vec<u8>,
+    size: usize,
+    index: usize,
+    available: Option<u64>,
+) -> Result<(), String> {
     if !bytes.is_empty() {
         return Ok(());
     }
-    if let Some(available) = host_memory_available().filter(|&a| size as u64 > a) {
+    if let Some(available) = available.filter(|&a| size as u64 > a) {
         return Err(format!(
             "the software device cannot back memory region {index} ({size} bytes) with host memory: the host has {available} bytes available; use a smaller SPYRE_MOCK_REGION_BYTES"
         ));
     }
-    *bytes = vec![0u8; size];
+    *bytes = bytemuck::allocation::try_zeroed_vec(size).map_err(|()| {
+        format!(
+            "the software device cannot back memory region {index} ({size} bytes) with host memory: the allocation was refused (a limit on the process's memory, say); use a smaller SPYRE_MOCK_REGION_BYTES or raise the limit"
+        )
+    })?;
     Ok(())
 }
 
@@ -502,6 +517,21 @@ fn host_memory_available() -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A region the allocator refuses (here larger than any host's address
+    /// space, with the available memory unknown, as where /proc cannot be
+    /// read) is an error naming the region, not an abort.
+    #[test]
+    #[cfg_attr(miri, ignore = "Miri stops at an allocation this large")]
+    fn a_region_the_allocator_refuses_is_an_error() {
+        let mut bytes = Vec::new();
+        let error = back_within(&mut bytes, 1 << 62, 3, None).unwrap_err();
+        assert_eq!(
+            error,
+            "the software device cannot back memory region 3 (4611686018427387904 bytes) with host memory: the allocation was refused (a limit on the process's memory, say); use a smaller SPYRE_MOCK_REGION_BYTES or raise the limit"
+        );
+        assert!(bytes.is_empty());
+    }
     use crate::config::MockSystemBuilder;
 
     fn memory(total: u64, region: u64) -> DeviceMemory {
