@@ -2,7 +2,7 @@
 //! last-error message, and the panic barrier.
 
 use std::cell::RefCell;
-use std::ffi::{CStr, CString, c_char};
+use std::ffi::{CStr, CString, c_char, c_int};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use flex_rt::{FlexError, panic_message};
@@ -85,11 +85,66 @@ pub(super) fn last_error() -> String {
     LAST_ERROR.with(|slot| slot.borrow().to_string_lossy().into_owned())
 }
 
+/// `pthread_setcancelstate`'s state that holds a cancellation request
+/// until cancellation is enabled again (the same value in glibc and musl).
+const PTHREAD_CANCEL_DISABLE: c_int = 1;
+
+unsafe extern "C" {
+    /// POSIX: sets the calling thread's cancelability state, storing the
+    /// previous one in `*oldstate`. (Not in the `libc` crate, which leaves
+    /// out thread cancellation.)
+    fn pthread_setcancelstate(state: c_int, oldstate: *mut c_int) -> c_int;
+}
+
+/// Holds off a `pthread_cancel` of the calling thread for the length of an
+/// exported call, and restores the thread's earlier state when dropped (a
+/// cancellation requested meanwhile then acts at the caller's next
+/// cancellation point). A call may wait in cancellation points (joining
+/// the engines as a runtime is destroyed, sleeping while a handle's
+/// readers finish): a cancellation there would unwind through the
+/// library's frames, which cannot unwind, and abort the process.
+struct CancellationHeld(c_int);
+
+impl CancellationHeld {
+    fn new() -> Self {
+        Self(set_cancel_state(PTHREAD_CANCEL_DISABLE))
+    }
+}
+
+impl Drop for CancellationHeld {
+    fn drop(&mut self) {
+        set_cancel_state(self.0);
+    }
+}
+
+/// Sets the calling thread's cancelability state to `state` and returns the
+/// previous one.
+#[cfg(not(miri))]
+fn set_cancel_state(state: c_int) -> c_int {
+    let mut previous = 0;
+    // SAFETY: `state` is `PTHREAD_CANCEL_DISABLE` or a state an earlier call
+    // returned, so a valid one (an invalid one would only be refused with
+    // EINVAL), and `previous` is a live `c_int` the call writes the old
+    // state into; the call touches only the calling thread's own state.
+    unsafe {
+        pthread_setcancelstate(state, &mut previous);
+    }
+    previous
+}
+
+/// Miri does not model thread cancellation: there is none to hold.
+#[cfg(miri)]
+fn set_cancel_state(_state: c_int) -> c_int {
+    0
+}
+
 /// Runs the body of the exported function `call`: returns its status, or on
 /// failure sets the last-error message and returns the failure's status. A
 /// panic never crosses the C boundary: it becomes `FLEX_ERROR_INTERNAL` with
-/// the panic message.
+/// the panic message. The calling thread cannot be cancelled during the
+/// call ([`CancellationHeld`]).
 pub(super) fn boundary(call: &'static str, body: impl FnOnce() -> CallResult) -> flex_status_t {
+    let _held = CancellationHeld::new();
     let failure = match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(status)) => return status,
         Ok(Err(failure)) => failure,

@@ -1519,6 +1519,7 @@ unsafe impl Send for Rt {}
 unsafe impl Sync for Rt {}
 
 mod abi_1_1;
+mod cancellation;
 
 /// Queries `stream` from two threads, `rounds` times each, while `destroy`
 /// runs on this thread; returns every status the queries saw after the
