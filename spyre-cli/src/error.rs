@@ -157,6 +157,40 @@ impl IterationFailure {
     }
 }
 
+/// Which of `spyre run`'s flags that set the device memory a run holds are
+/// above their smallest values; displays as the advice of a run that ran
+/// out of device memory: lower those, or, where none is, use a device with
+/// more memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Lowerable {
+    /// `--size` is above one `f32` per operand.
+    pub(crate) size: bool,
+    /// `--in-flight` keeps several iterations' memory per thread.
+    pub(crate) in_flight: bool,
+    /// `--threads` is above 1.
+    pub(crate) threads: bool,
+}
+
+impl fmt::Display for Lowerable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let flags: Vec<&str> = [
+            (self.size, "--size"),
+            (self.in_flight, "--in-flight"),
+            (self.threads, "--threads"),
+        ]
+        .into_iter()
+        .filter_map(|(lowerable, flag)| lowerable.then_some(flag))
+        .collect();
+        match flags.as_slice() {
+            [] => {
+                f.write_str("every flag is at its smallest already: use a device with more memory")
+            }
+            [flag] => write!(f, "lower {flag}"),
+            [rest @ .., last] => write!(f, "lower {} or {last}", rest.join(", ")),
+        }
+    }
+}
+
 /// How an iteration failed.
 #[derive(Debug)]
 pub(crate) enum FailureKind {
@@ -173,6 +207,8 @@ pub(crate) enum FailureKind {
         bytes: u64,
         /// The allocator's error.
         source: spyre_stream::Error,
+        /// Which of the run's flags can be lowered, for the advice.
+        lowerable: Lowerable,
     },
     /// The result read back differs from the host reference.
     Mismatch(Mismatch),
@@ -214,9 +250,13 @@ impl fmt::Display for IterationFailure {
         write!(f, "iteration failed ({}): ", self.place)?;
         match &self.kind {
             FailureKind::Device { step, source } => write!(f, "{step}: {source}"),
-            FailureKind::OutOfMemory { bytes, source } => write!(
+            FailureKind::OutOfMemory {
+                bytes,
+                source,
+                lowerable,
+            } => write!(
                 f,
-                "the device has no room for {bytes} more bytes ({source}); lower --size, --in-flight or --threads"
+                "the device has no room for {bytes} more bytes ({source}); {lowerable}"
             ),
             FailureKind::Mismatch(mismatch) => mismatch.fmt(f),
         }
@@ -258,9 +298,38 @@ mod tests {
             kind: FailureKind::OutOfMemory {
                 bytes: 10,
                 source: FlexError::new(Status::OUT_OF_MEMORY, "allocate", "full").into(),
+                lowerable: Lowerable {
+                    size: true,
+                    in_flight: false,
+                    threads: false,
+                },
             },
         };
         assert_eq!(CliError::Iteration(Box::new(oom)).exit_code(), EXIT_USAGE);
+    }
+
+    /// The advice of a run out of device memory names only the flags
+    /// that can still be lowered (before, always all three).
+    #[test]
+    fn out_of_memory_advice_names_only_the_flags_above_their_smallest() {
+        let advice = |size, in_flight, threads| {
+            Lowerable {
+                size,
+                in_flight,
+                threads,
+            }
+            .to_string()
+        };
+        assert_eq!(
+            advice(true, true, true),
+            "lower --size, --in-flight or --threads"
+        );
+        assert_eq!(advice(true, false, true), "lower --size or --threads");
+        assert_eq!(advice(false, true, false), "lower --in-flight");
+        assert_eq!(
+            advice(false, false, false),
+            "every flag is at its smallest already: use a device with more memory"
+        );
     }
 
     #[test]

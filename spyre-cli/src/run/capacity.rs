@@ -6,7 +6,7 @@ use spyre_stream::{
 
 use super::plan::{BLOCKS_PER_ITERATION, DESCRIPTOR_BYTES, Plan};
 use crate::cli::{ModeArg, RunArgs};
-use crate::error::CliError;
+use crate::error::{CliError, Lowerable};
 use crate::size::format_size;
 
 /// Iterations whose memory one thread holds on the device at once: never
@@ -296,6 +296,17 @@ fn smaller_size_that_fits(args: &RunArgs, layout: MemoryLayout) -> Option<(u64, 
 
 /// The smallest `--size`: one `f32` in each operand.
 const MIN_SIZE: u64 = 12;
+
+/// Which of `args`' flags can be lowered when the device runs out of
+/// memory during the run: those above their smallest values (`--in-flight`
+/// where it keeps several iterations' memory per thread).
+pub(super) fn lowerable(args: &RunArgs) -> Lowerable {
+    Lowerable {
+        size: args.size > MIN_SIZE,
+        in_flight: args.mode != ModeArg::Pipelined && per_thread_on_device(args) > 1,
+        threads: args.threads > 1,
+    }
+}
 
 /// What to change when `args`' threads, each keeping `per_thread`
 /// iterations' memory, keep more than the device holds with `plan`: only
@@ -589,6 +600,30 @@ mod tests {
         );
         assert!(fits(14_380_043, ModeArg::PerIteration));
         assert!(!fits(14_380_044, ModeArg::PerIteration));
+    }
+
+    #[test]
+    fn only_flags_above_their_smallest_are_lowerable() {
+        let of = |size, threads, in_flight, mode| lowerable(&args(size, threads, in_flight, mode));
+        let none = Lowerable {
+            size: false,
+            in_flight: false,
+            threads: false,
+        };
+        assert_eq!(of(12, 1, 1, ModeArg::PerIteration), none);
+        // Pipelined, --in-flight changes nothing held on the device.
+        assert_eq!(
+            of(1 << 20, 1, 4, ModeArg::Pipelined),
+            Lowerable { size: true, ..none }
+        );
+        assert_eq!(
+            of(12, 2, 4, ModeArg::Serialized),
+            Lowerable {
+                in_flight: true,
+                threads: true,
+                ..none
+            }
+        );
     }
 
     #[test]

@@ -11,6 +11,7 @@ use spyre_stream::{Device, FlexError, HostBuffer, LaunchOptions, SpyreEvent, Spy
 use spyre_testkit::SplitMix64;
 
 use super::buffers::IterationBuffers;
+use super::capacity::lowerable;
 use super::lane::{Lane, Overlap, Pipeline, Slot, StageEvents, pool_stream, release_pipeline};
 use super::plan::Plan;
 use crate::cli::{KernelArg, ModeArg, RunArgs};
@@ -443,7 +444,11 @@ impl Shared<'_> {
             IterationFailure {
                 place,
                 kind: if out_of_memory {
-                    FailureKind::OutOfMemory { bytes, source }
+                    FailureKind::OutOfMemory {
+                        bytes,
+                        source,
+                        lowerable: lowerable(self.args),
+                    }
                 } else {
                     FailureKind::Device {
                         step: format!("allocating {bytes} bytes of device memory"),
