@@ -158,7 +158,9 @@ pub(crate) struct RunArgs {
     #[arg(long, default_value = "1", value_parser = parse_seed, allow_negative_numbers = true)]
     pub(crate) seed: u64,
     /// Print one JSON object instead of text; on failure, one JSON object
-    /// {"error": MESSAGE, "exit_code": CODE}.
+    /// {"error": MESSAGE, "exit_code": CODE}, with "report", the run's,
+    /// where the run ended but its --trace or --timeline FILE could not be
+    /// written.
     #[arg(long)]
     pub(crate) json: bool,
     /// Write a trace of every device operation to FILE in the Chrome trace

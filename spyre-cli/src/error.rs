@@ -60,13 +60,18 @@ impl CliError {
 
 /// A failure as `--json` reports it on stdout:
 /// `{"error": "<message>", "exit_code": <code>}`, so that a script reading
-/// stdout gets one JSON line whether the command succeeded or not.
+/// stdout gets one JSON line whether the command succeeded or not; with
+/// `"report"` too where the command's own report was made before it failed
+/// (a run whose trace could not be written).
 #[derive(Debug, serde::Serialize)]
 pub(crate) struct ErrorReport {
     /// The message also printed on stderr, without the `error: ` prefix.
     error: String,
     /// The process exit code (see the [module docs](self)).
     exit_code: u8,
+    /// The command's report, where it was made before the failure.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    report: Option<serde_json::Value>,
 }
 
 impl ErrorReport {
@@ -75,6 +80,15 @@ impl ErrorReport {
         Self {
             error: error.to_string(),
             exit_code: error.exit_code(),
+            report: None,
+        }
+    }
+
+    /// The report of `error`, which came after the command made `report`.
+    pub(crate) fn after(error: &CliError, report: serde_json::Value) -> Self {
+        Self {
+            report: Some(report),
+            ..Self::new(error)
         }
     }
 }

@@ -61,13 +61,34 @@ fn main() -> ExitCode {
     init_tracing();
     match dispatch(&cli.command) {
         Ok(()) => ExitCode::from(error::EXIT_OK),
-        Err(error) => {
+        Err(Failure { error, report }) => {
             let _ = writeln!(std::io::stderr(), "error: {error}");
             if cli.command.reports_errors_as_json() {
                 // Whoever parses stdout gets one line either way.
-                let _ = to_json_line(&ErrorReport::new(&error)).and_then(|line| emit(&line));
+                let json = match report {
+                    Some(report) => ErrorReport::after(&error, report),
+                    None => ErrorReport::new(&error),
+                };
+                let _ = to_json_line(&json).and_then(|line| emit(&line));
             }
             error.process_exit_code()
+        }
+    }
+}
+
+/// Why a command failed, and, for `spyre run --json` that ran but could
+/// not write its trace or timeline, the run's report, which goes into the
+/// failure's JSON line (without `--json` it is printed before the error).
+struct Failure {
+    error: CliError,
+    report: Option<serde_json::Value>,
+}
+
+impl From<CliError> for Failure {
+    fn from(error: CliError) -> Self {
+        Self {
+            error,
+            report: None,
         }
     }
 }
@@ -153,7 +174,7 @@ fn use_colour(terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
 }
 
 /// Runs one subcommand and prints its output.
-fn dispatch(command: &Command) -> Result<(), CliError> {
+fn dispatch(command: &Command) -> Result<(), Failure> {
     match command {
         Command::Info(args) => {
             let (report, error) = info::gather();
@@ -162,31 +183,34 @@ fn dispatch(command: &Command) -> Result<(), CliError> {
             } else {
                 report.to_text()
             })?;
-            error.map_or(Ok(()), Err)
+            error.map_or(Ok(()), |error| Err(error.into()))
         }
         Command::Run(args) => {
             let outcome = run::run(args)?;
             let unwritten = outcome.unwritten.clone().map(CliError::Failed);
             let report = RunReport::new(args, &outcome);
             match unwritten {
-                // One JSON line, the error's, as for every failure.
-                Some(error) if args.json => Err(error),
+                // One JSON line, the error's, with what the run did.
+                Some(error) if args.json => Err(Failure {
+                    report: serde_json::to_value(&report).ok(),
+                    error,
+                }),
                 // What the run did, then why its file is missing.
-                Some(error) => emit(&report.to_text()).and(Err(error)),
-                None => emit(&if args.json {
+                Some(error) => Ok(emit(&report.to_text()).and(Err(error))?),
+                None => Ok(emit(&if args.json {
                     to_json_line(&report)?
                 } else {
                     report.to_text()
-                }),
+                })?),
             }
         }
         Command::Bench(args) => {
             let report = bench::bench(args)?;
-            emit(&if args.json {
+            Ok(emit(&if args.json {
                 to_json_line(&report)?
             } else {
                 report.to_text()
-            })
+            })?)
         }
     }
 }

@@ -907,7 +907,8 @@ fn a_closed_stderr_loses_the_log_not_the_run() {
 
 /// A trace that cannot be written (a full disk) fails the run with exit 1
 /// after its report: what the run did is not lost (before, nothing was
-/// printed). With `--json` the one line is the error's, as for any failure.
+/// printed). With `--json` the one line is the error's, as for any failure,
+/// with the run's report beside it (before, the report was lost).
 #[cfg(target_os = "linux")]
 #[test]
 fn a_trace_that_cannot_be_written_fails_after_the_report() {
@@ -941,6 +942,7 @@ fn a_trace_that_cannot_be_written_fails_after_the_report() {
             .starts_with("cannot write the trace to /dev/full: "),
         "{error}"
     );
+    assert_eq!(error["report"]["iterations_verified"], 2, "{error}");
 }
 
 /// Help and the version written to a full disk fail as a report would
