@@ -110,21 +110,28 @@ impl CompositeAddress {
                     ),
                 ));
             }
-            let overflow = || {
-                FlexError::invalid_argument(
-                    CALL,
-                    format!(
-                        "chunk {index} (offset {}, size {}) overflows u64",
-                        chunk.address.offset, chunk.size
-                    ),
-                )
-            };
             chunk
                 .address
                 .offset
                 .checked_add(chunk.size)
-                .ok_or_else(overflow)?;
-            total_size = total_size.checked_add(chunk.size).ok_or_else(overflow)?;
+                .ok_or_else(|| {
+                    FlexError::invalid_argument(
+                        CALL,
+                        format!(
+                            "chunk {index} (offset {}, size {}) ends past the largest u64",
+                            chunk.address.offset, chunk.size
+                        ),
+                    )
+                })?;
+            total_size = total_size.checked_add(chunk.size).ok_or_else(|| {
+                FlexError::invalid_argument(
+                    CALL,
+                    format!(
+                        "the chunks' sizes add up past the largest u64 at chunk {index} (size {}, after {total_size} bytes in the chunks before it)",
+                        chunk.size
+                    ),
+                )
+            })?;
         }
         Ok(Self {
             chunks: chunks.into_boxed_slice(),
@@ -356,9 +363,15 @@ mod tests {
             )
             .unwrap_err()
             .message()
-            .contains("overflows")
+            .contains("chunk 0 (offset 18446744073709551488, size 256) ends past the largest u64")
         );
-        assert!(CompositeAddress::new(vec![chunk(0, 0, u64::MAX), chunk(1, 0, 1)]).is_err());
+        // Each chunk ends in range; their sizes' sum does not, and the
+        // message says so (before, it blamed chunk 1's own end).
+        let summed = CompositeAddress::new(vec![chunk(0, 0, u64::MAX), chunk(1, 128, 2)]);
+        assert_eq!(
+            summed.unwrap_err().message(),
+            "the chunks' sizes add up past the largest u64 at chunk 1 (size 2, after 18446744073709551615 bytes in the chunks before it)"
+        );
     }
 
     #[test]
