@@ -39,7 +39,7 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, PoisonError};
 
 use flex_rt::{Event, Stream};
@@ -63,6 +63,12 @@ use crate::rcu::{self, Rcu};
 /// thread), then the delivery thread (stopped after it has delivered
 /// everything, and joined).
 pub(super) struct RuntimeState {
+    /// This runtime's number, never given to another runtime of the
+    /// process (unlike an address, which a later runtime may reuse): what
+    /// its callbacks are recognised by ([`RuntimeState::key`]), and what a
+    /// destroy checks that the handle it removes is still this runtime's
+    /// ([`unregister_runtime`]).
+    pub(super) serial: usize,
     pub(super) runtime: MockRuntime,
     pub(super) late: Option<LateThread>,
     pub(super) switches: Switches,
@@ -81,10 +87,18 @@ pub(super) struct RuntimeState {
 }
 
 impl RuntimeState {
-    /// A number that identifies this runtime while it lives (the address of
-    /// its state), for recognising its callbacks on a thread.
-    pub(super) fn key(self: &Arc<Self>) -> usize {
-        Arc::as_ptr(self) as usize
+    /// A number that identifies this runtime, for recognising its
+    /// callbacks on a thread: its [`RuntimeState::serial`], so that a
+    /// completion of a runtime destroyed meanwhile is never taken for one
+    /// of a later runtime made at the same address.
+    pub(super) fn key(&self) -> usize {
+        self.serial
+    }
+
+    /// A serial number for a new runtime: 1, 2, ... in the process.
+    pub(super) fn next_serial() -> usize {
+        static NEXT: AtomicUsize = AtomicUsize::new(1);
+        NEXT.fetch_add(1, Ordering::Relaxed)
     }
 
     /// `FLEX_ERROR_RUNTIME_FAILED` in a child forked after the runtime was
@@ -663,13 +677,21 @@ pub(super) fn retire_stream(handle: *mut flex_stream_t) -> bool {
 }
 
 /// Removes a runtime handle and all its streams from the table, frees the
-/// handle box, and returns the state. `None` if the handle was not live.
-pub(super) fn unregister_runtime(handle: *mut flex_runtime_t) -> Option<Arc<RuntimeState>> {
+/// handle box, and returns the state. `None` if the handle was not live or
+/// is no longer the runtime numbered `serial` (destroyed by another thread
+/// since, and its address given to a new runtime: that one stays).
+pub(super) fn unregister_runtime(
+    handle: *mut flex_runtime_t,
+    serial: usize,
+) -> Option<Arc<RuntimeState>> {
     // Waits for the calls reading older snapshots, and drops those still
     // retired: once this returns, none of them keeps the state alive (a
     // concurrent change may still be dropping ones it took out of the list
     // before; the destroy waits for every other reference anyway).
     let state = HANDLES.update_and_synchronize(|handles| {
+        if handles.runtimes.get(&(handle as usize))?.serial != serial {
+            return None;
+        }
         let state = handles.runtimes.remove(&(handle as usize))?;
         state.destroyed.store(true, Ordering::Relaxed);
         handles

@@ -61,8 +61,9 @@ pub unsafe extern "C" fn flex_runtime_destroy(runtime: *mut flex_runtime_t) -> f
         refuse_in_callback(&state, CALL)?;
         state.check_switch(CALL)?;
         state.drain_all();
+        let serial = state.serial;
         drop(state);
-        let state = handles::unregister_runtime(runtime).ok_or_else(|| {
+        let state = handles::unregister_runtime(runtime, serial).ok_or_else(|| {
             Failure::invalid_handle(format!(
                 "{runtime:p} was destroyed by another thread during this call"
             ))
@@ -278,6 +279,7 @@ pub(crate) fn start_runtime(
         None => None,
     };
     Ok(Arc::new(RuntimeState {
+        serial: RuntimeState::next_serial(),
         runtime,
         late,
         switches,

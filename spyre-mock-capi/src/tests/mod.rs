@@ -536,6 +536,20 @@ fn null_and_foreign_handles_are_invalid_handle_errors() {
     );
 }
 
+/// A destroy removes a handle only while it is still the runtime it
+/// drained: a handle whose address now names another runtime (the first
+/// destroyed by another thread meanwhile, the address reused) stays.
+/// Before, the slower of two destroys of one runtime removed whatever
+/// runtime was at the address then.
+#[test]
+fn a_destroy_removes_only_the_runtime_it_drained() {
+    let rt = Rt::new();
+    let serial = handles::runtime(rt.0).unwrap().serial;
+    assert!(handles::unregister_runtime(rt.0, serial + 1).is_none());
+    assert!(handles::runtime(rt.0).is_ok(), "the runtime stays");
+    assert_eq!(rt.destroy(), FLEX_SUCCESS);
+}
+
 #[test]
 fn destroyed_runtimes_and_streams_are_rejected() {
     let rt = Rt::new();
