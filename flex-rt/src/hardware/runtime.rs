@@ -78,7 +78,17 @@ use crate::types::{MemoryInfo, StreamMode, StreamPriority};
 /// closing it, or one of its events, in the child touches nothing: they are
 /// left to the parent (and to the child's exit), and `close` reports that
 /// as its one failed step, [`TeardownStep::DestroyRuntime`]. A runtime
-/// created in the child works.
+/// created in the child works, with one known risk: flex-rt's locks (and
+/// [`crate::HostBuffer`]'s) are `parking_lot`'s, whose process-wide table
+/// of parked threads the child inherits with the entries of parent threads
+/// parked at the fork (one blocked in [`crate::HostBuffer::read`] for a
+/// device-to-host copy, say). Should such an entry's lock be freed in the
+/// child and its memory become a lock of the child's, a wake-up meant for a
+/// thread of the child could go to the gone thread's entry instead. (The
+/// software device's locks are the standard library's for that reason;
+/// flex-rt's are not yet: `HostBuffer` needs a reader-writer lock that
+/// lets readers in while a writer waits, which the standard one does not
+/// promise.)
 ///
 /// # Thread-safety
 ///
