@@ -70,6 +70,9 @@ pub struct FlexLibrary {
     path: PathBuf,
     /// The version the library reported.
     version: AbiVersion,
+    /// The default names tried before it that could not be opened
+    /// ([`FlexLibrary::skipped`]).
+    skipped: Vec<Attempt>,
 }
 
 // Compile-time proof of the thread-safety promise above.
@@ -139,7 +142,10 @@ impl FlexLibrary {
         let mut attempts = Vec::new();
         for candidate in default_candidates() {
             match Self::open_name(OsStr::new(&candidate)) {
-                Ok(library) => return Ok(Arc::new(library)),
+                Ok(mut library) => {
+                    library.skipped = attempts;
+                    return Ok(Arc::new(library));
+                }
                 Err(LoadError::Open { reason, .. }) => attempts.push(Attempt { candidate, reason }),
                 Err(refused) => return Err(refused),
             }
@@ -306,6 +312,7 @@ impl FlexLibrary {
             api: ManuallyDrop::new(api),
             path,
             version: found,
+            skipped: Vec::new(),
         })
     }
 
@@ -320,6 +327,16 @@ impl FlexLibrary {
     #[must_use]
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The default names [`FlexLibrary::load`] tried before this library's
+    /// and could not open, each with the dynamic loader's reason (a
+    /// `libflex.so.1` that is missing, or not a library this process can
+    /// load, before a `libflex.so` that was loaded); empty for a library
+    /// named by path or found by the first name.
+    #[must_use]
+    pub fn skipped(&self) -> &[Attempt] {
+        &self.skipped
     }
 
     /// The ABI version the library reported through `flex_get_api_version`.

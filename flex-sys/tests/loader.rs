@@ -594,6 +594,17 @@ fn child_process_entry() {
             let library = result.unwrap();
             assert_eq!(library.path(), expect.unwrap());
             assert_eq!(device_count(&library), (FLEX_SUCCESS, 3));
+            assert_eq!(library.skipped(), []);
+        }
+        "skipped-soname" => {
+            let library = result.unwrap();
+            let expect = expect.unwrap();
+            assert_eq!(library.path(), expect.with_file_name("libflex.so"));
+            let [Attempt { candidate, reason }] = library.skipped() else {
+                panic!("one name skipped: {:?}", library.skipped());
+            };
+            assert_eq!(candidate, "libflex.so.1");
+            assert_dlerror(reason, &format!("{}: invalid ELF header", expect.display()));
         }
         "refused-soname" => {
             assert_eq!(
@@ -672,6 +683,26 @@ fn load_without_the_variable_prefers_the_soname_and_reports_the_real_file() {
     );
     let expect: OsString = dir.join("libflex.so.1").into();
     run_child("soname-first", &[(CHILD_EXPECT, &expect)], Some(&dir));
+}
+
+/// A `libflex.so.1` that cannot be opened (not a library) is passed over
+/// for `libflex.so`, and the library says so ([`FlexLibrary::skipped`]);
+/// before, nothing did.
+#[test]
+fn load_without_the_variable_tells_the_soname_it_could_not_open() {
+    let text = support::text_file(
+        "not-a-library.so",
+        "This is a text file, not a shared library, although its name ends in .so.\n",
+    );
+    let dir = search_dir(
+        "skipped-soname",
+        &[
+            (&text, "libflex.so.1"),
+            (&Stub::new().build(), "libflex.so"),
+        ],
+    );
+    let expect: OsString = dir.join("libflex.so.1").into();
+    run_child("skipped-soname", &[(CHILD_EXPECT, &expect)], Some(&dir));
 }
 
 #[test]

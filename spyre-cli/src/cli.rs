@@ -210,7 +210,8 @@ pub(crate) struct BenchArgs {
     #[arg(long, value_name = "MS", default_value = "250", value_parser = parse_budget, allow_negative_numbers = true)]
     pub(crate) budget_ms: u64,
     /// Transfer sizes for the H2D and D2H bandwidth, comma-separated (so
-    /// no thousands separators: 4096 or 4KiB, not 4,096).
+    /// no thousands separators: 4096 or 4KiB, not 4,096); given more than
+    /// once, every list given is measured, in order.
     #[arg(
         long,
         value_name = "BYTES,...",

@@ -55,7 +55,8 @@ impl<V: Serialize> Serialize for OrderedMap<V> {
 }
 
 /// A progress bar of `len` steps drawn with `template` on stderr when it is
-/// a terminal; hidden otherwise, so that pipes and `--json` get no bar.
+/// a terminal; hidden otherwise, so that a log or a pipe gets no bar. (With
+/// `--json` the report goes to stdout, which the bar never touches.)
 pub(crate) fn progress_bar(len: u64, template: &str) -> ProgressBar {
     if !io::stderr().is_terminal() {
         return ProgressBar::hidden();

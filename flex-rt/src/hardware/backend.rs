@@ -36,7 +36,14 @@ impl HardwareBackend {
     /// [`LoadError`] naming the path(s) tried, a missing symbol, or both ABI
     /// versions on a major-version mismatch.
     pub fn load() -> std::result::Result<Self, LoadError> {
-        FlexLibrary::load().map(Self::from_library)
+        let lib = FlexLibrary::load()?;
+        for skipped in lib.skipped() {
+            tracing::info!(
+                loaded = %lib.path().display(),
+                "the flex library {skipped} could not be opened; loaded the next name instead"
+            );
+        }
+        Ok(Self::from_library(lib))
     }
 
     /// Loads the library at `path`, with [`FlexLibrary::open`] (used by
@@ -76,12 +83,21 @@ impl Backend for HardwareBackend {
         call::count_from_raw(count, CALL)
     }
 
-    /// `[("library", <path of the loaded file>), ("abi version", "M.m")]`.
+    /// `[("library", <path of the loaded file>), ("abi version", "M.m")]`,
+    /// then `("skipped", "<name> (<reason>)")` for each default name tried
+    /// first that could not be opened ([`FlexLibrary::skipped`]).
     fn details(&self) -> Vec<(&'static str, String)> {
-        vec![
+        let mut details = vec![
             ("library", self.lib.path().display().to_string()),
             ("abi version", self.lib.version().to_string()),
-        ]
+        ];
+        details.extend(
+            self.lib
+                .skipped()
+                .iter()
+                .map(|skipped| ("skipped", skipped.to_string())),
+        );
+        details
     }
 
     /// [`HardwareRuntime::create`] with this backend's library.
