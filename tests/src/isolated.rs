@@ -12,7 +12,7 @@ const CHILD_MARKER: &str = "SPYRE_TESTS_ISOLATED_CHILD";
 /// Runs `body` in a fresh process: the test binary re-executes itself with
 /// only the test `name` selected, `env` set (and `SPYRE_*`, `TORCH_SPYRE_*`,
 /// the launchers' local-rank variables and `FLEX_RUNTIME_LIB` cleared unless
-/// given), and asserts
+/// given, but the stress tests' `SPYRE_STRESS_*`), and asserts
 /// that the child passed. Inside the child, `body` runs directly.
 ///
 /// `name` must be the test's path as the harness prints it (for a test at
@@ -42,6 +42,8 @@ pub fn isolated(name: &str, env: &[(&str, &str)], body: impl FnOnce()) {
         ]
         .iter()
         .any(|p| key.starts_with(p))
+            // The stress tests' own knobs (seed, operations) are kept.
+            && !key.starts_with("SPYRE_STRESS_")
         {
             command.env_remove(key.as_ref());
         }
