@@ -85,7 +85,10 @@ pub(crate) struct InfoReport {
     pub(crate) events: Option<String>,
     /// The environment variables the stream layer and its backends read:
     /// the value, or `null` when unset (an empty value, which they take as
-    /// unset, is shown as it is: `""`).
+    /// unset, is shown as it is: `""`); then every other `SPYRE_*`
+    /// variable that is set, by name (a flex library may read them: the
+    /// software device's reads `SPYRE_MOCK_*` and `SPYRE_DEVICES`, which a
+    /// build without the software device does not list).
     pub(crate) environment: OrderedMap<Option<String>>,
     /// Why the runtime could not start, if it could not.
     pub(crate) error: Option<String>,
@@ -102,13 +105,25 @@ pub(crate) fn environment_variables() -> Vec<&'static str> {
 /// Gathers the report, starting the runtime. Returns the report and, when
 /// the runtime could not start, the error (already described in the report).
 pub(crate) fn gather() -> (InfoReport, Option<CliError>) {
+    let known = environment_variables();
+    let mut others: Vec<(String, Option<String>)> = std::env::vars_os()
+        .map(|(name, value)| {
+            (
+                name.to_string_lossy().into_owned(),
+                Some(value.to_string_lossy().into_owned()),
+            )
+        })
+        .filter(|(name, _)| name.starts_with("SPYRE_") && !known.contains(&name.as_str()))
+        .collect();
+    others.sort();
     let environment = OrderedMap(
-        environment_variables()
-            .into_iter()
-            .map(|name| {
+        known
+            .iter()
+            .map(|&name| {
                 let value = std::env::var_os(name).map(|v| v.to_string_lossy().into_owned());
                 (name.to_string(), value)
             })
+            .chain(others)
             .collect(),
     );
     let selected = spyre_stream::selected_backend();

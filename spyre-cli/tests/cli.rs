@@ -1174,8 +1174,13 @@ fn info_follows_the_environment() {
             ("SPYRE_MOCK_MEMORY_BYTES", "536870912"),
             ("SPYRE_MOCK_CHECK_REUSE", "yes"),
             ("SPYRE_MOCK_DEVICE_SIDE_WAIT", "0"),
+            ("SPYRE_LIBRARY_KNOB", "7"),
         ],
     );
+    // A SPYRE_* variable this build does not read is listed too (a flex
+    // library may read it; before, a build without the software device
+    // hid its SPYRE_MOCK_* variables).
+    assert_eq!(info["environment"]["SPYRE_LIBRARY_KNOB"], "7");
     assert_eq!(info["backend_details"]["check_reuse"], "true");
     assert_eq!(info["backend_details"]["device_side_wait"], "false");
     assert_eq!(info["device_count"], 2);
