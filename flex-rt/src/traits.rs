@@ -24,7 +24,8 @@ pub trait Backend: Send + Sync + fmt::Debug {
     fn device_count(&self) -> Result<u32>;
 
     /// Facts about the backend for diagnostics (`spyre info`), as name/value
-    /// pairs: for a loaded library its path and ABI version, for the software
+    /// pairs, names in `snake_case` (they are keys of `spyre info --json`):
+    /// for a loaded library its path and ABI version, for the software
     /// device its configuration. Empty by default.
     fn details(&self) -> Vec<(&'static str, String)> {
         Vec::new()

@@ -46,7 +46,7 @@ fn the_library_exports_flex_h_at_the_header_version() {
                 backend.details(),
                 vec![
                     ("library", canonical_library().display().to_string()),
-                    ("abi version", "1.1".to_owned()),
+                    ("abi_version", "1.1".to_owned()),
                 ]
             );
         },
@@ -125,7 +125,7 @@ fn a_newer_minor_version_is_accepted() {
             assert!(
                 backend
                     .details()
-                    .contains(&("abi version", "1.7".to_owned()))
+                    .contains(&("abi_version", "1.7".to_owned()))
             );
             let runtime = backend.create_runtime(0).expect("create_runtime");
             let stream = runtime.default_stream();

@@ -83,13 +83,13 @@ impl Backend for HardwareBackend {
         call::count_from_raw(count, CALL)
     }
 
-    /// `[("library", <path of the loaded file>), ("abi version", "M.m")]`,
+    /// `[("library", <path of the loaded file>), ("abi_version", "M.m")]`,
     /// then `("skipped", "<name> (<reason>)")` for each default name tried
     /// first that could not be opened ([`FlexLibrary::skipped`]).
     fn details(&self) -> Vec<(&'static str, String)> {
         let mut details = vec![
             ("library", self.lib.path().display().to_string()),
-            ("abi version", self.lib.version().to_string()),
+            ("abi_version", self.lib.version().to_string()),
         ];
         details.extend(
             self.lib
