@@ -171,22 +171,26 @@ impl IterationFailure {
     }
 }
 
-/// Which of `spyre run`'s flags that set the device memory a run holds are
-/// above their smallest values; displays as the advice of a run that ran
-/// out of device memory: lower those, or, where none is, use a device with
-/// more memory.
+/// Which of `spyre run`'s flags that set the device memory a run holds can
+/// still lower it; displays as the advice of a run that ran out of device
+/// memory: lower those, or, where none can, use a device with more memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Lowerable {
-    /// `--size` is above one `f32` per operand.
+    /// A smaller `--size` gives smaller operands.
     pub(crate) size: bool,
     /// `--in-flight` keeps several iterations' memory per thread.
     pub(crate) in_flight: bool,
     /// `--threads` is above 1.
     pub(crate) threads: bool,
+    /// A pipelined thread keeps two iterations' memory, which
+    /// `--mode per-iteration --in-flight 1` halves.
+    pub(crate) one_per_thread: bool,
 }
 
 impl fmt::Display for Lowerable {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const ONE_EACH: &str =
+            "use --mode per-iteration --in-flight 1 (one iteration's memory per thread)";
         let flags: Vec<&str> = [
             (self.size, "--size"),
             (self.in_flight, "--in-flight"),
@@ -195,13 +199,18 @@ impl fmt::Display for Lowerable {
         .into_iter()
         .filter_map(|(lowerable, flag)| lowerable.then_some(flag))
         .collect();
-        match flags.as_slice() {
-            [] => {
+        match (flags.as_slice(), self.one_per_thread) {
+            ([], false) => {
                 f.write_str("every flag is at its smallest already: use a device with more memory")
             }
-            [flag] => write!(f, "lower {flag}"),
-            [rest @ .., last] => write!(f, "lower {} or {last}", rest.join(", ")),
+            ([], true) => f.write_str(ONE_EACH),
+            ([flag], _) => write!(f, "lower {flag}"),
+            ([rest @ .., last], _) => write!(f, "lower {} or {last}", rest.join(", ")),
+        }?;
+        if self.one_per_thread && !flags.is_empty() {
+            write!(f, ", or {ONE_EACH}")?;
         }
+        Ok(())
     }
 }
 
@@ -316,6 +325,7 @@ mod tests {
                     size: true,
                     in_flight: false,
                     threads: false,
+                    one_per_thread: false,
                 },
             },
         };
@@ -331,6 +341,7 @@ mod tests {
                 size,
                 in_flight,
                 threads,
+                one_per_thread: false,
             }
             .to_string()
         };
@@ -343,6 +354,21 @@ mod tests {
         assert_eq!(
             advice(false, false, false),
             "every flag is at its smallest already: use a device with more memory"
+        );
+        // A pipelined thread's two iterations: one each per iteration.
+        let pipelined = |size| Lowerable {
+            size,
+            in_flight: false,
+            threads: false,
+            one_per_thread: true,
+        };
+        assert_eq!(
+            pipelined(false).to_string(),
+            "use --mode per-iteration --in-flight 1 (one iteration's memory per thread)"
+        );
+        assert_eq!(
+            pipelined(true).to_string(),
+            "lower --size, or use --mode per-iteration --in-flight 1 (one iteration's memory per thread)"
         );
     }
 

@@ -22,16 +22,41 @@ fn per_thread_on_device(args: &RunArgs) -> u64 {
 /// Pool streams that hold the device memory of `n` iterations in flight at
 /// once, each in segments of its own (the caching allocator keeps segments
 /// per stream): pipelined, the default stream, which owns every thread's
-/// slots; serialized, each thread's stream; per iteration, a new stream
-/// each iteration, round robin through both pools.
+/// slots; serialized, each thread's stream (those of the threads the `n`
+/// iterations are spread over); per iteration, a new stream each
+/// iteration, round robin through both pools.
 fn streams_holding(args: &RunArgs, n: u64) -> u64 {
     let pool_streams = 2 * STREAMS_PER_POOL as u64;
     match args.mode {
         ModeArg::Pipelined => 1,
-        ModeArg::Serialized => (args.threads as u64).min(pool_streams),
+        ModeArg::Serialized => (args.threads as u64).min(n).min(pool_streams),
         ModeArg::PerIteration => n.min(pool_streams),
     }
     .max(1)
+}
+
+/// Bytes of whole program segments (`program_segment` each) that fit where
+/// operand blocks of `block` bytes, packed into segments of
+/// `operand_segment` as [`allocations_held`] packs them, leave a region's
+/// end free.
+fn program_room_beside_operands(
+    layout: MemoryLayout,
+    operand_segment: u64,
+    block: u64,
+    program_segment: u64,
+) -> u64 {
+    let MemoryLayout {
+        total_bytes: total,
+        region_bytes: region,
+    } = layout;
+    let room = |bytes: u64| {
+        let operands =
+            bytes / operand_segment * operand_segment + bytes % operand_segment / block * block;
+        (bytes - operands) / program_segment * program_segment
+    };
+    (total / region)
+        .saturating_mul(room(region))
+        .saturating_add(room(total % region))
 }
 
 /// Host memory the software device backs a run's device memory with: it
@@ -219,23 +244,38 @@ fn assess(plan: &Plan, args: &RunArgs, layout: MemoryLayout) -> Result<(), Misfi
     let cut_from_operands = block <= SMALL_REQUEST
         && operand_segment / block > 1
         && operand_segment % block < DESCRIPTOR_BYTES.next_multiple_of(MIN_BLOCK);
+    // Program segments go first where no operand block fits: the end of
+    // each region.
+    let program_room =
+        program_room_beside_operands(layout, operand_segment, block, program_segment);
     let blocks_beside = |n: u64| {
         if cut_from_operands {
             return operand_blocks.saturating_sub(n);
         }
-        // Else the programs take segments of their own, on every stream
-        // that holds iterations (a program segment serves its own stream
-        // only; its free rest is smaller than an operand's block), each
-        // costing the operands the segments it covers. (Measured before
-        // they were counted per stream: 64 MiB, operands of 5 161 984
-        // bytes, four iterations in flight on four streams passed the
-        // check and ran out of memory, their four programs taking a 2 MiB
-        // segment each.)
-        let streams = streams_holding(args, n);
+        // Else the programs take segments of their own, each costing the
+        // operands the segments it covers where it does not fit beside
+        // them. Programs of operands in the small pool are counted packed,
+        // as if on one stream (a program is cut from what is left of its
+        // stream's operand segment, and a full device lends one stream's
+        // cached rest to another: measured, 30 serialized threads of
+        // operands of 33 KiB took one 2 MiB segment each, operands and
+        // program). Beside operands of the large pool, every stream that
+        // holds iterations takes a program segment of its own: it is
+        // taken while the device still has room, and its free rest is
+        // smaller than an operand's block. (Measured before those were
+        // counted per stream: 64 MiB, operands of 5 161 984 bytes, four
+        // iterations in flight on four streams passed the check and ran
+        // out of memory, their four programs taking a 2 MiB segment each.)
+        let streams = if block > SMALL_REQUEST {
+            streams_holding(args, n)
+        } else {
+            1
+        };
         let programs = streams
             .saturating_mul(n.div_ceil(streams).div_ceil(program_segment / MIN_BLOCK))
             .saturating_mul(program_segment);
         let lost = programs
+            .saturating_sub(program_room)
             .div_ceil(operand_segment)
             .saturating_mul(operand_segment / block);
         operand_blocks.saturating_sub(lost)
@@ -297,14 +337,19 @@ fn smaller_size_that_fits(args: &RunArgs, layout: MemoryLayout) -> Option<(u64, 
 /// The smallest `--size`: one `f32` in each operand.
 const MIN_SIZE: u64 = 12;
 
-/// Which of `args`' flags can be lowered when the device runs out of
-/// memory during the run: those above their smallest values (`--in-flight`
-/// where it keeps several iterations' memory per thread).
-pub(super) fn lowerable(args: &RunArgs) -> Lowerable {
+/// Which of `args`' flags can still lower the device memory the run of
+/// `plan` holds, when the device runs out of it during the run: `--size`
+/// where a smaller one gives smaller operands, `--in-flight` where it
+/// keeps several iterations' memory per thread, `--threads` above 1, and a
+/// pipelined thread's two iterations.
+pub(super) fn lowerable(args: &RunArgs, plan: &Plan) -> Lowerable {
+    let smallest = Plan::new(args.kernel, MIN_SIZE).map_or(0, |smallest| smallest.operand_bytes);
+    let several = per_thread_on_device(args) > 1;
     Lowerable {
-        size: args.size > MIN_SIZE,
-        in_flight: args.mode != ModeArg::Pipelined && per_thread_on_device(args) > 1,
+        size: plan.operand_bytes > smallest,
+        in_flight: args.mode != ModeArg::Pipelined && several,
         threads: args.threads > 1,
+        one_per_thread: args.mode == ModeArg::Pipelined && several,
     }
 }
 
@@ -589,32 +634,54 @@ mod tests {
         // Serialized, the four are on one stream: one program segment
         // costs 1 block, 12 left.
         assert!(fits(15_485_963, ModeArg::Serialized));
-        // Operands of 4 793 344 bytes: 14 to the device, less 2: 12, four
-        // iterations fit (run 12 of 12 iterations, three times); of 4 793 856 (the next
-        // size up), 13 less 2: 11 do not.
+        // Operands of 4 839 424 bytes: 13 blocks (62 912 512 bytes) leave
+        // 4 196 352 at the region's end, where two program segments go;
+        // the other two cost one block: 12 left, four iterations fit (the
+        // size the advice names; run 12 of 12 iterations, three times).
         assert_eq!(
-            Plan::new(KernelArg::Axpy, 14_380_043)
+            Plan::new(KernelArg::Axpy, 14_518_283)
                 .unwrap()
                 .operand_bytes,
-            4_793_344
+            4_839_424
         );
-        assert!(fits(14_380_043, ModeArg::PerIteration));
-        assert!(!fits(14_380_044, ModeArg::PerIteration));
+        assert!(fits(14_518_283, ModeArg::PerIteration));
+        // One size up, operands of 4 839 428 bytes, blocks of 4 839 936: 13
+        // leave 4 189 696, room for one program segment; the other three
+        // (6 MiB) cost two blocks: 11 do not.
+        assert!(!fits(14_518_284, ModeArg::PerIteration));
+        // Small operands share their segments with the programs: 31
+        // serialized threads of operands of 33 332 bytes, four in flight
+        // each, fit (before the small pool was told apart, this was
+        // refused; it ran 1 922 of 1 922 iterations).
+        let plan = Plan::new(KernelArg::Axpy, 100_000).unwrap();
+        let serialized = args(100_000, 31, 4, ModeArg::Serialized);
+        assert!(check_capacity(&plan, &serialized, layout).is_ok());
     }
 
     #[test]
-    fn only_flags_above_their_smallest_are_lowerable() {
-        let of = |size, threads, in_flight, mode| lowerable(&args(size, threads, in_flight, mode));
+    fn only_flags_that_can_lower_the_memory_are_lowerable() {
+        let of = |size, threads, in_flight, mode| {
+            let plan = Plan::new(KernelArg::Axpy, size).unwrap();
+            lowerable(&args(size, threads, in_flight, mode), &plan)
+        };
         let none = Lowerable {
             size: false,
             in_flight: false,
             threads: false,
+            one_per_thread: false,
         };
         assert_eq!(of(12, 1, 1, ModeArg::PerIteration), none);
-        // Pipelined, --in-flight changes nothing held on the device.
+        // 23 bytes give the same operands as 12 (one f32 each).
+        assert_eq!(of(23, 1, 1, ModeArg::PerIteration), none);
+        // Pipelined, --in-flight changes nothing held on the device; one
+        // iteration per thread per iteration does.
         assert_eq!(
             of(1 << 20, 1, 4, ModeArg::Pipelined),
-            Lowerable { size: true, ..none }
+            Lowerable {
+                size: true,
+                one_per_thread: true,
+                ..none
+            }
         );
         assert_eq!(
             of(12, 2, 4, ModeArg::Serialized),

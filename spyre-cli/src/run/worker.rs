@@ -447,7 +447,7 @@ impl Shared<'_> {
                     FailureKind::OutOfMemory {
                         bytes,
                         source,
-                        lowerable: lowerable(self.args),
+                        lowerable: lowerable(self.args, &self.plan),
                     }
                 } else {
                     FailureKind::Device {
