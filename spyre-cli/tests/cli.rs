@@ -637,15 +637,12 @@ fn bad_sizes_exit_2_naming_the_value() {
     );
 }
 
-/// A trace too large for the host's memory is refused before the run
-/// starts (before, the run grew until the host ran out of memory, and left
-/// the trace empty), and no file is created.
-#[cfg(target_os = "linux")]
 /// A run whose memory is more than the process's address-space limit
 /// leaves (`ulimit -v`, which `MemAvailable` does not show) is refused
 /// before it starts, naming the limit (before, the software device's first
 /// region, 256 MiB, aborted the process: "memory allocation of 268435456
 /// bytes failed").
+#[cfg(target_os = "linux")]
 #[test]
 fn a_run_over_the_address_space_limit_is_refused_before_it_starts() {
     let program = env!("CARGO_BIN_EXE_spyre");
@@ -666,6 +663,10 @@ fn a_run_over_the_address_space_limit_is_refused_before_it_starts() {
     );
 }
 
+/// A trace too large for the host's memory is refused before the run
+/// starts (before, the run grew until the host ran out of memory, and left
+/// the trace empty), and no file is created.
+#[cfg(target_os = "linux")]
 #[test]
 fn a_run_whose_trace_the_host_cannot_hold_is_refused_before_it_starts() {
     let path = std::env::temp_dir().join(format!("spyre-huge-trace-{}.json", std::process::id()));
@@ -773,8 +774,9 @@ fn bad_environment_exits_2_naming_the_value() {
     // A region no host can back: refused before the run, not at its first
     // copy. Needed: the region (2^62 bytes), and per thread its one
     // iteration's inputs as numbers and as sent, output and expected
-    // result (6 operands of 349 524 bytes) and its 128-byte program:
-    // 2^62 + 2 × 2 097 272 bytes.
+    // result (6 operands of 349 524 bytes) and its 128-byte program, and
+    // the software device's copies for the computes its 2 engines run at
+    // once (5 operands each): 2^62 + 2 × 2 097 272 + 2 × 1 747 620 bytes.
     refused(
         &["run", "--iterations", "1"],
         &[
@@ -782,8 +784,8 @@ fn bad_environment_exits_2_naming_the_value() {
             ("SPYRE_MOCK_REGION_BYTES", "4611686018427387904"),
         ],
         &[
-            "(4.00 MiB of host buffers, and 4194304 TiB of the software device's memory regions (SPYRE_MOCK_REGION_BYTES), which it backs",
-            "needs 4611686018431582448 bytes (4194304.00 TiB) of host memory",
+            "(7.33 MiB of host buffers, and 4194304 TiB of the software device's memory regions (SPYRE_MOCK_REGION_BYTES), which it backs",
+            "needs 4611686018435077688 bytes (4194304.00 TiB) of host memory",
         ],
     );
     refused(

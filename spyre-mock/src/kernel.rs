@@ -19,8 +19,8 @@ use crate::reference;
 
 /// An empty vector with room for `len` items, or the failure to name when
 /// the host refuses that much memory (the kernel's working copies of its
-/// operands are caller-sized: a refusal fails the operation instead of
-/// aborting the process).
+/// operands, and its result, are caller-sized: a refusal fails the
+/// operation instead of aborting the process).
 fn host_vec<T>(len: usize, what: &str) -> Result<Vec<T>, KernelFailure> {
     let mut vec = Vec::new();
     vec.try_reserve_exact(len).map_err(|_| {
@@ -136,20 +136,34 @@ pub(crate) fn execute(
         .collect::<Result<_, _>>()?;
     let n = output.len() / 4;
     let alpha = descriptor.alpha;
-    let result = match (kernel, inputs.as_slice()) {
-        (Kernel::Copy, [a]) => reference::copy(a),
-        (Kernel::Fill, []) => reference::fill(n, alpha),
-        (Kernel::Add, [a, b]) => reference::add(a, b),
-        (Kernel::Mul, [a, b]) => reference::mul(a, b),
-        (Kernel::Axpy, [x, y]) => reference::axpy(alpha, x, y),
-        (Kernel::Matmul, [a, b]) => {
-            let dim = |d: u64| usize::try_from(d).unwrap_or(usize::MAX);
-            let [m, k, n] = descriptor.dims.map(dim);
-            reference::matmul(m, k, n, a, b)
-                .ok_or_else(|| format!("matmul operands do not match dims {:?}", descriptor.dims))?
+    let dim = |d: u64| usize::try_from(d).unwrap_or(usize::MAX);
+    let [m, k, cols] = descriptor.dims.map(dim);
+    // The result's room is reserved first (fallibly), as the working
+    // copies' is; a matmul whose operands do not match its dims reserves
+    // none and fails below as such.
+    let result_len = match (kernel, inputs.as_slice()) {
+        (Kernel::Fill, []) => n,
+        (Kernel::Matmul, [a, b])
+            if m.checked_mul(k) == Some(a.len()) && k.checked_mul(cols) == Some(b.len()) =>
+        {
+            m.saturating_mul(cols)
         }
-        _ => return Err(format!("kernel {} got the wrong operands", kernel.name()).into()),
+        (Kernel::Matmul, _) => 0,
+        (_, [a]) => a.len(),
+        (_, [a, b]) => a.len().min(b.len()),
+        _ => 0,
     };
+    let mut result = host_vec(result_len, "the result")?;
+    match (kernel, inputs.as_slice()) {
+        (Kernel::Copy, [a]) => reference::copy_into(a, &mut result),
+        (Kernel::Fill, []) => reference::fill_into(n, alpha, &mut result),
+        (Kernel::Add, [a, b]) => reference::add_into(a, b, &mut result),
+        (Kernel::Mul, [a, b]) => reference::mul_into(a, b, &mut result),
+        (Kernel::Axpy, [x, y]) => reference::axpy_into(alpha, x, y, &mut result),
+        (Kernel::Matmul, [a, b]) => reference::matmul_into(m, k, cols, a, b, &mut result)
+            .ok_or_else(|| format!("matmul operands do not match dims {:?}", descriptor.dims))?,
+        _ => return Err(format!("kernel {} got the wrong operands", kernel.name()).into()),
+    }
     view.write(std::slice::from_ref(output), &to_bytes(&result)?)
         .map_err(KernelFailure::Backing)
 }

@@ -6,28 +6,53 @@
 //! multiply-add), in the order documented per function.
 /// `out[i] = a[i]`.
 pub fn copy(a: &[f32]) -> Vec<f32> {
-    a.to_vec()
+    collected(|out| copy_into(a, out))
+}
+
+/// [`copy`], appended to `out` (whose room the caller may have reserved).
+pub fn copy_into(a: &[f32], out: &mut Vec<f32>) {
+    out.extend_from_slice(a);
 }
 
 /// `n` copies of `value`.
 pub fn fill(n: usize, value: f32) -> Vec<f32> {
-    vec![value; n]
+    collected(|out| fill_into(n, value, out))
+}
+
+/// [`fill`], appended to `out`.
+pub fn fill_into(n: usize, value: f32, out: &mut Vec<f32>) {
+    out.resize(out.len() + n, value);
 }
 
 /// `out[i] = a[i] + b[i]`; the result is as long as the shorter input.
 pub fn add(a: &[f32], b: &[f32]) -> Vec<f32> {
-    a.iter().zip(b).map(|(a, b)| a + b).collect()
+    collected(|out| add_into(a, b, out))
+}
+
+/// [`add`], appended to `out`.
+pub fn add_into(a: &[f32], b: &[f32], out: &mut Vec<f32>) {
+    out.extend(a.iter().zip(b).map(|(a, b)| a + b));
 }
 
 /// `out[i] = a[i] * b[i]`; the result is as long as the shorter input.
 pub fn mul(a: &[f32], b: &[f32]) -> Vec<f32> {
-    a.iter().zip(b).map(|(a, b)| a * b).collect()
+    collected(|out| mul_into(a, b, out))
+}
+
+/// [`mul`], appended to `out`.
+pub fn mul_into(a: &[f32], b: &[f32], out: &mut Vec<f32>) {
+    out.extend(a.iter().zip(b).map(|(a, b)| a * b));
 }
 
 /// `out[i] = alpha * x[i] + y[i]`: the product is rounded to `f32`, then
 /// the sum. The result is as long as the shorter input.
 pub fn axpy(alpha: f32, x: &[f32], y: &[f32]) -> Vec<f32> {
-    x.iter().zip(y).map(|(x, y)| alpha * x + y).collect()
+    collected(|out| axpy_into(alpha, x, y, out))
+}
+
+/// [`axpy`], appended to `out`.
+pub fn axpy_into(alpha: f32, x: &[f32], y: &[f32], out: &mut Vec<f32>) {
+    out.extend(x.iter().zip(y).map(|(x, y)| alpha * x + y));
 }
 
 /// Row-major `C[m×n] = A[m×k] · B[k×n]`: each `C[i][j]` starts at `0.0` and
@@ -42,12 +67,28 @@ pub fn axpy(alpha: f32, x: &[f32], y: &[f32]) -> Vec<f32> {
 /// Returns `None` when `a.len() != m*k`, `b.len() != k*n`, or a size
 /// overflows `usize`.
 pub fn matmul(m: usize, k: usize, n: usize, a: &[f32], b: &[f32]) -> Option<Vec<f32>> {
+    let mut c = Vec::new();
+    matmul_into(m, k, n, a, b, &mut c)?;
+    Some(c)
+}
+
+/// [`matmul`], into `c` (cleared first); `None`, with `c` left empty, as
+/// for [`matmul`].
+pub fn matmul_into(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[f32],
+    b: &[f32],
+    c: &mut Vec<f32>,
+) -> Option<()> {
+    c.clear();
     if a.len() != m.checked_mul(k)? || b.len() != k.checked_mul(n)? {
         return None;
     }
-    let mut c = vec![0.0f32; m.checked_mul(n)?];
+    c.resize(m.checked_mul(n)?, 0.0);
     if n == 0 {
-        return Some(c);
+        return Some(());
     }
     for (row, a_row) in c.chunks_exact_mut(n).zip(a.chunks_exact(k.max(1))) {
         for (&a_ip, b_row) in a_row.iter().zip(b.chunks_exact(n)) {
@@ -57,7 +98,14 @@ pub fn matmul(m: usize, k: usize, n: usize, a: &[f32], b: &[f32]) -> Option<Vec<
             }
         }
     }
-    Some(c)
+    Some(())
+}
+
+/// The vector `fill` appends to an empty one.
+fn collected(fill: impl FnOnce(&mut Vec<f32>)) -> Vec<f32> {
+    let mut out = Vec::new();
+    fill(&mut out);
+    out
 }
 
 #[cfg(test)]

@@ -178,7 +178,22 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
                 .saturating_add(DESCRIPTOR_SIZE as u64),
         )
         .saturating_add(plan.operand_bytes.saturating_mul(2));
-    let buffers = (args.threads as u64).saturating_mul(per_thread);
+    let mut buffers = (args.threads as u64).saturating_mul(per_thread);
+    if info.backend == "mock" {
+        // The software device's engines each hold, while they run a
+        // compute, host copies of its operands: at most five (the two
+        // inputs as read and as numbers, the result and its bytes), for as
+        // many computes as run at once.
+        let engines = info
+            .backend_details
+            .iter()
+            .find(|(name, _)| *name == "engines")
+            .and_then(|(_, value)| value.parse::<u64>().ok())
+            .unwrap_or(1);
+        let computes = engines.min((args.threads as u64).saturating_mul(in_flight));
+        buffers =
+            buffers.saturating_add(computes.saturating_mul(plan.operand_bytes.saturating_mul(5)));
+    }
     // The software device backs the regions the run writes with host
     // memory: a region the host cannot give would fail a copy, after the
     // work started.
