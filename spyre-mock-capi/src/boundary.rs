@@ -86,9 +86,11 @@ pub(super) fn last_error() -> String {
 }
 
 /// `pthread_setcancelstate`'s state that holds a cancellation request
-/// until cancellation is enabled again (the same value in glibc and musl).
+/// until cancellation is enabled again (the same value in glibc and musl;
+/// other systems number it otherwise, and hold nothing here).
 const PTHREAD_CANCEL_DISABLE: c_int = 1;
 
+#[cfg(all(target_os = "linux", not(miri)))]
 unsafe extern "C" {
     /// POSIX: sets the calling thread's cancelability state, storing the
     /// previous one in `*oldstate`. (Not in the `libc` crate, which leaves
@@ -119,7 +121,7 @@ impl Drop for CancellationHeld {
 
 /// Sets the calling thread's cancelability state to `state` and returns the
 /// previous one.
-#[cfg(not(miri))]
+#[cfg(all(target_os = "linux", not(miri)))]
 fn set_cancel_state(state: c_int) -> c_int {
     let mut previous = 0;
     // SAFETY: `state` is `PTHREAD_CANCEL_DISABLE` or a state an earlier call
@@ -132,8 +134,9 @@ fn set_cancel_state(state: c_int) -> c_int {
     previous
 }
 
-/// Miri does not model thread cancellation: there is none to hold.
-#[cfg(miri)]
+/// Miri does not model thread cancellation, and other systems than Linux
+/// number the states otherwise: nothing is held there.
+#[cfg(not(all(target_os = "linux", not(miri))))]
 fn set_cancel_state(_state: c_int) -> c_int {
     0
 }

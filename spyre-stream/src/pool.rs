@@ -368,8 +368,9 @@ impl<'rt> StreamPool<'rt> {
     /// or positive the normal pool (ids 1–32), as `torch.cuda.Stream` and
     /// CUDA map a priority past the lowest to the lowest (PyTorch's C++
     /// `getStreamFromPool` refuses a positive one; see the crate docs). The
-    /// cursor advances (one atomic add; until every id of the pool has its
-    /// stream, under the pool's retry lock) on every assignment but one
+    /// cursor advances (one atomic add, no lock; until every id of the pool
+    /// has its stream, an assignment first looks at the pool's queue of
+    /// failed ids, under that queue's lock) on every assignment but one
     /// handing out again an id whose creation failed. The first time an id
     /// is handed out its handle is created, with the runtime priority of its
     /// pool, under that id's own lock, so only callers handed the same id

@@ -1533,6 +1533,7 @@ unsafe impl Send for Rt {}
 unsafe impl Sync for Rt {}
 
 mod abi_1_1;
+#[cfg(target_os = "linux")]
 mod cancellation;
 
 /// Queries `stream` from two threads, `rounds` times each, while `destroy`
