@@ -176,7 +176,7 @@ impl IterationFailure {
 /// memory: lower those, or, where none can, use a device with more memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Lowerable {
-    /// A smaller `--size` gives smaller operands.
+    /// A smaller `--size` gives smaller operand blocks.
     pub(crate) size: bool,
     /// `--in-flight` keeps several iterations' memory per thread.
     pub(crate) in_flight: bool,

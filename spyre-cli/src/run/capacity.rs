@@ -37,8 +37,11 @@ fn streams_holding(args: &RunArgs, n: u64) -> u64 {
 
 /// Bytes of whole program segments (`program_segment` each) that fit where
 /// operand blocks of `block` bytes, packed into segments of
-/// `operand_segment` as [`allocations_held`] packs them, leave a region's
-/// end free.
+/// `operand_segment` as [`allocations_held`] packs them, leave free at the
+/// end of each whole region. Not the last region when it is a part of one:
+/// the device gives the first free range that holds a segment, so a
+/// program reaches the last region only once the whole ones before it are
+/// full, its room then too late to spare an operand block.
 fn program_room_beside_operands(
     layout: MemoryLayout,
     operand_segment: u64,
@@ -54,9 +57,7 @@ fn program_room_beside_operands(
             bytes / operand_segment * operand_segment + bytes % operand_segment / block * block;
         (bytes - operands) / program_segment * program_segment
     };
-    (total / region)
-        .saturating_mul(room(region))
-        .saturating_add(room(total % region))
+    (total / region).saturating_mul(room(region))
 }
 
 /// Host memory the software device backs a run's device memory with: it
@@ -106,9 +107,10 @@ impl From<Refusal> for CliError {
 /// flight than the caching allocator holds operand blocks for (each block
 /// the size it rounds an operand to, packed into its segments, each in one
 /// region: [`allocations_held`]) beside the iterations' programs (in
-/// segments of their own, one at least on each stream that holds
-/// iterations, [`streams_holding`]; or, for small operands that fill their
-/// segments, one operand block each). The allocator keeps segments per
+/// segments of their own: one at least on each stream that holds
+/// iterations ([`streams_holding`]) where an operand's segment leaves its
+/// stream no room for a program, else packed; or, for small operands that
+/// fill their segments, one operand block each). The allocator keeps segments per
 /// stream, so a run close to the limit may still need it to return its
 /// cache and retry, or fail with a named out-of-memory error. The advice
 /// names only changes that pass this check with the run's other flags: a
@@ -241,11 +243,12 @@ fn assess(plan: &Plan, args: &RunArgs, layout: MemoryLayout) -> Result<(), Misfi
     // operand fits. Counted as one operand block per program (measured:
     // 2 MiB in regions of 1 MiB, operands of 32 KiB, 32 to a segment:
     // 16 iterations in flight on one thread ran, 17 ran out of memory).
+    let program_block = DESCRIPTOR_BYTES.next_multiple_of(MIN_BLOCK);
     let cut_from_operands = block <= SMALL_REQUEST
         && operand_segment / block > 1
-        && operand_segment % block < DESCRIPTOR_BYTES.next_multiple_of(MIN_BLOCK);
+        && operand_segment % block < program_block;
     // Program segments go first where no operand block fits: the end of
-    // each region.
+    // each whole region.
     let program_room =
         program_room_beside_operands(layout, operand_segment, block, program_segment);
     let blocks_beside = |n: u64| {
@@ -254,19 +257,24 @@ fn assess(plan: &Plan, args: &RunArgs, layout: MemoryLayout) -> Result<(), Misfi
         }
         // Else the programs take segments of their own, each costing the
         // operands the segments it covers where it does not fit beside
-        // them. Programs of operands in the small pool are counted packed,
-        // as if on one stream (a program is cut from what is left of its
-        // stream's operand segment, and a full device lends one stream's
-        // cached rest to another: measured, 30 serialized threads of
-        // operands of 33 KiB took one 2 MiB segment each, operands and
-        // program). Beside operands of the large pool, every stream that
-        // holds iterations takes a program segment of its own: it is
-        // taken while the device still has room, and its free rest is
-        // smaller than an operand's block. (Measured before those were
-        // counted per stream: 64 MiB, operands of 5 161 984 bytes, four
-        // iterations in flight on four streams passed the check and ran
-        // out of memory, their four programs taking a 2 MiB segment each.)
-        let streams = if block > SMALL_REQUEST {
+        // them. Where an operand's segment has room beside its blocks for
+        // a program (small operands, whose pool the programs share), they
+        // are counted packed, as if on one stream: a program is cut from
+        // what is left of its stream's operand segment, and a full device
+        // lends one stream's cached rest to another (measured, 30
+        // serialized threads of operands of 33 KiB took one 2 MiB segment
+        // each, operands and program). Beside operands of the large pool,
+        // or small ones whose segment is their own block (a small
+        // device's segments are capped), every stream that holds
+        // iterations takes a program segment of its own: it is taken
+        // while the device still has room, and its free rest is smaller
+        // than an operand's block. (Measured before those were counted per
+        // stream: 64 MiB, operands of 5 161 984 bytes, four iterations in
+        // flight on four streams passed the check and ran out of memory,
+        // their four programs taking a 2 MiB segment each; 8 MiB, operands
+        // of 262 144 bytes, nine in flight passed and ran out at the
+        // eighth.)
+        let streams = if block > SMALL_REQUEST || operand_segment % block < program_block {
             streams_holding(args, n)
         } else {
             1
@@ -339,14 +347,15 @@ const MIN_SIZE: u64 = 12;
 
 /// Which of `args`' flags can still lower the device memory the run of
 /// `plan` holds, when the device runs out of it during the run: `--size`
-/// where a smaller one gives smaller operands, `--in-flight` where it
+/// where a smaller one gives smaller operand blocks, `--in-flight` where it
 /// keeps several iterations' memory per thread, `--threads` above 1, and a
 /// pipelined thread's two iterations.
 pub(super) fn lowerable(args: &RunArgs, plan: &Plan) -> Lowerable {
-    let smallest = Plan::new(args.kernel, MIN_SIZE).map_or(0, |smallest| smallest.operand_bytes);
+    // Operands of up to 512 bytes all take a block of 512.
+    let smallest = Plan::new(args.kernel, MIN_SIZE).map_or(0, |smallest| smallest.block_bytes());
     let several = per_thread_on_device(args) > 1;
     Lowerable {
-        size: plan.operand_bytes > smallest,
+        size: plan.block_bytes() > smallest,
         in_flight: args.mode != ModeArg::Pipelined && several,
         threads: args.threads > 1,
         one_per_thread: args.mode == ModeArg::Pipelined && several,
@@ -645,10 +654,13 @@ mod tests {
             4_839_424
         );
         assert!(fits(14_518_283, ModeArg::PerIteration));
-        // One size up, operands of 4 839 428 bytes, blocks of 4 839 936: 13
-        // leave 4 189 696, room for one program segment; the other three
-        // (6 MiB) cost two blocks: 11 do not.
-        assert!(!fits(14_518_284, ModeArg::PerIteration));
+        // Operands of 4 893 356 bytes, blocks of 4 893 696: twelve and four
+        // program segments need 67 112 960 bytes, more than the device.
+        // (The check counts the room beside the 13 blocks a region holds,
+        // not beside the 12 the run holds: it also refuses the sizes from
+        // 14 518 284 up to this one, which would fit. A bound on the safe
+        // side.)
+        assert!(!fits(14_680_068, ModeArg::PerIteration));
         // Small operands share their segments with the programs: 31
         // serialized threads of operands of 33 332 bytes, four in flight
         // each, fit (before the small pool was told apart, this was
@@ -656,6 +668,41 @@ mod tests {
         let plan = Plan::new(KernelArg::Axpy, 100_000).unwrap();
         let serialized = args(100_000, 31, 4, ModeArg::Serialized);
         assert!(check_capacity(&plan, &serialized, layout).is_ok());
+        // Small operands whose segment is their own block (8 MiB in one
+        // region: segments capped at 256 KiB, operands of 262 144 bytes):
+        // no room beside them, so every stream's program takes a segment
+        // of 256 KiB. Of the 32 blocks, nine in flight per iteration lose
+        // nine (23 < 27); eight lose eight (24). Nine passed the check
+        // while such programs were counted packed, and ran out of memory
+        // at the eighth iteration; eight ran 16 of 16.
+        let small = MemoryLayout {
+            total_bytes: 8 * MIB,
+            region_bytes: 8 * MIB,
+        };
+        let plan = Plan::new(KernelArg::Axpy, 786_432).unwrap();
+        let in_flight = |n| {
+            let mut run = args(786_432, 1, n, ModeArg::PerIteration);
+            run.iterations = 16;
+            check_capacity(&plan, &run, small).is_ok()
+        };
+        assert!(in_flight(8) && !in_flight(9));
+        // A last region that is a part of one gives programs no room: the
+        // device places a program after its iteration's operands, in the
+        // region being filled. 68 MiB in regions of 32 MiB, operands of
+        // 11 184 640 bytes: three to a whole region (512 bytes left), none
+        // in the last 4 MiB; two pipelined iterations need the six, and
+        // their program segment costs one. This passed while the last
+        // region's 4 MiB counted as room, and failed its first iteration
+        // (an operand came back in three chunks).
+        let partial = MemoryLayout {
+            total_bytes: 68 * MIB,
+            region_bytes: 32 * MIB,
+        };
+        let plan = Plan::new(KernelArg::Axpy, 33_553_920).unwrap();
+        assert_eq!(plan.block_bytes(), 11_184_640);
+        let mut pipelined = args(33_553_920, 1, 4, ModeArg::Pipelined);
+        pipelined.iterations = 4;
+        assert!(check_capacity(&plan, &pipelined, partial).is_err());
     }
 
     #[test]
@@ -671,8 +718,11 @@ mod tests {
             one_per_thread: false,
         };
         assert_eq!(of(12, 1, 1, ModeArg::PerIteration), none);
-        // 23 bytes give the same operands as 12 (one f32 each).
+        // 23 bytes give the same operands as 12 (one f32 each), and 1 536
+        // bytes operands of 512 bytes, the same block.
         assert_eq!(of(23, 1, 1, ModeArg::PerIteration), none);
+        assert_eq!(of(1536, 1, 1, ModeArg::PerIteration), none);
+        assert!(of(1548, 1, 1, ModeArg::PerIteration).size);
         // Pipelined, --in-flight changes nothing held on the device; one
         // iteration per thread per iteration does.
         assert_eq!(
