@@ -776,7 +776,7 @@ fn bad_environment_exits_2_naming_the_value() {
     // iteration's inputs as numbers and as sent, output and expected
     // result (6 operands of 349 524 bytes) and its 128-byte program, and
     // the software device's copies for the computes its 2 engines run at
-    // once (5 operands each): 2^62 + 2 × 2 097 272 + 2 × 1 747 620 bytes.
+    // once (4 operands each): 2^62 + 2 × 2 097 272 + 2 × 1 398 096 bytes.
     refused(
         &["run", "--iterations", "1"],
         &[
@@ -784,8 +784,8 @@ fn bad_environment_exits_2_naming_the_value() {
             ("SPYRE_MOCK_REGION_BYTES", "4611686018427387904"),
         ],
         &[
-            "(7.33 MiB of host buffers, and 4194304 TiB of the software device's memory regions (SPYRE_MOCK_REGION_BYTES), which it backs",
-            "needs 4611686018435077688 bytes (4194304.00 TiB) of host memory",
+            "(6.67 MiB of host buffers, and 4194304 TiB of the software device's memory regions (SPYRE_MOCK_REGION_BYTES), which it backs",
+            "needs 4611686018434378640 bytes (4194304.00 TiB) of host memory",
         ],
     );
     refused(

@@ -86,8 +86,9 @@ pub(super) fn last_error() -> String {
 }
 
 /// `pthread_setcancelstate`'s state that holds a cancellation request
-/// until cancellation is enabled again (the same value in glibc and musl;
-/// other systems number it otherwise, and hold nothing here).
+/// until cancellation is enabled again: 1 in glibc and musl. Held on Linux
+/// only; other systems' numbers (macOS's is 0) are not checked here, so
+/// nothing is held there.
 const PTHREAD_CANCEL_DISABLE: c_int = 1;
 
 #[cfg(all(target_os = "linux", not(miri)))]
@@ -98,17 +99,19 @@ unsafe extern "C" {
     fn pthread_setcancelstate(state: c_int, oldstate: *mut c_int) -> c_int;
 }
 
-/// Holds off a `pthread_cancel` of the calling thread for the length of an
-/// exported call, and restores the thread's earlier state when dropped (a
-/// cancellation requested meanwhile then acts at the caller's next
-/// cancellation point). A call may wait in cancellation points (joining
-/// the engines as a runtime is destroyed, sleeping while a handle's
-/// readers finish): a cancellation there would unwind through the
-/// library's frames, which cannot unwind, and abort the process.
-struct CancellationHeld(c_int);
+/// Holds off a `pthread_cancel` of the calling thread while it waits in a
+/// cancellation point of the library's (joining the engines as a runtime is
+/// destroyed, sleeping while a handle table's readers finish), and restores
+/// the thread's earlier state when dropped (a cancellation requested
+/// meanwhile then acts at the caller's next cancellation point). A
+/// cancellation there would unwind through the library's frames, which
+/// cannot unwind, and abort the process. Taken only where a call may wait
+/// so, not by every call: the launch and query paths reach no cancellation
+/// point and pay nothing.
+pub(super) struct CancellationHeld(c_int);
 
 impl CancellationHeld {
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         Self(set_cancel_state(PTHREAD_CANCEL_DISABLE))
     }
 }
@@ -135,7 +138,7 @@ fn set_cancel_state(state: c_int) -> c_int {
 }
 
 /// Miri does not model thread cancellation, and other systems than Linux
-/// number the states otherwise: nothing is held there.
+/// are not held (see [`PTHREAD_CANCEL_DISABLE`]).
 #[cfg(not(all(target_os = "linux", not(miri))))]
 fn set_cancel_state(_state: c_int) -> c_int {
     0
@@ -144,10 +147,8 @@ fn set_cancel_state(_state: c_int) -> c_int {
 /// Runs the body of the exported function `call`: returns its status, or on
 /// failure sets the last-error message and returns the failure's status. A
 /// panic never crosses the C boundary: it becomes `FLEX_ERROR_INTERNAL` with
-/// the panic message. The calling thread cannot be cancelled during the
-/// call ([`CancellationHeld`]).
+/// the panic message.
 pub(super) fn boundary(call: &'static str, body: impl FnOnce() -> CallResult) -> flex_status_t {
-    let _held = CancellationHeld::new();
     let failure = match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(status)) => return status,
         Ok(Err(failure)) => failure,

@@ -60,6 +60,8 @@ use std::sync::atomic::{
 };
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
+use crate::boundary::CancellationHeld;
+
 /// A value read in read sections and replaced whole by [`Rcu::update`].
 pub(super) struct Rcu<T> {
     /// `Box::into_raw` of the current value; null while it is `initial`.
@@ -564,10 +566,13 @@ fn open_sections() -> Vec<(&'static Slot, u64)> {
 /// Spins briefly, then yields, then sleeps, doubling the sleep from 10 µs
 /// up to 1 ms: a section's thread may be switched out for long (a yield
 /// alone would busy a CPU meanwhile, and under a real-time policy would
-/// not let a thread of lower priority run at all).
+/// not let a thread of lower priority run at all). A caller's
+/// `pthread_cancel` is held off meanwhile: the sleep is a cancellation
+/// point, and this library's frames cannot unwind.
 fn wait_for(open: &[(&'static Slot, u64)]) {
     const SPINS: u32 = 64;
     const YIELDS: u32 = 64;
+    let _held = CancellationHeld::new();
     for (slot, seen) in open {
         let mut looks = 0u32;
         let mut sleep = std::time::Duration::from_micros(10);

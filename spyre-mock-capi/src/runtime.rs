@@ -14,7 +14,7 @@ use flex_sys::fork::ForkGeneration;
 use spyre_mock::{MockConfig, MockSystem};
 
 use crate::args::out_param;
-use crate::boundary::{Failure, boundary};
+use crate::boundary::{CancellationHeld, Failure, boundary};
 use crate::environment::{ENV_FAIL_RUNTIME_CREATE, Switches, env_config, env_switches};
 use crate::handles::refuse_in_callback;
 use crate::handles::{self, RuntimeState};
@@ -57,6 +57,9 @@ pub unsafe extern "C" fn flex_runtime_create(
 pub unsafe extern "C" fn flex_runtime_destroy(runtime: *mut flex_runtime_t) -> flex_status_t {
     const CALL: &str = "flex_runtime_destroy";
     boundary(CALL, || {
+        // The destroy waits for the runtime's other users and joins its
+        // threads: cancellation points.
+        let _held = CancellationHeld::new();
         let state = handles::runtime(runtime)?;
         refuse_in_callback(&state, CALL)?;
         state.check_switch(CALL)?;

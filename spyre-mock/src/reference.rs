@@ -72,8 +72,8 @@ pub fn matmul(m: usize, k: usize, n: usize, a: &[f32], b: &[f32]) -> Option<Vec<
     Some(c)
 }
 
-/// [`matmul`], into `c` (cleared first); `None`, with `c` left empty, as
-/// for [`matmul`].
+/// [`matmul`], appended to `c`; `None`, with `c` as it was, as for
+/// [`matmul`].
 pub fn matmul_into(
     m: usize,
     k: usize,
@@ -82,14 +82,15 @@ pub fn matmul_into(
     b: &[f32],
     c: &mut Vec<f32>,
 ) -> Option<()> {
-    c.clear();
     if a.len() != m.checked_mul(k)? || b.len() != k.checked_mul(n)? {
         return None;
     }
-    c.resize(m.checked_mul(n)?, 0.0);
+    let start = c.len();
+    c.resize(start.checked_add(m.checked_mul(n)?)?, 0.0);
     if n == 0 {
         return Some(());
     }
+    let c = &mut c[start..];
     for (row, a_row) in c.chunks_exact_mut(n).zip(a.chunks_exact(k.max(1))) {
         for (&a_ip, b_row) in a_row.iter().zip(b.chunks_exact(n)) {
             for (acc, &b_pj) in row.iter_mut().zip(b_row) {
@@ -111,6 +112,38 @@ fn collected(fill: impl FnOnce(&mut Vec<f32>)) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The `_into` forms append to what `out` holds, in its reserved room,
+    /// and give what the plain forms return.
+    #[test]
+    fn the_into_forms_append_what_the_plain_forms_return() {
+        let (a, b) = ([1.0, 2.0, 3.0, 4.0], [0.5, -1.0, 2.0, 0.25]);
+        let mut out = Vec::with_capacity(2 + 4 * 5 + 4);
+        out.extend([9.0, 9.0]);
+        let room = out.capacity();
+        copy_into(&a, &mut out);
+        fill_into(4, 7.0, &mut out);
+        add_into(&a, &b, &mut out);
+        mul_into(&a, &b, &mut out);
+        axpy_into(2.0, &a, &b, &mut out);
+        assert_eq!(matmul_into(2, 2, 2, &a, &b, &mut out), Some(()));
+        let mut expected = vec![9.0, 9.0];
+        for part in [
+            copy(&a),
+            fill(4, 7.0),
+            add(&a, &b),
+            mul(&a, &b),
+            axpy(2.0, &a, &b),
+            matmul(2, 2, 2, &a, &b).unwrap(),
+        ] {
+            expected.extend(part);
+        }
+        assert_eq!(out, expected);
+        assert_eq!(out.capacity(), room, "written in the reserved room");
+        // A refused matmul leaves the vector as it was.
+        assert_eq!(matmul_into(3, 2, 2, &a, &b, &mut out), None);
+        assert_eq!(out, expected);
+    }
 
     #[test]
     fn elementwise_by_hand() {

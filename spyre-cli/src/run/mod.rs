@@ -181,9 +181,10 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
     let mut buffers = (args.threads as u64).saturating_mul(per_thread);
     if info.backend == "mock" {
         // The software device's engines each hold, while they run a
-        // compute, host copies of its operands: at most five (the two
-        // inputs as read and as numbers, the result and its bytes), for as
-        // many computes as run at once.
+        // compute, host copies of its operands: at most four at once (the
+        // two inputs as numbers, the result and its bytes; an input's bytes
+        // as read are dropped once converted, before the result is made),
+        // for as many computes as run at once.
         let engines = info
             .backend_details
             .iter()
@@ -192,7 +193,7 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
             .unwrap_or(1);
         let computes = engines.min((args.threads as u64).saturating_mul(in_flight));
         buffers =
-            buffers.saturating_add(computes.saturating_mul(plan.operand_bytes.saturating_mul(5)));
+            buffers.saturating_add(computes.saturating_mul(plan.operand_bytes.saturating_mul(4)));
     }
     // The software device backs the regions the run writes with host
     // memory: a region the host cannot give would fail a copy, after the
