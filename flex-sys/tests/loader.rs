@@ -685,15 +685,20 @@ fn load_without_the_variable_prefers_the_soname_and_reports_the_real_file() {
     run_child("soname-first", &[(CHILD_EXPECT, &expect)], Some(&dir));
 }
 
+/// A text file whose name ends in `.so`: no dynamic loader opens it.
+fn not_a_library() -> PathBuf {
+    support::text_file(
+        "not-a-library.so",
+        "This is a text file, not a shared library, although its name ends in .so.\n",
+    )
+}
+
 /// A `libflex.so.1` that cannot be opened (not a library) is passed over
 /// for `libflex.so`, and the library says so ([`FlexLibrary::skipped`]);
 /// before, nothing did.
 #[test]
 fn load_without_the_variable_tells_the_soname_it_could_not_open() {
-    let text = support::text_file(
-        "not-a-library.so",
-        "This is a text file, not a shared library, although its name ends in .so.\n",
-    );
+    let text = not_a_library();
     let dir = search_dir(
         "skipped-soname",
         &[
@@ -720,10 +725,7 @@ fn load_without_the_variable_reports_a_refused_soname_without_falling_back() {
 
 #[test]
 fn load_without_the_variable_lists_every_candidate_when_none_opens() {
-    let text = support::text_file(
-        "not-a-library.so",
-        "This is a text file, not a shared library, although its name ends in .so.\n",
-    );
+    let text = not_a_library();
     let dir = search_dir(
         "nothing-loadable",
         &[(&text, "libflex.so.1"), (&text, "libflex.so")],
