@@ -1,6 +1,10 @@
 //! The host memory a command is about to use, checked against what the
-//! host has, so that a request too large for it is a usage error naming the
-//! sizes instead of an allocation failure that aborts the process.
+//! host has and what the process's address-space limit leaves, so that a
+//! request too large for them is a usage error naming the sizes instead of
+//! an allocation failure that aborts the process. A bound: what is counted
+//! is what the command's buffers and the software device's copies need,
+//! not the threads' stacks or the allocator's own room, so a run just
+//! under the limit may still fail in an allocation.
 
 use crate::error::CliError;
 use crate::size::{format_size, format_total};
@@ -65,7 +69,8 @@ fn parse_mem_available(meminfo: &str) -> Option<u64> {
 }
 
 /// Refuses `needed` bytes of host memory for `what` when the host has less
-/// available; where the available memory cannot be read, nothing is checked.
+/// available, or the process's address-space limit leaves less; where
+/// neither can be read, nothing is checked.
 ///
 /// # Errors
 /// [`CliError::Usage`] naming both sizes and what needed them.

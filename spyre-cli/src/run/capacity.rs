@@ -110,11 +110,12 @@ impl From<Refusal> for CliError {
 /// segments of their own: one at least on each stream that holds
 /// iterations ([`streams_holding`]) where an operand's segment leaves its
 /// stream no room for a program, else packed; or, for small operands that
-/// fill their segments, one operand block each). The allocator keeps segments per
-/// stream, so a run close to the limit may still need it to return its
-/// cache and retry, or fail with a named out-of-memory error. The advice
-/// names only changes that pass this check with the run's other flags: a
-/// smaller `--size`, fewer threads or iterations in flight, another mode.
+/// fill their segments, one operand block each). The allocator keeps
+/// segments per stream, so a run close to the limit may still need it to
+/// return its cache and retry, or fail with a named out-of-memory error.
+/// The advice names only changes that pass this check with the run's other
+/// flags: a smaller `--size`, fewer threads or iterations in flight,
+/// another mode.
 pub(crate) fn check_capacity(
     plan: &Plan,
     args: &RunArgs,
