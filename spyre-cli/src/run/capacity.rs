@@ -35,31 +35,6 @@ fn streams_holding(args: &RunArgs, n: u64) -> u64 {
     .max(1)
 }
 
-/// Bytes of whole program segments (`program_segment` each) that fit where
-/// operand blocks of `block` bytes, packed into segments of
-/// `operand_segment` as [`allocations_held`] packs them, leave free at the
-/// end of each whole region. Not the last region when it is a part of one:
-/// the device gives the first free range that holds a segment, so a
-/// program reaches the last region only once the whole ones before it are
-/// full, its room then too late to spare an operand block.
-fn program_room_beside_operands(
-    layout: MemoryLayout,
-    operand_segment: u64,
-    block: u64,
-    program_segment: u64,
-) -> u64 {
-    let MemoryLayout {
-        total_bytes: total,
-        region_bytes: region,
-    } = layout;
-    let room = |bytes: u64| {
-        let operands =
-            bytes / operand_segment * operand_segment + bytes % operand_segment / block * block;
-        (bytes - operands) / program_segment * program_segment
-    };
-    (total / region).saturating_mul(room(region))
-}
-
 /// Host memory the software device backs a run's device memory with: it
 /// backs a region whole when it is first written, so the regions the
 /// operand blocks of the iterations held on the device reach (packed into
@@ -248,17 +223,13 @@ fn assess(plan: &Plan, args: &RunArgs, layout: MemoryLayout) -> Result<(), Misfi
     let cut_from_operands = block <= SMALL_REQUEST
         && operand_segment / block > 1
         && operand_segment % block < program_block;
-    // Program segments go first where no operand block fits: the end of
-    // each whole region.
-    let program_room =
-        program_room_beside_operands(layout, operand_segment, block, program_segment);
     let blocks_beside = |n: u64| {
         if cut_from_operands {
-            return operand_blocks.saturating_sub(n);
+            // Counted in what the iterations need (below).
+            return operand_blocks;
         }
         // Else the programs take segments of their own, each costing the
-        // operands the segments it covers where it does not fit beside
-        // them. Where an operand's segment has room beside its blocks for
+        // operands the segments it covers. Where an operand's segment has room beside its blocks for
         // a program (small operands, whose pool the programs share), they
         // are counted packed, as if on one stream: a program is cut from
         // what is left of its stream's operand segment, and a full device
@@ -284,32 +255,56 @@ fn assess(plan: &Plan, args: &RunArgs, layout: MemoryLayout) -> Result<(), Misfi
             .saturating_mul(n.div_ceil(streams).div_ceil(program_segment / MIN_BLOCK))
             .saturating_mul(program_segment);
         let lost = programs
-            .saturating_sub(program_room)
             .div_ceil(operand_segment)
             .saturating_mul(operand_segment / block);
         operand_blocks.saturating_sub(lost)
     };
-    let held = |n: u64| blocks_beside(n) / BLOCKS_PER_ITERATION;
-    // The most iterations that fit beside their own programs: `held` never
-    // grows with `n`, so the `n` with `n <= held(n)` are 1 up to that.
+    // The operand blocks `n` iterations in flight take: on one stream,
+    // their own; on several, whole segments of each stream's. A stream's
+    // blocks are cut from its own segments, and a full device takes a new
+    // segment in pieces where its free memory is scattered before it lends
+    // another stream's cached blocks, so the rest of other streams'
+    // segments does not serve an operand, which needs one chunk. (Measured
+    // while blocks were counted as if on one stream: on the default device,
+    // `--size 10MiB --threads 16 --mode per-iteration` passed and ran out
+    // of memory, an operand coming back in pieces, in 5 runs of 5.)
+    let per_segment = (operand_segment / block).max(1);
+    // A program cut from an operand block takes that block: one more per
+    // iteration, in its stream's segments.
+    let blocks_per_iteration = BLOCKS_PER_ITERATION + u64::from(cut_from_operands);
+    let needed = |n: u64| {
+        let streams = streams_holding(args, n);
+        if streams > 1 && per_segment > 1 {
+            let per_stream = n.div_ceil(streams).saturating_mul(blocks_per_iteration);
+            streams
+                .saturating_mul(per_stream.div_ceil(per_segment))
+                .saturating_mul(per_segment)
+        } else {
+            n.saturating_mul(blocks_per_iteration)
+        }
+    };
+    let fits = |n: u64| needed(n) <= blocks_beside(n);
+    // The most iterations that fit beside their own programs: what they
+    // need never shrinks and what is held beside their programs never
+    // grows with `n`, so the `n` that fit are 1 up to that.
     let iterations_held = {
-        let (mut fits, mut over) = (0, held(1).saturating_add(1));
-        while over - fits > 1 {
-            let mid = fits + (over - fits) / 2;
-            if mid <= held(mid) {
-                fits = mid;
+        let (mut fit, mut over) = (0, operand_blocks / blocks_per_iteration + 1);
+        while over - fit > 1 {
+            let mid = fit + (over - fit) / 2;
+            if fits(mid) {
+                fit = mid;
             } else {
                 over = mid;
             }
         }
-        fits
+        fit
     };
     if iterations_held == 0 {
         return Err(Misfit::NoIteration {
-            blocks_held: blocks_beside(1),
+            blocks_held: blocks_beside(1).saturating_sub(u64::from(cut_from_operands)),
         });
     }
-    if in_flight > held(in_flight) {
+    if !fits(in_flight) {
         return Err(Misfit::TooManyInFlight {
             in_flight,
             per_thread,
@@ -644,23 +639,22 @@ mod tests {
         // Serialized, the four are on one stream: one program segment
         // costs 1 block, 12 left.
         assert!(fits(15_485_963, ModeArg::Serialized));
-        // Operands of 4 839 424 bytes: 13 blocks (62 912 512 bytes) leave
-        // 4 196 352 at the region's end, where two program segments go;
-        // the other two cost one block: 12 left, four iterations fit (the
-        // size the advice names; run 12 of 12 iterations, three times).
+        // Operands of 4 793 344 bytes: 14 to the device, less 2: 12, four
+        // iterations fit (the size the advice names; run 12 of 12
+        // iterations, three times).
         assert_eq!(
-            Plan::new(KernelArg::Axpy, 14_518_283)
+            Plan::new(KernelArg::Axpy, 14_380_043)
                 .unwrap()
                 .operand_bytes,
-            4_839_424
+            4_793_344
         );
-        assert!(fits(14_518_283, ModeArg::PerIteration));
+        assert!(fits(14_380_043, ModeArg::PerIteration));
         // Operands of 4 893 356 bytes, blocks of 4 893 696: twelve and four
         // program segments need 67 112 960 bytes, more than the device.
-        // (The check counts the room beside the 13 blocks a region holds,
-        // not beside the 12 the run holds: it also refuses the sizes from
-        // 14 518 284 up to this one, which would fit. A bound on the safe
-        // side.)
+        // (The check counts no program room beside the operands: it also
+        // refuses sizes from 14 380 044 up to this one, of which some
+        // would fit. A bound on the safe side: room counted at the ends of
+        // regions passed runs that failed.)
         assert!(!fits(14_680_068, ModeArg::PerIteration));
         // Small operands share their segments with the programs: 31
         // serialized threads of operands of 33 332 bytes, four in flight
@@ -687,14 +681,14 @@ mod tests {
             check_capacity(&plan, &run, small).is_ok()
         };
         assert!(in_flight(8) && !in_flight(9));
-        // A last region that is a part of one gives programs no room: the
-        // device places a program after its iteration's operands, in the
-        // region being filled. 68 MiB in regions of 32 MiB, operands of
-        // 11 184 640 bytes: three to a whole region (512 bytes left), none
-        // in the last 4 MiB; two pipelined iterations need the six, and
-        // their program segment costs one. This passed while the last
-        // region's 4 MiB counted as room, and failed its first iteration
-        // (an operand came back in three chunks).
+        // The ends of regions give programs no room: the device places a
+        // program after its iteration's operands, in the region being
+        // filled. 68 MiB in regions of 32 MiB, operands of 11 184 640
+        // bytes: three to a whole region (512 bytes left), none in the last
+        // 4 MiB; two pipelined iterations need the six, and their program
+        // segment costs one. This passed while the last region's 4 MiB
+        // counted as room, and failed its first iteration (an operand came
+        // back in three chunks).
         let partial = MemoryLayout {
             total_bytes: 68 * MIB,
             region_bytes: 32 * MIB,
@@ -704,6 +698,27 @@ mod tests {
         let mut pipelined = args(33_553_920, 1, 4, ModeArg::Pipelined);
         pipelined.iterations = 4;
         assert!(check_capacity(&plan, &pipelined, partial).is_err());
+    }
+
+    #[test]
+    fn operands_on_several_streams_take_whole_segments_of_each() {
+        // The default device: 1 GiB in regions of 256 MiB. `--size 10MiB`
+        // makes blocks of 3 495 424 bytes, five to a 20 MiB segment; a
+        // region holds 12 segments and 4 blocks in its last 16 MiB: 256
+        // blocks. Per iteration, 16 threads keep 64 in flight on 64
+        // streams, each cutting its 3 blocks from a segment of its own (5
+        // blocks): 320, beside 64 program segments (128 MiB, 35 blocks).
+        // Counted as if on one stream (192 blocks) this passed, and ran
+        // out of memory, an operand coming back in pieces, in 5 runs of 5.
+        let plan = Plan::new(KernelArg::Axpy, 10 << 20).unwrap();
+        assert_eq!(plan.block_bytes(), 3_495_424);
+        let mut run = args(10 << 20, 16, 4, ModeArg::PerIteration);
+        run.iterations = 12;
+        assert!(check_capacity(&plan, &run, DEFAULT).is_err());
+        // One stream (pipelined) keeps counting the blocks themselves: the
+        // default run fits.
+        let plan = Plan::new(KernelArg::Axpy, MIB).unwrap();
+        assert!(check_capacity(&plan, &args(MIB, 2, 4, ModeArg::Pipelined), DEFAULT).is_ok());
     }
 
     #[test]
