@@ -35,6 +35,82 @@ fn streams_holding(args: &RunArgs, n: u64) -> u64 {
     .max(1)
 }
 
+/// The most operand blocks `programs` program segments of `program_segment`
+/// bytes can cost where the device may place them: a region holds the
+/// operand blocks that fit beside the program segments in it (blocks of
+/// `block` bytes packed into segments of `operand_segment`, as
+/// [`allocations_held`] counts them), and a program lands where memory is
+/// being filled when it is taken, so in any region. (Counting the
+/// programs' bytes together, or room at the regions' ends, passed runs
+/// whose programs, one to a region, each cost a block there.) The worst
+/// placement is found over the whole regions and the last part of one;
+/// for more than [`PLACED_PROGRAMS`] programs, a bound: their bytes' worth
+/// of segments and one more segment's blocks for every region they may
+/// reach.
+fn program_loss(
+    layout: MemoryLayout,
+    operand_segment: u64,
+    block: u64,
+    program_segment: u64,
+    programs: u64,
+) -> u64 {
+    let MemoryLayout {
+        total_bytes: total,
+        region_bytes: region,
+    } = layout;
+    let per_segment = operand_segment / block;
+    let held = |bytes: u64| bytes / operand_segment * per_segment + bytes % operand_segment / block;
+    let (whole, part) = (total / region, total % region);
+    if programs > PLACED_PROGRAMS {
+        let regions = (whole + u64::from(part > 0)).min(programs);
+        return programs
+            .saturating_mul(program_segment)
+            .div_ceil(operand_segment)
+            .saturating_add(regions)
+            .saturating_mul(per_segment);
+    }
+    // What `p` programs cost in a region of `size` bytes; `None` where
+    // they do not fit in it.
+    let loss = |size: u64, p: u64| {
+        let taken = p
+            .checked_mul(program_segment)
+            .filter(|&taken| taken <= size)?;
+        Some(held(size) - held(size - taken))
+    };
+    // `worst[k]`: the most `k` programs cost in the whole regions looked
+    // at so far (`None`: they cannot be placed there). Whole regions are
+    // alike, so `programs` of them are as many as can matter.
+    let count = programs as usize;
+    let mut worst: Vec<Option<u64>> = vec![None; count + 1];
+    worst[0] = Some(0);
+    for _ in 0..whole.min(programs) {
+        let mut next = worst.clone();
+        for (have, cost) in worst.iter().enumerate() {
+            let Some(cost) = *cost else { continue };
+            for p in 1..=count - have {
+                let Some(more) = loss(region, p as u64) else {
+                    break;
+                };
+                let slot = &mut next[have + p];
+                *slot = Some(slot.map_or(cost + more, |best| best.max(cost + more)));
+            }
+        }
+        worst = next;
+    }
+    (0..=count)
+        .filter_map(|in_part| {
+            let rest = worst[count - in_part]?;
+            Some(rest + loss(part, in_part as u64)?)
+        })
+        .max()
+        // Programs that fit nowhere leave no operand block.
+        .unwrap_or(u64::MAX)
+}
+
+/// Programs whose worst placement [`program_loss`] finds exactly; above,
+/// it bounds it.
+const PLACED_PROGRAMS: u64 = 128;
+
 /// Host memory the software device backs a run's device memory with: it
 /// backs a region whole when it is first written, so the regions the
 /// operand blocks of the iterations held on the device reach (packed into
@@ -251,13 +327,15 @@ fn assess(plan: &Plan, args: &RunArgs, layout: MemoryLayout) -> Result<(), Misfi
         } else {
             1
         };
-        let programs = streams
-            .saturating_mul(n.div_ceil(streams).div_ceil(program_segment / MIN_BLOCK))
-            .saturating_mul(program_segment);
-        let lost = programs
-            .div_ceil(operand_segment)
-            .saturating_mul(operand_segment / block);
-        operand_blocks.saturating_sub(lost)
+        let programs =
+            streams.saturating_mul(n.div_ceil(streams).div_ceil(program_segment / MIN_BLOCK));
+        operand_blocks.saturating_sub(program_loss(
+            layout,
+            operand_segment,
+            block,
+            program_segment,
+            programs,
+        ))
     };
     // The operand blocks `n` iterations in flight take: on one stream,
     // their own; on several, whole segments of each stream's. A stream's
@@ -639,22 +717,19 @@ mod tests {
         // Serialized, the four are on one stream: one program segment
         // costs 1 block, 12 left.
         assert!(fits(15_485_963, ModeArg::Serialized));
-        // Operands of 4 793 344 bytes: 14 to the device, less 2: 12, four
-        // iterations fit (the size the advice names; run 12 of 12
-        // iterations, three times).
+        // Operands of 4 893 184 bytes: 13 in the region; the four program
+        // segments (8 MiB) leave 56 MiB, which holds 12: four iterations
+        // fit (the size the advice names; run 12 of 12 iterations, twice).
         assert_eq!(
-            Plan::new(KernelArg::Axpy, 14_380_043)
+            Plan::new(KernelArg::Axpy, 14_679_563)
                 .unwrap()
                 .operand_bytes,
-            4_793_344
+            4_893_184
         );
-        assert!(fits(14_380_043, ModeArg::PerIteration));
-        // Operands of 4 893 356 bytes, blocks of 4 893 696: twelve and four
-        // program segments need 67 112 960 bytes, more than the device.
-        // (The check counts no program room beside the operands: it also
-        // refuses sizes from 14 380 044 up to this one, of which some
-        // would fit. A bound on the safe side: room counted at the ends of
-        // regions passed runs that failed.)
+        assert!(fits(14_679_563, ModeArg::PerIteration));
+        // Operands of 4 893 356 bytes, blocks of 4 893 696: the 56 MiB
+        // left beside the programs hold 11, and twelve with the programs
+        // would need 67 112 960 bytes, more than the device.
         assert!(!fits(14_680_068, ModeArg::PerIteration));
         // Small operands share their segments with the programs: 31
         // serialized threads of operands of 33 332 bytes, four in flight
@@ -698,6 +773,33 @@ mod tests {
         let mut pipelined = args(33_553_920, 1, 4, ModeArg::Pipelined);
         pipelined.iterations = 4;
         assert!(check_capacity(&plan, &pipelined, partial).is_err());
+    }
+
+    #[test]
+    fn programs_cost_blocks_in_the_regions_they_land_in() {
+        // 64 MiB in regions of 16 MiB; operands of 3 267 936 bytes, five
+        // to a region (436 736 bytes left): 20 blocks. Three serialized
+        // threads, two in flight each, need 18 and take three program
+        // segments of 2 MiB, which may land one to a region, each costing
+        // a block there: 17. Counted by their bytes together (6 MiB, two
+        // blocks) this passed and failed its first iteration, 2 runs of 2.
+        let layout = MemoryLayout {
+            total_bytes: 64 * MIB,
+            region_bytes: 16 * MIB,
+        };
+        let plan = Plan::new(KernelArg::Axpy, 9_803_808).unwrap();
+        assert_eq!(plan.block_bytes(), 3_268_096);
+        let serialized = |threads| args(9_803_808, threads, 2, ModeArg::Serialized);
+        assert!(check_capacity(&plan, &serialized(3), layout).is_err());
+        // Two threads need 12 beside two programs: fits (ran 24 of 24).
+        assert!(check_capacity(&plan, &serialized(2), layout).is_ok());
+        // A program where a region has room costs nothing: on the default
+        // device, operands of 66.7 MiB go three to a 256 MiB region (56 MiB
+        // left), and the default run's 12 blocks fit beside its program
+        // (ran 8 of 8; before, the program was counted as a block).
+        let plan = Plan::new(KernelArg::Axpy, 200 * MIB).unwrap();
+        let default_run = args(200 * MIB, 2, 4, ModeArg::Pipelined);
+        assert!(check_capacity(&plan, &default_run, DEFAULT).is_ok());
     }
 
     #[test]
