@@ -365,18 +365,7 @@ fn assess(plan: &Plan, args: &RunArgs, layout: MemoryLayout) -> Result<(), Misfi
     // The most iterations that fit beside their own programs: what they
     // need never shrinks and what is held beside their programs never
     // grows with `n`, so the `n` that fit are 1 up to that.
-    let iterations_held = {
-        let (mut fit, mut over) = (0, operand_blocks / blocks_per_iteration + 1);
-        while over - fit > 1 {
-            let mid = fit + (over - fit) / 2;
-            if fits(mid) {
-                fit = mid;
-            } else {
-                over = mid;
-            }
-        }
-        fit
-    };
+    let iterations_held = last_fitting(0, operand_blocks / blocks_per_iteration + 1, fits);
     if iterations_held == 0 {
         return Err(Misfit::NoIteration {
             blocks_held: blocks_beside(1).saturating_sub(u64::from(cut_from_operands)),
@@ -404,16 +393,24 @@ fn smaller_size_that_fits(args: &RunArgs, layout: MemoryLayout) -> Option<(u64, 
         let plan = Plan::new(args.kernel, size).ok()?;
         assess(&plan, args, layout).is_ok().then_some(plan)
     };
-    let (mut fit, mut over) = (MIN_SIZE, args.size);
-    let mut plan = fits(fit)?;
-    while over - fit > 1 {
+    fits(MIN_SIZE)?;
+    let size = last_fitting(MIN_SIZE, args.size, |size| fits(size).is_some());
+    Some((size, fits(size)?))
+}
+
+/// The largest value from `fit` up to below `over` for which `fits` holds,
+/// found by bisection, where `fits` holds for every value below one that it
+/// holds for and is taken to hold for `fit` (not asked of it).
+fn last_fitting(mut fit: u64, mut over: u64, fits: impl Fn(u64) -> bool) -> u64 {
+    while over.saturating_sub(fit) > 1 {
         let mid = fit + (over - fit) / 2;
-        match fits(mid) {
-            Some(mid_plan) => (fit, plan) = (mid, mid_plan),
-            None => over = mid,
+        if fits(mid) {
+            fit = mid;
+        } else {
+            over = mid;
         }
     }
-    Some((fit, plan))
+    fit
 }
 
 /// The smallest `--size`: one `f32` in each operand.
@@ -542,16 +539,8 @@ fn largest_fitting(current: usize, fits: impl Fn(usize) -> bool) -> Option<usize
     if current <= 1 || !fits(1) {
         return None;
     }
-    let (mut fit, mut over) = (1, current);
-    while over - fit > 1 {
-        let mid = fit + (over - fit) / 2;
-        if fits(mid) {
-            fit = mid;
-        } else {
-            over = mid;
-        }
-    }
-    Some(fit)
+    let fit = last_fitting(1, current as u64, |value| fits(value as usize));
+    Some(fit as usize)
 }
 
 #[cfg(test)]
