@@ -663,10 +663,13 @@ impl SpyreStream {
     /// it ([`Error::Flex`]); as [`SpyreEvent::wait`] for this stream;
     /// a refused record on `other` (it has failed, say) is [`Error::Flex`]
     /// with the call `wait_stream` and a message naming `other`; for this
-    /// stream itself, its error as [`SpyreStream::query`] reports it.
+    /// stream itself, which waits for nothing, the marker's errors all the
+    /// same (a marker is taken and given back, so that a runtime without
+    /// events refuses a wait whichever streams it names), then its error as
+    /// [`SpyreStream::query`] reports it.
     pub fn wait_stream(self, other: SpyreStream) -> Result<()> {
         if other == self {
-            runtime::markers_of(self)?;
+            drop(SpyreEvent::marker(self)?);
             return self.query().map(drop);
         }
         let marker = SpyreEvent::marker(other)?;

@@ -806,9 +806,14 @@ fn a_flex_1_0_library_reports_events_unsupported_naming_the_function() {
                 && err.to_string().contains("`flex_runtime_get_memory_info`"),
             "{err}"
         );
-        // wait_stream needs an event: refused the same way, nothing enqueued.
+        // wait_stream needs an event: refused the same way, nothing
+        // enqueued; on the stream itself too (it was `Ok` before).
         assert!(matches!(
             pool_stream().wait_stream(stream),
+            Err(Error::Unsupported(_))
+        ));
+        assert!(matches!(
+            stream.wait_stream(stream),
             Err(Error::Unsupported(_))
         ));
     });
