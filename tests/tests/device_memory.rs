@@ -564,6 +564,20 @@ fn a_raw_free_of_a_buffers_segment_is_refused_and_frees_nothing() {
             .unwrap();
         assert!(buffer.to_vec(stream).unwrap().iter().all(|&b| b == 7));
         spyre_stream::free(Device::CURRENT, &raw).unwrap();
+        // A small buffer's address, a part of a segment: refused as memory
+        // of the allocator too (the device's message, "not a live
+        // allocation", did not say whose it was), nothing freed.
+        let small = DeviceBuffer::<f32>::new(stream, 10).unwrap();
+        let before = stats();
+        let err = spyre_stream::free(Device::CURRENT, small.address()).unwrap_err();
+        assert!(
+            err.to_string().contains(&format!(
+                "{} is memory of the caching allocator",
+                small.address()
+            )),
+            "{err}"
+        );
+        assert_eq!(stats(), before);
     },);
 }
 

@@ -53,9 +53,9 @@ pub fn allocate(device: Device, bytes: u64) -> Result<CompositeAddress> {
 ///
 /// # Errors
 /// `INVALID_ARGUMENT` ([`crate::Error::Flex`]) when `address` is not a live
-/// allocation (the runtime's; before the start there is none) or is a
-/// segment of the caching allocator, such as the address of a
-/// [`crate::DeviceBuffer`] that fills one (drop the buffer instead);
+/// allocation (the runtime's; before the start there is none) or starts in
+/// a segment of the caching allocator, such as the address of any
+/// [`crate::DeviceBuffer`] (drop the buffer instead);
 /// [`Error::ForkedProcess`] in a child forked after the start;
 /// [`Error::OtherDevice`] for another device than the runtime's. Nothing
 /// is freed then.

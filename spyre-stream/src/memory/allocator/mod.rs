@@ -871,23 +871,26 @@ impl CachingAllocator {
     }
 
     /// Frees `address`, memory allocated from the runtime directly, unless
-    /// it is the whole of a segment the allocator holds (in use by
-    /// buffers, cached, or on its way from or back to the device): freeing
-    /// that would pull memory from under its buffers, or have the allocator
-    /// free memory handed out again later.
+    /// it starts in a segment the allocator holds (in use by buffers,
+    /// cached, or on its way from or back to the device; the whole of it,
+    /// or a buffer's part): freeing that would pull memory from under its
+    /// buffers, or have the allocator free memory handed out again later.
     ///
     /// # Errors
-    /// `INVALID_ARGUMENT` naming the address for a segment of the
-    /// allocator (nothing is freed); the runtime's error.
+    /// `INVALID_ARGUMENT` naming the address for memory of the allocator
+    /// (nothing is freed); the runtime's error.
     pub(crate) fn free_raw(&self, address: &CompositeAddress) -> Result<()> {
         let _transit = self.transit.lock();
         let owned = {
             let state = self.state.lock();
-            state.in_transit.contains(address)
+            state
+                .in_transit
+                .iter()
+                .any(|segment| starts_in(address, segment))
                 || state
                     .segments
                     .iter()
-                    .any(|(_, segment)| segment.address == *address)
+                    .any(|(_, segment)| starts_in(address, &segment.address))
         };
         if owned {
             return Err(FlexError::invalid_argument(
@@ -920,4 +923,17 @@ impl CachingAllocator {
         state.stats.peak_allocated_bytes = state.stats.allocated_bytes;
         state.stats.peak_reserved_bytes = state.stats.reserved_bytes;
     }
+}
+
+/// Whether `address` starts in one of `segment`'s chunks: the segment
+/// itself, or a buffer's part of it.
+fn starts_in(address: &CompositeAddress, segment: &CompositeAddress) -> bool {
+    let start = address.start();
+    segment.chunks().iter().any(|chunk| {
+        chunk.address.region_id == start.region_id
+            && start
+                .offset
+                .checked_sub(chunk.address.offset)
+                .is_some_and(|into| into < chunk.size)
+    })
 }
