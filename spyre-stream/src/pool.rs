@@ -209,7 +209,14 @@ impl PoolCursor {
 /// not, so none is created twice or left unused.
 ///
 /// This is a value; the process-wide pool of the spec is one of them, behind
-/// the crate's free functions. Tests and embedders may build their own.
+/// the crate's free functions. Tests and embedders may build their own. A
+/// [`SpyreStream`] is only a (device, id) pair: the crate's operations on
+/// one (its launches, query and synchronize, events, device buffers)
+/// resolve it in the process-wide pool, never in the pool that handed it
+/// out. A stream of a pool built by hand is used through its raw handle,
+/// [`StreamPool::resolve`]; given to those operations it names the
+/// process-wide pool's stream of the same device and id, or fails with
+/// [`Error::NoHandle`] where that pool has none.
 ///
 /// Thread-safety: `Send + Sync`; every method may be called from any thread.
 pub struct StreamPool<'rt> {
@@ -375,7 +382,10 @@ impl<'rt> StreamPool<'rt> {
     /// is handed out its handle is created, with the runtime priority of its
     /// pool, under that id's own lock, so only callers handed the same id
     /// wait for it (see the type's docs). Initializes the pool first if
-    /// needed.
+    /// needed. The stream returned names a (device, id) pair, which the
+    /// crate's stream operations resolve in the process-wide pool: for a
+    /// pool built by hand, use [`StreamPool::resolve`] (see the type's
+    /// docs).
     ///
     /// # Errors
     /// The runtime's error if the pool cannot initialize or the stream cannot
