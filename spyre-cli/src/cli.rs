@@ -179,15 +179,22 @@ pub(crate) struct RunArgs {
     /// available memory cannot trace exits 2 before it starts) and the
     /// file is written one event at a time. FILE may be this command's
     /// standard output or error (/dev/stdout into a log that other
-    /// processes append to, say): the trace is then written after what the
-    /// stream holds, followed by a newline, in one write, so it is built
-    /// whole in memory first (about 6 KB more per iteration).
+    /// processes append to, or a pipe, say): the trace is then written
+    /// after what the stream holds, followed by a newline, in one write, so
+    /// it is built whole in memory first (about 6 KB more per iteration; a
+    /// pipe keeps only writes of up to 4 KiB whole, so ranks sharing one
+    /// can cut into each other's traces). In FILE, {device} is replaced by
+    /// the logical device and {pid} by the process id: the ranks of a
+    /// launch given --trace trace-{device}.json write a file each (without
+    /// one, a launcher's ranks are warned that the last to end replaces the
+    /// others'). Times are on the host's monotonic clock, so the traces of
+    /// processes on one host line up when opened together.
     #[arg(long, value_name = "FILE")]
     pub(crate) trace: Option<std::path::PathBuf>,
     /// Draw the same trace as a timeline into FILE (SVG: a name ending in
     /// .svg): one row per stream, each operation a bar coloured by kind,
     /// with a legend and a time axis. Opened before the run and written at
-    /// its end, as --trace.
+    /// its end, as --trace, with the same {device} and {pid}.
     #[arg(long, value_name = "FILE.svg")]
     pub(crate) timeline: Option<std::path::PathBuf>,
     /// Ends the run (exit 1) once standard input is closed: for a program

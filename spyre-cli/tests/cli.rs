@@ -17,10 +17,11 @@ use serde_json::Value;
 /// from `command`'s environment (by prefix, so a new `SPYRE_MOCK_*` switch
 /// cannot leak in from the test's own environment).
 fn clear_environment(command: &mut Command) {
-    const PREFIXES: [&str; 6] = [
+    const PREFIXES: [&str; 7] = [
         "SPYRE_",
         "TORCH_SPYRE_",
         "LOCAL_RANK",
+        "WORLD_SIZE",
         "FLEX_RUNTIME_LIB",
         "RUST_LOG",
         "RUST_BACKTRACE",
@@ -2156,6 +2157,180 @@ fn ranks_appending_traces_to_one_log_keep_each_whole() {
         serde_json::from_str::<Value>(line)
             .unwrap_or_else(|e| panic!("a line is not one JSON value: {e}"));
     }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `--trace /dev/stdout` with standard output a pipe (a launcher's, `|
+/// tee`): the trace goes through standard output, whole, on a line of its
+/// own, and the report begins on the next. Before, it was written in
+/// place through a descriptor of its own, without the newline: the report
+/// went on on the trace's line, and the trace did not parse.
+#[test]
+fn a_trace_to_standard_output_on_a_pipe_ends_its_line_before_the_report() {
+    let output = spyre(
+        &[
+            "run",
+            "--threads",
+            "1",
+            "--iterations",
+            "2",
+            "--trace",
+            "/dev/stdout",
+        ],
+        &[],
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let text = stdout(&output);
+    let (trace, report) = text.split_once('\n').unwrap();
+    let trace: Value = serde_json::from_str(trace).expect("the first line is the trace");
+    assert!(trace["traceEvents"].is_array());
+    assert!(report.starts_with("spyre run: axpy"), "{report}");
+}
+
+/// Ranks of a launch given one `--trace` path with `{device}` and `{pid}`
+/// in it write a file each, named by their device and process; a path
+/// without a placeholder gets a warning under a launcher that started more
+/// than one process, and none without a launcher or in a launch of one.
+#[test]
+fn ranks_given_one_path_with_placeholders_write_a_file_each() {
+    let dir = std::env::temp_dir().join(format!("spyre-per-rank-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pattern = dir.join("trace-{device}-{pid}.json");
+    let children: Vec<_> = (0..2)
+        .map(|rank| {
+            let mut command = spyre_command(&[
+                "run",
+                "--threads",
+                "1",
+                "--iterations",
+                "2",
+                "--json",
+                "--trace",
+                pattern.to_str().unwrap(),
+            ]);
+            command
+                .env("SPYRE_MOCK_DEVICES", "2")
+                .env("LOCAL_RANK", rank.to_string())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            command.spawn().expect("the spyre binary runs")
+        })
+        .collect();
+    for (rank, child) in children.into_iter().enumerate() {
+        let pid = child.id();
+        let output = child.wait_with_output().unwrap();
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+        assert_eq!(stderr(&output), "", "no warning with a placeholder");
+        let path = dir.join(format!("trace-{rank}-{pid}.json"));
+        let report: Value = serde_json::from_str(&stdout(&output)).unwrap();
+        assert_eq!(report["trace"]["path"], path.to_str().unwrap());
+        let trace: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let process = trace["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == "process_name")
+            .unwrap()
+            .clone();
+        assert_eq!(
+            process["args"]["name"],
+            format!("Spyre device {rank} (process {pid})")
+        );
+    }
+    let shared = dir.join("shared.json");
+    let shared_run = [
+        "run",
+        "--threads",
+        "1",
+        "--iterations",
+        "2",
+        "--trace",
+        shared.to_str().unwrap(),
+    ];
+    let warning = format!(
+        "warning: --trace {}: every rank of the launch (LOCAL_RANK is set) writes this one file",
+        shared.display()
+    );
+    let output = spyre(
+        &shared_run,
+        &[("SPYRE_MOCK_DEVICES", "2"), ("LOCAL_RANK", "1")],
+    );
+    assert!(stderr(&output).contains(&warning), "{}", stderr(&output));
+    for env in [
+        &[][..],
+        &[
+            ("SPYRE_MOCK_DEVICES", "2"),
+            ("LOCAL_RANK", "0"),
+            ("WORLD_SIZE", "1"),
+        ],
+    ] {
+        let output = spyre(&shared_run, env);
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+        assert_eq!(stderr(&output), "", "{env:?}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The traces of two processes, one run after the other, opened together
+/// line up: their times are on the host's monotonic clock, so the second's
+/// first slice starts after the first's last ends, and no arrow id of one
+/// is an arrow id of the other. Before, each trace's times counted from its
+/// own start (both began near 0) and both numbered their arrows 1, 2, ...
+#[test]
+fn traces_of_two_processes_line_up_and_keep_their_arrows_apart() {
+    let dir = std::env::temp_dir().join(format!("spyre-two-traces-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let traces: Vec<Value> = (0..2)
+        .map(|i| {
+            let path = dir.join(format!("{i}.json"));
+            let output = spyre(
+                &[
+                    "run",
+                    "--threads",
+                    "1",
+                    "--iterations",
+                    "4",
+                    "--trace",
+                    path.to_str().unwrap(),
+                ],
+                &[],
+            );
+            assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap()
+        })
+        .collect();
+    let slices = |trace: &Value| -> Vec<Value> {
+        trace["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["ph"] == "X")
+            .cloned()
+            .collect()
+    };
+    let (first, second) = (slices(&traces[0]), slices(&traces[1]));
+    let end = |e: &Value| e["ts"].as_f64().unwrap() + e["dur"].as_f64().unwrap();
+    let first_end = first.iter().map(end).fold(f64::MIN, f64::max);
+    let second_start = second
+        .iter()
+        .map(|e| e["ts"].as_f64().unwrap())
+        .fold(f64::MAX, f64::min);
+    assert!(
+        first_end < second_start,
+        "{first_end} µs, then {second_start} µs"
+    );
+    let ids = |slices: &[Value]| -> std::collections::BTreeSet<u64> {
+        slices
+            .iter()
+            .filter_map(|e| e["bind_id"].as_u64())
+            .collect()
+    };
+    let (first_ids, second_ids) = (ids(&first), ids(&second));
+    assert!(!first_ids.is_empty(), "the pipelined run waits on events");
+    assert!(
+        first_ids.is_disjoint(&second_ids),
+        "{first_ids:?} {second_ids:?}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

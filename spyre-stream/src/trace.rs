@@ -114,6 +114,10 @@ pub struct Trace {
     /// The operations, in the order the launching threads recorded them
     /// (see [`Trace`]).
     pub entries: Vec<TraceEntry>,
+    /// The instant the entries' times count from: when [`start_trace`]
+    /// began this trace. `None` only for the empty trace [`stop_trace`]
+    /// returns in a forked child.
+    pub origin: Option<Instant>,
 }
 
 struct Log {
@@ -186,9 +190,7 @@ pub fn start_trace() {
 /// and stops nothing of the parent's (see [`start_trace`]).
 pub fn stop_trace() -> Trace {
     if runtime::check_not_forked().is_err() {
-        return Trace {
-            entries: Vec::new(),
-        };
+        return Trace::default();
     }
     // The flag is cleared and the log replaced under the slot's lock, so
     // that a start racing this stop is wholly before it (its log is the
@@ -201,15 +203,19 @@ pub fn stop_trace() -> Trace {
         instrument::set(instrument::TRACE, false);
         std::mem::replace(&mut *slot, Arc::new(Mutex::new(Log::new())))
     };
-    let (mut entries, finish_order) = {
+    let (mut entries, finish_order, origin) = {
         let mut guard = log.lock();
         (
             std::mem::take(&mut guard.entries),
             std::mem::take(&mut guard.finish_order),
+            guard.origin,
         )
     };
     derive_starts(&mut entries, &finish_order);
-    Trace { entries }
+    Trace {
+        entries,
+        origin: Some(origin),
+    }
 }
 
 /// Sets `started` of every finished entry: the later of its enqueue and

@@ -126,6 +126,44 @@ fn write_output<T>(
         .map(|written| (path, written))
 }
 
+/// Whether the launcher that set the local rank `variable` says it started
+/// one process in all (torchrun's `WORLD_SIZE`, Open MPI's
+/// `OMPI_COMM_WORLD_SIZE`, MPICH's `PMI_SIZE`, Slurm's `SLURM_NTASKS`
+/// is 1).
+fn is_a_launch_of_one(variable: &str) -> bool {
+    let size = match variable {
+        "LOCAL_RANK" => "WORLD_SIZE",
+        "OMPI_COMM_WORLD_LOCAL_RANK" => "OMPI_COMM_WORLD_SIZE",
+        "MPI_LOCALRANKID" => "PMI_SIZE",
+        "SLURM_LOCALID" => "SLURM_NTASKS",
+        _ => return false,
+    };
+    std::env::var(size).is_ok_and(|size| size.trim() == "1")
+}
+
+/// Warns, on standard error, that `path`, given with `flag`, is one file
+/// for every rank of a launch (the device came from the launcher's
+/// `variable`): each rank replaces it whole, and the last rank's contents
+/// are what stays. Nothing when `path` holds a placeholder or names a
+/// standard stream, device or pipe. `example` is a path with a
+/// placeholder, for the advice.
+fn warn_of_one_file_for_every_rank(
+    variable: &str,
+    flag: &str,
+    path: Option<&std::path::Path>,
+    example: &str,
+) {
+    let Some(path) = path.filter(|path| output_file::is_one_file_for_every_process(path)) else {
+        return;
+    };
+    // Advice only: a closed stderr must not fail (or panic) the run.
+    let _ = writeln!(
+        std::io::stderr(),
+        "warning: {flag} {}: every rank of the launch ({variable} is set) writes this one file, and the last rank to end replaces the others'; put {{device}} or {{pid}} in the name for a file per rank ({flag} {example})",
+        path.display()
+    );
+}
+
 /// Runs the workload.
 ///
 /// # Errors
@@ -141,9 +179,6 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
     if let Some(path) = &args.timeline {
         timeline::check_path(path)?;
     }
-    if let (Some(trace), Some(timeline)) = (&args.trace, &args.timeline) {
-        output_file::check_distinct(trace, timeline)?;
-    }
     let total = (args.threads as u64)
         .checked_mul(args.iterations)
         .ok_or_else(|| {
@@ -155,6 +190,25 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
     spyre_stream::start_runtime().map_err(|e| CliError::stream("starting the Spyre runtime", e))?;
     let info = spyre_stream::runtime_info()
         .ok_or_else(|| CliError::Failed("the Spyre runtime did not start".into()))?;
+    // The output paths, with their placeholders replaced.
+    let trace_path = args
+        .trace
+        .as_deref()
+        .map(|path| output_file::expand(path, info.device));
+    let timeline_path = args
+        .timeline
+        .as_deref()
+        .map(|path| output_file::expand(path, info.device));
+    if let (Some(trace), Some(timeline)) = (&trace_path, &timeline_path) {
+        output_file::check_distinct(trace, timeline)?;
+    }
+    if let spyre_stream::DeviceSource::LocalRank(variable) = info.device_source
+        && !is_a_launch_of_one(variable)
+    {
+        let (trace, timeline) = (args.trace.as_deref(), args.timeline.as_deref());
+        warn_of_one_file_for_every_rank(variable, "--trace", trace, "trace-{device}.json");
+        warn_of_one_file_for_every_rank(variable, "--timeline", timeline, "run-{device}.svg");
+    }
     if args.mode == ModeArg::Pipelined {
         require_timed_events(
             "`spyre run --mode pipelined` (the default)",
@@ -216,8 +270,8 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
             .map_or(0, |_| bytes)
     };
     let per_traced_iteration = held_per_iteration.saturating_add(
-        built(&args.trace, TRACE_BUILT_BYTES_PER_ITERATION)
-            .max(built(&args.timeline, TIMELINE_BUILT_BYTES_PER_ITERATION)),
+        built(&trace_path, TRACE_BUILT_BYTES_PER_ITERATION)
+            .max(built(&timeline_path, TIMELINE_BUILT_BYTES_PER_ITERATION)),
     );
     let traced = total.saturating_mul(per_traced_iteration);
     let mut what = format!(
@@ -244,13 +298,11 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
     }
     // Every check has passed: the output files are created now, before
     // any work, so that a path that cannot be written is refused up front.
-    let trace_file = args
-        .trace
+    let trace_file = trace_path
         .as_deref()
         .map(|path| OutputFile::create("--trace", path))
         .transpose()?;
-    let timeline_file = match args
-        .timeline
+    let timeline_file = match timeline_path
         .as_deref()
         .map(|path| OutputFile::create("--timeline", path))
         .transpose()

@@ -15,17 +15,22 @@
 //! kill that cannot be caught, it may stay, named `.NAME.XXXXXX.partial`,
 //! beside the file. The file's owner becomes the user
 //! who ran, and other hard links to it keep the old contents. The write is
-//! made in place (the file emptied, then written) where no file can be made
-//! beside it (a directory the user may not write to) or renamed over it (a
-//! bind-mounted file), for a device or a pipe, and for a path under `/dev`
-//! or `/proc`. The file this process's standard output or error is
-//! (`/dev/stdout` redirected to a file is that file, a log that other
-//! processes may share) is neither replaced nor emptied: the contents, and
-//! a newline, go through that stream, after what was written to it before,
+//! made in place (the file emptied, then written, under an exclusive
+//! `flock`, so that processes doing so at once write one after the other)
+//! where no file can be made beside it (a directory the user may not write
+//! to) or renamed over it (a bind-mounted file), for a device or a pipe,
+//! and for a path under `/dev` (but `/dev/shm`) or `/proc`. What this
+//! process's standard output or error is (`/dev/stdout` redirected to a
+//! file is that file, a log that other processes may share; or a pipe, or
+//! a terminal) is neither replaced nor emptied: the contents, and a
+//! newline, go through that stream, after what was written to it before,
 //! as the run's own output does, in one write (built whole in memory
 //! first), so that ranks appending to one log keep their contents whole
 //! (up to the 2 GiB Linux takes in one write: a larger one is written in
-//! parts, which another process's write may come between).
+//! parts, which another process's write may come between; and a pipe
+//! keeps only writes of up to 4 KiB, `PIPE_BUF`, whole: ranks sharing one
+//! pipe, a launcher's output, say, can cut into each other's contents,
+//! so give each rank a file of its own, [`expand`]).
 
 use std::fs::File;
 use std::io::{BufWriter, Seek, SeekFrom, Write};
@@ -114,10 +119,11 @@ impl OutputFile {
                 path.display()
             ))
         };
-        let regular = file.metadata().ok().filter(std::fs::Metadata::is_file);
-        if let Some(stream) = regular.as_ref().and_then(standard_stream) {
+        let meta = file.metadata().ok();
+        if let Some(stream) = meta.as_ref().and_then(standard_stream) {
             return stream.write_with(contents).map_err(failed);
         }
+        let regular = meta.filter(std::fs::Metadata::is_file);
         let replaced = regular
             .as_ref()
             .filter(|_| !names_a_system_file(&path))
@@ -165,7 +171,7 @@ impl OutputFile {
     /// and inode): reached through links that [`check_distinct`] cannot
     /// resolve before the files exist, such as a symbolic link to a file
     /// that the other flag's path then created. (A pipe or a terminal both
-    /// name is written in place, each write after the other: not refused.)
+    /// name takes one write after the other: not refused.)
     #[cfg(unix)]
     pub(crate) fn is_same_file(&self, other: &Self) -> bool {
         use std::os::unix::fs::MetadataExt;
@@ -195,28 +201,39 @@ impl OutputFile {
 }
 
 /// Empties `file` if it is `regular`, writes what `contents` writes into it
-/// through a buffer, and flushes it.
+/// through a buffer, and flushes it. A regular file is locked (an
+/// exclusive advisory lock, `flock`) from before it is emptied until the
+/// write is done, so that processes writing one file in place at once (the
+/// ranks of a launch given one path in a directory they may not write to)
+/// write it one after the other, each whole, instead of into each other.
 fn write_in_place<T>(
     mut file: &File,
     regular: bool,
     contents: impl FnOnce(&mut dyn Write) -> std::io::Result<T>,
 ) -> std::io::Result<T> {
     if regular {
+        file.lock()?;
         file.set_len(0)?;
         file.seek(SeekFrom::Start(0))?;
     }
     let mut out = BufWriter::new(file);
     let written = contents(&mut out)?;
     out.flush()?;
+    // Closing the file releases the lock too; released here, as soon as
+    // the contents are written.
+    if regular {
+        file.unlock()?;
+    }
     Ok(written)
 }
 
 /// Whether `path`, as given, names a file of the system's (under `/dev` or
 /// `/proc`, as `/dev/stdout` does), written in place: it may stand for
 /// another file (this process's standard output, redirected to a file),
-/// which must not be replaced.
+/// which must not be replaced. `/dev/shm`, a file system for files like
+/// any other (a common scratch directory of a node), is not one.
 fn names_a_system_file(path: &Path) -> bool {
-    path.starts_with("/dev") || path.starts_with("/proc")
+    (path.starts_with("/dev") && !path.starts_with("/dev/shm")) || path.starts_with("/proc")
 }
 
 /// This process's standard output or error.
@@ -252,21 +269,20 @@ impl StandardStream {
     }
 }
 
-/// Whether `path` names (through links) the regular file this process's
-/// standard output or error is, where a file's contents are built whole
-/// before they are written ([`StandardStream::write_with`]).
+/// Whether `path` names (through links) the file, pipe or terminal this
+/// process's standard output or error is, where a file's contents are
+/// built whole before they are written ([`StandardStream::write_with`]).
 pub(crate) fn is_standard_stream(path: &Path) -> bool {
     std::fs::metadata(path)
         .ok()
-        .filter(std::fs::Metadata::is_file)
         .as_ref()
         .and_then(standard_stream)
         .is_some()
 }
 
 /// Which of this process's standard output and error the file of `meta`
-/// is (redirected to a file, and named through `/dev/stdout` or another
-/// symbolic link, say), if either.
+/// is (a file it was redirected to, a pipe, a terminal: named through
+/// `/dev/stdout` or another symbolic link, say), if either.
 #[cfg(unix)]
 fn standard_stream(meta: &std::fs::Metadata) -> Option<StandardStream> {
     use std::os::fd::{AsFd, BorrowedFd};
@@ -328,6 +344,74 @@ fn resolve(path: &Path) -> std::io::Result<PathBuf> {
         _ => Path::new("."),
     };
     Ok(std::fs::canonicalize(parent)?.join(name))
+}
+
+/// The placeholders an output path may hold: `{pid}`, replaced by this
+/// process's id, and `{device}`, by the logical device the run is on.
+pub(crate) const PLACEHOLDERS: [&str; 2] = ["{pid}", "{device}"];
+
+/// `path` with every placeholder in it ([`PLACEHOLDERS`]) replaced, for the
+/// run on logical device `device`: so that the ranks of a launch, each
+/// given the same `--trace trace-{device}.json`, write a file each. The
+/// rest of the path is kept byte for byte.
+pub(crate) fn expand(path: &Path, device: u8) -> PathBuf {
+    let values = [
+        (PLACEHOLDERS[0], std::process::id().to_string()),
+        (PLACEHOLDERS[1], device.to_string()),
+    ];
+    #[cfg(unix)]
+    {
+        use std::os::unix::ffi::{OsStrExt, OsStringExt};
+        let mut bytes = path.as_os_str().as_bytes().to_vec();
+        for (placeholder, value) in &values {
+            bytes = replace_all(&bytes, placeholder.as_bytes(), value.as_bytes());
+        }
+        PathBuf::from(std::ffi::OsString::from_vec(bytes))
+    }
+    #[cfg(not(unix))]
+    {
+        // Elsewhere a path that is not Unicode is kept as it is.
+        let Some(text) = path.to_str() else {
+            return path.to_owned();
+        };
+        let mut text = text.to_owned();
+        for (placeholder, value) in &values {
+            text = text.replace(placeholder, value);
+        }
+        PathBuf::from(text)
+    }
+}
+
+/// `haystack` with every `from` in it, left to right, replaced by `to`.
+#[cfg(unix)]
+fn replace_all(haystack: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(haystack.len());
+    let mut rest = haystack;
+    while let Some(at) = rest.windows(from.len()).position(|window| window == from) {
+        out.extend_from_slice(&rest[..at]);
+        out.extend_from_slice(to);
+        rest = &rest[at + from.len()..];
+    }
+    out.extend_from_slice(rest);
+    out
+}
+
+/// Whether every process given `path` writes the one file, each replacing
+/// the others' contents: it holds no placeholder ([`PLACEHOLDERS`]) and
+/// names a file (or nothing yet), not this process's standard output or
+/// error, a device or a pipe.
+pub(crate) fn is_one_file_for_every_process(path: &Path) -> bool {
+    let text = path.as_os_str().to_string_lossy();
+    if PLACEHOLDERS
+        .iter()
+        .any(|placeholder| text.contains(placeholder))
+    {
+        return false;
+    }
+    match std::fs::metadata(path) {
+        Ok(meta) => meta.is_file() && standard_stream(&meta).is_none(),
+        Err(_) => true,
+    }
 }
 
 /// Refuses the same file given to `--trace` and `--timeline` (as written,
@@ -532,6 +616,93 @@ mod tests {
         OutputFile::create("--trace", &old).unwrap().discard();
         assert_eq!(std::fs::read(&old).unwrap(), b"old", "as it was");
         std::fs::remove_file(&old).unwrap();
+    }
+
+    #[test]
+    fn placeholders_are_replaced_wherever_they_are_and_the_rest_kept() {
+        let pid = std::process::id();
+        assert_eq!(
+            expand(Path::new("/tmp/{device}/trace-{pid}-{device}.json"), 3),
+            PathBuf::from(format!("/tmp/3/trace-{pid}-3.json"))
+        );
+        assert_eq!(
+            expand(Path::new("trace-{rank}-{pid.json"), 127),
+            PathBuf::from("trace-{rank}-{pid.json"),
+            "not placeholders"
+        );
+        assert_eq!(replace_all(b"{a}{a}x{a", b"{a}", b"1"), b"11x{a");
+        #[cfg(unix)]
+        {
+            use std::os::unix::ffi::OsStrExt;
+            let raw = std::ffi::OsStr::from_bytes(b"\xff{device}\xfe");
+            assert_eq!(
+                expand(Path::new(raw), 12).as_os_str().as_bytes(),
+                b"\xff12\xfe",
+                "bytes that are not Unicode are kept"
+            );
+        }
+    }
+
+    #[test]
+    fn a_path_with_a_placeholder_or_naming_no_file_is_not_one_for_every_process() {
+        let path = scratch("shared.json");
+        assert!(is_one_file_for_every_process(&path), "not there yet");
+        std::fs::write(&path, b"").unwrap();
+        assert!(is_one_file_for_every_process(&path), "a file");
+        std::fs::remove_file(&path).unwrap();
+        assert!(!is_one_file_for_every_process(Path::new("t-{pid}.json")));
+        assert!(!is_one_file_for_every_process(Path::new("t-{device}.json")));
+        assert!(!is_one_file_for_every_process(Path::new("/dev/null")));
+    }
+
+    /// `/dev/stdout` and `/proc/self/fd/1` may stand for another file; a
+    /// file under `/dev/shm` stands for itself, and is replaced whole.
+    #[test]
+    fn only_paths_that_may_stand_for_another_file_are_the_systems() {
+        for path in ["/dev/stdout", "/dev/fd/1", "/proc/self/fd/1", "/dev/null"] {
+            assert!(names_a_system_file(Path::new(path)), "{path}");
+        }
+        for path in [
+            "/dev/shm/trace.json",
+            "/tmp/trace.json",
+            "trace.json",
+            "/devices.json",
+        ] {
+            assert!(!names_a_system_file(Path::new(path)), "{path}");
+        }
+    }
+
+    /// Two writers of one file in place, the second starting while the
+    /// first is half-way: the second waits for the first's lock, so the
+    /// file holds the second's contents whole. (Without the lock the
+    /// second emptied the file under the first, which went on writing at
+    /// its own offset: the second's bytes, zeros, then the first's rest.)
+    #[cfg(unix)]
+    #[test]
+    fn writers_in_place_take_turns() {
+        let path = scratch("in-place.json");
+        std::fs::write(&path, b"").unwrap();
+        let (first, second) = (
+            File::options().write(true).open(&path).unwrap(),
+            File::options().write(true).open(&path).unwrap(),
+        );
+        let (halfway, at_halfway) = std::sync::mpsc::channel();
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                write_in_place(&first, true, |out| {
+                    out.write_all(&[b'a'; 1000])?;
+                    out.flush()?;
+                    halfway.send(()).unwrap();
+                    std::thread::sleep(std::time::Duration::from_millis(200));
+                    out.write_all(&[b'a'; 1000])
+                })
+                .unwrap();
+            });
+            at_halfway.recv().unwrap();
+            write_in_place(&second, true, |out| out.write_all(b"second")).unwrap();
+        });
+        assert_eq!(std::fs::read(&path).unwrap(), b"second");
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]

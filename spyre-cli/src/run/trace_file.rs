@@ -5,10 +5,15 @@
 //! record it waited for to the moment the wait was passed (flow events
 //! bound to slices by `bind_id`). The tracks' process is this process (its
 //! id), named by the logical device and that id (`Spyre device 2 (process
-//! 4711)`), so that the traces of a launch's ranks tell themselves apart.
+//! 4711)`), so that the traces of a launch's ranks tell themselves apart
+//! when opened together: their times are on the host's monotonic clock
+//! (`CLOCK_MONOTONIC`, the time since boot, which every process of the
+//! host reads alike), so that they line up, and their arrows' ids hold the
+//! process id, so that no arrow joins two processes.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use spyre_stream::{OperationKind, Trace};
@@ -34,8 +39,9 @@ const ARROW_END: &str = "flow";
 /// JSON writes as those three decimals. (Through seconds as `f64`, a time
 /// came out as 1980.8809999999999 µs instead of 1980.881, and the slice
 /// that starts where the one before it finished could start before it in
-/// the file.)
-fn micros(time: std::time::Duration) -> f64 {
+/// the file.) Exact up to 2^53 ns (104 days on the host's clock); beyond,
+/// within the `f64`'s step there, 2 ns at 208 days.
+fn micros(time: Duration) -> f64 {
     time.as_nanos() as f64 / 1000.0
 }
 
@@ -45,7 +51,7 @@ fn micros(time: std::time::Duration) -> f64 {
 /// slice then never ends after the next one of its stream starts, which
 /// starts at this one's end or later. (1035.333 + 730.633 is
 /// 1765.9660000000001 in `f64`, after 1765.966.)
-fn duration(start: std::time::Duration, end: std::time::Duration) -> f64 {
+fn duration(start: Duration, end: Duration) -> f64 {
     let (from, to) = (micros(start), micros(end));
     let duration = micros(end.saturating_sub(start));
     if from + duration <= to {
@@ -62,6 +68,43 @@ fn duration(start: std::time::Duration, end: std::time::Duration) -> f64 {
         duration = duration.next_down();
     }
     duration
+}
+
+/// The arrow id of the record linked `link` in this process's trace: the
+/// link in the low 31 bits, the process id (below 2^22 on Linux) above
+/// them, so that ids stay apart in the traces of several processes opened
+/// together and below 2^53, which a viewer reading JSON numbers as `f64`
+/// takes exactly.
+fn arrow_id(pid: u32, link: u64) -> u64 {
+    (u64::from(pid) << 31) | (link & ((1 << 31) - 1))
+}
+
+/// Where the times of a trace that began at `origin` start on the host's
+/// monotonic clock (`CLOCK_MONOTONIC`, which `Instant` reads on Linux):
+/// that clock's reading now, less the time since `origin`. Zero for a
+/// trace without an origin, and where the clock cannot be read.
+fn clock_at(origin: Option<Instant>) -> Duration {
+    let Some(origin) = origin else {
+        return Duration::ZERO;
+    };
+    #[cfg(unix)]
+    {
+        // In this order the result is at or after the origin's reading,
+        // never before it by the time between the two calls.
+        let since = origin.elapsed();
+        let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+        u64::try_from(now.tv_sec)
+            .ok()
+            .zip(u32::try_from(now.tv_nsec).ok())
+            .map_or(Duration::ZERO, |(secs, nanos)| {
+                Duration::new(secs, nanos).saturating_sub(since)
+            })
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = origin;
+        Duration::ZERO
+    }
 }
 
 /// Writes Chrome trace events one at a time, as the elements of the
@@ -84,11 +127,17 @@ impl EventWriter<'_> {
 
 /// Writes `trace` to `out` as a Chrome trace document, one event at a
 /// time: what is held in memory meanwhile is one event, the streams seen
-/// and the records waited for, not the document.
+/// and the records waited for, not the document. Its times are written
+/// from `clock`, the trace's origin on the host's monotonic clock
+/// ([`clock_at`]).
 ///
 /// # Errors
 /// The writer's.
-fn write_events(out: &mut dyn Write, trace: &Trace) -> std::io::Result<TraceSummary> {
+fn write_events(
+    out: &mut dyn Write,
+    trace: &Trace,
+    clock: Duration,
+) -> std::io::Result<TraceSummary> {
     // The trace's one process: this one's id (never 0, which viewers take
     // for the kernel's idle task), so that ranks' traces opened together
     // stay apart.
@@ -109,11 +158,12 @@ fn write_events(out: &mut dyn Write, trace: &Trace) -> std::io::Result<TraceSumm
         let (Some(started), Some(finished)) = (entry.started, entry.finished) else {
             continue;
         };
+        let (started, finished) = (clock + started, clock + finished);
         let tid = entry.stream.id().get();
         streams.insert(tid, entry.stream.priority());
         operations += 1;
         let mut args = json!({
-            "enqueued_us": micros(entry.enqueued),
+            "enqueued_us": micros(clock + entry.enqueued),
             "failed": entry.failed,
         });
         if entry.bytes > 0 {
@@ -146,7 +196,7 @@ fn write_events(out: &mut dyn Write, trace: &Trace) -> std::io::Result<TraceSumm
         // or after the record's (the trace derives it so).
         let arrow_end = match (entry.kind, entry.link) {
             (OperationKind::EventRecord, Some(link)) => {
-                slice["bind_id"] = json!(link);
+                slice["bind_id"] = json!(arrow_id(pid, link));
                 slice["flow_out"] = json!(true);
                 None
             }
@@ -158,7 +208,7 @@ fn write_events(out: &mut dyn Write, trace: &Trace) -> std::io::Result<TraceSumm
                 "tid": tid,
                 "ts": micros(finished),
                 "dur": 0,
-                "bind_id": link,
+                "bind_id": arrow_id(pid, link),
                 "flow_in": true,
             })),
             _ => None,
@@ -206,7 +256,8 @@ pub(crate) fn write_chrome_trace(
     file: OutputFile,
     trace: &Trace,
 ) -> Result<TraceSummary, CliError> {
-    file.write_with("trace", |out| write_events(out, trace))
+    let clock = clock_at(trace.origin);
+    file.write_with("trace", |out| write_events(out, trace, clock))
 }
 
 #[cfg(test)]
@@ -278,7 +329,9 @@ mod tests {
             &mut out,
             &Trace {
                 entries: vec![first, second],
+                origin: None,
             },
+            Duration::ZERO,
         )
         .unwrap();
         let text = String::from_utf8(out).unwrap();
@@ -291,9 +344,10 @@ mod tests {
     fn a_slice_names_its_pipeline_barrier_only_when_it_had_one() {
         let trace = Trace {
             entries: vec![fill(0, false), fill(2, true)],
+            origin: None,
         };
         let mut out = Vec::new();
-        let summary = write_events(&mut out, &trace).unwrap();
+        let summary = write_events(&mut out, &trace, Duration::ZERO).unwrap();
         assert_eq!((summary.operations, summary.streams), (2, 1));
         let document: Value = serde_json::from_slice(&out).unwrap();
         let args: Vec<&Value> = document["traceEvents"]
@@ -317,5 +371,76 @@ mod tests {
             format!("Spyre device 0 (process {})", std::process::id())
         );
         assert_eq!(process["pid"], std::process::id());
+    }
+
+    /// A record on stream 1 at 10–11 µs and a wait on it on stream 2 that
+    /// finished at 12 µs, written from a clock at 5 s: every time is 5 s
+    /// later than the trace's own, and both ends of the arrow carry the
+    /// record's link 7 beside this process's id.
+    #[test]
+    fn times_count_from_the_clock_and_arrows_carry_the_process_id() {
+        let at = |micros| Some(Duration::from_micros(micros));
+        let record = TraceEntry {
+            kind: OperationKind::EventRecord,
+            bytes: 0,
+            link: Some(7),
+            started: at(10),
+            finished: at(11),
+            enqueued: Duration::from_micros(9),
+            ..fill(0, false)
+        };
+        let wait = TraceEntry {
+            stream: SpyreStream::from_parts(0, StreamId(2)),
+            kind: OperationKind::EventWait,
+            bytes: 0,
+            link: Some(7),
+            started: at(8),
+            finished: at(12),
+            enqueued: Duration::from_micros(8),
+            ..fill(0, false)
+        };
+        let trace = Trace {
+            entries: vec![record, wait],
+            origin: None,
+        };
+        let mut out = Vec::new();
+        write_events(&mut out, &trace, Duration::from_secs(5)).unwrap();
+        let document: Value = serde_json::from_slice(&out).unwrap();
+        let events = document["traceEvents"].as_array().unwrap();
+        let slices: Vec<_> = events.iter().filter(|e| e["ph"] == "X").collect();
+        let times: Vec<_> = slices.iter().map(|e| e["ts"].as_f64().unwrap()).collect();
+        assert_eq!(times, [5_000_010.0, 5_000_008.0, 5_000_012.0]);
+        assert_eq!(slices[0]["args"]["enqueued_us"], 5_000_009.0);
+        let id = (u64::from(std::process::id()) << 31) | 7;
+        assert_eq!(slices[0]["bind_id"], id, "the record's end");
+        assert_eq!(slices[2]["bind_id"], id, "the wait's end");
+        assert_eq!(arrow_id(3, (1 << 31) + 7), (3 << 31) | 7);
+    }
+
+    /// The clock is the host's monotonic one: a trace that began now
+    /// starts at `CLOCK_MONOTONIC`'s reading now (within the time between
+    /// the two readings), one that began 50 ms ago 50 ms before it.
+    #[cfg(unix)]
+    #[test]
+    fn the_clock_is_the_hosts_monotonic_clock() {
+        let monotonic = || {
+            let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+            Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
+        };
+        let before = monotonic();
+        let origin = Instant::now();
+        let clock = clock_at(Some(origin));
+        let after = monotonic();
+        assert!(
+            before <= clock && clock <= after,
+            "{before:?} {clock:?} {after:?}"
+        );
+        let earlier = origin.checked_sub(Duration::from_millis(50)).unwrap();
+        let back = clock - clock_at(Some(earlier));
+        assert!(
+            back.abs_diff(Duration::from_millis(50)) < Duration::from_millis(5),
+            "{back:?}"
+        );
+        assert_eq!(clock_at(None), Duration::ZERO);
     }
 }
