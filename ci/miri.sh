@@ -33,7 +33,8 @@
 #                                 Miri's warning about such casts.
 # The hardware backend (dlopen) is out of Miri's reach and is not run here.
 #
-# Needs a nightly toolchain with the `miri` and `rust-src` components; they
+# Needs a nightly toolchain with the `miri` and `rust-src` components
+# (`nightly`, or the toolchain MIRI_TOOLCHAIN names); they
 # are installed with rustup when missing. When they cannot be installed, the
 # script fails in CI and says why; outside CI it prints "SKIPPED (outside CI
 # only): ..." and exits 0 (ci/lib.sh).

@@ -17,8 +17,8 @@
 # dependencies ~2 min, the tests 15-30 s); a race makes the test binary exit
 # with status 66 and the script fail. Uses its own target directory.
 #
-# Needs a nightly toolchain with rust-src; it is installed with rustup when
-# missing. When it cannot be installed, or the host is not one that
+# Needs a nightly toolchain with rust-src (`nightly`, or the toolchain
+# TSAN_TOOLCHAIN names); it is installed with rustup when missing. When it cannot be installed, or the host is not one that
 # ThreadSanitizer supports, the script fails in CI and says why; outside CI
 # it prints "SKIPPED (outside CI only): ..." and exits 0 (ci/lib.sh).
 set -euo pipefail
