@@ -183,18 +183,21 @@ pub(crate) struct RunArgs {
     /// after what the stream holds, followed by a newline, in one write, so
     /// it is built whole in memory first (about 6 KB more per iteration; a
     /// pipe keeps only writes of up to 4 KiB whole, so ranks sharing one
-    /// can cut into each other's traces). In FILE, {device} is replaced by
-    /// the logical device and {pid} by the process id: the ranks of a
-    /// launch given --trace trace-{device}.json write a file each (without
-    /// one, a launcher's ranks are warned that the last to end replaces the
-    /// others'). Times are on the host's monotonic clock, so the traces of
-    /// processes on one host line up when opened together.
+    /// can cut into each other's traces). In FILE, {rank} is replaced by
+    /// the process's rank in its launch (RANK, OMPI_COMM_WORLD_RANK,
+    /// PMI_RANK or SLURM_PROCID, of the launcher whose local rank chose the
+    /// device; else the first set; else 0), {device} by the logical device
+    /// and {pid} by the process id: the ranks of a launch given --trace
+    /// trace-{rank}.json write a file each (ranks of a launch of more than
+    /// one process given one file, or a pipe, are warned). Times are on the
+    /// host's monotonic clock, so the traces of processes on one host line
+    /// up when opened together.
     #[arg(long, value_name = "FILE")]
     pub(crate) trace: Option<std::path::PathBuf>,
     /// Draw the same trace as a timeline into FILE (SVG: a name ending in
     /// .svg): one row per stream, each operation a bar coloured by kind,
     /// with a legend and a time axis. Opened before the run and written at
-    /// its end, as --trace, with the same {device} and {pid}.
+    /// its end, as --trace, with the same {rank}, {device} and {pid}.
     #[arg(long, value_name = "FILE.svg")]
     pub(crate) timeline: Option<std::path::PathBuf>,
     /// Ends the run (exit 1) once standard input is closed: for a program

@@ -32,6 +32,7 @@ mod capacity;
 mod estimate;
 mod interrupt;
 mod lane;
+mod launch;
 mod outcome;
 mod output_file;
 mod plan;
@@ -126,40 +127,36 @@ fn write_output<T>(
         .map(|written| (path, written))
 }
 
-/// Whether the launcher that set the local rank `variable` says it started
-/// one process in all (torchrun's `WORLD_SIZE`, Open MPI's
-/// `OMPI_COMM_WORLD_SIZE`, MPICH's `PMI_SIZE`, Slurm's `SLURM_NTASKS`
-/// is 1).
-fn is_a_launch_of_one(variable: &str) -> bool {
-    let size = match variable {
-        "LOCAL_RANK" => "WORLD_SIZE",
-        "OMPI_COMM_WORLD_LOCAL_RANK" => "OMPI_COMM_WORLD_SIZE",
-        "MPI_LOCALRANKID" => "PMI_SIZE",
-        "SLURM_LOCALID" => "SLURM_NTASKS",
-        _ => return false,
-    };
-    std::env::var(size).is_ok_and(|size| size.trim() == "1")
-}
-
-/// Warns, on standard error, that `path`, given with `flag`, is one file
-/// for every rank of a launch (the device came from the launcher's
-/// `variable`): each rank replaces it whole, and the last rank's contents
-/// are what stays. Nothing when `path` holds a placeholder or names a
-/// standard stream, device or pipe. `example` is a path with a
-/// placeholder, for the advice.
-fn warn_of_one_file_for_every_rank(
+/// Warns, on standard error, that `path`, given with `flag`, is shared by
+/// the ranks of a launch of more than one process (the device came from
+/// the launcher's `variable`): one file for every rank, which each replaces
+/// whole and the last rank's contents are what stays, or this process's
+/// standard output or error on a pipe, which keeps only writes of up to
+/// 4 KiB whole, so that ranks sharing it can cut into each other's.
+/// Nothing when `path` holds a placeholder or names a device or a file the
+/// standard streams are redirected to (ranks appending to one log keep
+/// their writes whole). `example` is a path with a placeholder, for the
+/// advice.
+fn warn_of_shared_output(
     variable: &str,
     flag: &str,
     path: Option<&std::path::Path>,
     example: &str,
 ) {
-    let Some(path) = path.filter(|path| output_file::is_one_file_for_every_process(path)) else {
+    let Some(path) = path else {
+        return;
+    };
+    let shared = if output_file::is_one_file_for_every_process(path) {
+        "every rank of the launch writes this one file, and the last rank to end replaces the others'"
+    } else if output_file::is_standard_stream_on_a_pipe(path) {
+        "this is a pipe, which keeps only writes of up to 4 KiB whole: ranks of the launch that share it can cut into each other's output"
+    } else {
         return;
     };
     // Advice only: a closed stderr must not fail (or panic) the run.
     let _ = writeln!(
         std::io::stderr(),
-        "warning: {flag} {}: every rank of the launch ({variable} is set) writes this one file, and the last rank to end replaces the others'; put {{device}} or {{pid}} in the name for a file per rank ({flag} {example})",
+        "warning: {flag} {}: {shared} ({variable} is set); put {{rank}} in the name for a file per rank ({flag} {example})",
         path.display()
     );
 }
@@ -179,6 +176,11 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
     if let Some(path) = &args.timeline {
         timeline::check_path(path)?;
     }
+    // Paths that name one file as given name one once expanded too; those
+    // that only do once expanded are refused below.
+    if let (Some(trace), Some(timeline)) = (&args.trace, &args.timeline) {
+        output_file::check_distinct(trace, timeline)?;
+    }
     let total = (args.threads as u64)
         .checked_mul(args.iterations)
         .ok_or_else(|| {
@@ -191,23 +193,29 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
     let info = spyre_stream::runtime_info()
         .ok_or_else(|| CliError::Failed("the Spyre runtime did not start".into()))?;
     // The output paths, with their placeholders replaced.
-    let trace_path = args
-        .trace
-        .as_deref()
-        .map(|path| output_file::expand(path, info.device));
-    let timeline_path = args
-        .timeline
-        .as_deref()
-        .map(|path| output_file::expand(path, info.device));
+    let ranked = [&args.trace, &args.timeline]
+        .into_iter()
+        .flatten()
+        .any(|path| path.as_os_str().to_string_lossy().contains("{rank}"));
+    let rank = if ranked {
+        launch::rank(info.device_source)?
+    } else {
+        0
+    };
+    let expand = |path: &Option<std::path::PathBuf>| {
+        path.as_deref()
+            .map(|path| output_file::expand(path, rank, info.device))
+    };
+    let (trace_path, timeline_path) = (expand(&args.trace), expand(&args.timeline));
     if let (Some(trace), Some(timeline)) = (&trace_path, &timeline_path) {
         output_file::check_distinct(trace, timeline)?;
     }
     if let spyre_stream::DeviceSource::LocalRank(variable) = info.device_source
-        && !is_a_launch_of_one(variable)
+        && launch::size(info.device_source).is_some_and(|size| size > 1)
     {
         let (trace, timeline) = (args.trace.as_deref(), args.timeline.as_deref());
-        warn_of_one_file_for_every_rank(variable, "--trace", trace, "trace-{device}.json");
-        warn_of_one_file_for_every_rank(variable, "--timeline", timeline, "run-{device}.svg");
+        warn_of_shared_output(variable, "--trace", trace, "trace-{rank}.json");
+        warn_of_shared_output(variable, "--timeline", timeline, "run-{rank}.svg");
     }
     if args.mode == ModeArg::Pipelined {
         require_timed_events(

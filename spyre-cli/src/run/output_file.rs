@@ -35,6 +35,7 @@
 use std::fs::File;
 use std::io::{BufWriter, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use super::interrupt::RemovedOnSignal;
 use crate::error::CliError;
@@ -121,7 +122,7 @@ impl OutputFile {
         };
         let meta = file.metadata().ok();
         if let Some(stream) = meta.as_ref().and_then(standard_stream) {
-            return stream.write_with(contents).map_err(failed);
+            return stream.write_with(&file, contents).map_err(failed);
         }
         let regular = meta.filter(std::fs::Metadata::is_file);
         let replaced = regular
@@ -129,7 +130,7 @@ impl OutputFile {
             .filter(|_| !names_a_system_file(&path))
             .and_then(|meta| Some((beside(&path).ok()?, meta.permissions())));
         let Some(((temp, target, listed), mode)) = replaced else {
-            return write_in_place(&file, regular.is_some(), contents).map_err(failed);
+            return write_in_place(&file, &path, regular.is_some(), contents).map_err(failed);
         };
         let mut out = BufWriter::new(temp);
         let written = out
@@ -154,7 +155,9 @@ impl OutputFile {
             // told.
             let mut temp = refused.file;
             temp.seek(SeekFrom::Start(0))
-                .and_then(|_| write_in_place(&file, true, |out| std::io::copy(&mut temp, out)))
+                .and_then(|_| {
+                    write_in_place(&file, &path, true, |out| std::io::copy(&mut temp, out))
+                })
                 .map(drop)
                 .map_err(|e| {
                     CliError::Failed(format!(
@@ -200,19 +203,24 @@ impl OutputFile {
     }
 }
 
-/// Empties `file` if it is `regular`, writes what `contents` writes into it
-/// through a buffer, and flushes it. A regular file is locked (an
-/// exclusive advisory lock, `flock`) from before it is emptied until the
-/// write is done, so that processes writing one file in place at once (the
-/// ranks of a launch given one path in a directory they may not write to)
-/// write it one after the other, each whole, instead of into each other.
+/// How long a write in place waits for another holder of the file's lock
+/// before it writes without it ([`lock_for_writing`]).
+const LOCK_WAIT: Duration = Duration::from_secs(10);
+
+/// Empties `file`, at `path`, if it is `regular`, writes what `contents`
+/// writes into it through a buffer, and flushes it. A regular file is
+/// locked ([`lock_for_writing`]) from before it is emptied until the write
+/// is done, so that processes writing one file in place at once (the ranks
+/// of a launch given one path in a directory they may not write to) write
+/// it one after the other, each whole, instead of into each other.
 fn write_in_place<T>(
     mut file: &File,
+    path: &Path,
     regular: bool,
     contents: impl FnOnce(&mut dyn Write) -> std::io::Result<T>,
 ) -> std::io::Result<T> {
+    let locked = regular && lock_for_writing(file, path, LOCK_WAIT);
     if regular {
-        file.lock()?;
         file.set_len(0)?;
         file.seek(SeekFrom::Start(0))?;
     }
@@ -221,10 +229,40 @@ fn write_in_place<T>(
     out.flush()?;
     // Closing the file releases the lock too; released here, as soon as
     // the contents are written.
-    if regular {
+    if locked {
         file.unlock()?;
     }
     Ok(written)
+}
+
+/// Takes an exclusive advisory lock (`flock`) on `file`, at `path`,
+/// waiting up to `wait` while another open file holds one; whether it
+/// holds it. Where the file system has no such locks (`ENOLCK` on NFS
+/// without its lock daemon, say) it does not, and the write goes on
+/// without; so it does after the wait (a lock kept by another process, or
+/// one this process inherited on the same file), with a warning on
+/// standard error naming the path.
+fn lock_for_writing(file: &File, path: &Path, wait: Duration) -> bool {
+    let deadline = Instant::now() + wait;
+    loop {
+        match file.try_lock() {
+            Ok(()) => return true,
+            Err(std::fs::TryLockError::WouldBlock) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                // Advice only: a closed stderr must not fail (or panic) the run.
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "warning: {}: another process has held a lock on the file for {} s; writing it without the lock (a process writing it at the same time can cut into it)",
+                    path.display(),
+                    wait.as_secs_f64()
+                );
+                return false;
+            }
+            Err(std::fs::TryLockError::Error(_)) => return false,
+        }
+    }
 }
 
 /// Whether `path`, as given, names a file of the system's (under `/dev` or
@@ -236,41 +274,55 @@ fn names_a_system_file(path: &Path) -> bool {
     (path.starts_with("/dev") && !path.starts_with("/dev/shm")) || path.starts_with("/proc")
 }
 
-/// This process's standard output or error.
+/// This process's standard output or error, as what a path names.
 #[derive(Clone, Copy)]
-enum StandardStream {
-    Output,
-    Error,
+struct StandardStream {
+    /// Standard error, else standard output.
+    error: bool,
+    /// A regular file (redirected to one), else a pipe, a socket or a
+    /// terminal.
+    regular: bool,
 }
 
 impl StandardStream {
-    /// Writes what `contents` writes, then a newline, through the stream
-    /// (at its position, after what was written to it before; appended
-    /// where it was opened for appending), as one write where the system
-    /// takes it whole: built in memory first, so that processes appending
-    /// to one log at once do not cut into each other's contents, and the
-    /// run's report starts on a line of its own.
+    /// Writes what `contents` writes, then a newline, after what was
+    /// written to the stream before, as one write where the system takes
+    /// it whole: built in memory first, so that processes appending to one
+    /// log at once do not cut into each other's contents, and the run's
+    /// report starts on a line of its own. A file goes through the stream
+    /// (at its position; appended where it was opened for appending); a
+    /// pipe, socket or terminal through `file`, opened on it by path, once
+    /// the stream is flushed: a descriptor of its own, which blocks while
+    /// the reader is behind even where the stream's does not (a
+    /// non-blocking pipe would fail the write half-way).
     fn write_with<T>(
         self,
+        mut file: &File,
         contents: impl FnOnce(&mut dyn Write) -> std::io::Result<T>,
     ) -> std::io::Result<T> {
         let mut whole = Vec::new();
         let written = contents(&mut whole)?;
         whole.push(b'\n');
-        match self {
-            Self::Output => {
+        match (self.error, self.regular) {
+            (false, true) => {
                 let mut out = std::io::stdout().lock();
                 out.write_all(&whole)?;
                 out.flush()?;
             }
-            Self::Error => std::io::stderr().lock().write_all(&whole)?,
+            (true, true) => std::io::stderr().lock().write_all(&whole)?,
+            (error, false) => {
+                if !error {
+                    std::io::stdout().lock().flush()?;
+                }
+                file.write_all(&whole)?;
+            }
         }
         Ok(written)
     }
 }
 
-/// Whether `path` names (through links) the file, pipe or terminal this
-/// process's standard output or error is, where a file's contents are
+/// Whether `path` names (through links) the file, pipe, socket or terminal
+/// this process's standard output or error is, where a file's contents are
 /// built whole before they are written ([`StandardStream::write_with`]).
 pub(crate) fn is_standard_stream(path: &Path) -> bool {
     std::fs::metadata(path)
@@ -280,26 +332,59 @@ pub(crate) fn is_standard_stream(path: &Path) -> bool {
         .is_some()
 }
 
+/// Whether `path` names (through links) this process's standard output or
+/// error, and that is a pipe: written whole in one write, which a pipe
+/// keeps whole only up to 4 KiB (`PIPE_BUF`).
+#[cfg(unix)]
+pub(crate) fn is_standard_stream_on_a_pipe(path: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::metadata(path)
+        .ok()
+        .filter(|meta| meta.file_type().is_fifo())
+        .as_ref()
+        .and_then(standard_stream)
+        .is_some()
+}
+
+/// See the Unix version: elsewhere no path is known to be one.
+#[cfg(not(unix))]
+pub(crate) fn is_standard_stream_on_a_pipe(_: &Path) -> bool {
+    false
+}
+
 /// Which of this process's standard output and error the file of `meta`
-/// is (a file it was redirected to, a pipe, a terminal: named through
-/// `/dev/stdout` or another symbolic link, say), if either.
+/// is (a file it was redirected to, a pipe, a socket, a terminal: named
+/// through `/dev/stdout` or another symbolic link, say), if either. A
+/// device that is not a terminal (`/dev/null`) is none: it keeps nothing
+/// to cut into, and is written as it comes.
 #[cfg(unix)]
 fn standard_stream(meta: &std::fs::Metadata) -> Option<StandardStream> {
+    use std::io::IsTerminal;
     use std::os::fd::{AsFd, BorrowedFd};
-    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let same = |fd: BorrowedFd<'_>| {
         fd.try_clone_to_owned()
             .map(File::from)
             .and_then(|file| file.metadata())
             .is_ok_and(|other| (other.dev(), other.ino()) == (meta.dev(), meta.ino()))
     };
-    if same(std::io::stdout().as_fd()) {
-        Some(StandardStream::Output)
+    let error = if same(std::io::stdout().as_fd()) {
+        false
     } else if same(std::io::stderr().as_fd()) {
-        Some(StandardStream::Error)
+        true
     } else {
-        None
-    }
+        return None;
+    };
+    let kind = meta.file_type();
+    let terminal = if error {
+        std::io::stderr().is_terminal()
+    } else {
+        std::io::stdout().is_terminal()
+    };
+    (kind.is_file() || kind.is_fifo() || kind.is_socket() || terminal).then_some(StandardStream {
+        error,
+        regular: kind.is_file(),
+    })
 }
 
 /// See the Unix version: elsewhere only paths are told apart.
@@ -346,18 +431,20 @@ fn resolve(path: &Path) -> std::io::Result<PathBuf> {
     Ok(std::fs::canonicalize(parent)?.join(name))
 }
 
-/// The placeholders an output path may hold: `{pid}`, replaced by this
-/// process's id, and `{device}`, by the logical device the run is on.
-pub(crate) const PLACEHOLDERS: [&str; 2] = ["{pid}", "{device}"];
+/// The placeholders an output path may hold: `{rank}`, replaced by the
+/// process's rank in its launch (see [`super::launch::rank`]), `{pid}`, by
+/// its process id, and `{device}`, by the logical device the run is on.
+pub(crate) const PLACEHOLDERS: [&str; 3] = ["{rank}", "{pid}", "{device}"];
 
 /// `path` with every placeholder in it ([`PLACEHOLDERS`]) replaced, for the
-/// run on logical device `device`: so that the ranks of a launch, each
-/// given the same `--trace trace-{device}.json`, write a file each. The
-/// rest of the path is kept byte for byte.
-pub(crate) fn expand(path: &Path, device: u8) -> PathBuf {
+/// run of rank `rank` on logical device `device`: so that the ranks of a
+/// launch, each given the same `--trace trace-{rank}.json`, write a file
+/// each. The rest of the path is kept byte for byte.
+pub(crate) fn expand(path: &Path, rank: u64, device: u8) -> PathBuf {
     let values = [
-        (PLACEHOLDERS[0], std::process::id().to_string()),
-        (PLACEHOLDERS[1], device.to_string()),
+        (PLACEHOLDERS[0], rank.to_string()),
+        (PLACEHOLDERS[1], std::process::id().to_string()),
+        (PLACEHOLDERS[2], device.to_string()),
     ];
     #[cfg(unix)]
     {
@@ -622,12 +709,16 @@ mod tests {
     fn placeholders_are_replaced_wherever_they_are_and_the_rest_kept() {
         let pid = std::process::id();
         assert_eq!(
-            expand(Path::new("/tmp/{device}/trace-{pid}-{device}.json"), 3),
-            PathBuf::from(format!("/tmp/3/trace-{pid}-3.json"))
+            expand(
+                Path::new("/tmp/{device}/trace-{pid}-{device}-{rank}.json"),
+                9,
+                3
+            ),
+            PathBuf::from(format!("/tmp/3/trace-{pid}-3-9.json"))
         );
         assert_eq!(
-            expand(Path::new("trace-{rank}-{pid.json"), 127),
-            PathBuf::from("trace-{rank}-{pid.json"),
+            expand(Path::new("trace-{Rank}-{pid.json"), 1, 127),
+            PathBuf::from("trace-{Rank}-{pid.json"),
             "not placeholders"
         );
         assert_eq!(replace_all(b"{a}{a}x{a", b"{a}", b"1"), b"11x{a");
@@ -636,7 +727,7 @@ mod tests {
             use std::os::unix::ffi::OsStrExt;
             let raw = std::ffi::OsStr::from_bytes(b"\xff{device}\xfe");
             assert_eq!(
-                expand(Path::new(raw), 12).as_os_str().as_bytes(),
+                expand(Path::new(raw), 0, 12).as_os_str().as_bytes(),
                 b"\xff12\xfe",
                 "bytes that are not Unicode are kept"
             );
@@ -651,6 +742,7 @@ mod tests {
         assert!(is_one_file_for_every_process(&path), "a file");
         std::fs::remove_file(&path).unwrap();
         assert!(!is_one_file_for_every_process(Path::new("t-{pid}.json")));
+        assert!(!is_one_file_for_every_process(Path::new("t-{rank}.json")));
         assert!(!is_one_file_for_every_process(Path::new("t-{device}.json")));
         assert!(!is_one_file_for_every_process(Path::new("/dev/null")));
     }
@@ -689,7 +781,7 @@ mod tests {
         let (halfway, at_halfway) = std::sync::mpsc::channel();
         std::thread::scope(|scope| {
             scope.spawn(|| {
-                write_in_place(&first, true, |out| {
+                write_in_place(&first, &path, true, |out| {
                     out.write_all(&[b'a'; 1000])?;
                     out.flush()?;
                     halfway.send(()).unwrap();
@@ -699,9 +791,28 @@ mod tests {
                 .unwrap();
             });
             at_halfway.recv().unwrap();
-            write_in_place(&second, true, |out| out.write_all(b"second")).unwrap();
+            write_in_place(&second, &path, true, |out| out.write_all(b"second")).unwrap();
         });
         assert_eq!(std::fs::read(&path).unwrap(), b"second");
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    /// A lock another open file keeps is waited for, up to the wait, then
+    /// written without: not a run stuck after its work for as long as
+    /// another process keeps it.
+    #[cfg(unix)]
+    #[test]
+    fn a_lock_kept_elsewhere_is_waited_for_a_while_only() {
+        let path = scratch("kept-lock.json");
+        std::fs::write(&path, b"").unwrap();
+        let holder = File::options().write(true).open(&path).unwrap();
+        holder.lock().unwrap();
+        let file = File::options().write(true).open(&path).unwrap();
+        let started = Instant::now();
+        assert!(!lock_for_writing(&file, &path, Duration::from_millis(100)));
+        assert!(started.elapsed() >= Duration::from_millis(100));
+        holder.unlock().unwrap();
+        assert!(lock_for_writing(&file, &path, Duration::ZERO), "free now");
         std::fs::remove_file(&path).unwrap();
     }
 

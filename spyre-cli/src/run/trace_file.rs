@@ -39,8 +39,11 @@ const ARROW_END: &str = "flow";
 /// JSON writes as those three decimals. (Through seconds as `f64`, a time
 /// came out as 1980.8809999999999 µs instead of 1980.881, and the slice
 /// that starts where the one before it finished could start before it in
-/// the file.) Exact up to 2^53 ns (104 days on the host's clock); beyond,
-/// within the `f64`'s step there, 2 ns at 208 days.
+/// the file.) So up to 2^43 µs (101.8 days on the host's clock, where an
+/// `f64`'s step grows past 1 ns); beyond, within that step, 2 ns up to
+/// 203 days. A duration is written from two such times ([`duration`]), so
+/// far into the clock it is often not three decimals (`87.7449951171875`),
+/// a viewer's whole nanoseconds of it at most 1 ns short.
 fn micros(time: Duration) -> f64 {
     time.as_nanos() as f64 / 1000.0
 }
@@ -299,15 +302,28 @@ mod tests {
         // Starts far into a run (up to 1 000 s) with slices of a few ns,
         // where a step of the slice's own size is far shorter than one of
         // its end's, and those of the first milliseconds.
+        // And at the host clock's times: a day, 68 000 s (this machine's
+        // uptime when it was written) and 101 days after boot.
         let starts = (0..3_000_000u64)
             .step_by(997)
-            .chain((0..1_000).map(|i| i * 1_000_000_007));
+            .chain((0..1_000).map(|i| i * 1_000_000_007))
+            .chain(
+                [86_400, 68_000, 101 * 86_400]
+                    .into_iter()
+                    .flat_map(|secs: u64| (0..200).map(move |i| secs * 1_000_000_000 + i * 7_919)),
+            );
         for start_ns in starts {
             for length_ns in [0, 1, 7, 15, 999, 730_633, 2_000_001] {
                 let (start, end) = (ns(start_ns), ns(start_ns + length_ns));
                 let (from, to, d) = (micros(start), micros(end), duration(start, end));
                 assert!(from + d <= to, "{from} + {d} > {to}");
-                assert!(to - (from + d) < 1e-6, "{d} is short of {to} - {from}");
+                // Short by no more than the `f64` steps there (and far
+                // below a nanosecond in the first 1 000 s).
+                let step = to.next_up() - to;
+                assert!(
+                    to - (from + d) <= (2.0 * step).max(1e-6),
+                    "{d} is short of {to} - {from}"
+                );
             }
         }
     }
