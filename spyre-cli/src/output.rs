@@ -1,7 +1,7 @@
 //! Writing to the user: reports as text or one line of JSON on stdout, and
 //! progress bars on a terminal.
 
-use std::io::{self, IsTerminal as _, Write as _};
+use std::io::{self, IsTerminal as _};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
@@ -16,14 +16,38 @@ use crate::error::CliError;
 /// [`CliError::Failed`] when stdout cannot be written for another reason.
 pub(crate) fn emit(text: &str) -> Result<(), CliError> {
     let mut stdout = io::stdout().lock();
-    match stdout
-        .write_all(text.as_bytes())
-        .and_then(|()| stdout.flush())
-    {
+    match write_all_waiting(&mut stdout, text.as_bytes()) {
         Err(e) if e.kind() != io::ErrorKind::BrokenPipe => {
             Err(CliError::Failed(format!("cannot write to stdout: {e}")))
         }
         _ => Ok(()),
+    }
+}
+
+/// Writes all of `bytes` to `out` and flushes it, waiting while `out` is
+/// full where it does not block (a non-blocking pipe a parent process gave
+/// as standard output, whose reader is behind: the write would otherwise
+/// fail half-way with `WouldBlock`).
+///
+/// # Errors
+/// `out`'s, but `WouldBlock` and `Interrupted`, which are retried.
+pub(crate) fn write_all_waiting(out: &mut dyn io::Write, mut bytes: &[u8]) -> io::Result<()> {
+    let wait = || std::thread::sleep(std::time::Duration::from_millis(1));
+    while !bytes.is_empty() {
+        match out.write(bytes) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(written) => bytes = &bytes[written..],
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => wait(),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    loop {
+        match out.flush() {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => wait(),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            flushed => return flushed,
+        }
     }
 }
 
@@ -71,6 +95,51 @@ pub(crate) fn progress_bar(len: u64, template: &str) -> ProgressBar {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A writer that takes at most 3 bytes a call and refuses every other
+    /// call, and every other flush, with `WouldBlock` (a full non-blocking
+    /// pipe) or `Interrupted`.
+    struct Reluctant {
+        written: Vec<u8>,
+        calls: usize,
+        flushes: usize,
+    }
+
+    impl io::Write for Reluctant {
+        fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+            self.calls += 1;
+            match self.calls % 4 {
+                1 => Err(io::ErrorKind::WouldBlock.into()),
+                3 => Err(io::ErrorKind::Interrupted.into()),
+                _ => {
+                    let taken = bytes.len().min(3);
+                    self.written.extend_from_slice(&bytes[..taken]);
+                    Ok(taken)
+                }
+            }
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            self.flushes += 1;
+            if self.flushes == 1 {
+                Err(io::ErrorKind::WouldBlock.into())
+            } else {
+                Ok(())
+            }
+        }
+    }
+
+    #[test]
+    fn a_writer_that_would_block_gets_everything_in_order() {
+        let mut out = Reluctant {
+            written: Vec::new(),
+            calls: 0,
+            flushes: 0,
+        };
+        write_all_waiting(&mut out, b"the whole report\n").unwrap();
+        assert_eq!(out.written, b"the whole report\n");
+        assert_eq!(out.flushes, 2, "flushed again after WouldBlock");
+    }
 
     #[test]
     fn ordered_map_keeps_order() {

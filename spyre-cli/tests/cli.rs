@@ -2178,8 +2178,9 @@ fn ranks_appending_traces_to_one_log_keep_each_whole() {
 /// `--trace /dev/stdout` with standard output a pipe (a launcher's, `|
 /// tee`): the trace goes through standard output, whole, on a line of its
 /// own, and the report begins on the next. Before, it was written in
-/// place through a descriptor of its own, without the newline: the report
-/// went on on the trace's line, and the trace did not parse.
+/// place through a descriptor of its own (opened by the path), in parts
+/// and without the newline: the report went on on the trace's line, and
+/// the trace did not parse.
 #[test]
 fn a_trace_to_standard_output_on_a_pipe_ends_its_line_before_the_report() {
     let output = spyre(
@@ -2296,10 +2297,19 @@ fn the_rank_in_a_path_is_the_launchers() {
         path_of(&[("SLURM_LOCALID", "0"), ("SLURM_PROCID", "6")]),
         named("6")
     );
+    assert_eq!(
+        path_of(&[("LOCAL_RANK", "1"), ("SPYRE_MOCK_DEVICES", "2")]),
+        named("1"),
+        "no rank set: the local rank"
+    );
     refused(
         &run,
         &[("LOCAL_RANK", "0"), ("RANK", "first")],
         &["RANK=\"first\" is not a rank", "expected a whole number"],
+    );
+    assert!(
+        !dir.join("t-first.json").exists() && !dir.join("t-{rank}.json").exists(),
+        "refused before any file was made"
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -2326,7 +2336,7 @@ fn ranks_given_one_file_or_a_pipe_are_warned() {
     ];
     let one_file = |flag: &str, path: &std::path::Path, variable: &str| {
         format!(
-            "warning: {flag} {}: every rank of the launch writes this one file, and the last rank to end replaces the others' ({variable} is set); put {{rank}} in the name",
+            "warning: {flag} {}: a path without {{rank}}, {{device}} or {{pid}}: if every rank is given it, the last rank to end replaces the others' file (a launch of 2 processes: {variable} is set); put {{rank}} in the name",
             path.display()
         )
     };
@@ -2380,7 +2390,7 @@ fn ranks_given_one_file_or_a_pipe_are_warned() {
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     assert!(
         stderr(&output).contains(
-            "warning: --trace /dev/stdout: this is a pipe, which keeps only writes of up to 4 KiB whole"
+            "warning: --trace /dev/stdout: a pipe, which keeps only writes of up to 4 KiB whole"
         ),
         "{}",
         stderr(&output)

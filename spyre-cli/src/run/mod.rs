@@ -127,18 +127,19 @@ fn write_output<T>(
         .map(|written| (path, written))
 }
 
-/// Warns, on standard error, that `path`, given with `flag`, is shared by
-/// the ranks of a launch of more than one process (the device came from
-/// the launcher's `variable`): one file for every rank, which each replaces
-/// whole and the last rank's contents are what stays, or this process's
-/// standard output or error on a pipe, which keeps only writes of up to
-/// 4 KiB whole, so that ranks sharing it can cut into each other's.
-/// Nothing when `path` holds a placeholder or names a device or a file the
-/// standard streams are redirected to (ranks appending to one log keep
+/// Warns, on standard error, that `path`, given with `flag`, may be shared
+/// by the `size` processes of a launch (the device came from the
+/// launcher's `variable`): a path without a placeholder, which, given to
+/// every rank, is one file that each replaces whole (the last rank's
+/// contents are what stays); or this process's standard output or error on
+/// a pipe, which keeps only writes of up to 4 KiB whole, so that ranks
+/// sharing it can cut into each other's. Nothing for a device or a file
+/// the standard streams are redirected to (ranks appending to one log keep
 /// their writes whole). `example` is a path with a placeholder, for the
 /// advice.
 fn warn_of_shared_output(
     variable: &str,
+    size: u64,
     flag: &str,
     path: Option<&std::path::Path>,
     example: &str,
@@ -147,16 +148,16 @@ fn warn_of_shared_output(
         return;
     };
     let shared = if output_file::is_one_file_for_every_process(path) {
-        "every rank of the launch writes this one file, and the last rank to end replaces the others'"
+        "a path without {rank}, {device} or {pid}: if every rank is given it, the last rank to end replaces the others' file"
     } else if output_file::is_standard_stream_on_a_pipe(path) {
-        "this is a pipe, which keeps only writes of up to 4 KiB whole: ranks of the launch that share it can cut into each other's output"
+        "a pipe, which keeps only writes of up to 4 KiB whole: ranks that share it can cut into each other's output"
     } else {
         return;
     };
     // Advice only: a closed stderr must not fail (or panic) the run.
     let _ = writeln!(
         std::io::stderr(),
-        "warning: {flag} {}: {shared} ({variable} is set); put {{rank}} in the name for a file per rank ({flag} {example})",
+        "warning: {flag} {}: {shared} (a launch of {size} processes: {variable} is set); put {{rank}} in the name for a file per rank ({flag} {example})",
         path.display()
     );
 }
@@ -196,26 +197,26 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
     let ranked = [&args.trace, &args.timeline]
         .into_iter()
         .flatten()
-        .any(|path| path.as_os_str().to_string_lossy().contains("{rank}"));
+        .any(|path| output_file::holds_rank(path));
     let rank = if ranked {
         launch::rank(info.device_source)?
     } else {
         0
     };
-    let expand = |path: &Option<std::path::PathBuf>| {
+    let expanded = |path: &Option<std::path::PathBuf>| {
         path.as_deref()
             .map(|path| output_file::expand(path, rank, info.device))
     };
-    let (trace_path, timeline_path) = (expand(&args.trace), expand(&args.timeline));
+    let (trace_path, timeline_path) = (expanded(&args.trace), expanded(&args.timeline));
     if let (Some(trace), Some(timeline)) = (&trace_path, &timeline_path) {
         output_file::check_distinct(trace, timeline)?;
     }
-    if let spyre_stream::DeviceSource::LocalRank(variable) = info.device_source
-        && launch::size(info.device_source).is_some_and(|size| size > 1)
+    if let Some((variable, Some(size))) = launch::launch(info.device_source)
+        && size > 1
     {
         let (trace, timeline) = (args.trace.as_deref(), args.timeline.as_deref());
-        warn_of_shared_output(variable, "--trace", trace, "trace-{rank}.json");
-        warn_of_shared_output(variable, "--timeline", timeline, "run-{rank}.svg");
+        warn_of_shared_output(variable, size, "--trace", trace, "trace-{rank}.json");
+        warn_of_shared_output(variable, size, "--timeline", timeline, "run-{rank}.svg");
     }
     if args.mode == ModeArg::Pipelined {
         require_timed_events(

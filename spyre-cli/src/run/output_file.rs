@@ -16,7 +16,9 @@
 //! beside the file. The file's owner becomes the user
 //! who ran, and other hard links to it keep the old contents. The write is
 //! made in place (the file emptied, then written, under an exclusive
-//! `flock`, so that processes doing so at once write one after the other)
+//! `flock`, so that processes doing so at once write one after the other;
+//! a lock another open file keeps is waited for at most 10 s, then the
+//! file is written without it, with a warning)
 //! where no file can be made beside it (a directory the user may not write
 //! to) or renamed over it (a bind-mounted file), for a device or a pipe,
 //! and for a path under `/dev` (but `/dev/shm`) or `/proc`. What this
@@ -24,8 +26,9 @@
 //! file is that file, a log that other processes may share; or a pipe, or
 //! a terminal) is neither replaced nor emptied: the contents, and a
 //! newline, go through that stream, after what was written to it before,
-//! as the run's own output does, in one write (built whole in memory
-//! first), so that ranks appending to one log keep their contents whole
+//! as the run's own output does (waiting while a non-blocking one is
+//! full), in one write (built whole in memory first), so that ranks
+//! appending to one log keep their contents whole
 //! (up to the 2 GiB Linux takes in one write: a larger one is written in
 //! parts, which another process's write may come between; and a pipe
 //! keeps only writes of up to 4 KiB, `PIPE_BUF`, whole: ranks sharing one
@@ -39,10 +42,13 @@ use std::time::{Duration, Instant};
 
 use super::interrupt::RemovedOnSignal;
 use crate::error::CliError;
+use crate::output::write_all_waiting;
 
 /// An output file opened before the run, written once after it.
 #[derive(Debug)]
 pub(crate) struct OutputFile {
+    /// The flag the path was given with, for messages.
+    flag: &'static str,
     path: PathBuf,
     file: File,
     /// The file this run created (it did not exist before), symbolic links
@@ -58,7 +64,7 @@ impl OutputFile {
     /// [`CliError::Usage`] naming the flag, the path and the reason when
     /// the file cannot be opened for writing (a directory that does not
     /// exist, no permission, a directory at that path).
-    pub(crate) fn create(flag: &str, path: &Path) -> Result<Self, CliError> {
+    pub(crate) fn create(flag: &'static str, path: &Path) -> Result<Self, CliError> {
         let refused = |reason: String| {
             CliError::Usage(format!(
                 "{flag} {}: cannot create the file: {reason}; give the path of a file (not a directory) that you may write, in a directory that exists",
@@ -78,6 +84,7 @@ impl OutputFile {
         let created =
             (!existed).then(|| std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned()));
         Ok(Self {
+            flag,
             path: path.to_owned(),
             file,
             created,
@@ -113,7 +120,9 @@ impl OutputFile {
         what: &str,
         contents: impl FnOnce(&mut dyn Write) -> std::io::Result<T>,
     ) -> Result<T, CliError> {
-        let Self { path, file, .. } = self;
+        let Self {
+            flag, path, file, ..
+        } = self;
         let failed = |e: std::io::Error| {
             CliError::Failed(format!(
                 "cannot write the {what} to {}: {e}",
@@ -122,7 +131,7 @@ impl OutputFile {
         };
         let meta = file.metadata().ok();
         if let Some(stream) = meta.as_ref().and_then(standard_stream) {
-            return stream.write_with(&file, contents).map_err(failed);
+            return stream.write_with(contents).map_err(failed);
         }
         let regular = meta.filter(std::fs::Metadata::is_file);
         let replaced = regular
@@ -130,7 +139,8 @@ impl OutputFile {
             .filter(|_| !names_a_system_file(&path))
             .and_then(|meta| Some((beside(&path).ok()?, meta.permissions())));
         let Some(((temp, target, listed), mode)) = replaced else {
-            return write_in_place(&file, &path, regular.is_some(), contents).map_err(failed);
+            let named = Named { flag, path: &path };
+            return write_in_place(&file, named, regular.is_some(), contents).map_err(failed);
         };
         let mut out = BufWriter::new(temp);
         let written = out
@@ -156,7 +166,8 @@ impl OutputFile {
             let mut temp = refused.file;
             temp.seek(SeekFrom::Start(0))
                 .and_then(|_| {
-                    write_in_place(&file, &path, true, |out| std::io::copy(&mut temp, out))
+                    let named = Named { flag, path: &path };
+                    write_in_place(&file, named, true, |out| std::io::copy(&mut temp, out))
                 })
                 .map(drop)
                 .map_err(|e| {
@@ -207,7 +218,14 @@ impl OutputFile {
 /// before it writes without it ([`lock_for_writing`]).
 const LOCK_WAIT: Duration = Duration::from_secs(10);
 
-/// Empties `file`, at `path`, if it is `regular`, writes what `contents`
+/// A file as the user named it: the flag and the path, for messages.
+#[derive(Clone, Copy)]
+struct Named<'a> {
+    flag: &'a str,
+    path: &'a Path,
+}
+
+/// Empties `file`, `named`, if it is `regular`, writes what `contents`
 /// writes into it through a buffer, and flushes it. A regular file is
 /// locked ([`lock_for_writing`]) from before it is emptied until the write
 /// is done, so that processes writing one file in place at once (the ranks
@@ -215,11 +233,11 @@ const LOCK_WAIT: Duration = Duration::from_secs(10);
 /// it one after the other, each whole, instead of into each other.
 fn write_in_place<T>(
     mut file: &File,
-    path: &Path,
+    named: Named<'_>,
     regular: bool,
     contents: impl FnOnce(&mut dyn Write) -> std::io::Result<T>,
 ) -> std::io::Result<T> {
-    let locked = regular && lock_for_writing(file, path, LOCK_WAIT);
+    let locked = regular && lock_for_writing(file, named, LOCK_WAIT);
     if regular {
         file.set_len(0)?;
         file.seek(SeekFrom::Start(0))?;
@@ -235,14 +253,23 @@ fn write_in_place<T>(
     Ok(written)
 }
 
-/// Takes an exclusive advisory lock (`flock`) on `file`, at `path`,
-/// waiting up to `wait` while another open file holds one; whether it
-/// holds it. Where the file system has no such locks (`ENOLCK` on NFS
-/// without its lock daemon, say) it does not, and the write goes on
+/// Takes an exclusive advisory lock (`flock`) on `file`, `named`, waiting
+/// up to `wait` while another open file holds one; whether it holds it.
+/// Where the file system has no such locks (`ENOLCK` on NFS without its
+/// lock daemon, `EOPNOTSUPP`, say) it does not, and the write goes on
 /// without; so it does after the wait (a lock kept by another process, or
-/// one this process inherited on the same file), with a warning on
-/// standard error naming the path.
-fn lock_for_writing(file: &File, path: &Path, wait: Duration) -> bool {
+/// by a descriptor of the same file this process inherited) and on another
+/// error, each with a warning on standard error naming the flag and path.
+fn lock_for_writing(file: &File, named: Named<'_>, wait: Duration) -> bool {
+    let warn = |what: String| {
+        // Advice only: a closed stderr must not fail (or panic) the run.
+        let _ = writeln!(
+            std::io::stderr(),
+            "warning: {} {}: {what}; writing it without the lock (a process writing it at the same time can cut into it)",
+            named.flag,
+            named.path.display(),
+        );
+    };
     let deadline = Instant::now() + wait;
     loop {
         match file.try_lock() {
@@ -251,18 +278,27 @@ fn lock_for_writing(file: &File, path: &Path, wait: Duration) -> bool {
                 std::thread::sleep(Duration::from_millis(10));
             }
             Err(std::fs::TryLockError::WouldBlock) => {
-                // Advice only: a closed stderr must not fail (or panic) the run.
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "warning: {}: another process has held a lock on the file for {} s; writing it without the lock (a process writing it at the same time can cut into it)",
-                    path.display(),
+                warn(format!(
+                    "another open file of it (another process's, or one this process inherited) has held a lock on it for {} s",
                     wait.as_secs_f64()
-                );
+                ));
                 return false;
             }
-            Err(std::fs::TryLockError::Error(_)) => return false,
+            Err(std::fs::TryLockError::Error(e)) => {
+                if !is_lock_unsupported(&e) {
+                    warn(format!("it cannot be locked ({e})"));
+                }
+                return false;
+            }
         }
     }
+}
+
+/// Whether `error`, from taking a lock, says the file system has no locks.
+fn is_lock_unsupported(error: &std::io::Error) -> bool {
+    // ENOLCK, ENOSYS, EOPNOTSUPP on Linux.
+    error.kind() == std::io::ErrorKind::Unsupported
+        || matches!(error.raw_os_error(), Some(37 | 38 | 95))
 }
 
 /// Whether `path`, as given, names a file of the system's (under `/dev` or
@@ -274,55 +310,39 @@ fn names_a_system_file(path: &Path) -> bool {
     (path.starts_with("/dev") && !path.starts_with("/dev/shm")) || path.starts_with("/proc")
 }
 
-/// This process's standard output or error, as what a path names.
+/// This process's standard output or error.
 #[derive(Clone, Copy)]
-struct StandardStream {
-    /// Standard error, else standard output.
-    error: bool,
-    /// A regular file (redirected to one), else a pipe, a socket or a
-    /// terminal.
-    regular: bool,
+enum StandardStream {
+    Output,
+    Error,
 }
 
 impl StandardStream {
-    /// Writes what `contents` writes, then a newline, after what was
-    /// written to the stream before, as one write where the system takes
-    /// it whole: built in memory first, so that processes appending to one
-    /// log at once do not cut into each other's contents, and the run's
-    /// report starts on a line of its own. A file goes through the stream
-    /// (at its position; appended where it was opened for appending); a
-    /// pipe, socket or terminal through `file`, opened on it by path, once
-    /// the stream is flushed: a descriptor of its own, which blocks while
-    /// the reader is behind even where the stream's does not (a
-    /// non-blocking pipe would fail the write half-way).
+    /// Writes what `contents` writes, then a newline, through the stream
+    /// (at its position, after what was written to it before; appended
+    /// where it was opened for appending), as one write where the system
+    /// takes it whole: built in memory first, so that processes appending
+    /// to one log at once do not cut into each other's contents, and the
+    /// run's report starts on a line of its own. A stream that would block
+    /// (a non-blocking pipe whose reader is behind) is waited for
+    /// ([`crate::output::write_all_waiting`]), as the report after it is.
     fn write_with<T>(
         self,
-        mut file: &File,
         contents: impl FnOnce(&mut dyn Write) -> std::io::Result<T>,
     ) -> std::io::Result<T> {
         let mut whole = Vec::new();
         let written = contents(&mut whole)?;
         whole.push(b'\n');
-        match (self.error, self.regular) {
-            (false, true) => {
-                let mut out = std::io::stdout().lock();
-                out.write_all(&whole)?;
-                out.flush()?;
-            }
-            (true, true) => std::io::stderr().lock().write_all(&whole)?,
-            (error, false) => {
-                if !error {
-                    std::io::stdout().lock().flush()?;
-                }
-                file.write_all(&whole)?;
-            }
+        match self {
+            Self::Output => write_all_waiting(&mut std::io::stdout().lock(), &whole)?,
+            Self::Error => write_all_waiting(&mut std::io::stderr().lock(), &whole)?,
         }
         Ok(written)
     }
 }
 
-/// Whether `path` names (through links) the file, pipe, socket or terminal
-/// this process's standard output or error is, where a file's contents are
+/// Whether `path` names (through links) the file, pipe or terminal this
+/// process's standard output or error is, where a file's contents are
 /// built whole before they are written ([`StandardStream::write_with`]).
 pub(crate) fn is_standard_stream(path: &Path) -> bool {
     std::fs::metadata(path)
@@ -353,10 +373,11 @@ pub(crate) fn is_standard_stream_on_a_pipe(_: &Path) -> bool {
 }
 
 /// Which of this process's standard output and error the file of `meta`
-/// is (a file it was redirected to, a pipe, a socket, a terminal: named
-/// through `/dev/stdout` or another symbolic link, say), if either. A
-/// device that is not a terminal (`/dev/null`) is none: it keeps nothing
-/// to cut into, and is written as it comes.
+/// is (a file it was redirected to, a pipe, a terminal: named through
+/// `/dev/stdout` or another symbolic link, say), if either. A device that
+/// is not a terminal (`/dev/null`) is none: it keeps nothing to cut into,
+/// and is written as it comes. (A socket cannot be opened by path, so a
+/// path never names one here: it is refused when it is opened.)
 #[cfg(unix)]
 fn standard_stream(meta: &std::fs::Metadata) -> Option<StandardStream> {
     use std::io::IsTerminal;
@@ -368,23 +389,15 @@ fn standard_stream(meta: &std::fs::Metadata) -> Option<StandardStream> {
             .and_then(|file| file.metadata())
             .is_ok_and(|other| (other.dev(), other.ino()) == (meta.dev(), meta.ino()))
     };
-    let error = if same(std::io::stdout().as_fd()) {
-        false
+    let (stream, terminal) = if same(std::io::stdout().as_fd()) {
+        (StandardStream::Output, std::io::stdout().is_terminal())
     } else if same(std::io::stderr().as_fd()) {
-        true
+        (StandardStream::Error, std::io::stderr().is_terminal())
     } else {
         return None;
     };
     let kind = meta.file_type();
-    let terminal = if error {
-        std::io::stderr().is_terminal()
-    } else {
-        std::io::stdout().is_terminal()
-    };
-    (kind.is_file() || kind.is_fifo() || kind.is_socket() || terminal).then_some(StandardStream {
-        error,
-        regular: kind.is_file(),
-    })
+    (kind.is_file() || kind.is_fifo() || terminal).then_some(stream)
 }
 
 /// See the Unix version: elsewhere only paths are told apart.
@@ -435,6 +448,11 @@ fn resolve(path: &Path) -> std::io::Result<PathBuf> {
 /// process's rank in its launch (see [`super::launch::rank`]), `{pid}`, by
 /// its process id, and `{device}`, by the logical device the run is on.
 pub(crate) const PLACEHOLDERS: [&str; 3] = ["{rank}", "{pid}", "{device}"];
+
+/// Whether `path` holds `{rank}`, which needs the launcher's rank.
+pub(crate) fn holds_rank(path: &Path) -> bool {
+    path.as_os_str().to_string_lossy().contains(PLACEHOLDERS[0])
+}
 
 /// `path` with every placeholder in it ([`PLACEHOLDERS`]) replaced, for the
 /// run of rank `rank` on logical device `device`: so that the ranks of a
@@ -530,6 +548,13 @@ pub(crate) fn same_file(timeline: &Path) -> CliError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn named(path: &Path) -> Named<'_> {
+        Named {
+            flag: "--trace",
+            path,
+        }
+    }
 
     fn scratch(name: &str) -> PathBuf {
         std::env::temp_dir().join(format!("spyre-output-file-{}-{name}", std::process::id()))
@@ -781,7 +806,7 @@ mod tests {
         let (halfway, at_halfway) = std::sync::mpsc::channel();
         std::thread::scope(|scope| {
             scope.spawn(|| {
-                write_in_place(&first, &path, true, |out| {
+                write_in_place(&first, named(&path), true, |out| {
                     out.write_all(&[b'a'; 1000])?;
                     out.flush()?;
                     halfway.send(()).unwrap();
@@ -791,7 +816,7 @@ mod tests {
                 .unwrap();
             });
             at_halfway.recv().unwrap();
-            write_in_place(&second, &path, true, |out| out.write_all(b"second")).unwrap();
+            write_in_place(&second, named(&path), true, |out| out.write_all(b"second")).unwrap();
         });
         assert_eq!(std::fs::read(&path).unwrap(), b"second");
         std::fs::remove_file(&path).unwrap();
@@ -809,10 +834,17 @@ mod tests {
         holder.lock().unwrap();
         let file = File::options().write(true).open(&path).unwrap();
         let started = Instant::now();
-        assert!(!lock_for_writing(&file, &path, Duration::from_millis(100)));
+        assert!(!lock_for_writing(
+            &file,
+            named(&path),
+            Duration::from_millis(100)
+        ));
         assert!(started.elapsed() >= Duration::from_millis(100));
         holder.unlock().unwrap();
-        assert!(lock_for_writing(&file, &path, Duration::ZERO), "free now");
+        assert!(
+            lock_for_writing(&file, named(&path), Duration::ZERO),
+            "free now"
+        );
         std::fs::remove_file(&path).unwrap();
     }
 
