@@ -468,22 +468,24 @@ impl MemoryView<'_> {
 /// aborting the process in the allocator, a region larger than the host
 /// memory available now (`MemAvailable` in `/proc/meminfo`, where it can
 /// be read), or one the allocator refuses (a limit on the process's
-/// address space, say).
+/// address space, say). A region already backed costs nothing: the
+/// available memory is read only for the first write.
 fn back(bytes: &mut Vec<u8>, size: usize, index: usize) -> Result<(), String> {
-    back_within(bytes, size, index, host_memory_available())
+    back_within(bytes, size, index, host_memory_available)
 }
 
-/// [`back`] on a host with `available` bytes available (`None`: unknown).
+/// [`back`] on a host with `available()` bytes available (`None`:
+/// unknown), asked only when the region is not backed yet.
 fn back_within(
     bytes: &mut Vec<u8>,
     size: usize,
     index: usize,
-    available: Option<u64>,
+    available: impl FnOnce() -> Option<u64>,
 ) -> Result<(), String> {
     if !bytes.is_empty() {
         return Ok(());
     }
-    if let Some(available) = available.filter(|&a| size as u64 > a) {
+    if let Some(available) = available().filter(|&a| size as u64 > a) {
         return Err(format!(
             "the software device cannot back memory region {index} ({size} bytes) with host memory: the host has {available} bytes available; use a smaller SPYRE_MOCK_REGION_BYTES"
         ));
@@ -525,13 +527,24 @@ mod tests {
     #[cfg_attr(miri, ignore = "Miri stops at an allocation this large")]
     fn a_region_the_allocator_refuses_is_an_error() {
         let mut bytes = Vec::new();
-        let error = back_within(&mut bytes, 1 << 62, 3, None).unwrap_err();
+        let error = back_within(&mut bytes, 1 << 62, 3, || None).unwrap_err();
         assert_eq!(
             error,
             "the software device cannot back memory region 3 (4611686018427387904 bytes) with host memory: the allocation was refused (a limit on the process's memory, say); use a smaller SPYRE_MOCK_REGION_BYTES or raise the limit"
         );
         assert!(bytes.is_empty());
     }
+
+    /// A region already backed does not read the host's available memory
+    /// again: every write to device memory came here, and read
+    /// `/proc/meminfo` each time, under the region's lock.
+    #[test]
+    fn a_backed_region_does_not_ask_the_host_again() {
+        let mut bytes = vec![7u8; 16];
+        back_within(&mut bytes, 16, 0, || panic!("the host was asked")).unwrap();
+        assert_eq!(bytes, [7u8; 16], "kept as it was");
+    }
+
     use crate::config::MockSystemBuilder;
 
     fn memory(total: u64, region: u64) -> DeviceMemory {
