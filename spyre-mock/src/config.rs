@@ -205,7 +205,8 @@ impl MockConfig {
         self.engines
     }
 
-    /// Time added to every operation that runs.
+    /// How long every operation that runs takes at least, from its start
+    /// (see [`MockSystemBuilder::op_latency`]).
     pub fn op_latency(&self) -> Duration {
         self.op_latency
     }
@@ -526,16 +527,22 @@ impl MockSystemBuilder {
         self
     }
 
-    /// Time added to every operation that runs (the engine sleeps it), at
-    /// most [`MAX_OP_LATENCY`]. Default zero.
+    /// How long every operation that runs holds its engine at least, from
+    /// its start, with a copy's time at the bandwidth added
+    /// ([`MockSystemBuilder::copy_bandwidth`]); the host's own work on it
+    /// counts in that time (a fill that took the host 3 µs of a modelled
+    /// 10 µs holds its engine 7 µs more), and it ends within microseconds
+    /// of it (the engine sleeps, then yields for the last 150 µs). At most
+    /// [`MAX_OP_LATENCY`]. Default zero.
     pub fn op_latency(mut self, latency: Duration) -> Self {
         self.op_latency = latency;
         self
     }
 
     /// Bandwidth of H2D and D2H copies in bytes per second (at least
-    /// [`MIN_COPY_BANDWIDTH`]): a copy of `n` bytes holds its engine for an
-    /// extra `n / bandwidth` seconds. Default: unlimited.
+    /// [`MIN_COPY_BANDWIDTH`]): a copy of `n` bytes holds its engine
+    /// `n / bandwidth` seconds beyond the operation latency, from its start,
+    /// the host's copy included. Default: unlimited.
     pub fn copy_bandwidth(mut self, bytes_per_sec: u64) -> Self {
         self.copy_bandwidth = Some(bytes_per_sec);
         self

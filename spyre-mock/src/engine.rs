@@ -83,7 +83,8 @@ impl Drop for LiveThread {
     }
 }
 
-/// The timing model: how long an operation holds its engine beyond the work.
+/// The timing model: how long an operation holds its engine, from its start,
+/// the host's work on it included ([`hold_until`]).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Timing {
     op_latency: Duration,
@@ -686,8 +687,41 @@ fn run_job(
     ran_all
 }
 
+/// How long before the end of a timed operation its engine stops sleeping
+/// and yields instead ([`hold_until`]): more than a sleep overshoots on
+/// Linux (its timer slack, 50 µs, and a wake-up).
+const SLEEP_MARGIN: Duration = Duration::from_micros(150);
+
+/// Holds the calling engine until `deadline` (`None`: past any time, as a
+/// delay too long to add to now; then it sleeps for good): sleeps while
+/// more than [`SLEEP_MARGIN`] is left, then yields until the deadline, so
+/// that a modelled time of a few microseconds is not a sleep's 50–100 µs.
+fn hold_until(deadline: Option<Instant>) {
+    let Some(deadline) = deadline else {
+        loop {
+            std::thread::park();
+        }
+    };
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        if left > SLEEP_MARGIN {
+            std::thread::sleep(left - SLEEP_MARGIN);
+        } else {
+            std::thread::yield_now();
+        }
+    }
+}
+
 /// Runs one operation without the scheduler lock (or completes it with the
 /// verdict's error), and calls its completion if it succeeded.
+///
+/// A timed operation holds its engine until its modelled time from its start
+/// has passed ([`hold_until`]), the host's work on it counted in that time:
+/// a 4 KiB copy at 1 GB/s ends 4.1 µs after it started, not after the
+/// copy's own time and then 4.1 µs more.
 fn run_op(device: &Device, stream: usize, pending: Pending, verdict: Verdict) -> Ran {
     let call = pending.op.call();
     let mut completion = pending.completion;
@@ -707,6 +741,7 @@ fn run_op(device: &Device, stream: usize, pending: Pending, verdict: Verdict) ->
         }
         Verdict::Run { slowdown } => {
             let delay = device.timing.delay(&op).saturating_add(slowdown);
+            let started = Instant::now();
             let result = catch_unwind(AssertUnwindSafe(|| op.execute(&device.memory)))
                 .unwrap_or_else(|payload| {
                     let message = panic_message(payload.as_ref());
@@ -718,7 +753,7 @@ fn run_op(device: &Device, stream: usize, pending: Pending, verdict: Verdict) ->
                     ))
                 });
             if !delay.is_zero() {
-                std::thread::sleep(delay);
+                hold_until(started.checked_add(delay));
             }
             result
         }

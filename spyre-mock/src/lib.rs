@@ -155,7 +155,7 @@
 //! | `SPYRE_MOCK_MEMORY_BYTES`   | device memory per runtime, bytes          | 1073741824 |
 //! | `SPYRE_MOCK_REGION_BYTES`   | size of one memory region, bytes          | 268435456 |
 //! | `SPYRE_MOCK_ENGINES`        | engine threads per runtime                | 2         |
-//! | `SPYRE_MOCK_OP_LATENCY_US`  | extra time per operation, microseconds, 0..=1000000 (at most 1 s) | 0 |
+//! | `SPYRE_MOCK_OP_LATENCY_US`  | time an operation takes at least, from its start, the host's work on it included (a copy's bytes at the bandwidth added), microseconds, 0..=1000000 (at most 1 s) | 0 |
 //! | `SPYRE_MOCK_COPY_BANDWIDTH` | H2D/D2H bandwidth, bytes per second, at least 1000000 (1 MB/s) | unlimited |
 //! | `SPYRE_MOCK_DEVICE_SIDE_WAIT` | whether streams wait on events on the device side (a boolean); `0` models today's card, where a wait blocks the host | on |
 //! | `SPYRE_MOCK_EVENT_TIMING` | whether events created with timing take timestamps (a boolean); `0` models a card that cannot time events: the capability says so and elapsed times are refused with `UNSUPPORTED` ([`MockConfig::event_timing`]) | on |

@@ -61,6 +61,33 @@ fn elapsed_time_follows_the_op_latency_and_the_copy_bandwidth() {
     assert!(copy >= Duration::from_millis(12), "{copy:?}");
 }
 
+/// A modelled time of a few microseconds is kept as modelled: 200 fills of
+/// 10 µs each take 2 ms, not 200 sleeps that overshoot by the timer's
+/// slack (50 µs each on Linux, so at least 12 ms, as before). The bound,
+/// 10 ms, leaves room for a loaded machine.
+#[test]
+fn short_modelled_times_are_not_sleeps() {
+    let rt = runtime_with(|b| b.op_latency(Duration::from_micros(10)).engines(1));
+    let s = stream(&rt);
+    let address = rt.allocate(64).unwrap();
+    let [start, end] = [(); 2].map(|()| rt.create_event(true).unwrap());
+    s.record_event(&*start, None).unwrap();
+    for _ in 0..200 {
+        s.launch_fill(
+            &address,
+            0.0,
+            flex_rt::DataFormat::Uint8,
+            LaunchOptions::new(),
+        )
+        .unwrap();
+    }
+    s.record_event(&*end, None).unwrap();
+    end.synchronize().unwrap();
+    let fills = Duration::from_nanos(start.elapsed_nanos(&*end).unwrap() as u64);
+    assert!(fills >= Duration::from_millis(2), "{fills:?}");
+    assert!(fills < Duration::from_millis(10), "{fills:?}");
+}
+
 #[test]
 fn a_device_without_event_timing_says_so_and_refuses_elapsed_times() {
     let rt = runtime_with(|b| b.event_timing(false));
