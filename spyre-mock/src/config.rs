@@ -668,8 +668,9 @@ impl MockSystemBuilder {
             }
             if let Some(&missing) = visible.iter().find(|&&d| d >= self.devices) {
                 return fail(format!(
-                    "visible device {missing} does not exist: the system has {} device(s) (0..{})",
-                    self.devices, self.devices
+                    "visible device {missing} does not exist: the system has {} device(s) (0..={})",
+                    self.devices,
+                    self.devices.saturating_sub(1)
                 ));
             }
             let mut seen = std::collections::BTreeSet::new();
@@ -984,7 +985,7 @@ mod tests {
             ),
             (
                 "0,4",
-                "visible device 4 does not exist: the system has 4 device(s) (0..4) (from SPYRE_MOCK_DEVICES=\"4\", SPYRE_DEVICES=\"0,4\")",
+                "visible device 4 does not exist: the system has 4 device(s) (0..=3) (from SPYRE_MOCK_DEVICES=\"4\", SPYRE_DEVICES=\"0,4\")",
             ),
             (
                 "3,1,3",

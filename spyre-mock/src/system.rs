@@ -81,7 +81,10 @@ impl MockSystem {
                     "{visible} device(s) are visible ({}, as SPYRE_DEVICES or visible_devices set them)",
                     device_list(list)
                 ),
-                None => format!("the mock system has {visible} device(s) (0..{visible})"),
+                None => format!(
+                    "the mock system has {visible} device(s) (0..={})",
+                    visible.saturating_sub(1)
+                ),
             };
             return Err(FlexError::new(
                 Status::NO_DEVICE,
