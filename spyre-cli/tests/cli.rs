@@ -1323,6 +1323,18 @@ fn bench_json_has_every_measurement() {
         &[],
     );
     assert_eq!(report["backend"], "mock");
+    assert_eq!(report["device"], 0);
+    assert_eq!(report["device_source"], "default");
+    // The timing model the children ran with: every operation 1 ms, an
+    // operand (349 524 bytes) copied in 1 ms more, four engines.
+    assert_eq!(
+        report["pipeline_environment"],
+        serde_json::json!({
+            "SPYRE_MOCK_COPY_BANDWIDTH": "349524000",
+            "SPYRE_MOCK_ENGINES": "4",
+            "SPYRE_MOCK_OP_LATENCY_US": "1000",
+        })
+    );
     let results = report["results"].as_array().expect("results");
     let names: Vec<&str> = results
         .iter()

@@ -11,6 +11,7 @@
 
 mod pipeline;
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -54,10 +55,18 @@ pub(crate) struct BenchResult {
 pub(crate) struct BenchReport {
     /// The backend measured.
     pub(crate) backend: &'static str,
+    /// The logical device measured.
+    pub(crate) device: u8,
+    /// What chose it ([`spyre_stream::DeviceSource::name`]).
+    pub(crate) device_source: &'static str,
     /// Time budget of each measurement, in milliseconds.
     pub(crate) budget_ms: u64,
     /// The measurements, in the order they ran.
     pub(crate) results: Vec<BenchResult>,
+    /// The variables the pipeline measurement's child runs got beyond this
+    /// process's environment: on the software device, its timing model
+    /// (empty without the measurement, or where the environment set them).
+    pub(crate) pipeline_environment: BTreeMap<&'static str, String>,
 }
 
 /// Runs batches of operations until `budget` is spent, after one untimed
@@ -142,9 +151,9 @@ pub(crate) fn bench(args: &BenchArgs) -> Result<BenchReport, CliError> {
         )?;
     }
     let kind = spyre_stream::selected_backend().map_err(stream_error("choosing the backend"))?;
-    let backend = spyre_stream::runtime_info()
-        .map(|info| info.backend)
+    let info = spyre_stream::runtime_info()
         .ok_or_else(|| CliError::Failed("the Spyre runtime did not start".into()))?;
+    let backend = info.backend;
     let pool =
         spyre_stream::global_pool().map_err(stream_error("using the process's stream pool"))?;
     // Every size, and the pipeline's children, checked before the first
@@ -164,10 +173,7 @@ pub(crate) fn bench(args: &BenchArgs) -> Result<BenchReport, CliError> {
         concat!("taking a stream from the pool", first_take!()),
     ))?;
     let mut results = Vec::new();
-    let progress = Progress::new(
-        3 + 2 * args.sizes.len() as u64 + u64::from(args.pipeline),
-        budget,
-    );
+    let progress = Progress::new(3 + 2 * args.sizes.len() as u64, args.pipeline, budget);
 
     progress.start("handle resolution");
     let timed = measure(budget, 10_000, |batch| {
@@ -215,38 +221,60 @@ pub(crate) fn bench(args: &BenchArgs) -> Result<BenchReport, CliError> {
         progress.start(&format!("D2H bandwidth, {}", format_size(size)));
         results.push(bandwidth(stream, budget, size, Direction::DeviceToHost)?);
     }
+    let mut pipeline_environment = BTreeMap::new();
     if args.pipeline {
         progress.start("pipeline: pipelined against serialized, in child processes");
-        results.extend(pipeline::measure(kind)?.results());
+        let (times, environment) = pipeline::measure(kind)?;
+        results.extend(times.results());
+        pipeline_environment.extend(environment);
     }
     progress.finish();
     Ok(BenchReport {
         backend,
+        device: info.device,
+        device_source: info.device_source.name(),
         budget_ms: args.budget_ms,
         results,
+        pipeline_environment,
     })
 }
+
+/// About how long the pipeline measurement takes: six child runs, of
+/// 0.13–0.33 s each on the software device with its timing model, and the
+/// children's start.
+const PIPELINE_ESTIMATE: Duration = Duration::from_secs(2);
 
 /// Which measurement runs and how many are left, on stderr when it is a
 /// terminal (hidden otherwise, so that pipes and `--json` get no bar).
 struct Progress {
     bar: ProgressBar,
+    /// Measurements of one budget each, before the pipeline's.
+    budgeted: u64,
     budget: Duration,
 }
 
 impl Progress {
-    fn new(measurements: u64, budget: Duration) -> Self {
+    fn new(budgeted: u64, pipeline: bool, budget: Duration) -> Self {
         Self {
-            bar: output::progress_bar(measurements, "{spinner} {msg}"),
+            bar: output::progress_bar(budgeted + u64::from(pipeline), "{spinner} {msg}"),
+            budgeted,
             budget,
         }
     }
 
-    /// Names the next measurement, its place and the time left.
+    /// Names the next measurement, its place and the time left: a budget
+    /// for each measurement from this one on, and the pipeline's estimate
+    /// ([`PIPELINE_ESTIMATE`]) while it is to come.
     fn start(&self, name: &str) {
         self.bar.inc(1);
         let (place, total) = (self.bar.position(), self.bar.length().unwrap_or(0));
-        let seconds = self.budget.as_secs_f64() * (total + 1).saturating_sub(place) as f64;
+        let budgets = (self.budgeted + 1).saturating_sub(place);
+        let pipeline = if total > self.budgeted {
+            PIPELINE_ESTIMATE
+        } else {
+            Duration::ZERO
+        };
+        let seconds = (self.budget.as_secs_f64() * budgets as f64) + pipeline.as_secs_f64();
         self.bar.set_message(format!(
             "[{place}/{total}] {name} (about {seconds:.1} s left)"
         ));
@@ -389,8 +417,8 @@ impl BenchReport {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "spyre bench on the {} backend ({} ms per measurement)",
-            self.backend, self.budget_ms
+            "spyre bench on the {} backend, device {} ({}), {} ms per measurement",
+            self.backend, self.device, self.device_source, self.budget_ms
         );
         let _ = writeln!(
             out,
@@ -410,6 +438,18 @@ impl BenchReport {
                 out,
                 "{:<22} {:>10} {:>12} {:<6} {:>10}",
                 r.name, size, value, r.unit, r.operations
+            );
+        }
+        if !self.pipeline_environment.is_empty() {
+            let variables: Vec<String> = self
+                .pipeline_environment
+                .iter()
+                .map(|(name, value)| format!("{name}={value}"))
+                .collect();
+            let _ = writeln!(
+                out,
+                "the pipeline's child runs: the software device's timing model, {} (copies and compute of comparable time)",
+                variables.join(" ")
             );
         }
         out
@@ -514,6 +554,8 @@ mod tests {
     fn table_has_a_row_per_result() {
         let report = BenchReport {
             backend: "mock",
+            device: 2,
+            device_source: "LOCAL_RANK",
             budget_ms: 1,
             results: vec![BenchResult {
                 name: "H2D bandwidth",
@@ -523,11 +565,24 @@ mod tests {
                 operations: 8,
                 seconds: 0.1,
             }],
+            pipeline_environment: BTreeMap::from([("SPYRE_MOCK_OP_LATENCY_US", "1000".to_owned())]),
         };
         let text = report.to_text();
+        assert!(
+            text.starts_with(
+                "spyre bench on the mock backend, device 2 (LOCAL_RANK), 1 ms per measurement\n"
+            ),
+            "{text}"
+        );
         assert!(text.contains("H2D bandwidth"), "{text}");
         assert!(text.contains("4 KiB"), "{text}");
         assert!(text.contains("1.500 GB/s"), "{text}");
+        assert!(
+            text.ends_with(
+                "the pipeline's child runs: the software device's timing model, SPYRE_MOCK_OP_LATENCY_US=1000 (copies and compute of comparable time)\n"
+            ),
+            "{text}"
+        );
     }
 
     #[test]
@@ -535,6 +590,9 @@ mod tests {
         // 429 one-byte copies in 50 ms: 8.58e-6 GB/s, not 0.000.
         let report = BenchReport {
             backend: "mock",
+            device: 0,
+            device_source: "default",
+            pipeline_environment: BTreeMap::new(),
             budget_ms: 50,
             results: vec![BenchResult {
                 name: "H2D bandwidth",

@@ -100,9 +100,12 @@ fn child_plan() -> (u64, Plan) {
     (size, plan)
 }
 
+/// Variables given to the children beyond this process's environment.
+pub(super) type Environment = Vec<(&'static str, String)>;
+
 /// The `SPYRE_MOCK_*` timing model of the children, for the variables the
 /// environment leaves unset.
-fn timing_model(lookup: impl Fn(&str) -> Option<String>) -> Vec<(&'static str, String)> {
+fn timing_model(lookup: impl Fn(&str) -> Option<String>) -> Environment {
     // The children's operands, copied in 1 ms at this rate.
     let operand = child_plan().1.operand_bytes;
     [
@@ -185,13 +188,35 @@ fn run_child(mode: &str, env: &[(&'static str, String)]) -> Result<(Duration, f6
         .map_err(|e| CliError::Failed(format!("cannot run `spyre run --mode {mode}`: {e}")))?;
     drop(parent_alive);
     let stdout = String::from_utf8_lossy(&output.stdout);
-    let report: Value = serde_json::from_str(stdout.trim()).map_err(|e| {
-        CliError::Failed(format!(
-            "`spyre run --mode {mode}` printed no report ({e}); it said: {}{}",
-            stdout.trim(),
-            String::from_utf8_lossy(&output.stderr).trim()
-        ))
-    })?;
+    let parsed = serde_json::from_str::<Value>(stdout.trim());
+    let report = match parsed {
+        Ok(report) => report,
+        // Ended before it could say why (a signal, say): what ended it, and
+        // what it printed.
+        Err(e) => {
+            let said: Vec<_> = [
+                stdout.trim(),
+                String::from_utf8_lossy(&output.stderr).trim(),
+            ]
+            .into_iter()
+            .filter(|text| !text.is_empty())
+            .map(str::to_owned)
+            .collect();
+            let said = if said.is_empty() {
+                "it printed nothing".to_owned()
+            } else {
+                format!("it printed: {}", said.join(" / "))
+            };
+            let ended = if output.status.success() {
+                format!("printed no report ({e})")
+            } else {
+                format!("ended without a report ({})", output.status)
+            };
+            return Err(CliError::Failed(format!(
+                "the pipeline measurement's child run (`spyre run --mode {mode}`) {ended}; {said}"
+            )));
+        }
+    };
     if !output.status.success() {
         let message = report["error"].as_str().unwrap_or("no message");
         let skip = "`spyre bench --pipeline false` skips that measurement";
@@ -200,7 +225,7 @@ fn run_child(mode: &str, env: &[(&'static str, String)]) -> Result<(Duration, f6
         return Err(
             if output.status.code() == Some(i32::from(crate::error::EXIT_USAGE)) {
                 CliError::Usage(format!(
-                    "the pipeline measurement's child run (`spyre run --threads 1 --iterations {ITERATIONS} --size {SIZE} --mode {mode}`) was refused: {message}; {skip}"
+                    "the pipeline measurement's child run (`spyre run --threads 1 --iterations {ITERATIONS} --size {SIZE} --mode {mode}`) was refused: {message} (the flags it names are the measurement's own, not `spyre bench`'s); {skip}"
                 ))
             } else {
                 CliError::Failed(format!(
@@ -221,13 +246,15 @@ fn median<T: Copy + PartialOrd>(values: &mut [T]) -> T {
     values[values.len() / 2]
 }
 
-/// Runs [`ROUNDS`] serialized and pipelined children, alternately.
+/// Runs [`ROUNDS`] serialized and pipelined children, alternately; returns
+/// their times and the variables the children got beyond this process's
+/// environment (the software device's timing model, [`timing_model`]).
 ///
 /// # Errors
 /// [`CliError::Usage`] when a child refuses its invocation (exit code 2: a
 /// bad environment, which this run shares); [`CliError::Failed`] when a
 /// child cannot run or fails otherwise.
-pub(super) fn measure(backend: BackendKind) -> Result<PipelineTimes, CliError> {
+pub(super) fn measure(backend: BackendKind) -> Result<(PipelineTimes, Environment), CliError> {
     let env = match backend {
         BackendKind::Mock => timing_model(|name| std::env::var(name).ok()),
         BackendKind::Hardware => Vec::new(),
@@ -241,13 +268,14 @@ pub(super) fn measure(backend: BackendKind) -> Result<PipelineTimes, CliError> {
         pipelined.push(wall);
         overlaps.push(overlap);
     }
-    Ok(PipelineTimes {
+    let times = PipelineTimes {
         serialized_total: serialized.iter().sum(),
         pipelined_total: pipelined.iter().sum(),
         serialized: median(&mut serialized),
         pipelined: median(&mut pipelined),
         overlap: median(&mut overlaps),
-    })
+    };
+    Ok((times, env))
 }
 
 #[cfg(test)]
