@@ -19,7 +19,7 @@ pub const MAX_ENGINES: u32 = 256;
 /// rounded up).
 pub const MAX_REGIONS: u64 = 65_536;
 
-/// Largest extra latency per operation: 1 s. A larger value would make a
+/// Largest operation latency: 1 s. A larger value would make a
 /// run of a few thousand operations take hours, which is never a useful
 /// model of a device.
 pub const MAX_OP_LATENCY: Duration = Duration::from_secs(1);
@@ -44,8 +44,10 @@ pub const ENV_MEMORY_BYTES: &str = "SPYRE_MOCK_MEMORY_BYTES";
 pub const ENV_REGION_BYTES: &str = "SPYRE_MOCK_REGION_BYTES";
 /// Environment variable: engine threads per runtime (decimal, 1..=256).
 pub const ENV_ENGINES: &str = "SPYRE_MOCK_ENGINES";
-/// Environment variable: extra latency of every operation in microseconds
-/// (decimal, 0 for none, at most 1 000 000 = [`MAX_OP_LATENCY`]).
+/// Environment variable: the latency of every operation in microseconds,
+/// the time it holds its engine at least from its start
+/// ([`MockSystemBuilder::op_latency`]; decimal, 0 for none, at most
+/// 1 000 000 = [`MAX_OP_LATENCY`]).
 pub const ENV_OP_LATENCY_US: &str = "SPYRE_MOCK_OP_LATENCY_US";
 /// Environment variable: bandwidth of H2D and D2H copies in bytes per second
 /// (decimal, at least 1 000 000 = [`MIN_COPY_BANDWIDTH`]; unset for as fast
@@ -531,9 +533,11 @@ impl MockSystemBuilder {
     /// its start, with a copy's time at the bandwidth added
     /// ([`MockSystemBuilder::copy_bandwidth`]); the host's own work on it
     /// counts in that time (a fill that took the host 3 µs of a modelled
-    /// 10 µs holds its engine 7 µs more), and it ends within microseconds
-    /// of it (the engine sleeps, then yields for the last 150 µs). At most
-    /// [`MAX_OP_LATENCY`]. Default zero.
+    /// 10 µs holds its engine 7 µs more), and it ends within about a
+    /// microsecond of it: the engine sleeps, then spins the last 60 µs
+    /// (under [`SyncPolicy::Blocking`], which never spins, it sleeps the
+    /// whole time, and a short time ends a sleep's overshoot late, 50–100
+    /// µs). At most [`MAX_OP_LATENCY`]. Default zero.
     pub fn op_latency(mut self, latency: Duration) -> Self {
         self.op_latency = latency;
         self

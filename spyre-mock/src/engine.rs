@@ -3,8 +3,9 @@
 //!
 //! Each runtime has `engines` threads named `spyre-mock-d<device>-e<n>`. An
 //! engine takes the next job from the [`Scheduler`], releases the lock, runs
-//! the operation (catching any panic), sleeps the timing model's delay,
-//! records a failure as the stream's sticky error, calls the completion
+//! the operation (catching any panic), holds until the timing model's time
+//! from the operation's start has passed (and a stream's injected slowdown
+//! after it), records a failure as the stream's sticky error, calls the completion
 //! (catching any panic), and marks the operation complete. The completion
 //! of an operation that succeeded is called before the lock is taken again
 //! (one lock round trip per operation, not two); the stream does not
@@ -688,29 +689,40 @@ fn run_job(
 }
 
 /// How long before the end of a timed operation its engine stops sleeping
-/// and yields instead ([`hold_until`]): more than a sleep overshoots on
-/// Linux (its timer slack, 50 µs, and a wake-up).
-const SLEEP_MARGIN: Duration = Duration::from_micros(150);
+/// and spins instead ([`hold_until`]): a little more than a sleep
+/// overshoots on Linux (its timer slack, 50 µs, and a wake-up).
+const SLEEP_MARGIN: Duration = Duration::from_micros(60);
 
 /// Holds the calling engine until `deadline` (`None`: past any time, as a
-/// delay too long to add to now; then it sleeps for good): sleeps while
-/// more than [`SLEEP_MARGIN`] is left, then yields until the deadline, so
-/// that a modelled time of a few microseconds is not a sleep's 50–100 µs.
-fn hold_until(deadline: Option<Instant>) {
+/// delay too long to add to now; then it sleeps for good). Under the
+/// `Blocking` sync policy it sleeps the whole time (it never spins; a short
+/// time then ends a sleep's overshoot late, 50–100 µs); otherwise it sleeps
+/// while more than [`SLEEP_MARGIN`] is left and spins the rest, so that a
+/// modelled time of a few microseconds ends within about a microsecond of
+/// it. The spin does not yield: a yield gives the core to a busy thread
+/// there until its time slice ends (4 ms), where a spin keeps it for the
+/// microseconds left, and a sleeping engine woken by its timer preempts
+/// such a thread.
+fn hold_until(deadline: Option<Instant>, policy: SyncPolicy) {
     let Some(deadline) = deadline else {
         loop {
             std::thread::park();
         }
+    };
+    let margin = if policy == SyncPolicy::Blocking {
+        Duration::ZERO
+    } else {
+        SLEEP_MARGIN
     };
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return;
         }
-        if left > SLEEP_MARGIN {
-            std::thread::sleep(left - SLEEP_MARGIN);
+        if left > margin {
+            std::thread::sleep(left - margin);
         } else {
-            std::thread::yield_now();
+            std::hint::spin_loop();
         }
     }
 }
@@ -721,7 +733,9 @@ fn hold_until(deadline: Option<Instant>) {
 /// A timed operation holds its engine until its modelled time from its start
 /// has passed ([`hold_until`]), the host's work on it counted in that time:
 /// a 4 KiB copy at 1 GB/s ends 4.1 µs after it started, not after the
-/// copy's own time and then 4.1 µs more.
+/// copy's own time and then 4.1 µs more. A stream's injected slowdown
+/// ([`crate::MockStream::set_slowdown`]) holds it that much longer after
+/// both.
 fn run_op(device: &Device, stream: usize, pending: Pending, verdict: Verdict) -> Ran {
     let call = pending.op.call();
     let mut completion = pending.completion;
@@ -740,7 +754,7 @@ fn run_op(device: &Device, stream: usize, pending: Pending, verdict: Verdict) ->
             Err(err)
         }
         Verdict::Run { slowdown } => {
-            let delay = device.timing.delay(&op).saturating_add(slowdown);
+            let delay = device.timing.delay(&op);
             let started = Instant::now();
             let result = catch_unwind(AssertUnwindSafe(|| op.execute(&device.memory)))
                 .unwrap_or_else(|payload| {
@@ -753,7 +767,12 @@ fn run_op(device: &Device, stream: usize, pending: Pending, verdict: Verdict) ->
                     ))
                 });
             if !delay.is_zero() {
-                hold_until(started.checked_add(delay));
+                hold_until(started.checked_add(delay), device.sync_policy);
+            }
+            // An injected slowdown holds the engine longer still, after
+            // the work and its modelled time.
+            if !slowdown.is_zero() {
+                hold_until(Instant::now().checked_add(slowdown), device.sync_policy);
             }
             result
         }

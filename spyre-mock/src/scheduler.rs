@@ -153,7 +153,7 @@ pub(crate) struct StreamState {
 
 /// What an engine does with the operation it took.
 pub(crate) enum Verdict {
-    /// Run it, then sleep the stream's slowdown.
+    /// Run it, then hold its engine for the stream's slowdown more.
     Run { slowdown: Duration },
     /// Do not run it: complete it with this error.
     Skip(FlexError),
