@@ -161,8 +161,8 @@ impl Backend for NoopBackend {
                 Status::NO_DEVICE,
                 "NoopBackend::create_runtime",
                 format!(
-                    "logical device {logical_device} does not exist; this backend has devices 0..{}",
-                    self.devices
+                    "logical device {logical_device} does not exist; this backend has devices 0..={}",
+                    self.devices.saturating_sub(1)
                 ),
             ));
         }

@@ -245,7 +245,8 @@ pub(crate) fn start_runtime(
         return Err(Failure::new(
             FLEX_ERROR_NO_DEVICE,
             format!(
-                "logical device {logical_device} is negative; this library has devices 0..{devices}"
+                "logical device {logical_device} is negative; this library has devices 0..={}",
+                devices.saturating_sub(1)
             ),
         ));
     };
