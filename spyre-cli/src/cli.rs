@@ -186,7 +186,8 @@ pub(crate) struct RunArgs {
     /// can cut into each other's traces). In FILE, {rank} is replaced by
     /// the process's rank in its launch (RANK, OMPI_COMM_WORLD_RANK,
     /// PMI_RANK or SLURM_PROCID, of the launcher whose local rank chose the
-    /// device; else the first set; else 0), {device} by the logical device
+    /// device; else the first of them set; else that local rank; else 0),
+    /// {device} by the logical device
     /// and {pid} by the process id: the ranks of a launch given --trace
     /// trace-{rank}.json write a file each (ranks of a launch of more than
     /// one process given one file, or a pipe, are warned). Times are on the

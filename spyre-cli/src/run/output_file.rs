@@ -294,11 +294,20 @@ fn lock_for_writing(file: &File, named: Named<'_>, wait: Duration) -> bool {
     }
 }
 
-/// Whether `error`, from taking a lock, says the file system has no locks.
+/// Whether `error`, from taking a lock, says the file system has no locks
+/// (`ENOLCK`, `ENOSYS`, `EOPNOTSUPP`).
 fn is_lock_unsupported(error: &std::io::Error) -> bool {
-    // ENOLCK, ENOSYS, EOPNOTSUPP on Linux.
+    #[cfg(unix)]
+    {
+        use rustix::io::Errno;
+        if [Errno::NOLCK, Errno::NOSYS, Errno::OPNOTSUPP]
+            .iter()
+            .any(|errno| error.raw_os_error() == Some(errno.raw_os_error()))
+        {
+            return true;
+        }
+    }
     error.kind() == std::io::ErrorKind::Unsupported
-        || matches!(error.raw_os_error(), Some(37 | 38 | 95))
 }
 
 /// Whether `path`, as given, names a file of the system's (under `/dev` or
