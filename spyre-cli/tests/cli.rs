@@ -1325,14 +1325,16 @@ fn bench_json_has_every_measurement() {
     assert_eq!(report["backend"], "mock");
     assert_eq!(report["device"], 0);
     assert_eq!(report["device_source"], "default");
+    assert_eq!(report["backend_details"]["engines"], "2");
     // The timing model the children ran with: every operation 1 ms, an
     // operand (349 524 bytes) copied in 1 ms more, four engines.
+    let set = |value: &str| serde_json::json!({"value": value, "from": "spyre bench"});
     assert_eq!(
-        report["pipeline_environment"],
+        report["pipeline_timing_model"],
         serde_json::json!({
-            "SPYRE_MOCK_COPY_BANDWIDTH": "349524000",
-            "SPYRE_MOCK_ENGINES": "4",
-            "SPYRE_MOCK_OP_LATENCY_US": "1000",
+            "SPYRE_MOCK_COPY_BANDWIDTH": set("349524000"),
+            "SPYRE_MOCK_ENGINES": set("4"),
+            "SPYRE_MOCK_OP_LATENCY_US": set("1000"),
         })
     );
     let results = report["results"].as_array().expect("results");
@@ -2195,18 +2197,7 @@ fn ranks_appending_traces_to_one_log_keep_each_whole() {
 /// the trace did not parse.
 #[test]
 fn a_trace_to_standard_output_on_a_pipe_ends_its_line_before_the_report() {
-    let output = spyre(
-        &[
-            "run",
-            "--threads",
-            "1",
-            "--iterations",
-            "2",
-            "--trace",
-            "/dev/stdout",
-        ],
-        &[],
-    );
+    let output = spyre(&[&SMALL_RUN[..], &["--trace", "/dev/stdout"]].concat(), &[]);
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     let text = stdout(&output);
     let (trace, report) = text.split_once('\n').unwrap();
@@ -2225,16 +2216,13 @@ fn ranks_given_one_path_with_placeholders_write_a_file_each() {
     let pattern = dir.join("trace-{rank}-{device}-{pid}.json");
     let children: Vec<_> = (0..2)
         .map(|local| {
-            let mut command = spyre_command(&[
-                "run",
-                "--threads",
-                "1",
-                "--iterations",
-                "2",
-                "--json",
-                "--trace",
-                pattern.to_str().unwrap(),
-            ]);
+            let mut command = spyre_command(
+                &[
+                    &SMALL_RUN[..],
+                    &["--json", "--trace", pattern.to_str().unwrap()],
+                ]
+                .concat(),
+            );
             command
                 .env("SPYRE_MOCK_DEVICES", "2")
                 .env("LOCAL_RANK", local.to_string())
@@ -2278,15 +2266,10 @@ fn the_rank_in_a_path_is_the_launchers() {
     std::fs::create_dir_all(&dir).unwrap();
     let pattern = dir.join("t-{rank}.json");
     let run = [
-        "run",
-        "--threads",
-        "1",
-        "--iterations",
-        "1",
-        "--json",
-        "--trace",
-        pattern.to_str().unwrap(),
-    ];
+        &SMALL_RUN[..],
+        &["--json", "--trace", pattern.to_str().unwrap()],
+    ]
+    .concat();
     let path_of = |env: &[(&str, &str)]| {
         json(&run, env)["trace"]["path"]
             .as_str()
@@ -2336,16 +2319,15 @@ fn ranks_given_one_file_or_a_pipe_are_warned() {
     std::fs::create_dir_all(&dir).unwrap();
     let (trace, timeline) = (dir.join("shared.json"), dir.join("shared.svg"));
     let run = [
-        "run",
-        "--threads",
-        "1",
-        "--iterations",
-        "2",
-        "--trace",
-        trace.to_str().unwrap(),
-        "--timeline",
-        timeline.to_str().unwrap(),
-    ];
+        &SMALL_RUN[..],
+        &[
+            "--trace",
+            trace.to_str().unwrap(),
+            "--timeline",
+            timeline.to_str().unwrap(),
+        ],
+    ]
+    .concat();
     let one_file = |flag: &str, path: &std::path::Path, variable: &str| {
         format!(
             "warning: {flag} {}: a path without {{rank}}, {{device}} or {{pid}}: if every rank is given it, the last rank to end replaces the others' file (a launch of 2 processes: {variable} is set); put {{rank}} in the name",
@@ -2388,15 +2370,7 @@ fn ranks_given_one_file_or_a_pipe_are_warned() {
     }
     // Standard output on a pipe (`Command::output` gives it one).
     let output = spyre(
-        &[
-            "run",
-            "--threads",
-            "1",
-            "--iterations",
-            "2",
-            "--trace",
-            "/dev/stdout",
-        ],
+        &[&SMALL_RUN[..], &["--trace", "/dev/stdout"]].concat(),
         &[("LOCAL_RANK", "0"), ("WORLD_SIZE", "2")],
     );
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
@@ -2422,18 +2396,8 @@ fn traces_of_two_processes_line_up_and_keep_their_arrows_apart() {
     let traces: Vec<Value> = (0..2)
         .map(|i| {
             let path = dir.join(format!("{i}.json"));
-            let output = spyre(
-                &[
-                    "run",
-                    "--threads",
-                    "1",
-                    "--iterations",
-                    "4",
-                    "--trace",
-                    path.to_str().unwrap(),
-                ],
-                &[],
-            );
+            let run = [&SMALL_RUN[..], &["--trace", path.to_str().unwrap()]].concat();
+            let output = spyre(&run, &[]);
             assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
             serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap()
         })

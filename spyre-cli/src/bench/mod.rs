@@ -9,7 +9,7 @@
 //! checks; the criterion benchmarks in the crates' `benches/` directories
 //! are the careful measurements.
 
-mod pipeline;
+pub(crate) mod pipeline;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -63,10 +63,13 @@ pub(crate) struct BenchReport {
     pub(crate) budget_ms: u64,
     /// The measurements, in the order they ran.
     pub(crate) results: Vec<BenchResult>,
-    /// The variables the pipeline measurement's child runs got beyond this
-    /// process's environment: on the software device, its timing model
-    /// (empty without the measurement, or where the environment set them).
-    pub(crate) pipeline_environment: BTreeMap<&'static str, String>,
+    /// The backend's description of the device measured (the software
+    /// device's configuration, its timing model among it).
+    pub(crate) backend_details: BTreeMap<&'static str, String>,
+    /// The software device's timing model the pipeline measurement's child
+    /// runs had, by variable, each with where it came from (empty without
+    /// the measurement, and on a Spyre device).
+    pub(crate) pipeline_timing_model: pipeline::TimingModel,
 }
 
 /// Runs batches of operations until `budget` is spent, after one untimed
@@ -221,12 +224,12 @@ pub(crate) fn bench(args: &BenchArgs) -> Result<BenchReport, CliError> {
         progress.start(&format!("D2H bandwidth, {}", format_size(size)));
         results.push(bandwidth(stream, budget, size, Direction::DeviceToHost)?);
     }
-    let mut pipeline_environment = BTreeMap::new();
+    let mut pipeline_timing_model = pipeline::TimingModel::new();
     if args.pipeline {
         progress.start("pipeline: pipelined against serialized, in child processes");
-        let (times, environment) = pipeline::measure(kind)?;
+        let (times, model) = pipeline::measure(kind)?;
         results.extend(times.results());
-        pipeline_environment.extend(environment);
+        pipeline_timing_model = model;
     }
     progress.finish();
     Ok(BenchReport {
@@ -235,7 +238,8 @@ pub(crate) fn bench(args: &BenchArgs) -> Result<BenchReport, CliError> {
         device_source: info.device_source.name(),
         budget_ms: args.budget_ms,
         results,
-        pipeline_environment,
+        backend_details: info.backend_details.into_iter().collect(),
+        pipeline_timing_model,
     })
 }
 
@@ -440,17 +444,21 @@ impl BenchReport {
                 r.name, size, value, r.unit, r.operations
             );
         }
-        if !self.pipeline_environment.is_empty() {
+        let details: Vec<String> = self
+            .backend_details
+            .iter()
+            .map(|(name, value)| format!("{name}={value}"))
+            .collect();
+        if !details.is_empty() {
+            let _ = writeln!(out, "measured on: {}", details.join(" "));
+        }
+        if !self.pipeline_timing_model.is_empty() {
             let variables: Vec<String> = self
-                .pipeline_environment
+                .pipeline_timing_model
                 .iter()
-                .map(|(name, value)| format!("{name}={value}"))
+                .map(|(name, variable)| format!("{name}={} ({})", variable.value, variable.from))
                 .collect();
-            let _ = writeln!(
-                out,
-                "the pipeline's child runs: the software device's timing model, {} (copies and compute of comparable time)",
-                variables.join(" ")
-            );
+            let _ = writeln!(out, "the pipeline's child runs: {}", variables.join(", "));
         }
         out
     }
@@ -565,7 +573,14 @@ mod tests {
                 operations: 8,
                 seconds: 0.1,
             }],
-            pipeline_environment: BTreeMap::from([("SPYRE_MOCK_OP_LATENCY_US", "1000".to_owned())]),
+            backend_details: BTreeMap::from([("engines", "2".to_owned())]),
+            pipeline_timing_model: pipeline::TimingModel::from([(
+                "SPYRE_MOCK_OP_LATENCY_US",
+                pipeline::ModelVariable {
+                    value: "10".to_owned(),
+                    from: "environment",
+                },
+            )]),
         };
         let text = report.to_text();
         assert!(
@@ -579,7 +594,7 @@ mod tests {
         assert!(text.contains("1.500 GB/s"), "{text}");
         assert!(
             text.ends_with(
-                "the pipeline's child runs: the software device's timing model, SPYRE_MOCK_OP_LATENCY_US=1000 (copies and compute of comparable time)\n"
+                "measured on: engines=2\nthe pipeline's child runs: SPYRE_MOCK_OP_LATENCY_US=10 (environment)\n"
             ),
             "{text}"
         );
@@ -592,7 +607,8 @@ mod tests {
             backend: "mock",
             device: 0,
             device_source: "default",
-            pipeline_environment: BTreeMap::new(),
+            backend_details: BTreeMap::new(),
+            pipeline_timing_model: pipeline::TimingModel::new(),
             budget_ms: 50,
             results: vec![BenchResult {
                 name: "H2D bandwidth",

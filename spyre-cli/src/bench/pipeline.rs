@@ -13,6 +13,7 @@
 //! program ends, by any signal too, the child stops
 //! (`--exit-when-stdin-closes`).
 
+use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -100,12 +101,22 @@ fn child_plan() -> (u64, Plan) {
     (size, plan)
 }
 
-/// Variables given to the children beyond this process's environment.
-pub(super) type Environment = Vec<(&'static str, String)>;
+/// One variable of the children's timing model, as they ran with it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub(crate) struct ModelVariable {
+    /// Its value.
+    pub(crate) value: String,
+    /// Where it came from: `environment` (this process's, which the
+    /// children inherit) or `spyre bench` (set for the children).
+    pub(crate) from: &'static str,
+}
 
-/// The `SPYRE_MOCK_*` timing model of the children, for the variables the
-/// environment leaves unset.
-fn timing_model(lookup: impl Fn(&str) -> Option<String>) -> Environment {
+/// The children's timing model on the software device, by variable.
+pub(crate) type TimingModel = BTreeMap<&'static str, ModelVariable>;
+
+/// The `SPYRE_MOCK_*` timing model the children run with: each variable as
+/// the environment sets it, else this measurement's value.
+fn timing_model(lookup: impl Fn(&str) -> Option<String>) -> TimingModel {
     // The children's operands, copied in 1 ms at this rate.
     let operand = child_plan().1.operand_bytes;
     [
@@ -114,7 +125,19 @@ fn timing_model(lookup: impl Fn(&str) -> Option<String>) -> Environment {
         ("SPYRE_MOCK_ENGINES", "4".to_owned()),
     ]
     .into_iter()
-    .filter(|(name, _)| lookup(name).is_none_or(|value| value.trim().is_empty()))
+    .map(|(name, value)| {
+        let variable = match lookup(name).filter(|value| !value.trim().is_empty()) {
+            Some(value) => ModelVariable {
+                value,
+                from: "environment",
+            },
+            None => ModelVariable {
+                value,
+                from: "spyre bench",
+            },
+        };
+        (name, variable)
+    })
     .collect()
 }
 
@@ -247,18 +270,23 @@ fn median<T: Copy + PartialOrd>(values: &mut [T]) -> T {
 }
 
 /// Runs [`ROUNDS`] serialized and pipelined children, alternately; returns
-/// their times and the variables the children got beyond this process's
-/// environment (the software device's timing model, [`timing_model`]).
+/// their times and, on the software device, the timing model they ran
+/// with ([`timing_model`]).
 ///
 /// # Errors
 /// [`CliError::Usage`] when a child refuses its invocation (exit code 2: a
 /// bad environment, which this run shares); [`CliError::Failed`] when a
 /// child cannot run or fails otherwise.
-pub(super) fn measure(backend: BackendKind) -> Result<(PipelineTimes, Environment), CliError> {
-    let env = match backend {
+pub(super) fn measure(backend: BackendKind) -> Result<(PipelineTimes, TimingModel), CliError> {
+    let model = match backend {
         BackendKind::Mock => timing_model(|name| std::env::var(name).ok()),
-        BackendKind::Hardware => Vec::new(),
+        BackendKind::Hardware => TimingModel::new(),
     };
+    let env: Vec<(&'static str, String)> = model
+        .iter()
+        .filter(|(_, variable)| variable.from == "spyre bench")
+        .map(|(name, variable)| (*name, variable.value.clone()))
+        .collect();
     let mut serialized = Vec::with_capacity(ROUNDS);
     let mut pipelined = Vec::with_capacity(ROUNDS);
     let mut overlaps = Vec::with_capacity(ROUNDS);
@@ -275,7 +303,7 @@ pub(super) fn measure(backend: BackendKind) -> Result<(PipelineTimes, Environmen
         pipelined: median(&mut pipelined),
         overlap: median(&mut overlaps),
     };
-    Ok((times, env))
+    Ok((times, model))
 }
 
 #[cfg(test)]
@@ -284,19 +312,31 @@ mod tests {
 
     #[test]
     fn the_timing_model_fills_only_what_the_environment_leaves_unset() {
+        let set = |value: &str| ModelVariable {
+            value: value.to_owned(),
+            from: "spyre bench",
+        };
         let all = timing_model(|_| None);
         assert_eq!(
             all,
-            vec![
-                ("SPYRE_MOCK_OP_LATENCY_US", "1000".to_owned()),
+            TimingModel::from([
+                ("SPYRE_MOCK_OP_LATENCY_US", set("1000")),
                 // 349 524 bytes per operand, in 1 ms.
-                ("SPYRE_MOCK_COPY_BANDWIDTH", "349524000".to_owned()),
-                ("SPYRE_MOCK_ENGINES", "4".to_owned()),
-            ]
+                ("SPYRE_MOCK_COPY_BANDWIDTH", set("349524000")),
+                ("SPYRE_MOCK_ENGINES", set("4")),
+            ])
         );
         let some = timing_model(|name| (name == "SPYRE_MOCK_ENGINES").then(|| "2".to_owned()));
-        assert_eq!(some.len(), 2);
-        assert!(some.iter().all(|(name, _)| *name != "SPYRE_MOCK_ENGINES"));
+        assert_eq!(
+            some["SPYRE_MOCK_ENGINES"],
+            ModelVariable {
+                value: "2".to_owned(),
+                from: "environment"
+            }
+        );
+        assert_eq!(some["SPYRE_MOCK_OP_LATENCY_US"], set("1000"));
+        let blank = timing_model(|_| Some(" ".to_owned()));
+        assert_eq!(blank, all, "empty is unset");
     }
 
     #[test]
