@@ -198,8 +198,10 @@ impl MemoryLayout {
 /// microseconds) and burns nothing.
 ///
 /// A backend chooses per runtime; the software device takes it from its
-/// configuration (`SPYRE_MOCK_SYNC_POLICY`). A flex library decides on its
-/// own (flex.h 1.0 has no call to choose).
+/// configuration (`SPYRE_MOCK_SYNC_POLICY`), and its engines, under every
+/// policy but `BlockingSync`, also spin out the last microseconds of a
+/// timed operation of its timing model (see `spyre-mock`'s docs). A flex
+/// library decides on its own (flex.h 1.0 has no call to choose).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum SyncPolicy {
     /// Spin for a short while ([`SyncPolicy::AUTO_SPIN`]), then block: fast

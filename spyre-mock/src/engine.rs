@@ -137,6 +137,10 @@ pub(crate) struct Device {
     pub(crate) event_timing: bool,
     /// Whether the use-after-free detector is on.
     pub(crate) check_reuse: bool,
+    /// Engines spinning out the end of a timed operation now, and how many
+    /// may at once ([`hold_until`]).
+    spinning: AtomicUsize,
+    spin_cap: usize,
     /// Moved (release, under the scheduler lock) when a launch makes the
     /// first stream ready (none was), when a busy engine sees more streams
     /// ready than it takes while another engine is idle
@@ -179,6 +183,8 @@ impl Device {
             device_side_wait: config.device_side_wait(),
             event_timing: config.event_timing(),
             check_reuse: config.check_reuse(),
+            spinning: AtomicUsize::new(0),
+            spin_cap: spin_cap(),
             work_epoch: CachePadded::new(AtomicU64::new(0)),
             live_events: AtomicUsize::new(0),
             closed: AtomicBool::new(false),
@@ -350,6 +356,7 @@ pub(crate) fn spawn_engines(device: &Arc<Device>, count: u32) -> Result<Vec<Join
             .name(name.clone())
             .spawn(move || {
                 let _live = live;
+                precise_timers();
                 engine_main(shared);
             });
         match spawned {
@@ -689,40 +696,65 @@ fn run_job(
 }
 
 /// How long before the end of a timed operation its engine stops sleeping
-/// and spins instead ([`hold_until`]): a little more than a sleep
-/// overshoots on Linux (its timer slack, 50 µs, and a wake-up).
+/// and spins instead ([`hold_until`]): more than a sleep of an engine
+/// overshoots (its timer slack is 1 ns, [`precise_timers`], so what is left
+/// is a wake-up).
 const SLEEP_MARGIN: Duration = Duration::from_micros(60);
 
-/// Holds the calling engine until `deadline` (`None`: past any time, as a
-/// delay too long to add to now; then it sleeps for good). Under the
-/// `Blocking` sync policy it sleeps the whole time (it never spins; a short
-/// time then ends a sleep's overshoot late, 50–100 µs); otherwise it sleeps
-/// while more than [`SLEEP_MARGIN`] is left and spins the rest, so that a
-/// modelled time of a few microseconds ends within about a microsecond of
-/// it. The spin does not yield: a yield gives the core to a busy thread
-/// there until its time slice ends (4 ms), where a spin keeps it for the
-/// microseconds left, and a sleeping engine woken by its timer preempts
-/// such a thread.
-fn hold_until(deadline: Option<Instant>, policy: SyncPolicy) {
+/// How many engines of one device may spin out the end of a timed
+/// operation at once: one fewer than the host's cores (at least one), so
+/// that spinning engines leave a core to the threads that launch, and
+/// engines beyond the cores sleep instead of taking turns at spinning
+/// (which would make the device's parallelism the host's).
+fn spin_cap() -> usize {
+    std::thread::available_parallelism().map_or(1, |cores| cores.get().saturating_sub(1).max(1))
+}
+
+/// Makes the calling engine's sleeps end on time: a timer slack of 1 ns
+/// instead of Linux's default 50 µs, by which a sleep may end late (a timed
+/// operation sleeps to just before its end, [`hold_until`]). Elsewhere, and
+/// under Miri, nothing; a refusal leaves the default.
+fn precise_timers() {
+    #[cfg(all(target_os = "linux", not(miri)))]
+    let _ = rustix::thread::set_current_timer_slack(Some(std::num::NonZeroU64::MIN));
+}
+
+/// Holds the calling engine of `device` until `deadline` (`None`: past any
+/// time, as a delay too long to add to now; then it sleeps for good). It
+/// sleeps while more than [`SLEEP_MARGIN`] is left, then spins to the
+/// deadline, so that a modelled time ends within about a microsecond of
+/// it; but under the `Blocking` sync policy, which never spins, and while
+/// [`spin_cap`] other engines of the device spin, it sleeps the rest too
+/// (ending a wake-up late, some microseconds). The spin does not yield: a
+/// yield gives the core to a busy thread there until its time slice ends
+/// (4 ms), where a spin keeps it for the microseconds left, and a sleeping
+/// engine woken by its timer preempts such a thread.
+fn hold_until(deadline: Option<Instant>, device: &Device) {
     let Some(deadline) = deadline else {
         loop {
             std::thread::park();
         }
     };
-    let margin = if policy == SyncPolicy::Blocking {
-        Duration::ZERO
-    } else {
-        SLEEP_MARGIN
-    };
+    let spins = device.sync_policy != SyncPolicy::Blocking;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return;
         }
-        if left > margin {
-            std::thread::sleep(left - margin);
+        if spins && left <= SLEEP_MARGIN {
+            if device.spinning.fetch_add(1, Ordering::Relaxed) < device.spin_cap {
+                while Instant::now() < deadline {
+                    std::hint::spin_loop();
+                }
+                device.spinning.fetch_sub(1, Ordering::Relaxed);
+                return;
+            }
+            device.spinning.fetch_sub(1, Ordering::Relaxed);
+            std::thread::sleep(left);
+        } else if spins {
+            std::thread::sleep(left - SLEEP_MARGIN);
         } else {
-            std::hint::spin_loop();
+            std::thread::sleep(left);
         }
     }
 }
@@ -755,7 +787,9 @@ fn run_op(device: &Device, stream: usize, pending: Pending, verdict: Verdict) ->
         }
         Verdict::Run { slowdown } => {
             let delay = device.timing.delay(&op);
-            let started = Instant::now();
+            // Read only for a timed operation: an untimed one (the default
+            // device) pays no clock read.
+            let deadline = (!delay.is_zero()).then(|| Instant::now().checked_add(delay));
             let result = catch_unwind(AssertUnwindSafe(|| op.execute(&device.memory)))
                 .unwrap_or_else(|payload| {
                     let message = panic_message(payload.as_ref());
@@ -766,13 +800,13 @@ fn run_op(device: &Device, stream: usize, pending: Pending, verdict: Verdict) ->
                         format!("the operation panicked on the device: {message}"),
                     ))
                 });
-            if !delay.is_zero() {
-                hold_until(started.checked_add(delay), device.sync_policy);
+            if let Some(deadline) = deadline {
+                hold_until(deadline, device);
             }
             // An injected slowdown holds the engine longer still, after
             // the work and its modelled time.
             if !slowdown.is_zero() {
-                hold_until(Instant::now().checked_add(slowdown), device.sync_policy);
+                hold_until(Instant::now().checked_add(slowdown), device);
             }
             result
         }

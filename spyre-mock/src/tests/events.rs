@@ -25,7 +25,9 @@ fn runtime_with(
 }
 
 /// The time `fills` fills of `address` take on `s`, between two timed
-/// events recorded around them.
+/// events recorded around them. The stream is held until all of it is
+/// queued, so that the fills run back to back once the first record is
+/// reached, with no launch or engine wake-up in the time.
 fn timed_fills(
     rt: &crate::MockRuntime,
     s: &crate::MockStream,
@@ -33,6 +35,7 @@ fn timed_fills(
     fills: usize,
 ) -> Duration {
     let [start, end] = [(); 2].map(|()| rt.create_event(true).unwrap());
+    let release = block(s);
     s.record_event(&*start, None).unwrap();
     for _ in 0..fills {
         s.launch_fill(
@@ -44,6 +47,7 @@ fn timed_fills(
         .unwrap();
     }
     s.record_event(&*end, None).unwrap();
+    release.send(()).unwrap();
     end.synchronize().unwrap();
     Duration::from_nanos(start.elapsed_nanos(&*end).unwrap() as u64)
 }
@@ -95,6 +99,32 @@ fn short_modelled_times_are_not_sleeps() {
     assert!(
         median < Duration::from_micros(40),
         "{median:?} of {fills:?}"
+    );
+}
+
+/// An engine's sleeps end on time: its timer slack is 1 ns, not Linux's
+/// default 50 µs, which a timed operation's sleep ended late by (a 200 µs
+/// operation took 211 µs).
+#[cfg(target_os = "linux")]
+#[test]
+#[cfg_attr(miri, ignore = "Miri cannot make the system call")]
+fn engines_sleep_with_a_timer_slack_of_a_nanosecond() {
+    let rt = runtime(1);
+    let s = stream(&rt);
+    let (slack_tx, slack_rx) = std::sync::mpsc::channel();
+    s.launch_host_callback(
+        Box::new(move || {
+            let _ = slack_tx.send(rustix::thread::current_timer_slack());
+        }),
+        LaunchOptions::new(),
+    )
+    .unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(slack_rx.recv().unwrap().unwrap(), 1);
+    assert_ne!(
+        rustix::thread::current_timer_slack().unwrap(),
+        1,
+        "the test's own thread keeps its slack"
     );
 }
 
