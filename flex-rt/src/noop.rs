@@ -160,10 +160,15 @@ impl Backend for NoopBackend {
             return Err(FlexError::new(
                 Status::NO_DEVICE,
                 "NoopBackend::create_runtime",
-                format!(
-                    "logical device {logical_device} does not exist; this backend has devices 0..={}",
-                    self.devices.saturating_sub(1)
-                ),
+                match self.devices {
+                    0 => format!(
+                        "logical device {logical_device} does not exist; this backend has no devices"
+                    ),
+                    devices => format!(
+                        "logical device {logical_device} does not exist; this backend has devices 0..={}",
+                        devices - 1
+                    ),
+                },
             ));
         }
         let mut runtime = NoopRuntime::new(logical_device).with_creation_delay(self.creation_delay);
@@ -618,6 +623,25 @@ mod tests {
     use std::sync::atomic::AtomicBool;
 
     use super::*;
+
+    /// A device the backend does not have is named with the ones it has.
+    #[test]
+    fn a_missing_device_names_the_devices_there_are() {
+        let message = |devices, device| {
+            let Err(refused) = NoopBackend::new(devices).create_runtime(device) else {
+                panic!("device {device} of {devices} was made");
+            };
+            refused.message().to_owned()
+        };
+        assert_eq!(
+            message(2, 2),
+            "logical device 2 does not exist; this backend has devices 0..=1"
+        );
+        assert_eq!(
+            message(0, 0),
+            "logical device 0 does not exist; this backend has no devices"
+        );
+    }
 
     /// Sizes that would wrap the address counter are refused, and so is 0,
     /// naming the size: before, `u64::MAX` overflowed (a panic in a debug

@@ -128,7 +128,7 @@ fn timing_model(lookup: impl Fn(&str) -> Option<String>) -> TimingModel {
     .map(|(name, value)| {
         let variable = match lookup(name).filter(|value| !value.trim().is_empty()) {
             Some(value) => ModelVariable {
-                value,
+                value: value.trim().to_owned(),
                 from: "environment",
             },
             None => ModelVariable {
@@ -326,7 +326,7 @@ mod tests {
                 ("SPYRE_MOCK_ENGINES", set("4")),
             ])
         );
-        let some = timing_model(|name| (name == "SPYRE_MOCK_ENGINES").then(|| "2".to_owned()));
+        let some = timing_model(|name| (name == "SPYRE_MOCK_ENGINES").then(|| " 2 ".to_owned()));
         assert_eq!(
             some["SPYRE_MOCK_ENGINES"],
             ModelVariable {
