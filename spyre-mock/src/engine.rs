@@ -5,8 +5,8 @@
 //! engine takes the next job from the [`Scheduler`], releases the lock, runs
 //! the operation (catching any panic), holds until the timing model's time
 //! from the operation's start has passed (and a stream's injected slowdown
-//! after it), records a failure as the stream's sticky error, calls the completion
-//! (catching any panic), and marks the operation complete. The completion
+//! after it), records a failure as the stream's sticky error, calls the
+//! completion (catching any panic), and marks the operation complete. The completion
 //! of an operation that succeeded is called before the lock is taken again
 //! (one lock round trip per operation, not two); the stream does not
 //! advance until the operation is marked complete either way. No lock is held
