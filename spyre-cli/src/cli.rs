@@ -179,7 +179,8 @@ pub(crate) struct RunArgs {
     /// available memory cannot trace exits 2 before it starts) and the
     /// file is written one event at a time. FILE may be this command's
     /// standard output or error (/dev/stdout into a log that other
-    /// processes append to, or a pipe, say): the trace is then written
+    /// processes append to, or a pipe, say; not a socket, which cannot be
+    /// opened by path): the trace is then written
     /// after what the stream holds, followed by a newline, in one write, so
     /// it is built whole in memory first (about 6 KB more per iteration; a
     /// pipe keeps only writes of up to 4 KiB whole, so ranks sharing one

@@ -2208,7 +2208,7 @@ fn a_trace_to_standard_output_on_a_pipe_ends_its_line_before_the_report() {
 
 /// Ranks of a launch given one `--trace` path with `{rank}`, `{device}` and
 /// `{pid}` in it write a file each, named by their rank, device and
-/// process, with no warning.
+/// process, with no warning; each trace's process is named by all three.
 #[test]
 fn ranks_given_one_path_with_placeholders_write_a_file_each() {
     let dir = std::env::temp_dir().join(format!("spyre-per-rank-{}", std::process::id()));
@@ -2251,7 +2251,8 @@ fn ranks_given_one_path_with_placeholders_write_a_file_each() {
             .clone();
         assert_eq!(
             process["args"]["name"],
-            format!("Spyre device {local} (process {pid})")
+            format!("Spyre device {local} (rank {}, process {pid})", local + 4),
+            "named by its rank too"
         );
     }
     std::fs::remove_dir_all(&dir).unwrap();

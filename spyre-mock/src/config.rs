@@ -536,10 +536,10 @@ impl MockSystemBuilder {
     /// 10 µs holds its engine 7 µs more), and it ends within about a
     /// microsecond of it: the engine sleeps (with a timer slack of 1 ns on
     /// Linux), then spins the last 60 µs. Under [`SyncPolicy::Blocking`],
-    /// which never spins, and while as many of the device's engines spin
-    /// as the host has cores but one, it sleeps the whole time instead,
-    /// ending a wake-up late (some microseconds; more on a busy host). At
-    /// most [`MAX_OP_LATENCY`]. Default zero.
+    /// which never spins, and while as many of the device's engines spin as
+    /// the process has cores but one (on one core, always), it sleeps the
+    /// whole time instead, ending a wake-up late (some microseconds; more
+    /// on a busy host). At most [`MAX_OP_LATENCY`]. Default zero.
     pub fn op_latency(mut self, latency: Duration) -> Self {
         self.op_latency = latency;
         self

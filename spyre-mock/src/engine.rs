@@ -702,12 +702,12 @@ fn run_job(
 const SLEEP_MARGIN: Duration = Duration::from_micros(60);
 
 /// How many engines of one device may spin out the end of a timed
-/// operation at once: one fewer than the host's cores (at least one), so
-/// that spinning engines leave a core to the threads that launch, and
-/// engines beyond the cores sleep instead of taking turns at spinning
-/// (which would make the device's parallelism the host's).
+/// operation at once: one fewer than the cores the process may run on (so
+/// none on one core), so that spinning engines leave a core to the threads
+/// that launch, and engines beyond the cores sleep instead of taking turns
+/// at spinning (which would make the device's parallelism the host's).
 fn spin_cap() -> usize {
-    std::thread::available_parallelism().map_or(1, |cores| cores.get().saturating_sub(1).max(1))
+    std::thread::available_parallelism().map_or(0, |cores| cores.get() - 1)
 }
 
 /// Makes the calling engine's sleeps end on time: a timer slack of 1 ns
@@ -724,7 +724,8 @@ fn precise_timers() {
 /// sleeps while more than [`SLEEP_MARGIN`] is left, then spins to the
 /// deadline, so that a modelled time ends within about a microsecond of
 /// it; but under the `Blocking` sync policy, which never spins, and while
-/// [`spin_cap`] other engines of the device spin, it sleeps the rest too
+/// [`spin_cap`] other engines of the device spin (on one core, always), it
+/// sleeps the rest too
 /// (ending a wake-up late, some microseconds). The spin does not yield: a
 /// yield gives the core to a busy thread there until its time slice ends
 /// (4 ms), where a spin keeps it for the microseconds left, and a sleeping

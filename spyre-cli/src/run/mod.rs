@@ -394,12 +394,13 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
     // Written after a failure too: that is when a picture helps most. A
     // write that fails is reported after what the run did, not instead.
     let mut unwritten = Vec::new();
-    let trace = write_output(
-        trace_file,
-        &recorded,
-        &mut unwritten,
-        trace_file::write_chrome_trace,
-    )
+    // A launch's rank names the trace's process; a rank that cannot be
+    // read (refused above only where a path needs it) is left out.
+    let launch_rank =
+        launch::launch(info.device_source).and_then(|_| launch::rank(info.device_source).ok());
+    let trace = write_output(trace_file, &recorded, &mut unwritten, |file, trace| {
+        trace_file::write_chrome_trace(file, trace, launch_rank)
+    })
     .map(|(path, summary)| TraceFile { path, summary });
     let timeline = write_output(
         timeline_file,

@@ -74,6 +74,14 @@ impl OutputFile {
         if path.is_dir() {
             return Err(refused("it is a directory".to_owned()));
         }
+        if is_socket(path) {
+            // Opened by path, a socket is `ENXIO`, "no such device or
+            // address", which says nothing of what to do.
+            return Err(CliError::Usage(format!(
+                "{flag} {}: it is a socket (standard output under a service manager's journal, say), which cannot be opened by path; give a file, or redirect standard output to a file or a pipe",
+                path.display()
+            )));
+        }
         let existed = path.exists();
         let file = File::options()
             .write(true)
@@ -359,6 +367,19 @@ pub(crate) fn is_standard_stream(path: &Path) -> bool {
         .as_ref()
         .and_then(standard_stream)
         .is_some()
+}
+
+/// Whether `path` names (through links) a socket.
+#[cfg(unix)]
+fn is_socket(path: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::metadata(path).is_ok_and(|meta| meta.file_type().is_socket())
+}
+
+/// See the Unix version: elsewhere no path is known to be one.
+#[cfg(not(unix))]
+fn is_socket(_: &Path) -> bool {
+    false
 }
 
 /// Whether `path` names (through links) this process's standard output or
@@ -853,6 +874,26 @@ mod tests {
         assert!(
             lock_for_writing(&file, named(&path), Duration::ZERO),
             "free now"
+        );
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    /// A socket (a service's standard output into its journal) is refused
+    /// saying what it is and what to do, not with `ENXIO`'s "no such
+    /// device or address".
+    #[cfg(unix)]
+    #[test]
+    fn a_socket_is_refused_saying_so() {
+        let path = scratch("socket");
+        let _ = std::fs::remove_file(&path);
+        let _listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let err = OutputFile::create("--trace", &path).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "--trace {}: it is a socket (standard output under a service manager's journal, say), which cannot be opened by path; give a file, or redirect standard output to a file or a pipe",
+                path.display()
+            )
         );
         std::fs::remove_file(&path).unwrap();
     }

@@ -128,19 +128,31 @@ impl EventWriter<'_> {
     }
 }
 
+/// What a trace says of the process that made it.
+#[derive(Clone, Copy, Debug)]
+struct Process {
+    /// The trace's origin on the host's monotonic clock ([`clock_at`]),
+    /// which its times are written from.
+    clock: Duration,
+    /// Its rank in a launch, where a launcher chose its device: named in
+    /// the process's name beside the device, which ranks that each see
+    /// only their own devices (`SPYRE_DEVICES` per rank) all call 0.
+    rank: Option<u64>,
+}
+
 /// Writes `trace` to `out` as a Chrome trace document, one event at a
 /// time: what is held in memory meanwhile is one event, the streams seen
-/// and the records waited for, not the document. Its times are written
-/// from `clock`, the trace's origin on the host's monotonic clock
-/// ([`clock_at`]).
+/// and the records waited for, not the document; `process` says of the
+/// process what the document names.
 ///
 /// # Errors
 /// The writer's.
 fn write_events(
     out: &mut dyn Write,
     trace: &Trace,
-    clock: Duration,
+    process: Process,
 ) -> std::io::Result<TraceSummary> {
+    let clock = process.clock;
     // The trace's one process: this one's id (never 0, which viewers take
     // for the kernel's idle task), so that ranks' traces opened together
     // stay apart.
@@ -241,8 +253,11 @@ fn write_events(
     let device = trace.entries.first().map_or_else(String::new, |entry| {
         format!(" {}", entry.stream.device_index())
     });
+    let rank = process
+        .rank
+        .map_or_else(String::new, |rank| format!("rank {rank}, "));
     events.event(&json!({"name": "process_name", "ph": "M", "pid": pid,
-        "args": {"name": format!("Spyre device{device} (process {})", std::process::id())}}))?;
+        "args": {"name": format!("Spyre device{device} ({rank}process {pid})")}}))?;
     out.write_all(b"]}")?;
     Ok(TraceSummary {
         operations,
@@ -251,16 +266,21 @@ fn write_events(
 }
 
 /// Writes `trace` to `file` in the Chrome trace event format, streamed
-/// (see [`write_events`]).
+/// (see [`write_events`]), naming the process's `rank` in a launch where a
+/// launcher chose its device.
 ///
 /// # Errors
 /// [`CliError::Failed`] naming the path when it cannot be written.
 pub(crate) fn write_chrome_trace(
     file: OutputFile,
     trace: &Trace,
+    rank: Option<u64>,
 ) -> Result<TraceSummary, CliError> {
-    let clock = clock_at(trace.origin);
-    file.write_with("trace", |out| write_events(out, trace, clock))
+    let process = Process {
+        clock: clock_at(trace.origin),
+        rank,
+    };
+    file.write_with("trace", |out| write_events(out, trace, process))
 }
 
 #[cfg(test)]
@@ -347,7 +367,10 @@ mod tests {
                 entries: vec![first, second],
                 origin: None,
             },
-            Duration::ZERO,
+            Process {
+                clock: Duration::ZERO,
+                rank: None,
+            },
         )
         .unwrap();
         let text = String::from_utf8(out).unwrap();
@@ -363,7 +386,15 @@ mod tests {
             origin: None,
         };
         let mut out = Vec::new();
-        let summary = write_events(&mut out, &trace, Duration::ZERO).unwrap();
+        let summary = write_events(
+            &mut out,
+            &trace,
+            Process {
+                clock: Duration::ZERO,
+                rank: None,
+            },
+        )
+        .unwrap();
         assert_eq!((summary.operations, summary.streams), (2, 1));
         let document: Value = serde_json::from_slice(&out).unwrap();
         let args: Vec<&Value> = document["traceEvents"]
@@ -390,9 +421,10 @@ mod tests {
     }
 
     /// A record on stream 1 at 10–11 µs and a wait on it on stream 2 that
-    /// finished at 12 µs, written from a clock at 5 s: every time is 5 s
-    /// later than the trace's own, and both ends of the arrow carry the
-    /// record's link 7 beside this process's id.
+    /// finished at 12 µs, written from a clock at 5 s by rank 3: every time
+    /// is 5 s later than the trace's own, both ends of the arrow carry the
+    /// record's link 7 beside this process's id, and the process's name
+    /// has the rank.
     #[test]
     fn times_count_from_the_clock_and_arrows_carry_the_process_id() {
         let at = |micros| Some(Duration::from_micros(micros));
@@ -420,7 +452,11 @@ mod tests {
             origin: None,
         };
         let mut out = Vec::new();
-        write_events(&mut out, &trace, Duration::from_secs(5)).unwrap();
+        let process = Process {
+            clock: Duration::from_secs(5),
+            rank: Some(3),
+        };
+        write_events(&mut out, &trace, process).unwrap();
         let document: Value = serde_json::from_slice(&out).unwrap();
         let events = document["traceEvents"].as_array().unwrap();
         let slices: Vec<_> = events.iter().filter(|e| e["ph"] == "X").collect();
@@ -431,6 +467,12 @@ mod tests {
         assert_eq!(slices[0]["bind_id"], id, "the record's end");
         assert_eq!(slices[2]["bind_id"], id, "the wait's end");
         assert_eq!(arrow_id(3, (1 << 31) + 7), (3 << 31) | 7);
+        let process = events.iter().find(|e| e["name"] == "process_name").unwrap();
+        assert_eq!(
+            process["args"]["name"],
+            format!("Spyre device 0 (rank 3, process {})", std::process::id()),
+            "a launch's rank is named"
+        );
     }
 
     /// The clock is the host's monotonic one: a trace that began now
