@@ -50,6 +50,14 @@ fn spyre_command(args: &[&str]) -> Command {
     command
 }
 
+/// A new directory for this test process's files, named `spyre-NAME-PID`
+/// in the temporary directory.
+fn scratch_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("spyre-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 /// `spyre` on the software device, with a clean environment plus `env`.
 fn spyre(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut command = spyre_command(args);
@@ -1072,8 +1080,7 @@ fn a_run_ended_by_a_signal_while_writing_its_trace_leaves_no_partial_file() {
     use std::time::{Duration, Instant};
     // 2 × 20 000 iterations make a trace of about 120 MB: its write takes long
     // enough to be caught in the act.
-    let dir = std::env::temp_dir().join(format!("spyre-signal-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch_dir("signal");
     let partials = || {
         std::fs::read_dir(&dir)
             .unwrap()
@@ -2016,8 +2023,7 @@ fn output_files_that_cannot_be_created_are_refused_before_the_run() {
 #[cfg(unix)]
 #[test]
 fn a_timeline_through_a_dangling_link_to_the_trace_is_refused() {
-    let dir = std::env::temp_dir().join(format!("spyre-same-file-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch_dir("same-file");
     let trace = dir.join("same.svg");
     let link = dir.join("link.svg");
     std::os::unix::fs::symlink(&trace, &link).unwrap();
@@ -2073,8 +2079,7 @@ fn a_timeline_through_a_dangling_link_to_the_trace_is_refused() {
 #[cfg(target_os = "linux")]
 #[test]
 fn a_trace_and_a_timeline_may_share_a_pipe() {
-    let dir = std::env::temp_dir().join(format!("spyre-one-pipe-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch_dir("one-pipe");
     let timeline = dir.join("stderr.svg");
     std::os::unix::fs::symlink("/dev/stderr", &timeline).unwrap();
     let (mut reader, writer) = std::io::pipe().unwrap();
@@ -2138,8 +2143,7 @@ fn a_refused_run_leaves_no_output_file_and_a_device_file_takes_the_trace() {
 #[cfg(unix)]
 #[test]
 fn ranks_appending_traces_to_one_log_keep_each_whole() {
-    let dir = std::env::temp_dir().join(format!("spyre-shared-log-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch_dir("shared-log");
     let log = dir.join("all.log");
     std::fs::write(&log, "").unwrap();
     let children: Vec<_> = (0..4)
@@ -2211,8 +2215,7 @@ fn a_trace_to_standard_output_on_a_pipe_ends_its_line_before_the_report() {
 /// process, with no warning; each trace's process is named by all three.
 #[test]
 fn ranks_given_one_path_with_placeholders_write_a_file_each() {
-    let dir = std::env::temp_dir().join(format!("spyre-per-rank-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch_dir("per-rank");
     let pattern = dir.join("trace-{rank}-{device}-{pid}.json");
     let children: Vec<_> = (0..2)
         .map(|local| {
@@ -2259,12 +2262,11 @@ fn ranks_given_one_path_with_placeholders_write_a_file_each() {
 }
 
 /// `{rank}` is the rank of the launcher whose local rank chose the device,
-/// else the first rank variable set, else 0; a rank that is not a number
-/// is refused before the run, naming the variable.
+/// else the first rank variable set, else the local rank, else 0; a rank
+/// that is not a number is refused before the run, naming the variable.
 #[test]
 fn the_rank_in_a_path_is_the_launchers() {
-    let dir = std::env::temp_dir().join(format!("spyre-rank-path-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch_dir("rank-path");
     let pattern = dir.join("t-{rank}.json");
     let run = [
         &SMALL_RUN[..],
@@ -2316,8 +2318,7 @@ fn the_rank_in_a_path_is_the_launchers() {
 /// all are not.
 #[test]
 fn ranks_given_one_file_or_a_pipe_are_warned() {
-    let dir = std::env::temp_dir().join(format!("spyre-shared-path-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch_dir("shared-path");
     let (trace, timeline) = (dir.join("shared.json"), dir.join("shared.svg"));
     let run = [
         &SMALL_RUN[..],
@@ -2392,8 +2393,7 @@ fn ranks_given_one_file_or_a_pipe_are_warned() {
 /// own start (both began near 0) and both numbered their arrows 1, 2, ...
 #[test]
 fn traces_of_two_processes_line_up_and_keep_their_arrows_apart() {
-    let dir = std::env::temp_dir().join(format!("spyre-two-traces-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch_dir("two-traces");
     let traces: Vec<Value> = (0..2)
         .map(|i| {
             let path = dir.join(format!("{i}.json"));
@@ -2452,8 +2452,7 @@ fn traces_of_two_processes_line_up_and_keep_their_arrows_apart() {
 #[test]
 fn a_trace_to_the_file_standard_output_is_is_written_into_that_file() {
     use std::os::unix::fs::MetadataExt;
-    let dir = std::env::temp_dir().join(format!("spyre-stdout-trace-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch_dir("stdout-trace");
     let out = dir.join("out.txt");
     let link = dir.join("trace.json");
     std::os::unix::fs::symlink(&out, &link).unwrap();

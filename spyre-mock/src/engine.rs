@@ -736,25 +736,26 @@ fn hold_until(deadline: Option<Instant>, device: &Device) {
             std::thread::park();
         }
     };
-    let spins = device.sync_policy != SyncPolicy::Blocking;
+    let margin = if device.sync_policy == SyncPolicy::Blocking {
+        Duration::ZERO
+    } else {
+        SLEEP_MARGIN
+    };
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return;
         }
-        if spins && left <= SLEEP_MARGIN {
-            if device.spinning.fetch_add(1, Ordering::Relaxed) < device.spin_cap {
-                while Instant::now() < deadline {
-                    std::hint::spin_loop();
-                }
-                device.spinning.fetch_sub(1, Ordering::Relaxed);
-                return;
+        if left > margin {
+            std::thread::sleep(left - margin);
+        } else if device.spinning.fetch_add(1, Ordering::Relaxed) < device.spin_cap {
+            while Instant::now() < deadline {
+                std::hint::spin_loop();
             }
             device.spinning.fetch_sub(1, Ordering::Relaxed);
-            std::thread::sleep(left);
-        } else if spins {
-            std::thread::sleep(left - SLEEP_MARGIN);
+            return;
         } else {
+            device.spinning.fetch_sub(1, Ordering::Relaxed);
             std::thread::sleep(left);
         }
     }

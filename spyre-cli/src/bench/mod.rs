@@ -578,7 +578,7 @@ mod tests {
                 "SPYRE_MOCK_OP_LATENCY_US",
                 pipeline::ModelVariable {
                     value: "10".to_owned(),
-                    from: "environment",
+                    from: pipeline::ModelSource::Environment,
                 },
             )]),
         };

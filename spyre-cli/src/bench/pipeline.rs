@@ -106,9 +106,29 @@ fn child_plan() -> (u64, Plan) {
 pub(crate) struct ModelVariable {
     /// Its value.
     pub(crate) value: String,
-    /// Where it came from: `environment` (this process's, which the
-    /// children inherit) or `spyre bench` (set for the children).
-    pub(crate) from: &'static str,
+    /// Where it came from.
+    pub(crate) from: ModelSource,
+}
+
+/// Where a variable of the children's timing model came from; serialized
+/// (and written) as `environment` or `spyre bench`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub(crate) enum ModelSource {
+    /// This process's environment, which the children inherit.
+    #[serde(rename = "environment")]
+    Environment,
+    /// Set for the children by the measurement.
+    #[serde(rename = "spyre bench")]
+    Bench,
+}
+
+impl std::fmt::Display for ModelSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Environment => "environment",
+            Self::Bench => "spyre bench",
+        })
+    }
 }
 
 /// The children's timing model on the software device, by variable.
@@ -129,11 +149,11 @@ fn timing_model(lookup: impl Fn(&str) -> Option<String>) -> TimingModel {
         let variable = match lookup(name).filter(|value| !value.trim().is_empty()) {
             Some(value) => ModelVariable {
                 value: value.trim().to_owned(),
-                from: "environment",
+                from: ModelSource::Environment,
             },
             None => ModelVariable {
                 value,
-                from: "spyre bench",
+                from: ModelSource::Bench,
             },
         };
         (name, variable)
@@ -284,7 +304,7 @@ pub(super) fn measure(backend: BackendKind) -> Result<(PipelineTimes, TimingMode
     };
     let env: Vec<(&'static str, String)> = model
         .iter()
-        .filter(|(_, variable)| variable.from == "spyre bench")
+        .filter(|(_, variable)| variable.from == ModelSource::Bench)
         .map(|(name, variable)| (*name, variable.value.clone()))
         .collect();
     let mut serialized = Vec::with_capacity(ROUNDS);
@@ -314,7 +334,7 @@ mod tests {
     fn the_timing_model_fills_only_what_the_environment_leaves_unset() {
         let set = |value: &str| ModelVariable {
             value: value.to_owned(),
-            from: "spyre bench",
+            from: ModelSource::Bench,
         };
         let all = timing_model(|_| None);
         assert_eq!(
@@ -331,7 +351,7 @@ mod tests {
             some["SPYRE_MOCK_ENGINES"],
             ModelVariable {
                 value: "2".to_owned(),
-                from: "environment"
+                from: ModelSource::Environment
             }
         );
         assert_eq!(some["SPYRE_MOCK_OP_LATENCY_US"], set("1000"));

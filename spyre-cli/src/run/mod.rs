@@ -198,14 +198,17 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
         .into_iter()
         .flatten()
         .any(|path| output_file::holds_rank(path));
-    let rank = if ranked {
-        launch::rank(info.device_source)?
-    } else {
-        0
+    // The rank is read once, for the paths and for the trace's process
+    // name; one that cannot be read fails the run only where a path
+    // needs it.
+    let rank = match launch::rank(info.device_source) {
+        Ok(rank) => Some(rank),
+        Err(refused) if ranked => return Err(refused),
+        Err(_) => None,
     };
     let expanded = |path: &Option<std::path::PathBuf>| {
         path.as_deref()
-            .map(|path| output_file::expand(path, rank, info.device))
+            .map(|path| output_file::expand(path, rank.unwrap_or(0), info.device))
     };
     let (trace_path, timeline_path) = (expanded(&args.trace), expanded(&args.timeline));
     if let (Some(trace), Some(timeline)) = (&trace_path, &timeline_path) {
@@ -394,10 +397,8 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
     // Written after a failure too: that is when a picture helps most. A
     // write that fails is reported after what the run did, not instead.
     let mut unwritten = Vec::new();
-    // A launch's rank names the trace's process; a rank that cannot be
-    // read (refused above only where a path needs it) is left out.
-    let launch_rank =
-        launch::launch(info.device_source).and_then(|_| launch::rank(info.device_source).ok());
+    // A launch's rank names the trace's process.
+    let launch_rank = launch::launch(info.device_source).and(rank);
     let trace = write_output(trace_file, &recorded, &mut unwritten, |file, trace| {
         trace_file::write_chrome_trace(file, trace, launch_rank)
     })

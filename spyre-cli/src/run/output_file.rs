@@ -131,6 +131,7 @@ impl OutputFile {
         let Self {
             flag, path, file, ..
         } = self;
+        let named = Named { flag, path: &path };
         let failed = |e: std::io::Error| {
             CliError::Failed(format!(
                 "cannot write the {what} to {}: {e}",
@@ -147,7 +148,6 @@ impl OutputFile {
             .filter(|_| !names_a_system_file(&path))
             .and_then(|meta| Some((beside(&path).ok()?, meta.permissions())));
         let Some(((temp, target, listed), mode)) = replaced else {
-            let named = Named { flag, path: &path };
             return write_in_place(&file, named, regular.is_some(), contents).map_err(failed);
         };
         let mut out = BufWriter::new(temp);
@@ -173,10 +173,7 @@ impl OutputFile {
             // told.
             let mut temp = refused.file;
             temp.seek(SeekFrom::Start(0))
-                .and_then(|_| {
-                    let named = Named { flag, path: &path };
-                    write_in_place(&file, named, true, |out| std::io::copy(&mut temp, out))
-                })
+                .and_then(|_| write_in_place(&file, named, true, |out| std::io::copy(&mut temp, out)))
                 .map(drop)
                 .map_err(|e| {
                     CliError::Failed(format!(
@@ -362,11 +359,15 @@ impl StandardStream {
 /// process's standard output or error is, where a file's contents are
 /// built whole before they are written ([`StandardStream::write_with`]).
 pub(crate) fn is_standard_stream(path: &Path) -> bool {
+    standard_stream_at(path).is_some()
+}
+
+/// What `path` names (through links), if it is this process's standard
+/// output or error ([`standard_stream`]).
+fn standard_stream_at(path: &Path) -> Option<std::fs::Metadata> {
     std::fs::metadata(path)
         .ok()
-        .as_ref()
-        .and_then(standard_stream)
-        .is_some()
+        .filter(|meta| standard_stream(meta).is_some())
 }
 
 /// Whether `path` names (through links) a socket.
@@ -388,12 +389,7 @@ fn is_socket(_: &Path) -> bool {
 #[cfg(unix)]
 pub(crate) fn is_standard_stream_on_a_pipe(path: &Path) -> bool {
     use std::os::unix::fs::FileTypeExt;
-    std::fs::metadata(path)
-        .ok()
-        .filter(|meta| meta.file_type().is_fifo())
-        .as_ref()
-        .and_then(standard_stream)
-        .is_some()
+    standard_stream_at(path).is_some_and(|meta| meta.file_type().is_fifo())
 }
 
 /// See the Unix version: elsewhere no path is known to be one.
@@ -479,9 +475,14 @@ fn resolve(path: &Path) -> std::io::Result<PathBuf> {
 /// its process id, and `{device}`, by the logical device the run is on.
 pub(crate) const PLACEHOLDERS: [&str; 3] = ["{rank}", "{pid}", "{device}"];
 
+/// Whether `path` holds `placeholder`.
+fn holds(path: &Path, placeholder: &str) -> bool {
+    path.as_os_str().to_string_lossy().contains(placeholder)
+}
+
 /// Whether `path` holds `{rank}`, which needs the launcher's rank.
 pub(crate) fn holds_rank(path: &Path) -> bool {
-    path.as_os_str().to_string_lossy().contains(PLACEHOLDERS[0])
+    holds(path, PLACEHOLDERS[0])
 }
 
 /// `path` with every placeholder in it ([`PLACEHOLDERS`]) replaced, for the
@@ -536,10 +537,9 @@ fn replace_all(haystack: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
 /// names a file (or nothing yet), not this process's standard output or
 /// error, a device or a pipe.
 pub(crate) fn is_one_file_for_every_process(path: &Path) -> bool {
-    let text = path.as_os_str().to_string_lossy();
     if PLACEHOLDERS
         .iter()
-        .any(|placeholder| text.contains(placeholder))
+        .any(|placeholder| holds(path, placeholder))
     {
         return false;
     }
@@ -776,9 +776,9 @@ mod tests {
             PathBuf::from("trace-{Rank}-{pid.json"),
             "not placeholders"
         );
-        assert_eq!(replace_all(b"{a}{a}x{a", b"{a}", b"1"), b"11x{a");
         #[cfg(unix)]
         {
+            assert_eq!(replace_all(b"{a}{a}x{a", b"{a}", b"1"), b"11x{a");
             use std::os::unix::ffi::OsStrExt;
             let raw = std::ffi::OsStr::from_bytes(b"\xff{device}\xfe");
             assert_eq!(

@@ -129,7 +129,7 @@ impl EventWriter<'_> {
 }
 
 /// What a trace says of the process that made it.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 struct Process {
     /// The trace's origin on the host's monotonic clock ([`clock_at`]),
     /// which its times are written from.
@@ -367,10 +367,7 @@ mod tests {
                 entries: vec![first, second],
                 origin: None,
             },
-            Process {
-                clock: Duration::ZERO,
-                rank: None,
-            },
+            Process::default(),
         )
         .unwrap();
         let text = String::from_utf8(out).unwrap();
@@ -386,15 +383,7 @@ mod tests {
             origin: None,
         };
         let mut out = Vec::new();
-        let summary = write_events(
-            &mut out,
-            &trace,
-            Process {
-                clock: Duration::ZERO,
-                rank: None,
-            },
-        )
-        .unwrap();
+        let summary = write_events(&mut out, &trace, Process::default()).unwrap();
         assert_eq!((summary.operations, summary.streams), (2, 1));
         let document: Value = serde_json::from_slice(&out).unwrap();
         let args: Vec<&Value> = document["traceEvents"]
