@@ -184,7 +184,10 @@ pub(crate) struct RunArgs {
     /// after what the stream holds, followed by a newline, in one write, so
     /// it is built whole in memory first (about 6 KB more per iteration; a
     /// pipe keeps only writes of up to 4 KiB whole, so ranks sharing one
-    /// can cut into each other's traces). In FILE, {rank} is replaced by
+    /// can cut into each other's traces; with --json on standard output,
+    /// the trace is the line before the report's, JSON Lines). A FIFO
+    /// (named pipe) that no process reads yet is waited for, with a
+    /// warning, before the run starts. In FILE, {rank} is replaced by
     /// the process's rank in its launch (RANK, OMPI_COMM_WORLD_RANK,
     /// PMI_RANK or SLURM_PROCID, of the launcher whose local rank chose the
     /// device; else the first of them set; else that local rank; else 0),

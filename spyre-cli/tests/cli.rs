@@ -2210,6 +2210,57 @@ fn a_trace_to_standard_output_on_a_pipe_ends_its_line_before_the_report() {
     assert!(report.starts_with("spyre run: axpy"), "{report}");
 }
 
+/// `--trace` to a FIFO that no process reads yet: the run says it waits
+/// for a reader, naming the flag and the FIFO, and once one opens it, the
+/// trace arrives there whole. Before, the run blocked in the open before
+/// any work and said nothing.
+#[cfg(unix)]
+#[test]
+fn a_trace_to_a_fifo_without_a_reader_says_it_waits_for_one() {
+    use std::io::{BufRead, BufReader, Read};
+    let dir = scratch_dir("fifo");
+    let fifo = dir.join("trace");
+    let made = Command::new("mkfifo").arg(&fifo).status();
+    assert!(made.unwrap().success(), "mkfifo makes the FIFO");
+    let mut child = spyre_command(&[&SMALL_RUN[..], &["--trace", fifo.to_str().unwrap()]].concat())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the spyre binary runs");
+    let mut errors = BufReader::new(child.stderr.take().unwrap());
+    // Read apart, so that a run that says nothing fails the test instead
+    // of blocking it.
+    let (said, first_line) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = errors.read_line(&mut line);
+        let _ = said.send(line);
+        let _ = std::io::copy(&mut errors, &mut std::io::sink());
+    });
+    let line = first_line.recv_timeout(std::time::Duration::from_secs(60));
+    let Ok(line) = line else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("the run said nothing while it waited for the FIFO's reader");
+    };
+    assert_eq!(
+        line.trim_end(),
+        format!(
+            "warning: --trace {0}: a FIFO that no process reads yet; waiting for one to open it (start its reader, `cat {0}` say, or give a file)",
+            fifo.display()
+        )
+    );
+    let mut trace = String::new();
+    File::open(&fifo)
+        .unwrap()
+        .read_to_string(&mut trace)
+        .unwrap();
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+    let trace: Value = serde_json::from_str(&trace).expect("the trace is whole");
+    assert!(trace["traceEvents"].is_array());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Ranks of a launch given one `--trace` path with `{rank}`, `{device}` and
 /// `{pid}` in it write a file each, named by their rank, device and
 /// process, with no warning; each trace's process is named by all three.

@@ -83,12 +83,7 @@ impl OutputFile {
             )));
         }
         let existed = path.exists();
-        let file = File::options()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .map_err(|e| refused(e.to_string()))?;
+        let file = open(flag, path).map_err(|e| refused(e.to_string()))?;
         let created =
             (!existed).then(|| std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned()));
         Ok(Self {
@@ -228,6 +223,45 @@ const LOCK_WAIT: Duration = Duration::from_secs(10);
 struct Named<'a> {
     flag: &'a str,
     path: &'a Path,
+}
+
+/// Opens (or creates) `path`, given with `flag`, for writing, without
+/// truncating it. A FIFO (named pipe) that no process has open for reading
+/// would block the open until one does: that is said on standard error,
+/// naming the flag and the path, and then waited for (`mkfifo trace; spyre
+/// run --trace trace` with `cat trace` started after it), so that a run
+/// waiting for its reader does not look hung.
+fn open(flag: &str, path: &Path) -> std::io::Result<File> {
+    let mut options = File::options();
+    options.write(true).create(true).truncate(false);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+        if std::fs::metadata(path).is_ok_and(|meta| meta.file_type().is_fifo()) {
+            // Opened without blocking, a FIFO without a reader is `ENXIO`;
+            // with one, the descriptor is made blocking again, as every
+            // other output's is.
+            let nonblocking = rustix::fs::OFlags::NONBLOCK.bits() as i32;
+            match options.clone().custom_flags(nonblocking).open(path) {
+                Ok(file) => {
+                    rustix::io::ioctl_fionbio(&file, false)?;
+                    return Ok(file);
+                }
+                Err(e) if e.raw_os_error() == Some(rustix::io::Errno::NXIO.raw_os_error()) => {
+                    // Advice only: a closed stderr must not fail (or panic)
+                    // the run.
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "warning: {flag} {}: a FIFO that no process reads yet; waiting for one to open it (start its reader, `cat {}` say, or give a file)",
+                        path.display(),
+                        path.display()
+                    );
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    options.open(path)
 }
 
 /// Empties `file`, `named`, if it is `regular`, writes what `contents`
@@ -875,6 +909,36 @@ mod tests {
             lock_for_writing(&file, named(&path), Duration::ZERO),
             "free now"
         );
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    /// A FIFO whose reader is there is opened at once, and blocking, as
+    /// every other output is: its write waits for the reader rather than
+    /// failing when the pipe is full.
+    #[cfg(unix)]
+    #[test]
+    fn a_fifo_with_a_reader_is_opened_at_once_and_blocking() {
+        use rustix::fs::OFlags;
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = scratch("fifo");
+        let _ = std::fs::remove_file(&path);
+        let made = std::process::Command::new("mkfifo").arg(&path).status();
+        assert!(made.unwrap().success());
+        let mut reader = File::options()
+            .read(true)
+            .custom_flags(OFlags::NONBLOCK.bits() as i32)
+            .open(&path)
+            .unwrap();
+        let file = OutputFile::create("--trace", &path).unwrap();
+        assert!(
+            !rustix::fs::fcntl_getfl(&file.file)
+                .unwrap()
+                .contains(OFlags::NONBLOCK)
+        );
+        file.write("trace", b"{}").unwrap();
+        let mut read = String::new();
+        std::io::Read::read_to_string(&mut reader, &mut read).unwrap();
+        assert_eq!(read, "{}");
         std::fs::remove_file(&path).unwrap();
     }
 
