@@ -123,6 +123,41 @@ impl Shared {
     }
 }
 
+/// A record counted as begun in [`Shared::begun`] until it is counted as
+/// made in [`Shared::made`] ([`BegunRecord::made`]). Dropped unmade (the
+/// record refused, or a panic out of it), it is uncounted again: the event
+/// is as if the record had never begun, so that a future made before it
+/// keeps its error's detail and `elapsed_time` does not take it for a
+/// record in progress (a reader that saw it begun took it as one, which is
+/// safe).
+struct BegunRecord<'a> {
+    begun: &'a AtomicU64,
+    made: &'a AtomicU64,
+}
+
+impl<'a> BegunRecord<'a> {
+    fn begin(shared: &'a Shared) -> Self {
+        Self::counted(&shared.begun, &shared.made)
+    }
+
+    fn counted(begun: &'a AtomicU64, made: &'a AtomicU64) -> Self {
+        begun.fetch_add(1, Ordering::SeqCst);
+        Self { begun, made }
+    }
+
+    /// Counts the record as made; it stays begun.
+    fn made(self) {
+        self.made.fetch_add(1, Ordering::SeqCst);
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for BegunRecord<'_> {
+    fn drop(&mut self) {
+        self.begun.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// Measurements [`SpyreEvent::elapsed_time`] makes at most when the
 /// runtime reports an event pending or failed that was complete when
 /// checked. Each retry follows a record by another thread in between (a
@@ -226,16 +261,10 @@ impl SpyreEvent {
     /// error the event is unchanged.
     pub fn record(&self, stream: SpyreStream) -> Result<()> {
         let handle = stream.handle()?;
-        self.shared.begun.fetch_add(1, Ordering::SeqCst);
+        let begun = BegunRecord::begin(&self.shared);
         let recorded = self.record_counted(handle, stream);
         if recorded.is_ok() {
-            self.shared.made.fetch_add(1, Ordering::SeqCst);
-        } else {
-            // Refused, the event unchanged: as if never begun, so that a
-            // future made before it keeps its error's detail and
-            // `elapsed_time` does not measure again (a reader that saw it
-            // begun took it as a record in progress, which is safe).
-            self.shared.begun.fetch_sub(1, Ordering::SeqCst);
+            begun.made();
         }
         recorded
     }
@@ -738,4 +767,29 @@ pub fn capabilities(device: Device) -> Result<Capabilities> {
         .runtime()
         .capabilities()
         .map_err(Error::from_abi_1_1_call)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A record made stays counted as begun and made; one refused, or one
+    /// a panic ends (a backend's), leaves both counts as they were, so the
+    /// event does not look as if a record were in progress for ever.
+    #[test]
+    fn only_a_record_made_stays_counted() {
+        let (begun, made) = (AtomicU64::new(0), AtomicU64::new(0));
+        let counts = || (begun.load(Ordering::SeqCst), made.load(Ordering::SeqCst));
+        BegunRecord::counted(&begun, &made).made();
+        assert_eq!(counts(), (1, 1));
+        drop(BegunRecord::counted(&begun, &made));
+        assert_eq!(counts(), (1, 1));
+        let panicked = std::panic::catch_unwind(|| {
+            let _begun = BegunRecord::counted(&begun, &made);
+            assert_eq!(counts(), (2, 1), "counted as begun while in progress");
+            panic!("a backend's panic");
+        });
+        assert!(panicked.is_err());
+        assert_eq!(counts(), (1, 1));
+    }
 }
