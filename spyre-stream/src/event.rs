@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use flex_rt::{Capabilities, Event, FlexError, Notification, Status, Stream};
+use flex_rt::{Capabilities, Event, FlexError, Notification, Status};
 use parking_lot::Mutex;
 
 use crate::device::Device;
@@ -262,43 +262,41 @@ impl SpyreEvent {
     pub fn record(&self, stream: SpyreStream) -> Result<()> {
         let handle = stream.handle()?;
         let begun = BegunRecord::begin(&self.shared);
-        let recorded = self.record_counted(handle, stream);
-        if recorded.is_ok() {
-            begun.made();
-        }
-        recorded
-    }
-
-    /// [`SpyreEvent::record`] on `stream`, whose handle is `handle`, counted
-    /// by the caller.
-    fn record_counted(&self, handle: &dyn Stream, stream: SpyreStream) -> Result<()> {
-        if trace::is_on() {
-            let (completion, entry) =
-                trace::record(stream, OperationKind::EventRecord, 0, false, None);
-            let link = entry.link;
-            let _order = self.trace_order.lock();
-            if let Err(error) = handle.record_event(self.event(), None) {
-                entry.refused();
-                return Err(error.into());
-            }
-            self.traced_record.store(link, Ordering::Relaxed);
-            // Told when the record completes as a waiter is, not by a
-            // completion of the record's own: that would make the record an
-            // operation the device must run to call it, which work of other
-            // streams could delay, and the event with it.
-            match self.event().notify(completion) {
-                Ok(Notification::Pending) => {}
-                Ok(Notification::Settled(outcome)) => entry.finished(outcome.is_err()),
-                // The runtime could not say (closed meanwhile): the trace
-                // shows the record as not finished.
-                Err(_) => {}
-            }
-        } else {
+        if !trace::is_on() {
             handle.record_event(self.event(), None)?;
             self.traced_record.store(0, Ordering::Relaxed);
+            self.made(begun);
+            return Ok(());
         }
-        self.recorded.store(true, Ordering::Release);
+        let (completion, entry) = trace::record(stream, OperationKind::EventRecord, 0, false, None);
+        let link = entry.link;
+        let _order = self.trace_order.lock();
+        if let Err(error) = handle.record_event(self.event(), None) {
+            entry.refused();
+            return Err(error.into());
+        }
+        self.traced_record.store(link, Ordering::Relaxed);
+        // Made once the runtime has taken it, before anything else can
+        // fail or panic.
+        self.made(begun);
+        // Told when the record completes as a waiter is, not by a
+        // completion of the record's own: that would make the record an
+        // operation the device must run to call it, which work of other
+        // streams could delay, and the event with it.
+        match self.event().notify(completion) {
+            Ok(Notification::Pending) => {}
+            Ok(Notification::Settled(outcome)) => entry.finished(outcome.is_err()),
+            // The runtime could not say (closed meanwhile): the trace
+            // shows the record as not finished.
+            Err(_) => {}
+        }
         Ok(())
+    }
+
+    /// Counts the event as recorded, then the record `begun` as made.
+    fn made(&self, begun: BegunRecord<'_>) {
+        self.recorded.store(true, Ordering::Release);
+        begun.made();
     }
 
     /// Makes every operation enqueued on `stream` from now on start only
