@@ -248,18 +248,17 @@ pub(super) enum Pieces {
 
 impl State {
     /// Caches again every deferred block whose streams have all passed the
-    /// point of its drop.
+    /// point of its drop. Each block stays listed until it is cached: a
+    /// panic out of a fence's query (the runtime's) loses none.
     pub(super) fn collect_deferred(&mut self) {
-        if self.deferred.is_empty() {
-            return;
-        }
-        let deferred = std::mem::take(&mut self.deferred);
-        for entry in deferred {
-            if entry.fences.iter().all(Fence::passed) {
+        let mut at = 0;
+        while at < self.deferred.len() {
+            if self.deferred[at].fences.iter().all(Fence::passed) {
+                let entry = self.deferred.remove(at);
                 self.stats.pending_frees -= 1;
                 self.release(entry.segment, entry.offset);
             } else {
-                self.deferred.push(entry);
+                at += 1;
             }
         }
     }

@@ -829,6 +829,9 @@ impl CachingAllocator {
                 .push((id, segment));
         }
         let mut returned = Returned::default();
+        // Told once every segment is settled: a subscriber that panics
+        // then leaves none of them in transit.
+        let mut failed_frees = Vec::new();
         for (stream_id, segments) in by_stream {
             let done = finished.waited.failed.contains(&stream_id)
                 || has_finished_now(self.stream(stream_id));
@@ -861,11 +864,13 @@ impl CachingAllocator {
                         // never handed out again, nor counted as held.
                         state.arrived(&segment.address);
                         state.stats.reserved_bytes -= size;
-                        drop(state);
-                        tracing::warn!(%error, "the device failed to free a cached segment; it is forgotten");
+                        failed_frees.push(error);
                     }
                 }
             }
+        }
+        for error in failed_frees {
+            tracing::warn!(%error, "the device failed to free a cached segment; it is forgotten");
         }
         returned
     }
