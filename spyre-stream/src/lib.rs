@@ -245,10 +245,12 @@
 //! - After [`free_runtime`], a later start and every call that would start
 //!   the runtime, hand out a stream (from a pool, a host-compute stream,
 //!   the default stream, the current stream where it falls back to the
-//!   default one) or use the freed runtime's allocator or marker events is
-//!   an explicit error ([`Error::RuntimeReset`]); operations on streams
+//!   default one), allocate from the freed runtime's allocator
+//!   ([`DeviceBuffer::new`], [`allocate`]) or take its marker events is an
+//!   explicit error ([`Error::RuntimeReset`]); operations on streams
 //!   already handed out keep working, so that work in flight can still be
-//!   waited for. torch-spyre keeps handing out ids that already have handles and
+//!   waited for, and so do the allocator's statistics, [`empty_cache`] and
+//!   [`free`] of memory already allocated. torch-spyre keeps handing out ids that already have handles and
 //!   would call a null runtime for a fresh one ("Runtime reset after stream
 //!   initialization is not supported"): whether a call works would depend
 //!   on which ids other threads had been given before.
