@@ -152,7 +152,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use flex_rt::{CompositeAddress, FlexError, Runtime, Status};
 use parking_lot::{Mutex, MutexGuard};
 
-use self::blocks::{Deferred, Pieces, Segment, Serving, State};
+use self::blocks::{Deferred, FreeKey, Pieces, Segment, Serving, State};
 use self::fence::{
     Fence, Waited, has_finished_now, has_finished_or_failed, is_stream_failure,
     synchronize_finds_failed,
@@ -528,21 +528,21 @@ impl CachingAllocator {
                     else {
                         break;
                     };
-                    state.set_aside(found);
-                    found
+                    SetAside::new(&self.state, &mut state, found)
                 };
                 // No lock is held: a failed stream's synchronize may wait.
-                let owner = self.stream(candidate.stream);
+                let owner = self.stream(candidate.found.stream);
                 let ordered =
                     has_finished_or_failed(owner) || (waits && stream.wait_stream(owner).is_ok());
                 let mut state = self.state.lock();
+                let found = candidate.settle();
                 if ordered {
-                    let mut block = state.hand_out(candidate, rounded, requested)?;
+                    let mut block = state.hand_out(found, rounded, requested)?;
                     block.lent_to = Some(stream);
                     return Ok(Some(block));
                 }
-                state.release(candidate.segment, candidate.offset);
-                passed_over.insert(candidate.stream);
+                state.release(found.segment, found.offset);
+                passed_over.insert(found.stream);
             }
         }
         Ok(None)
@@ -684,16 +684,26 @@ impl CachingAllocator {
     /// A block lent to a stream other than its segment's
     /// ([`CachingAllocator::lend_block`]) waits for that stream as well.
     pub(crate) fn free(&self, block: Block, users: &[SpyreStream]) {
-        let fences: Vec<Fence> = if users.is_empty() && block.lent_to.is_none() {
+        if users.is_empty() && block.lent_to.is_none() {
             // The common case, without an iterator chain to collect.
-            Vec::new()
-        } else {
-            users
-                .iter()
-                .chain(block.lent_to.as_ref())
-                .map(|&stream| self.fence(stream))
-                .collect()
+            return self.cache(block, Vec::new());
+        }
+        // Should making a fence panic (a runtime's record, a tracing
+        // subscriber), the block is still cached, behind every stream
+        // that used it being idle.
+        let fencing = Fencing {
+            allocator: self,
+            lent_to: block.lent_to,
+            block: Some(block),
+            users,
         };
+        let fences = fencing.streams().map(|stream| self.fence(stream)).collect();
+        self.cache(fencing.fenced(), fences);
+    }
+
+    /// [`CachingAllocator::free`] of `block`, whose streams' `fences` are
+    /// made.
+    fn cache(&self, block: Block, fences: Vec<Fence>) {
         let mut state = self.state.lock();
         state.stats.allocated_bytes -= block.size;
         state.stats.requested_bytes -= block.requested;
@@ -941,4 +951,78 @@ fn starts_in(address: &CompositeAddress, segment: &CompositeAddress) -> bool {
                 .checked_sub(chunk.address.offset)
                 .is_some_and(|into| into < chunk.size)
     })
+}
+
+/// A block being freed while its fences are made
+/// ([`CachingAllocator::free`]): cached behind its streams' being idle
+/// ([`Fence::Idle`]) if dropped before they are all made
+/// ([`Fencing::fenced`]).
+struct Fencing<'a> {
+    allocator: &'a CachingAllocator,
+    block: Option<Block>,
+    users: &'a [SpyreStream],
+    lent_to: Option<SpyreStream>,
+}
+
+impl Fencing<'_> {
+    /// The streams the block waits for: `users`, and the stream it was
+    /// lent to.
+    fn streams(&self) -> impl Iterator<Item = SpyreStream> + '_ {
+        self.users.iter().copied().chain(self.lent_to)
+    }
+
+    /// The block, its fences made.
+    fn fenced(mut self) -> Block {
+        self.block
+            .take()
+            .expect("a block being fenced is fenced once")
+    }
+}
+
+impl Drop for Fencing<'_> {
+    fn drop(&mut self) {
+        if let Some(block) = self.block.take() {
+            let fences = self.streams().map(Fence::Idle).collect();
+            self.allocator.cache(block, fences);
+        }
+    }
+}
+
+/// A block set aside ([`State::set_aside`]) for a lend while its stream is
+/// looked at without the lock: cached again if dropped before it is
+/// settled ([`SetAside::settle`]), so that a panic out of the look (a
+/// runtime's query or wait, a tracing subscriber) loses no block.
+struct SetAside<'a> {
+    state: &'a Mutex<State>,
+    found: FreeKey,
+    settled: bool,
+}
+
+impl<'a> SetAside<'a> {
+    /// Sets `found` aside in `locked`, the contents of `state`.
+    fn new(state: &'a Mutex<State>, locked: &mut State, found: FreeKey) -> Self {
+        locked.set_aside(found);
+        Self {
+            state,
+            found,
+            settled: false,
+        }
+    }
+
+    /// The block, for the caller to hand out or cache again under the
+    /// lock it holds.
+    fn settle(mut self) -> FreeKey {
+        self.settled = true;
+        self.found
+    }
+}
+
+impl Drop for SetAside<'_> {
+    fn drop(&mut self) {
+        if !self.settled {
+            self.state
+                .lock()
+                .release(self.found.segment, self.found.offset);
+        }
+    }
 }
