@@ -252,7 +252,9 @@ pub(crate) struct BenchArgs {
     )]
     pub(crate) pipeline: bool,
     /// Print one JSON object instead of a table; on failure, one JSON object
-    /// {"error": MESSAGE, "exit_code": CODE}.
+    /// {"error": MESSAGE, "exit_code": CODE}, with "report", the
+    /// measurements made before it, where a measurement failed part-way
+    /// (without --json they are printed before the error).
     #[arg(long)]
     pub(crate) json: bool,
 }

@@ -62,7 +62,8 @@ impl CliError {
 /// `{"error": "<message>", "exit_code": <code>}`, so that a script reading
 /// stdout gets one JSON line whether the command succeeded or not; with
 /// `"report"` too where the command's own report was made before it failed
-/// (a run whose trace could not be written).
+/// (a run whose trace could not be written, a bench whose measurement
+/// failed part-way: with the measurements made before it).
 #[derive(Debug, serde::Serialize)]
 pub(crate) struct ErrorReport {
     /// The message also printed on stderr, without the `error: ` prefix.

@@ -48,6 +48,7 @@ use std::process::ExitCode;
 use clap::Parser as _;
 use tracing_subscriber::EnvFilter;
 
+use crate::bench::BenchReport;
 use crate::cli::{Cli, Command};
 use crate::error::{CliError, ErrorReport};
 use crate::output::{emit, to_json_line};
@@ -76,9 +77,11 @@ fn main() -> ExitCode {
     }
 }
 
-/// Why a command failed, and, for `spyre run --json` that ran but could
-/// not write its trace or timeline, the run's report, which goes into the
-/// failure's JSON line (without `--json` it is printed before the error).
+/// Why a command failed, and, for a `spyre run --json` that ran but could
+/// not write its trace or timeline, or a `spyre bench --json` whose
+/// measurement failed part-way, the command's report (what it did), which
+/// goes into the failure's JSON line (without `--json` it is printed before
+/// the error).
 struct Failure {
     error: CliError,
     report: Option<serde_json::Value>,
@@ -189,29 +192,38 @@ fn dispatch(command: &Command) -> Result<(), Failure> {
             let outcome = run::run(args)?;
             let unwritten = outcome.unwritten.clone().map(CliError::Failed);
             let report = RunReport::new(args, &outcome);
-            match unwritten {
-                // One JSON line, the error's, with what the run did.
-                Some(error) if args.json => Err(Failure {
-                    report: serde_json::to_value(&report).ok(),
-                    error,
-                }),
-                // What the run did, then why its file is missing.
-                Some(error) => Ok(emit(&report.to_text()).and(Err(error))?),
-                None => Ok(emit(&if args.json {
-                    to_json_line(&report)?
-                } else {
-                    report.to_text()
-                })?),
-            }
+            finish(args.json, &report, RunReport::to_text, unwritten)
         }
         Command::Bench(args) => {
-            let report = bench::bench(args)?;
-            Ok(emit(&if args.json {
-                to_json_line(&report)?
-            } else {
-                report.to_text()
-            })?)
+            let bench::BenchOutcome { report, failed } = bench::bench(args)?;
+            finish(args.json, &report, BenchReport::to_text, failed)
         }
+    }
+}
+
+/// Prints a command's `report` (one JSON line with `json`, else
+/// `to_text`'s), or, where `failed` says the command ended in an error
+/// after the report was made (a run whose trace could not be written, a
+/// bench whose measurement failed part-way), what was done and the error:
+/// with `json`, one line, the error's, with the report in it; else the
+/// report, then the error.
+fn finish<R: serde::Serialize>(
+    json: bool,
+    report: &R,
+    to_text: impl Fn(&R) -> String,
+    failed: Option<CliError>,
+) -> Result<(), Failure> {
+    match failed {
+        Some(error) if json => Err(Failure {
+            report: serde_json::to_value(report).ok(),
+            error,
+        }),
+        Some(error) => Ok(emit(&to_text(report)).and(Err(error))?),
+        None => Ok(emit(&if json {
+            to_json_line(report)?
+        } else {
+            to_text(report)
+        })?),
     }
 }
 

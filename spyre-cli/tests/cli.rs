@@ -1316,6 +1316,76 @@ fn json_failures_print_one_json_line_naming_the_error() {
     assert_eq!(stdout(&output), "");
 }
 
+/// A pipeline child killed part-way: the bench fails (exit 1), naming the
+/// signal, and keeps the measurements made before it, in the error's JSON
+/// line ("report") with --json and before the error without. Before, they
+/// were lost with the error.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_bench_whose_pipeline_child_is_killed_keeps_what_it_measured() {
+    for json in [true, false] {
+        let mut args = vec!["bench", "--budget-ms", "1", "--sizes", "4KiB"];
+        if json {
+            args.push("--json");
+        }
+        let bench = spyre_command(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the spyre binary runs");
+        kill_first_child_of(bench.id());
+        let output = bench.wait_with_output().unwrap();
+        assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+        // The first child run is the serialized one.
+        let ended = "the pipeline measurement's child run (`spyre run --mode serialized`) ended without a report (signal: 9 (SIGKILL))";
+        assert!(stderr(&output).contains(ended), "{}", stderr(&output));
+        let names = [
+            "handle resolution",
+            "pool assignment",
+            "empty op round trip",
+            "H2D bandwidth",
+            "D2H bandwidth",
+        ];
+        if json {
+            let failure: Value = serde_json::from_str(stdout(&output).trim()).unwrap();
+            assert_eq!(failure["exit_code"], 1);
+            assert!(failure["error"].as_str().unwrap().contains(ended));
+            let measured: Vec<_> = failure["report"]["results"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|result| result["name"].as_str().unwrap().to_owned())
+                .collect();
+            assert_eq!(measured, names);
+        } else {
+            let text = stdout(&output);
+            assert!(text.starts_with("spyre bench"), "{text}");
+            for name in names {
+                assert!(text.contains(name), "{name} in {text}");
+            }
+            assert!(!text.contains("pipeline"), "{text}");
+        }
+    }
+}
+
+/// Kills (`SIGKILL`) the first child process of `parent` once it appears
+/// (waiting at most 60 s).
+#[cfg(target_os = "linux")]
+fn kill_first_child_of(parent: u32) {
+    let children = format!("/proc/{parent}/task/{parent}/children");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while std::time::Instant::now() < deadline {
+        let listed = std::fs::read_to_string(&children).unwrap_or_default();
+        if let Some(child) = listed.split_whitespace().next() {
+            let killed = Command::new("kill").args(["-KILL", child]).status();
+            assert!(killed.unwrap().success());
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    panic!("process {parent} started no child in 60 s");
+}
+
 #[test]
 fn bench_json_has_every_measurement() {
     let report = json(

@@ -138,13 +138,22 @@ fn stream_error(context: &'static str) -> impl Fn(spyre_stream::Error) -> CliErr
     move |e| CliError::stream(context, e)
 }
 
+/// What `spyre bench` measured, and the error that ended it part-way, if
+/// one did: the measurements made before it are kept and reported.
+pub(crate) struct BenchOutcome {
+    pub(crate) report: BenchReport,
+    pub(crate) failed: Option<CliError>,
+}
+
 /// Runs every measurement.
 ///
 /// # Errors
-/// The stream layer's error; [`CliError::Usage`] for a transfer size the
-/// device cannot hold, or, with the pipeline measurement, for a runtime
-/// without events.
-pub(crate) fn bench(args: &BenchArgs) -> Result<BenchReport, CliError> {
+/// The stream layer's error, and [`CliError::Usage`] for a transfer size
+/// the device cannot hold, or, with the pipeline measurement, for a
+/// runtime without events, when they come before any measurement. An
+/// error during one ends the run there, in [`BenchOutcome::failed`], with
+/// the measurements made before it.
+pub(crate) fn bench(args: &BenchArgs) -> Result<BenchOutcome, CliError> {
     spyre_stream::start_runtime().map_err(stream_error("starting the Spyre runtime"))?;
     if args.pipeline {
         // Its child runs need events: refused now, not after the rest.
@@ -156,26 +165,47 @@ pub(crate) fn bench(args: &BenchArgs) -> Result<BenchReport, CliError> {
     let kind = spyre_stream::selected_backend().map_err(stream_error("choosing the backend"))?;
     let info = spyre_stream::runtime_info()
         .ok_or_else(|| CliError::Failed("the Spyre runtime did not start".into()))?;
-    let backend = info.backend;
-    let pool =
-        spyre_stream::global_pool().map_err(stream_error("using the process's stream pool"))?;
     // Every size, and the pipeline's children, checked before the first
     // measurement: not refused after the others have run.
     let layout = spyre_stream::memory_layout(Device::CURRENT)
         .map_err(stream_error("reading the device's memory layout"))?;
     for &size in &args.sizes {
-        check_size(size, layout, backend == "mock")?;
+        check_size(size, layout, info.backend == "mock")?;
     }
     if args.pipeline
         && let Some(layout) = layout
     {
         pipeline::check_capacity(layout)?;
     }
+    let mut report = BenchReport {
+        backend: info.backend,
+        device: info.device,
+        device_source: info.device_source.name(),
+        budget_ms: args.budget_ms,
+        results: Vec::new(),
+        backend_details: info.backend_details.into_iter().collect(),
+        pipeline_timing_model: pipeline::TimingModel::new(),
+    };
+    let failed = measure_all(args, kind, &mut report).err();
+    Ok(BenchOutcome { report, failed })
+}
+
+/// Makes every measurement of `args` on the backend `kind`, into `report`.
+///
+/// # Errors
+/// The first measurement's error; `report` keeps those made before it.
+fn measure_all(
+    args: &BenchArgs,
+    kind: spyre_stream::BackendKind,
+    report: &mut BenchReport,
+) -> Result<(), CliError> {
+    let pool =
+        spyre_stream::global_pool().map_err(stream_error("using the process's stream pool"))?;
     let budget = Duration::from_millis(args.budget_ms);
     let stream = spyre_stream::stream_from_pool(Device::CURRENT, 0).map_err(stream_error(
         concat!("taking a stream from the pool", first_take!()),
     ))?;
-    let mut results = Vec::new();
+    let results = &mut report.results;
     let progress = Progress::new(3 + 2 * args.sizes.len() as u64, args.pipeline, budget);
 
     progress.start("handle resolution");
@@ -224,23 +254,14 @@ pub(crate) fn bench(args: &BenchArgs) -> Result<BenchReport, CliError> {
         progress.start(&format!("D2H bandwidth, {}", format_size(size)));
         results.push(bandwidth(stream, budget, size, Direction::DeviceToHost)?);
     }
-    let mut pipeline_timing_model = pipeline::TimingModel::new();
     if args.pipeline {
         progress.start("pipeline: pipelined against serialized, in child processes");
         let (times, model) = pipeline::measure(kind)?;
         results.extend(times.results());
-        pipeline_timing_model = model;
+        report.pipeline_timing_model = model;
     }
     progress.finish();
-    Ok(BenchReport {
-        backend,
-        device: info.device,
-        device_source: info.device_source.name(),
-        budget_ms: args.budget_ms,
-        results,
-        backend_details: info.backend_details.into_iter().collect(),
-        pipeline_timing_model,
-    })
+    Ok(())
 }
 
 /// About how long the pipeline measurement takes: six child runs, of
