@@ -122,22 +122,73 @@ pub struct Trace {
 
 struct Log {
     origin: Instant,
-    entries: Vec<TraceEntry>,
+    entries: Chunked<TraceEntry>,
     /// Indices of `entries` in the order their completions stamped them: a
     /// stream calls its completions one at a time in stream order, so this
     /// is each stream's true order, which `entries` (in the order the
     /// launching threads appended them) need not be when several threads
     /// launch on one stream.
-    finish_order: Vec<usize>,
+    finish_order: Chunked<usize>,
 }
 
 impl Log {
     fn new() -> Self {
         Self {
             origin: Instant::now(),
-            entries: Vec::new(),
-            finish_order: Vec::new(),
+            entries: Chunked::new(),
+            finish_order: Chunked::new(),
         }
+    }
+}
+
+/// Items a [`Chunked`] list allocates at once: 384 KiB of trace entries.
+const CHUNK: usize = 4096;
+
+/// A list that grows by chunks of [`CHUNK`] items, each allocated once at
+/// its full size. A push never moves what is there (a `Vec` doubling
+/// copies the whole trace, under the log's lock that launches take), and
+/// the memory reserved is what is held and at most one chunk more (a `Vec`
+/// reserves up to twice what it holds, and three times while it grows,
+/// which a process's address-space limit, `ulimit -v`, counts in full).
+struct Chunked<T> {
+    chunks: Vec<Vec<T>>,
+    len: usize,
+}
+
+impl<T> Chunked<T> {
+    fn new() -> Self {
+        Self {
+            chunks: Vec::new(),
+            len: 0,
+        }
+    }
+
+    /// Appends `item`; its index.
+    fn push(&mut self, item: T) -> usize {
+        match self.chunks.last_mut() {
+            Some(chunk) if chunk.len() < CHUNK => chunk.push(item),
+            _ => {
+                let mut chunk = Vec::with_capacity(CHUNK);
+                chunk.push(item);
+                self.chunks.push(chunk);
+            }
+        }
+        self.len += 1;
+        self.len - 1
+    }
+
+    fn get_mut(&mut self, index: usize) -> Option<&mut T> {
+        self.chunks.get_mut(index / CHUNK)?.get_mut(index % CHUNK)
+    }
+
+    /// The items in order, in a `Vec` of exactly their number, each chunk
+    /// freed once moved.
+    fn into_vec(self) -> Vec<T> {
+        let mut all = Vec::with_capacity(self.len);
+        for chunk in self.chunks {
+            all.extend(chunk);
+        }
+        all
     }
 }
 
@@ -203,14 +254,16 @@ pub fn stop_trace() -> Trace {
         instrument::set(instrument::TRACE, false);
         std::mem::replace(&mut *slot, Arc::new(Mutex::new(Log::new())))
     };
-    let (mut entries, finish_order, origin) = {
+    let (entries, finish_order, origin) = {
         let mut guard = log.lock();
         (
-            std::mem::take(&mut guard.entries),
-            std::mem::take(&mut guard.finish_order),
+            std::mem::replace(&mut guard.entries, Chunked::new()),
+            std::mem::replace(&mut guard.finish_order, Chunked::new()),
             guard.origin,
         )
     };
+    let mut entries = entries.into_vec();
+    let finish_order = finish_order.into_vec();
     derive_starts(&mut entries, &finish_order);
     Trace {
         entries,
@@ -369,8 +422,7 @@ pub(crate) fn record(
             finished: None,
             failed: false,
             link: (kind == OperationKind::EventRecord).then_some(link),
-        });
-        guard.entries.len() - 1
+        })
     };
     let entry = Traced {
         log: Arc::clone(&log),
@@ -427,6 +479,33 @@ pub(crate) fn record_wait(stream: SpyreStream, link: Option<u64>) {
 mod tests {
     use super::*;
     use crate::id::StreamId;
+
+    /// Across chunks, each item keeps its index, and the list comes out
+    /// whole and in order, in a `Vec` of exactly its length.
+    #[test]
+    fn a_chunked_list_keeps_indices_and_order_across_chunks() {
+        let mut list = Chunked::new();
+        let len = 2 * CHUNK + 1;
+        for item in 0..len {
+            assert_eq!(list.push(item), item);
+        }
+        for index in [0, CHUNK - 1, CHUNK, 2 * CHUNK] {
+            *list.get_mut(index).unwrap() += len;
+        }
+        assert!(list.get_mut(len).is_none());
+        let all = list.into_vec();
+        assert_eq!(all.capacity(), len);
+        let expected: Vec<usize> = (0..len)
+            .map(|item| {
+                if [0, CHUNK - 1, CHUNK, 2 * CHUNK].contains(&item) {
+                    item + len
+                } else {
+                    item
+                }
+            })
+            .collect();
+        assert_eq!(all, expected);
+    }
 
     fn entry(id: i64, enqueued: u64, finished: u64) -> TraceEntry {
         TraceEntry {
