@@ -9,16 +9,41 @@
 use crate::error::CliError;
 use crate::size::{format_size, format_total};
 
+/// Address space the C library's allocator may reserve for a thread that
+/// allocates while others do: glibc gives such a thread an arena of its
+/// own (up to 8 per CPU), a reservation of 64 MiB (`HEAP_MAX_SIZE` on
+/// 64-bit hosts) of which it uses only what it needs. Not memory the host
+/// gives, so not checked against what is available, but an address-space
+/// limit (`ulimit -v`) counts it in full: arenas made as the run's threads
+/// start leave that much less for the buffers and the trace that grow
+/// after them, whose allocation then fails (and aborts the process).
+pub(crate) const THREAD_ARENA_BYTES: u64 = 64 << 20;
+
+/// What bounds the memory the process can take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Bound {
+    /// The host's memory available without swapping.
+    Host,
+    /// What the process's address-space limit leaves.
+    AddressSpace,
+}
+
 /// Bytes of memory the process can take, and what says so: the host's
 /// memory available without swapping (`MemAvailable` in `/proc/meminfo`),
-/// or, where it is less, what the process's address-space limit
-/// (`ulimit -v`, in `/proc/self/limits`) leaves beside what it has mapped
-/// (`VmSize` in `/proc/self/status`); `None` where neither can be read.
-fn available_bytes() -> Option<(u64, &'static str)> {
+/// and what the process's address-space limit (`ulimit -v`, in
+/// `/proc/self/limits`) leaves beside what it has mapped (`VmSize` in
+/// `/proc/self/status`); each where it can be read.
+fn available_bytes() -> Vec<(u64, Bound, &'static str)> {
     let read = |path| std::fs::read_to_string(path).ok();
     let host = read("/proc/meminfo")
         .and_then(|meminfo| parse_mem_available(&meminfo))
-        .map(|bytes| (bytes, "available (MemAvailable in /proc/meminfo)"));
+        .map(|bytes| {
+            (
+                bytes,
+                Bound::Host,
+                "available (MemAvailable in /proc/meminfo)",
+            )
+        });
     let limit = read("/proc/self/limits")
         .and_then(|limits| parse_address_space_limit(&limits))
         .map(|limit| {
@@ -27,13 +52,11 @@ fn available_bytes() -> Option<(u64, &'static str)> {
                 .unwrap_or(0);
             (
                 limit.saturating_sub(mapped),
+                Bound::AddressSpace,
                 "left under the process's address-space limit (ulimit -v, in /proc/self/limits, less VmSize)",
             )
         });
-    [host, limit]
-        .into_iter()
-        .flatten()
-        .min_by_key(|&(bytes, _)| bytes)
+    [host, limit].into_iter().flatten().collect()
 }
 
 /// The soft limit of `Max address space` of a `/proc/self/limits` text,
@@ -68,28 +91,22 @@ fn parse_mem_available(meminfo: &str) -> Option<u64> {
     parse_kib_field(meminfo, "MemAvailable:")
 }
 
-/// Refuses `needed` bytes of host memory for `what` when the host has less
-/// available, or the process's address-space limit leaves less; where
-/// neither can be read, nothing is checked.
-///
-/// # Errors
-/// [`CliError::Usage`] naming both sizes and what needed them.
-pub(crate) fn check(needed: u64, what: &str) -> Result<(), CliError> {
-    check_against(needed, available_bytes(), what)
-}
-
 /// Refuses `buffers` bytes of host memory (what `held` names: host
 /// buffers, say) and `backed` bytes of the software device's memory
 /// regions (which it backs with host memory when they are first written),
-/// together, for `what`, when the host has less available; the message
-/// names both parts when there are regions.
+/// together, for `what`, when the host has less available, or the
+/// process's address-space limit leaves less, where `threads` new threads'
+/// allocator arenas ([`THREAD_ARENA_BYTES`] each) count too; the message
+/// names both parts when there are regions. Where neither bound can be
+/// read, nothing is checked.
 ///
 /// # Errors
-/// As [`check`].
+/// [`CliError::Usage`] naming the sizes, the bound and what needed them.
 pub(crate) fn check_with_regions(
     buffers: u64,
     held: &str,
     backed: u64,
+    threads: u64,
     what: &str,
 ) -> Result<(), CliError> {
     let what = if backed > 0 {
@@ -101,25 +118,53 @@ pub(crate) fn check_with_regions(
     } else {
         what.to_owned()
     };
-    check(buffers.saturating_add(backed), &what)
+    check_against(
+        buffers.saturating_add(backed),
+        threads.saturating_mul(THREAD_ARENA_BYTES),
+        &available_bytes(),
+        &what,
+    )
 }
 
-fn check_against(needed: u64, available: Option<(u64, &str)>, what: &str) -> Result<(), CliError> {
-    match available {
-        Some((available, source)) if needed > available => {
-            // `needed` is summed with saturation: at the top it is a bound.
-            let needed = if needed == u64::MAX {
-                format!("more than {needed} bytes (16 EiB)")
-            } else {
-                format!("{needed} bytes ({})", format_size(needed))
-            };
-            Err(CliError::Usage(format!(
-                "{what} needs {needed} of host memory, but the process has {available} bytes ({}) {source}",
-                format_size(available)
-            )))
+/// Refuses `needed` bytes for `what` against each of `available`'s
+/// bounds, and `reserved` bytes more (address space reserved, not used)
+/// against an address-space limit.
+fn check_against(
+    needed: u64,
+    reserved: u64,
+    available: &[(u64, Bound, &str)],
+    what: &str,
+) -> Result<(), CliError> {
+    for &(available, bound, source) in available {
+        let reserved = if bound == Bound::AddressSpace {
+            reserved
+        } else {
+            0
+        };
+        if needed.saturating_add(reserved) <= available {
+            continue;
         }
-        _ => Ok(()),
+        // `needed` is summed with saturation: at the top it is a bound.
+        let needed = if needed == u64::MAX {
+            format!("more than {needed} bytes (16 EiB)")
+        } else {
+            format!("{needed} bytes ({})", format_size(needed))
+        };
+        let reserved = if reserved > 0 {
+            format!(
+                " and {reserved} bytes ({}) of address space its threads' memory allocator may reserve ({} MiB a thread)",
+                format_size(reserved),
+                THREAD_ARENA_BYTES >> 20
+            )
+        } else {
+            String::new()
+        };
+        return Err(CliError::Usage(format!(
+            "{what} needs {needed} of host memory{reserved}, but the process has {available} bytes ({}) {source}",
+            format_size(available)
+        )));
     }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -148,12 +193,14 @@ mod tests {
         );
     }
 
+    const HOST: &str = "available (MemAvailable in /proc/meminfo)";
+
     #[test]
     fn more_than_available_is_a_usage_error_naming_both() {
-        const HOST: &str = "available (MemAvailable in /proc/meminfo)";
-        assert!(check_against(10, Some((10, HOST)), "x").is_ok());
-        assert!(check_against(10, None, "x").is_ok());
-        let err = check_against(3 << 30, Some((1 << 30, HOST)), "--size 1GiB").unwrap_err();
+        let host = |bytes| [(bytes, Bound::Host, HOST)];
+        assert!(check_against(10, 0, &host(10), "x").is_ok());
+        assert!(check_against(10, 0, &[], "x").is_ok());
+        let err = check_against(3 << 30, 0, &host(1 << 30), "--size 1GiB").unwrap_err();
         assert_eq!(err.exit_code(), crate::error::EXIT_USAGE);
         assert_eq!(
             err.to_string(),
@@ -161,10 +208,34 @@ mod tests {
         );
         // A need whose sum saturated is a bound, not a figure.
         assert_eq!(
-            check_against(u64::MAX, Some((1 << 30, HOST)), "x")
+            check_against(u64::MAX, 0, &host(1 << 30), "x")
                 .unwrap_err()
                 .to_string(),
             "x needs more than 18446744073709551615 bytes (16 EiB) of host memory, but the process has 1073741824 bytes (1 GiB) available (MemAvailable in /proc/meminfo)"
+        );
+    }
+
+    /// The address space threads' arenas reserve counts against an
+    /// address-space limit, not against the host's available memory:
+    /// 512 MiB needed and two arenas (128 MiB) fit 1 GiB of either, and
+    /// 900 MiB with them fit the host's 1 GiB but not a limit's.
+    #[test]
+    fn reserved_address_space_counts_only_against_a_limit() {
+        const LIMIT: &str = "left under the process's address-space limit";
+        let both = |bytes| {
+            [
+                (bytes, Bound::Host, HOST),
+                (bytes, Bound::AddressSpace, LIMIT),
+            ]
+        };
+        let arenas = 2 * THREAD_ARENA_BYTES;
+        assert!(check_against(512 << 20, arenas, &both(1 << 30), "x").is_ok());
+        assert!(check_against(900 << 20, arenas, &[(1 << 30, Bound::Host, HOST)], "x").is_ok());
+        assert_eq!(
+            check_against(900 << 20, arenas, &both(1 << 30), "x")
+                .unwrap_err()
+                .to_string(),
+            "x needs 943718400 bytes (900 MiB) of host memory and 134217728 bytes (128 MiB) of address space its threads' memory allocator may reserve (64 MiB a thread), but the process has 1073741824 bytes (1 GiB) left under the process's address-space limit"
         );
     }
 }

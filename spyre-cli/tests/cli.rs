@@ -678,6 +678,39 @@ fn a_run_over_the_address_space_limit_is_refused_before_it_starts() {
     );
 }
 
+/// A traced run whose trace fits what the address-space limit leaves, but
+/// not beside the arenas its four threads' allocator reserves (two
+/// workers, two engines, 64 MiB each), is refused before it starts, saying
+/// so. Before, 70 000 iterations a thread under `ulimit -v 800000` passed
+/// the check and aborted when the trace grew ("memory allocation of
+/// 402653184 bytes failed"), losing the report and the trace.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_traced_run_counts_its_threads_arenas_against_the_address_space_limit() {
+    let dir = scratch_dir("arenas");
+    let trace = dir.join("trace.json");
+    let mut command = Command::new("sh");
+    command
+        .args(["-c", "ulimit -v 800000 && exec \"$0\" \"$@\""])
+        .arg(env!("CARGO_BIN_EXE_spyre"))
+        .args(["run", "--size", "12", "--iterations", "70000", "--trace"])
+        .arg(&trace);
+    clear_environment(&mut command);
+    command.env("SPYRE_BACKEND", "mock");
+    let output = command.output().expect("sh runs");
+    let stderr = stderr(&output);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    for needle in [
+        "tracing 140000 iterations (the trace is kept in memory until the run ends: 400.54 MiB at about 3000 bytes an iteration;",
+        "and 268435456 bytes (256 MiB) of address space its threads' memory allocator may reserve (64 MiB a thread), but the process has",
+        "left under the process's address-space limit (ulimit -v",
+    ] {
+        assert!(stderr.contains(needle), "{needle:?} not in: {stderr}");
+    }
+    assert!(!trace.exists(), "no trace file before the run");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A trace too large for the host's memory is refused before the run
 /// starts (before, the run grew until the host ran out of memory, and left
 /// the trace empty), and no file is created.
@@ -686,7 +719,7 @@ fn a_run_over_the_address_space_limit_is_refused_before_it_starts() {
 fn a_run_whose_trace_the_host_cannot_hold_is_refused_before_it_starts() {
     let path = std::env::temp_dir().join(format!("spyre-huge-trace-{}.json", std::process::id()));
     let path_text = path.to_str().unwrap();
-    // 2 × 10^10 iterations at 2 500 bytes: 5 × 10^13 bytes (45.47 TiB).
+    // 2 × 10^10 iterations at 3 000 bytes: 6 × 10^13 bytes (54.57 TiB).
     let huge = ["run", "--threads", "2", "--iterations", "10000000000"];
     // A trace to standard output (a file, or a pipe) is built whole before
     // it is written: 6 000 bytes more an iteration; one to /dev/null, even
@@ -695,11 +728,11 @@ fn a_run_whose_trace_the_host_cannot_hold_is_refused_before_it_starts() {
     let json = format!("{path_text}.json");
     let svg = format!("{path_text}.svg");
     for (flag, file, stdout, per_iteration, total) in [
-        ("--trace", &json[..], "null", "2500", "45.47 TiB"),
-        ("--timeline", &svg[..], "null", "3500", "63.66 TiB"),
-        ("--trace", "/dev/stdout", "file", "8500", "154.61 TiB"),
-        ("--trace", "/dev/stdout", "pipe", "8500", "154.61 TiB"),
-        ("--trace", "/dev/null", "null", "2500", "45.47 TiB"),
+        ("--trace", &json[..], "null", "3000", "54.57 TiB"),
+        ("--timeline", &svg[..], "null", "4500", "81.85 TiB"),
+        ("--trace", "/dev/stdout", "file", "9000", "163.71 TiB"),
+        ("--trace", "/dev/stdout", "pipe", "9000", "163.71 TiB"),
+        ("--trace", "/dev/null", "null", "3000", "54.57 TiB"),
     ] {
         let to_stdout = file == "/dev/stdout";
         let file = file.to_owned();

@@ -370,6 +370,7 @@ fn check_size(size: u64, layout: Option<MemoryLayout>, mock: bool) -> Result<(),
         buffers,
         "host buffers",
         backed,
+        0,
         &format!("--sizes {size}"),
     )
 }

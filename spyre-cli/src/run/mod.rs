@@ -62,13 +62,16 @@ use crate::output;
 use crate::size::format_total;
 
 /// Host memory a traced iteration holds until the run ends, rounded up
-/// from the peak resident memory of `spyre run --threads 2 --iterations
-/// 20000 --size 12` on the software device with the flag against without
-/// it, per iteration: 2.2 KB for `--trace`, 3.3 KB for `--timeline` (with
-/// or without `--trace`).
-const TRACE_BYTES_PER_ITERATION: u64 = 2_500;
+/// from the peak size of the process (`VmPeak`: what an address-space
+/// limit counts; the peak resident memory is about a quarter less) of
+/// `spyre run --threads 2 --iterations 50000 --size 12` on the software
+/// device with the flag against without it, with `MALLOC_ARENA_MAX=1` (so
+/// that the threads' allocator arenas, counted apart, do not blur it), per
+/// iteration: 2.91 KB for `--trace`, 4.32 KB for `--timeline` (with or
+/// without `--trace`).
+const TRACE_BYTES_PER_ITERATION: u64 = 3_000;
 /// See [`TRACE_BYTES_PER_ITERATION`].
-const TIMELINE_BYTES_PER_ITERATION: u64 = 3_500;
+const TIMELINE_BYTES_PER_ITERATION: u64 = 4_500;
 /// Host memory per iteration of a trace written to this process's standard
 /// output or error, which is built whole before its one write
 /// ([`output_file`]): twice the trace's 2.95 KB an iteration (118 MB for
@@ -245,19 +248,22 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
         )
         .saturating_add(plan.operand_bytes.saturating_mul(2));
     let mut buffers = (args.threads as u64).saturating_mul(per_thread);
+    // The software device's engines (a flex library's threads are not
+    // known).
+    let engines = info
+        .backend_details
+        .iter()
+        .find(|(name, _)| *name == "engines")
+        .and_then(|(_, value)| value.parse::<u64>().ok());
     if info.backend == "mock" {
         // The software device's engines each hold, while they run a
         // compute, host copies of its operands: at most four at once (the
         // two inputs as numbers, the result and its bytes; an input's bytes
         // as read are dropped once converted, before the result is made),
         // for as many computes as run at once.
-        let engines = info
-            .backend_details
-            .iter()
-            .find(|(name, _)| *name == "engines")
-            .and_then(|(_, value)| value.parse::<u64>().ok())
-            .unwrap_or(1);
-        let computes = engines.min((args.threads as u64).saturating_mul(in_flight));
+        let computes = engines
+            .unwrap_or(1)
+            .min((args.threads as u64).saturating_mul(in_flight));
         buffers =
             buffers.saturating_add(computes.saturating_mul(plan.operand_bytes.saturating_mul(4)));
     }
@@ -299,7 +305,10 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
         );
         held = "host buffers and the trace";
     }
-    host_memory::check_with_regions(buffers.saturating_add(traced), held, backed, &what)?;
+    // Each worker, and each engine, that allocates may get an arena of its
+    // own as the run starts.
+    let threads = (args.threads as u64).saturating_add(engines.unwrap_or(0));
+    host_memory::check_with_regions(buffers.saturating_add(traced), held, backed, threads, &what)?;
     if plan.kernel == KernelArg::Matmul
         && info.backend == "mock"
         && let Some(warning) =
