@@ -108,9 +108,11 @@ pub struct SpyreEvent {
 /// with the futures that await it.
 struct Shared {
     event: RuntimeEvent,
-    /// Records begun ([`SpyreEvent::record`] called, less those refused,
-    /// uncounted again as they return), and records made (whose call has
-    /// returned `Ok`).
+    /// Records begun ([`SpyreEvent::record`] called, less those refused or
+    /// ended by a panic before the runtime took them, uncounted again as
+    /// they return: [`BegunRecord`]), and records made (taken by the
+    /// runtime; counted before a traced record's notification, so a record
+    /// taken stays counted whatever follows it).
     begun: AtomicU64,
     made: AtomicU64,
 }

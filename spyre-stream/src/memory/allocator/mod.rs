@@ -628,12 +628,15 @@ impl CachingAllocator {
                 drop(state);
                 let chunks = segment.chunks().len();
                 let freed = self.runtime.free(&segment);
-                if let Err(error) = &freed {
-                    tracing::warn!(%error, "the device refused to free a segment that came in {chunks} chunks; it is forgotten");
-                }
                 let mut state = self.state.lock();
                 state.stats.device_frees += u64::from(freed.is_ok());
                 state.arrived(&segment);
+                drop(state);
+                // Told once the segment has arrived: a subscriber that
+                // panics then leaves nothing in transit.
+                if let Err(error) = &freed {
+                    tracing::warn!(%error, "the device refused to free a segment that came in {chunks} chunks; it is forgotten");
+                }
                 if fall_back {
                     size = rounded;
                     continue;
@@ -686,7 +689,8 @@ impl CachingAllocator {
     pub(crate) fn free(&self, block: Block, users: &[SpyreStream]) {
         if users.is_empty() && block.lent_to.is_none() {
             // The common case, without an iterator chain to collect.
-            return self.cache(block, Vec::new());
+            drop(self.cache(block, Vec::new()));
+            return;
         }
         // Should making a fence panic (a runtime's record, a tracing
         // subscriber), the block is still cached, behind every stream
@@ -698,12 +702,15 @@ impl CachingAllocator {
             users,
         };
         let fences = fencing.streams().map(|stream| self.fence(stream)).collect();
-        self.cache(fencing.fenced(), fences);
+        self.cache(fencing.fenced(), fences).collect_deferred();
     }
 
     /// [`CachingAllocator::free`] of `block`, whose streams' `fences` are
-    /// made.
-    fn cache(&self, block: Block, fences: Vec<Fence>) {
+    /// made, as a pending free where there are any. Returns the state,
+    /// still locked: the caller collects the pending frees that have
+    /// passed ([`State::collect_deferred`]), unless it may not query the
+    /// runtime (while a panic unwinds).
+    fn cache(&self, block: Block, fences: Vec<Fence>) -> MutexGuard<'_, State> {
         let mut state = self.state.lock();
         state.stats.allocated_bytes -= block.size;
         state.stats.requested_bytes -= block.requested;
@@ -722,8 +729,8 @@ impl CachingAllocator {
                 freed: now,
                 fences,
             });
-            state.collect_deferred();
         }
+        state
     }
 
     /// A fence at the end of the work enqueued on `stream` so far.
@@ -831,9 +838,16 @@ impl CachingAllocator {
             state.collect_deferred();
             state.take_free_segments(finished.hold.is_some())
         };
-        let mut by_stream: BTreeMap<i64, Vec<(u64, Segment)>> = BTreeMap::new();
+        // Each segment stays in `taken` until it is given back to the device
+        // or kept: a panic out of a query or a free (the runtime's) puts the
+        // others back in the cache.
+        let mut taken = Taken {
+            state: &self.state,
+            segments: BTreeMap::new(),
+        };
         for (id, segment) in released {
-            by_stream
+            taken
+                .segments
                 .entry(segment.stream)
                 .or_default()
                 .push((id, segment));
@@ -842,11 +856,15 @@ impl CachingAllocator {
         // Told once every segment is settled: a subscriber that panics
         // then leaves none of them in transit.
         let mut failed_frees = Vec::new();
-        for (stream_id, segments) in by_stream {
+        let streams: Vec<i64> = taken.segments.keys().copied().collect();
+        for stream_id in streams {
             let done = finished.waited.failed.contains(&stream_id)
                 || has_finished_now(self.stream(stream_id));
-            let (returning, keeping): (Vec<_>, Vec<_>) =
-                segments.into_iter().partition(|(_, segment)| {
+            let segments = taken.segments.get_mut(&stream_id).map(std::mem::take);
+            let (mut returning, keeping): (Vec<_>, Vec<_>) = segments
+                .unwrap_or_default()
+                .into_iter()
+                .partition(|(_, segment)| {
                     done || finished.waited.has_ended(stream_id, segment.last_free)
                 });
             if !keeping.is_empty() {
@@ -856,7 +874,12 @@ impl CachingAllocator {
                     state.restore_segment(id, segment);
                 }
             }
-            for (_, segment) in returning {
+            // Taken out one at a time, in the order they came: one whose
+            // free panics stays in transit (whether the device freed it is
+            // not known).
+            returning.reverse();
+            taken.segments.insert(stream_id, returning);
+            while let Some((_, segment)) = taken.segments.get_mut(&stream_id).and_then(Vec::pop) {
                 let size = segment.address.total_size();
                 let freed = self.runtime.free(&segment.address);
                 let mut state = self.state.lock();
@@ -953,6 +976,27 @@ fn starts_in(address: &CompositeAddress, segment: &CompositeAddress) -> bool {
     })
 }
 
+/// Wholly free segments taken out of the cache to go back to the device
+/// ([`CachingAllocator::return_segments`]), by stream: those still here
+/// when it is dropped are put back in the cache.
+struct Taken<'a> {
+    state: &'a Mutex<State>,
+    segments: BTreeMap<i64, Vec<(u64, Segment)>>,
+}
+
+impl Drop for Taken<'_> {
+    fn drop(&mut self) {
+        let segments = std::mem::take(&mut self.segments);
+        if segments.values().all(Vec::is_empty) {
+            return;
+        }
+        let mut state = self.state.lock();
+        for (id, segment) in segments.into_values().flatten() {
+            state.restore_segment(id, segment);
+        }
+    }
+}
+
 /// A block being freed while its fences are made
 /// ([`CachingAllocator::free`]): cached behind its streams' being idle
 /// ([`Fence::Idle`]) if dropped before they are all made
@@ -982,8 +1026,10 @@ impl Fencing<'_> {
 impl Drop for Fencing<'_> {
     fn drop(&mut self) {
         if let Some(block) = self.block.take() {
+            // Not collected now: that queries the runtime, whose second
+            // panic, during this one's unwinding, would abort the process.
             let fences = self.streams().map(Fence::Idle).collect();
-            self.allocator.cache(block, fences);
+            drop(self.allocator.cache(block, fences));
         }
     }
 }
