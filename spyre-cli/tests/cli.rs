@@ -2353,12 +2353,23 @@ fn a_trace_to_a_fifo_without_a_reader_says_it_waits_for_one() {
             fifo.display()
         )
     );
-    let mut trace = String::new();
-    File::open(&fifo)
-        .unwrap()
-        .read_to_string(&mut trace)
-        .unwrap();
-    assert_eq!(child.wait().unwrap().code(), Some(0));
+    // Read apart too: a run that ends without opening the FIFO fails the
+    // test instead of leaving the reader blocked in its open.
+    let (read, trace) = std::sync::mpsc::channel();
+    let reader_fifo = fifo.clone();
+    std::thread::spawn(move || {
+        let mut trace = String::new();
+        let _ = File::open(&reader_fifo).and_then(|mut file| file.read_to_string(&mut trace));
+        let _ = read.send(trace);
+    });
+    let trace = trace.recv_timeout(std::time::Duration::from_secs(60));
+    let status = child.wait().unwrap();
+    let Ok(trace) = trace else {
+        // The reader's open waits for a writer: this one lets it end.
+        drop(File::options().write(true).open(&fifo));
+        panic!("the run ended ({status}) without writing the trace to the FIFO");
+    };
+    assert_eq!(status.code(), Some(0));
     let trace: Value = serde_json::from_str(&trace).expect("the trace is whole");
     assert!(trace["traceEvents"].is_array());
     let _ = std::fs::remove_dir_all(&dir);

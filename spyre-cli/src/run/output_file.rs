@@ -226,42 +226,60 @@ struct Named<'a> {
 }
 
 /// Opens (or creates) `path`, given with `flag`, for writing, without
-/// truncating it. A FIFO (named pipe) that no process has open for reading
-/// would block the open until one does: that is said on standard error,
-/// naming the flag and the path, and then waited for (`mkfifo trace; spyre
-/// run --trace trace` with `cat trace` started after it), so that a run
-/// waiting for its reader does not look hung.
+/// truncating it; a FIFO as [`open_fifo`] does.
 fn open(flag: &str, path: &Path) -> std::io::Result<File> {
     let mut options = File::options();
     options.write(true).create(true).truncate(false);
     #[cfg(unix)]
-    {
-        use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
-        if std::fs::metadata(path).is_ok_and(|meta| meta.file_type().is_fifo()) {
-            // Opened without blocking, a FIFO without a reader is `ENXIO`;
-            // with one, the descriptor is made blocking again, as every
-            // other output's is.
-            let nonblocking = rustix::fs::OFlags::NONBLOCK.bits() as i32;
-            match options.clone().custom_flags(nonblocking).open(path) {
-                Ok(file) => {
-                    rustix::io::ioctl_fionbio(&file, false)?;
-                    return Ok(file);
-                }
-                Err(e) if e.raw_os_error() == Some(rustix::io::Errno::NXIO.raw_os_error()) => {
-                    // Advice only: a closed stderr must not fail (or panic)
-                    // the run.
-                    let _ = writeln!(
-                        std::io::stderr(),
-                        "warning: {flag} {}: a FIFO that no process reads yet; waiting for one to open it (start its reader, `cat {}` say, or give a file)",
-                        path.display(),
-                        path.display()
-                    );
-                }
-                Err(e) => return Err(e),
-            }
-        }
+    if let Some(opened) = open_fifo(flag, path, &options) {
+        return opened;
     }
+    #[cfg(not(unix))]
+    let _ = flag;
     options.open(path)
+}
+
+/// Opens `path` with `options` if it names a FIFO (named pipe) that is not
+/// this process's standard output or error (written through the stream,
+/// not this descriptor: on systems where opening `/dev/fd/1` duplicates
+/// it, a change of its flags here would change the stream's). A FIFO that
+/// no process has open for reading would block the open until one does:
+/// that is said on standard error, naming `flag` and the path, and then
+/// waited for (`mkfifo trace; spyre run --trace trace` with `cat trace`
+/// started after it), so that a run waiting for its reader does not look
+/// hung. `None` for any other path.
+#[cfg(unix)]
+fn open_fifo(
+    flag: &str,
+    path: &Path,
+    options: &std::fs::OpenOptions,
+) -> Option<std::io::Result<File>> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let meta = std::fs::metadata(path).ok()?;
+    if !meta.file_type().is_fifo() || standard_stream(&meta).is_some() {
+        return None;
+    }
+    // Opened without blocking, a FIFO without a reader is `ENXIO`; with
+    // one, the descriptor is made blocking again, as every other output's
+    // is.
+    let nonblocking = rustix::fs::OFlags::NONBLOCK.bits() as i32;
+    let opened = match options.clone().custom_flags(nonblocking).open(path) {
+        Ok(file) => rustix::io::ioctl_fionbio(&file, false)
+            .map(|()| file)
+            .map_err(std::io::Error::from),
+        Err(e) if e.raw_os_error() == Some(rustix::io::Errno::NXIO.raw_os_error()) => {
+            // Advice only: a closed stderr must not fail (or panic) the run.
+            let _ = writeln!(
+                std::io::stderr(),
+                "warning: {flag} {}: a FIFO that no process reads yet; waiting for one to open it (start its reader, `cat {}` say, or give a file)",
+                path.display(),
+                path.display()
+            );
+            options.open(path)
+        }
+        Err(e) => Err(e),
+    };
+    Some(opened)
 }
 
 /// Empties `file`, `named`, if it is `regular`, writes what `contents`
