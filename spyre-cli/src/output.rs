@@ -64,6 +64,17 @@ pub(crate) fn to_json_line<T: Serialize>(value: &T) -> Result<String, CliError> 
         .map_err(|e| CliError::Failed(format!("cannot serialize the report as JSON: {e}")))
 }
 
+/// `value` with three decimals, or with four significant digits where
+/// three decimals would show it as 0.000 (a one-byte copy's GB/s, a slow
+/// run's throughput): `1.500`, `8.580e-6`.
+pub(crate) fn format_figure(value: f64) -> String {
+    if value != 0.0 && value.abs() < 1e-3 {
+        format!("{value:.3e}")
+    } else {
+        format!("{value:.3}")
+    }
+}
+
 /// Name/value pairs that serialize as a JSON object in their given order.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct OrderedMap<V>(pub(crate) Vec<(String, V)>);
@@ -139,6 +150,15 @@ mod tests {
         write_all_waiting(&mut out, b"the whole report\n").unwrap();
         assert_eq!(out.written, b"the whole report\n");
         assert_eq!(out.flushes, 2, "flushed again after WouldBlock");
+    }
+
+    #[test]
+    fn a_figure_below_a_thousandth_keeps_its_digits() {
+        assert_eq!(format_figure(1.5), "1.500");
+        assert_eq!(format_figure(0.0), "0.000");
+        assert_eq!(format_figure(0.001), "0.001");
+        assert_eq!(format_figure(4.1e-6), "4.100e-6");
+        assert_eq!(format_figure(-2.5e-4), "-2.500e-4");
     }
 
     #[test]

@@ -1349,6 +1349,32 @@ fn json_failures_print_one_json_line_naming_the_error() {
     assert_eq!(stdout(&output), "");
 }
 
+/// A run too slow for three decimals of GB/s (12-byte operands, 10 ms an
+/// operation) still shows its throughput: 8 iterations move 1 120 bytes
+/// (the programs among them) in about 0.2 s, about 5e-6 GB/s (before:
+/// "0.000 GB/s").
+#[test]
+fn a_slow_runs_throughput_is_not_shown_as_zero() {
+    let output = spyre(
+        &["run", "--size", "12", "--iterations", "4", "--threads", "2"],
+        &[("SPYRE_MOCK_OP_LATENCY_US", "10000")],
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let text = stdout(&output);
+    let line = text
+        .lines()
+        .find(|line| line.starts_with("throughput"))
+        .expect("a throughput line");
+    let figure: f64 = line
+        .trim_start_matches("throughput")
+        .trim()
+        .trim_end_matches("GB/s")
+        .trim()
+        .parse()
+        .expect("a number");
+    assert!(figure > 0.0 && figure < 1e-3, "{line}");
+}
+
 /// A pipeline child killed part-way: the bench fails (exit 1), naming the
 /// signal, and keeps the measurements made before it, in the error's JSON
 /// line ("report") with --json and before the error without. Before, they
@@ -1476,6 +1502,12 @@ fn bench_json_has_every_measurement() {
     assert_eq!(results[2]["unit"], "us/op");
     assert_eq!(results[3]["unit"], "GB/s");
     assert_eq!(results[5]["size_bytes"], 65536);
+    // The pipeline's rows are medians of its child runs; the rest, means.
+    let statistics: Vec<&str> = results
+        .iter()
+        .map(|r| r["statistic"].as_str().expect("statistic"))
+        .collect();
+    assert_eq!(statistics, [&["mean"; 7][..], &["median"; 4]].concat());
 }
 
 #[test]

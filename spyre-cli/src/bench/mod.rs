@@ -33,6 +33,26 @@ const BATCH_BYTES: u64 = 64 << 20;
 /// Most copies per bandwidth batch.
 const MAX_COPIES_PER_BATCH: u64 = 8;
 
+/// What a measurement's value is of its operations or runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Statistic {
+    /// Their mean: the time they took over their number (or the bytes
+    /// moved over the time).
+    Mean,
+    /// The median of the runs (the pipeline's rows, from its child runs).
+    Median,
+}
+
+impl Statistic {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Mean => "mean",
+            Self::Median => "median",
+        }
+    }
+}
+
 /// One measurement.
 #[derive(Clone, Debug, Serialize)]
 pub(crate) struct BenchResult {
@@ -40,10 +60,12 @@ pub(crate) struct BenchResult {
     pub(crate) name: &'static str,
     /// Transfer size in bytes, for bandwidth measurements.
     pub(crate) size_bytes: Option<u64>,
-    /// The mean.
+    /// The figure: what [`BenchResult::statistic`] says it is.
     pub(crate) value: f64,
     /// Unit of `value`: `ns/op`, `us/op`, `GB/s`, `ms/run` or `x` (a ratio).
     pub(crate) unit: &'static str,
+    /// What `value` is of the operations timed.
+    pub(crate) statistic: Statistic,
     /// Operations timed (for the pipeline's rows, its child runs).
     pub(crate) operations: u64,
     /// Time they took, in seconds (for a ratio, the runs it comes from).
@@ -128,6 +150,7 @@ fn latency(
             per_op * 1e6
         },
         unit,
+        statistic: Statistic::Mean,
         operations,
         seconds: elapsed.as_secs_f64(),
     }
@@ -432,6 +455,7 @@ fn bandwidth(
         size_bytes: Some(size),
         value: (operations * size) as f64 / seconds / 1e9,
         unit: "GB/s",
+        statistic: Statistic::Mean,
         operations,
         seconds,
     })
@@ -448,22 +472,21 @@ impl BenchReport {
         );
         let _ = writeln!(
             out,
-            "{:<22} {:>10} {:>12} {:<6} {:>10}",
-            "measurement", "size", "mean", "unit", "ops"
+            "{:<22} {:>10} {:>12} {:<6} {:<6} {:>10}",
+            "measurement", "size", "value", "unit", "of", "ops"
         );
         for r in &self.results {
             let size = r.size_bytes.map_or_else(|| "-".to_string(), format_size);
-            // Three decimals, or four significant digits for a value
-            // they would show as 0.000 (a 1-byte copy's GB/s).
-            let value = if r.value != 0.0 && r.value.abs() < 1e-3 {
-                format!("{:.3e}", r.value)
-            } else {
-                format!("{:.3}", r.value)
-            };
+            let value = output::format_figure(r.value);
             let _ = writeln!(
                 out,
-                "{:<22} {:>10} {:>12} {:<6} {:>10}",
-                r.name, size, value, r.unit, r.operations
+                "{:<22} {:>10} {:>12} {:<6} {:<6} {:>10}",
+                r.name,
+                size,
+                value,
+                r.unit,
+                r.statistic.name(),
+                r.operations
             );
         }
         let details: Vec<String> = self
@@ -592,6 +615,7 @@ mod tests {
                 size_bytes: Some(4096),
                 value: 1.5,
                 unit: "GB/s",
+                statistic: Statistic::Mean,
                 operations: 8,
                 seconds: 0.1,
             }],
@@ -611,9 +635,14 @@ mod tests {
             ),
             "{text}"
         );
-        assert!(text.contains("H2D bandwidth"), "{text}");
-        assert!(text.contains("4 KiB"), "{text}");
-        assert!(text.contains("1.500 GB/s"), "{text}");
+        // The value is not always a mean (the pipeline's are medians): the
+        // row says which.
+        assert!(
+            text.contains(
+                "measurement                  size        value unit   of            ops\nH2D bandwidth               4 KiB        1.500 GB/s   mean            8\n"
+            ),
+            "{text}"
+        );
         assert!(
             text.ends_with(
                 "measured on: engines=2\nthe pipeline's child runs: SPYRE_MOCK_OP_LATENCY_US=10 (environment)\n"
@@ -637,6 +666,7 @@ mod tests {
                 size_bytes: Some(1),
                 value: 429.0 / 0.05 / 1e9,
                 unit: "GB/s",
+                statistic: Statistic::Mean,
                 operations: 429,
                 seconds: 0.05,
             }],

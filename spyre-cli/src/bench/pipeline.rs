@@ -20,7 +20,7 @@ use std::time::Duration;
 use serde_json::Value;
 use spyre_stream::{BackendKind, MemoryLayout};
 
-use super::BenchResult;
+use super::{BenchResult, Statistic};
 use crate::cli::{KernelArg, ModeArg, RunArgs};
 use crate::error::CliError;
 use crate::run::Plan;
@@ -57,6 +57,7 @@ impl PipelineTimes {
             size_bytes: None,
             value,
             unit,
+            statistic: Statistic::Median,
             operations: runs as u64,
             seconds: total.as_secs_f64(),
         };
@@ -377,6 +378,7 @@ mod tests {
         // Each row's time is that of the runs it comes from.
         let runs: Vec<(u64, f64)> = results.iter().map(|r| (r.operations, r.seconds)).collect();
         assert_eq!(runs, [(3, 1.25), (3, 0.5), (6, 1.75), (3, 0.5)]);
+        assert!(results.iter().all(|r| r.statistic == Statistic::Median));
         assert_eq!(median(&mut [3, 1, 2]), 2);
     }
 }

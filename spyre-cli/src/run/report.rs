@@ -11,6 +11,7 @@ use super::outcome::{MemoryUse, RunOutcome, TraceFile};
 use super::plan::{H2D_PER_ITERATION, LAUNCHES_PER_ITERATION};
 use crate::cli::RunArgs;
 use crate::error::pool_name;
+use crate::output;
 use crate::size::format_size;
 
 /// Launches on one stream during a run.
@@ -307,7 +308,11 @@ impl RunReport {
             self.bytes_h2d,
             self.bytes_d2h
         );
-        let _ = writeln!(out, "throughput   {:.3} GB/s", self.gb_per_s);
+        let _ = writeln!(
+            out,
+            "throughput   {} GB/s",
+            output::format_figure(self.gb_per_s)
+        );
         let _ = writeln!(out, "wall time    {:.3} s", self.wall_seconds);
         if let Some(overlap) = &self.overlap {
             let stages: Vec<String> = STAGES
