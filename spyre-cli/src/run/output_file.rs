@@ -8,7 +8,8 @@
 //! link names, in its directory), given the file's mode, and renamed over
 //! it once complete. So a run that is interrupted (Ctrl-C, a kill), even
 //! while it writes, or whose write fails (a full disk) leaves a file that
-//! existed as it was (a file the run created stays empty). A signal that
+//! existed as it was (a file the run created stays empty); a file removed
+//! during the run is made again when the run writes it. A signal that
 //! ends the process during the write removes the new file's part
 //! ([`super::interrupt`]; on Linux, for `SIGINT`, `SIGTERM` and `SIGHUP`
 //! unless the process started with them ignored); elsewhere, and for a
@@ -133,7 +134,20 @@ impl OutputFile {
                 path.display()
             ))
         };
-        let meta = file.metadata().ok();
+        let mut file = file;
+        let mut meta = file.metadata().ok();
+        if meta.as_ref().is_some_and(is_removed) {
+            // The file was removed (or another put in its place) during
+            // the run: written there, it would be lost with it. The path
+            // is opened again, as at the start.
+            file = open(flag, &path).map_err(|e| {
+                CliError::Failed(format!(
+                    "cannot write the {what} to {}: it was removed during the run, and cannot be made again: {e}",
+                    path.display()
+                ))
+            })?;
+            meta = file.metadata().ok();
+        }
         if let Some(stream) = meta.as_ref().and_then(standard_stream) {
             return stream.write_with(contents).map_err(failed);
         }
@@ -420,6 +434,20 @@ fn standard_stream_at(path: &Path) -> Option<std::fs::Metadata> {
     std::fs::metadata(path)
         .ok()
         .filter(|meta| standard_stream(meta).is_some())
+}
+
+/// Whether the regular file of `meta` (opened earlier) has no name left:
+/// removed since it was opened.
+#[cfg(unix)]
+fn is_removed(meta: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    meta.is_file() && meta.nlink() == 0
+}
+
+/// See the Unix version: elsewhere a removal is not seen.
+#[cfg(not(unix))]
+fn is_removed(_: &std::fs::Metadata) -> bool {
+    false
 }
 
 /// Whether `path` names (through links) a socket.
@@ -928,6 +956,34 @@ mod tests {
             "free now"
         );
         std::fs::remove_file(&path).unwrap();
+    }
+
+    /// A file removed during the run is made again when the run writes it,
+    /// not written into the removed one (where the contents were lost and
+    /// the run said they were written); one whose directory is gone too
+    /// is an error saying so.
+    #[cfg(unix)]
+    #[test]
+    fn a_file_removed_during_the_run_is_made_again() {
+        let dir = scratch("removed");
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("trace.json");
+        let file = OutputFile::create("--trace", &path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        file.write("trace", b"{}").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"{}");
+        let file = OutputFile::create("--trace", &path).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let err = file.write("trace", b"{}").unwrap_err();
+        assert_eq!(err.exit_code(), crate::error::EXIT_FAILURE);
+        let message = err.to_string();
+        assert!(
+            message.starts_with(&format!(
+                "cannot write the trace to {}: it was removed during the run, and cannot be made again: ",
+                path.display()
+            )),
+            "{message}"
+        );
     }
 
     /// A FIFO whose reader is there is opened at once, and blocking, as
