@@ -786,6 +786,28 @@ fn a_run_whose_trace_the_host_cannot_hold_is_refused_before_it_starts() {
     }
 }
 
+/// A misspelled `SPYRE_MOCK_*` variable, and one only the C library reads,
+/// are warned about on the software device in process (before: ignored
+/// silently, `info` listing the misspelled one beside the default it left).
+#[test]
+fn ignored_software_device_variables_are_warned() {
+    let output = spyre(
+        &["info"],
+        &[
+            ("SPYRE_MOCK_LATENCY_US", "100000"),
+            ("SPYRE_MOCK_FAIL_LAUNCH", "1"),
+        ],
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let errors = stderr(&output);
+    for needle in [
+        "SPYRE_MOCK_LATENCY_US is not a variable of the software device: it is ignored (its variables are SPYRE_MOCK_DEVICES,",
+        "SPYRE_MOCK_FAIL_LAUNCH is read only by the software device's C library",
+    ] {
+        assert!(errors.contains(needle), "{needle:?} not in: {errors}");
+    }
+}
+
 #[test]
 fn bad_environment_exits_2_naming_the_value() {
     refused(

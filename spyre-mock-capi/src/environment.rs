@@ -13,21 +13,13 @@ use spyre_mock::config::ENV_CHECK_REUSE;
 
 use crate::boundary::Failure;
 
-/// `SPYRE_MOCK_ABI_VERSION=M.m`: the version `flex_get_api_version` reports.
-pub(crate) const ENV_ABI_VERSION: &str = "SPYRE_MOCK_ABI_VERSION";
-/// `SPYRE_MOCK_UNDEFINED_STATUS=<call>[,<call>...]`: these calls return
-/// [`UNDEFINED_STATUS`] and do nothing else.
-pub(crate) const ENV_UNDEFINED_STATUS: &str = "SPYRE_MOCK_UNDEFINED_STATUS";
-/// `SPYRE_MOCK_FAIL_LAUNCH=N`: the `N`th launch on each stream is refused.
-pub(crate) const ENV_FAIL_LAUNCH: &str = "SPYRE_MOCK_FAIL_LAUNCH";
-/// `SPYRE_MOCK_LATE_COMPLETIONS_MS=N`: completions are delivered `N` ms late
-/// from a thread of the runtime; `N` is at most 10 000 (10 s).
-pub(crate) const ENV_LATE_COMPLETIONS_MS: &str = "SPYRE_MOCK_LATE_COMPLETIONS_MS";
+pub(crate) use spyre_mock::config::{
+    ENV_ABI_VERSION, ENV_FAIL_LAUNCH, ENV_FAIL_RUNTIME_CREATE, ENV_LATE_COMPLETIONS_MS,
+    ENV_UNDEFINED_STATUS,
+};
+
 /// Largest delay of `SPYRE_MOCK_LATE_COMPLETIONS_MS`: 10 000 ms (10 s).
 pub(crate) const MAX_LATE_COMPLETIONS_MS: u64 = 10_000;
-/// `SPYRE_MOCK_FAIL_RUNTIME_CREATE=1` (a boolean: `1/0/true/false/on/off/yes/no`):
-/// `flex_runtime_create` fails.
-pub(crate) const ENV_FAIL_RUNTIME_CREATE: &str = "SPYRE_MOCK_FAIL_RUNTIME_CREATE";
 
 /// The status a call named in `SPYRE_MOCK_UNDEFINED_STATUS` returns: a value
 /// flex.h does not define.

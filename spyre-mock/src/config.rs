@@ -120,6 +120,60 @@ pub const ENV_VARS: [&str; 11] = [
     ENV_VISIBLE_DEVICES,
 ];
 
+/// `SPYRE_MOCK_ABI_VERSION=M.m`: the version the software device's C
+/// library (spyre-mock-capi) reports from `flex_get_api_version`.
+pub const ENV_ABI_VERSION: &str = "SPYRE_MOCK_ABI_VERSION";
+/// `SPYRE_MOCK_UNDEFINED_STATUS=<call>[,<call>...]`: these calls of the C
+/// library return a status flex.h does not define, and do nothing else.
+pub const ENV_UNDEFINED_STATUS: &str = "SPYRE_MOCK_UNDEFINED_STATUS";
+/// `SPYRE_MOCK_FAIL_LAUNCH=N`: the C library refuses the `N`th launch on
+/// each stream.
+pub const ENV_FAIL_LAUNCH: &str = "SPYRE_MOCK_FAIL_LAUNCH";
+/// `SPYRE_MOCK_LATE_COMPLETIONS_MS=N`: the C library delivers completions
+/// `N` ms late from a thread of the runtime.
+pub const ENV_LATE_COMPLETIONS_MS: &str = "SPYRE_MOCK_LATE_COMPLETIONS_MS";
+/// `SPYRE_MOCK_FAIL_RUNTIME_CREATE=1` (a boolean): the C library's
+/// `flex_runtime_create` fails.
+pub const ENV_FAIL_RUNTIME_CREATE: &str = "SPYRE_MOCK_FAIL_RUNTIME_CREATE";
+
+/// The variables only the software device's C library reads (its ABI
+/// version and misbehaviour switches), beside [`ENV_VARS`], which it reads
+/// too.
+pub const C_LIBRARY_ENV_VARS: [&str; 5] = [
+    ENV_ABI_VERSION,
+    ENV_UNDEFINED_STATUS,
+    ENV_FAIL_LAUNCH,
+    ENV_LATE_COMPLETIONS_MS,
+    ENV_FAIL_RUNTIME_CREATE,
+];
+
+/// Why the software device in process ignores the environment variable
+/// `name` of its `SPYRE_MOCK_` prefix, if it does: only the C library
+/// reads it, or nothing does (a misspelling, say). `None` for one it
+/// reads, and for any name without the prefix. For a warning: a switch
+/// that is set and ignored changes nothing, silently.
+pub fn ignored_in_process(name: &str) -> Option<String> {
+    if !name.starts_with("SPYRE_MOCK_") || ENV_VARS.contains(&name) {
+        return None;
+    }
+    Some(if C_LIBRARY_ENV_VARS.contains(&name) {
+        format!(
+            "{name} is read only by the software device's C library (the hardware backend with FLEX_RUNTIME_LIB naming it), not by the software device in process: it is ignored"
+        )
+    } else {
+        let known: Vec<&str> = ENV_VARS
+            .iter()
+            .chain(&C_LIBRARY_ENV_VARS)
+            .copied()
+            .filter(|known| known.starts_with("SPYRE_MOCK_"))
+            .collect();
+        format!(
+            "{name} is not a variable of the software device: it is ignored (its variables are {})",
+            known.join(", ")
+        )
+    })
+}
+
 /// A checked configuration of the software device. Made by
 /// [`MockSystemBuilder::build_config`] or [`MockConfig::from_lookup`]; every
 /// value in it has passed the builder's checks.
@@ -716,6 +770,22 @@ mod tests {
     fn lookup<'a>(vars: &'a [(&'a str, &'a str)]) -> impl FnMut(&str) -> Option<String> + 'a {
         let map: HashMap<&str, &str> = vars.iter().copied().collect();
         move |name| map.get(name).map(|v| v.to_string())
+    }
+
+    #[test]
+    fn variables_the_device_in_process_ignores_are_named_with_the_reason() {
+        for read in ENV_VARS {
+            assert_eq!(ignored_in_process(read), None, "{read}");
+        }
+        assert_eq!(ignored_in_process("RUST_LOG"), None);
+        assert_eq!(
+            ignored_in_process("SPYRE_MOCK_FAIL_LAUNCH").unwrap(),
+            "SPYRE_MOCK_FAIL_LAUNCH is read only by the software device's C library (the hardware backend with FLEX_RUNTIME_LIB naming it), not by the software device in process: it is ignored"
+        );
+        assert_eq!(
+            ignored_in_process("SPYRE_MOCK_LATENCY_US").unwrap(),
+            "SPYRE_MOCK_LATENCY_US is not a variable of the software device: it is ignored (its variables are SPYRE_MOCK_DEVICES, SPYRE_MOCK_MEMORY_BYTES, SPYRE_MOCK_REGION_BYTES, SPYRE_MOCK_ENGINES, SPYRE_MOCK_OP_LATENCY_US, SPYRE_MOCK_COPY_BANDWIDTH, SPYRE_MOCK_SYNC_POLICY, SPYRE_MOCK_DEVICE_SIDE_WAIT, SPYRE_MOCK_EVENT_TIMING, SPYRE_MOCK_CHECK_REUSE, SPYRE_MOCK_ABI_VERSION, SPYRE_MOCK_UNDEFINED_STATUS, SPYRE_MOCK_FAIL_LAUNCH, SPYRE_MOCK_LATE_COMPLETIONS_MS, SPYRE_MOCK_FAIL_RUNTIME_CREATE)"
+        );
     }
 
     #[test]

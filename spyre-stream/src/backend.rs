@@ -77,7 +77,8 @@ pub fn parse_backend(raw: Option<&str>) -> Result<BackendKind> {
 
 /// Creates the backend of `kind`: the software device configured from its
 /// `SPYRE_MOCK_*` variables (with a warning when `FLEX_RUNTIME_LIB` is set,
-/// as it is then not used), or the flex library found through
+/// as it is then not used, and for each `SPYRE_MOCK_*` variable it does not
+/// read: [`spyre_mock::config::ignored_in_process`]), or the flex library found through
 /// `FLEX_RUNTIME_LIB` and the default library names.
 ///
 /// # Errors
@@ -94,6 +95,15 @@ pub(crate) fn create(kind: BackendKind) -> Result<Box<dyn Backend>> {
                      without the `hardware` feature): no flex library is loaded",
                     flex_rt::RUNTIME_LIB_ENV
                 );
+            }
+            // Nor a switch set that changes nothing.
+            for (name, _) in std::env::vars_os() {
+                if let Some(ignored) = name
+                    .to_str()
+                    .and_then(spyre_mock::config::ignored_in_process)
+                {
+                    tracing::warn!("{ignored}");
+                }
             }
             Ok(Box::new(
                 spyre_mock::MockSystem::from_env().map_err(Error::BackendConfig)?,
