@@ -217,11 +217,16 @@ impl FlexLibrary {
         // contract of this loader, stated on `FlexLibrary` ("Trust"), is
         // that the file is a flex runtime library, whose initialisers need
         // nothing from the caller.
-        let library = ManuallyDrop::new(
-            unsafe { Library::open(Some(name), RTLD_NOW | RTLD_LOCAL) }
-                .map_err(|e| refuse(&e.to_string()))?,
-        );
-        let path = loaded_file(&library).unwrap_or_else(|| fallback_path(name));
+        let handle = unsafe { Library::open(Some(name), RTLD_NOW | RTLD_LOCAL) }
+            .map_err(|e| refuse(&e.to_string()))?
+            .into_raw();
+        // SAFETY: `handle` was returned by `dlopen` just above (through
+        // `into_raw`, which gave up the `Library` without closing it), and
+        // is turned back into a `Library` once, here.
+        let library = ManuallyDrop::new(unsafe { Library::from_raw(handle) });
+        let path = loaded_file(&library)
+            .or_else(|| opened_file(handle))
+            .unwrap_or_else(|| fallback_path(name));
         let refuse_export =
             |symbol: &'static str, version: AbiVersion| match export(&library, symbol) {
                 Export::Found => None,
@@ -321,9 +326,10 @@ impl FlexLibrary {
     /// example `/usr/lib/x86_64-linux-gnu/libflex.so.1.4.2`.
     ///
     /// It is the file that defines the library's flex functions, as reported
-    /// by `dladdr`. If the system cannot tell (with glibc, only for a
-    /// library that exports none of flex's functions, which the checks then
-    /// refuse), it is the name that was opened.
+    /// by `dladdr`, or, for a library that exports none of them (which the
+    /// checks then refuse), the file the dynamic loader opened (its link
+    /// map, with glibc). If the system cannot tell, it is the name that was
+    /// opened.
     #[must_use]
     pub fn path(&self) -> &Path {
         &self.path
@@ -518,6 +524,57 @@ fn defining_file(address: *const c_void) -> Option<PathBuf> {
     }
     let name = PathBuf::from(OsString::from_vec(name));
     Some(std::fs::canonicalize(&name).unwrap_or(name))
+}
+
+/// The file of the object `dlopen` returned `handle` for, as the dynamic
+/// loader names it in its link map (`dlinfo` with `RTLD_DI_LINKMAP`),
+/// canonicalized: for a library that exports none of flex's functions
+/// (another library under the name `libflex.so.1` on the search path),
+/// whose file `dladdr` cannot find. `None` if the loader cannot tell.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn opened_file(handle: *mut c_void) -> Option<PathBuf> {
+    /// The start of the loader's `struct link_map` (`<link.h>`), the part
+    /// that is public and stable: the load address, then the file name.
+    #[repr(C)]
+    struct LinkMapHead {
+        l_addr: usize,
+        l_name: *const c_char,
+    }
+    let mut map: *const LinkMapHead = std::ptr::null();
+    // SAFETY: `handle` is a live `dlopen` handle (the library is never
+    // closed), and `RTLD_DI_LINKMAP` writes one pointer, to the object's
+    // `struct link_map`, into `map`, which is valid for that write.
+    let found = unsafe {
+        libc::dlinfo(
+            handle,
+            libc::RTLD_DI_LINKMAP,
+            (&raw mut map).cast::<c_void>(),
+        )
+    };
+    if found != 0 || map.is_null() {
+        return None;
+    }
+    // SAFETY: `map` points to the loader's link map of the object, which
+    // stays as long as the object is loaded (always, from now on); its
+    // first two fields are those of `LinkMapHead` in every glibc.
+    let name = unsafe { (*map).l_name };
+    if name.is_null() {
+        return None;
+    }
+    // SAFETY: `l_name` is the NUL-terminated file name the loader keeps for
+    // the loaded object, alive while the object is loaded.
+    let name = unsafe { CStr::from_ptr(name) }.to_bytes().to_vec();
+    if name.is_empty() {
+        return None;
+    }
+    let name = PathBuf::from(OsString::from_vec(name));
+    Some(std::fs::canonicalize(&name).unwrap_or(name))
+}
+
+/// See the glibc version: elsewhere the link map is not read.
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn opened_file(_: *mut c_void) -> Option<PathBuf> {
+    None
 }
 
 /// The best path for `name` when `dladdr` cannot tell: the canonical path of

@@ -153,6 +153,24 @@ fn library_missing_flex_launch_fill_is_refused_naming_the_symbol() {
     );
 }
 
+/// A library found through the search path that exports no flex function
+/// at all (another library under the expected name, say) is named by the
+/// file the loader opened, not by the bare name (before: "libm.so.6 does
+/// not export ...", which did not say which file that was).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[test]
+fn a_library_without_flex_functions_found_by_name_is_named_by_its_file() {
+    let error = FlexLibrary::open("libm.so.6").unwrap_err();
+    let LoadError::MissingSymbol { symbol, path, .. } = &error else {
+        panic!("{error:?}");
+    };
+    assert_eq!(*symbol, "flex_get_api_version");
+    assert!(path.is_absolute(), "{}", path.display());
+    assert_eq!(path, &std::fs::canonicalize(path).unwrap());
+    let file = path.file_name().unwrap().to_string_lossy();
+    assert!(file.starts_with("libm"), "{file}");
+}
+
 /// `dlsym` returns null without an error for an absolute symbol of value
 /// 0; such a function cannot be called, and a null function pointer cannot
 /// exist in Rust: refused in any version, a 1.1 function in a 1.0 library
