@@ -32,6 +32,14 @@ pub(crate) enum CliError {
     },
     /// An iteration of `spyre run` failed.
     Iteration(Box<IterationFailure>),
+    /// A measurement of `spyre bench` failed: its name (with its size, for
+    /// a bandwidth), and why.
+    Measurement {
+        /// The measurement, as its progress names it.
+        name: String,
+        /// Why it failed; its exit code is the error's.
+        source: Box<CliError>,
+    },
     /// Anything else that failed, described.
     Failed(String),
 }
@@ -48,6 +56,7 @@ impl CliError {
             Self::Usage(_) => EXIT_USAGE,
             Self::Stream { source, .. } if is_configuration_error(source) => EXIT_USAGE,
             Self::Iteration(failure) if failure.is_out_of_memory() => EXIT_USAGE,
+            Self::Measurement { source, .. } => source.exit_code(),
             Self::Stream { .. } | Self::Iteration(_) | Self::Failed(_) => EXIT_FAILURE,
         }
     }
@@ -121,6 +130,7 @@ impl fmt::Display for CliError {
             Self::Usage(message) | Self::Failed(message) => f.write_str(message),
             Self::Stream { context, source } => write!(f, "{context}: {source}"),
             Self::Iteration(failure) => failure.fmt(f),
+            Self::Measurement { name, source } => write!(f, "measuring {name}: {source}"),
         }
     }
 }

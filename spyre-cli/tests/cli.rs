@@ -1417,8 +1417,9 @@ fn a_bench_whose_pipeline_child_is_killed_keeps_what_it_measured() {
         kill_first_child_of(bench.id());
         let output = bench.wait_with_output().unwrap();
         assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
-        // The first child run is the serialized one.
-        let ended = "the pipeline measurement's child run (`spyre run --mode serialized`) ended without a report (signal: 9 (SIGKILL))";
+        // The first child run is the serialized one; the error names the
+        // measurement it ended.
+        let ended = "measuring pipeline: pipelined against serialized, in child processes: the pipeline measurement's child run (`spyre run --mode serialized`) ended without a report (signal: 9 (SIGKILL))";
         assert!(stderr(&output).contains(ended), "{}", stderr(&output));
         let names = [
             "handle resolution",

@@ -213,14 +213,36 @@ pub(crate) fn bench(args: &BenchArgs) -> Result<BenchOutcome, CliError> {
     Ok(BenchOutcome { report, failed })
 }
 
-/// Makes every measurement of `args` on the backend `kind`, into `report`.
+/// Makes every measurement of `args` on the backend `kind`, into `report`,
+/// showing their progress.
 ///
 /// # Errors
-/// The first measurement's error; `report` keeps those made before it.
+/// The first measurement's error, naming the measurement
+/// ([`CliError::Measurement`]); `report` keeps those made before it.
 fn measure_all(
     args: &BenchArgs,
     kind: spyre_stream::BackendKind,
     report: &mut BenchReport,
+) -> Result<(), CliError> {
+    let budget = Duration::from_millis(args.budget_ms);
+    let progress = Progress::new(3 + 2 * args.sizes.len() as u64, args.pipeline, budget);
+    let measured = measure_each(args, kind, report, &progress);
+    progress.finish();
+    measured.map_err(|error| match progress.current.take() {
+        Some(name) => CliError::Measurement {
+            name,
+            source: Box::new(error),
+        },
+        None => error,
+    })
+}
+
+/// [`measure_all`]'s measurements, each named to `progress` as it starts.
+fn measure_each(
+    args: &BenchArgs,
+    kind: spyre_stream::BackendKind,
+    report: &mut BenchReport,
+    progress: &Progress,
 ) -> Result<(), CliError> {
     let pool =
         spyre_stream::global_pool().map_err(stream_error("using the process's stream pool"))?;
@@ -229,7 +251,6 @@ fn measure_all(
         concat!("taking a stream from the pool", first_take!()),
     ))?;
     let results = &mut report.results;
-    let progress = Progress::new(3 + 2 * args.sizes.len() as u64, args.pipeline, budget);
 
     progress.start("handle resolution");
     let timed = measure(budget, 10_000, |batch| {
@@ -283,7 +304,6 @@ fn measure_all(
         results.extend(times.results());
         report.pipeline_timing_model = model;
     }
-    progress.finish();
     Ok(())
 }
 
@@ -299,6 +319,8 @@ struct Progress {
     /// Measurements of one budget each, before the pipeline's.
     budgeted: u64,
     budget: Duration,
+    /// The measurement started last, for an error that ends it.
+    current: std::cell::RefCell<Option<String>>,
 }
 
 impl Progress {
@@ -307,6 +329,7 @@ impl Progress {
             bar: output::progress_bar(budgeted + u64::from(pipeline), "{spinner} {msg}"),
             budgeted,
             budget,
+            current: std::cell::RefCell::new(None),
         }
     }
 
@@ -314,6 +337,7 @@ impl Progress {
     /// for each measurement from this one on, and the pipeline's estimate
     /// ([`PIPELINE_ESTIMATE`]) while it is to come.
     fn start(&self, name: &str) {
+        *self.current.borrow_mut() = Some(name.to_owned());
         self.bar.inc(1);
         let (place, total) = (self.bar.position(), self.bar.length().unwrap_or(0));
         let budgets = (self.budgeted + 1).saturating_sub(place);
