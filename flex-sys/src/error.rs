@@ -49,9 +49,26 @@ pub enum LoadError {
         error: Box<LoadError>,
     },
 
+    /// `FLEX_RUNTIME_LIB` was not set, and the library the dynamic loader
+    /// found under a default name was refused (ABI mismatch, missing or
+    /// null symbol): which name found it, and why it was refused (naming
+    /// the file).
+    #[error(
+        "the dynamic loader's search found {name} (FLEX_RUNTIME_LIB is not set), but it cannot be \
+         used: {error}. To see which file the search finds, look in LD_LIBRARY_PATH's directories \
+         and `ldconfig -p | grep libflex`; or point FLEX_RUNTIME_LIB at the flex runtime library"
+    )]
+    Searched {
+        /// The default name the dynamic loader found the library under,
+        /// for example `libflex.so.1`.
+        name: String,
+        /// Why the library was refused.
+        error: Box<LoadError>,
+    },
+
     /// `FLEX_RUNTIME_LIB` was not set and the dynamic loader could open none
     /// of the default names. A default name that opens but is then refused
-    /// (ABI mismatch, missing symbol) is reported as that error instead.
+    /// (ABI mismatch, missing symbol) is [`LoadError::Searched`] instead.
     #[error(
         "no flex runtime library found: tried {}. Install the flex runtime so that the dynamic \
          loader finds libflex.so.{major} (ldconfig, LD_LIBRARY_PATH), or set \

@@ -93,8 +93,9 @@ impl FlexLibrary {
     ///   1.x) is tried first, then `libflex.so`, each searched by the dynamic
     ///   loader as `dlopen` does (`LD_LIBRARY_PATH`, the `ldconfig` cache,
     ///   the default directories). The first name the dynamic loader can open
-    ///   decides: if it is then refused (ABI mismatch, missing symbol) that
-    ///   error is returned and later names are not tried. If no name can be
+    ///   decides: if it is then refused (ABI mismatch, missing symbol), the
+    ///   error is [`LoadError::Searched`], naming the name and carrying
+    ///   that error, and later names are not tried. If no name can be
     ///   opened the error is [`LoadError::NotFound`], listing each name with
     ///   the dynamic loader's reason.
     ///
@@ -109,8 +110,9 @@ impl FlexLibrary {
     ///
     /// # Errors
     ///
-    /// [`LoadError::Env`], [`LoadError::NotFound`], or any error of
-    /// [`FlexLibrary::open`] for the default name that was opened.
+    /// [`LoadError::Env`], [`LoadError::NotFound`], or
+    /// [`LoadError::Searched`] with the error of [`FlexLibrary::open`] for
+    /// the default name that was opened.
     pub fn load() -> Result<Arc<FlexLibrary>, LoadError> {
         Self::load_from(std::env::var_os(RUNTIME_LIB_ENV))
     }
@@ -147,7 +149,12 @@ impl FlexLibrary {
                     return Ok(Arc::new(library));
                 }
                 Err(LoadError::Open { reason, .. }) => attempts.push(Attempt { candidate, reason }),
-                Err(refused) => return Err(refused),
+                Err(refused) => {
+                    return Err(LoadError::Searched {
+                        name: candidate,
+                        error: Box::new(refused),
+                    });
+                }
             }
         }
         Err(LoadError::NotFound { attempts })

@@ -627,10 +627,13 @@ fn child_process_entry() {
         "refused-soname" => {
             assert_eq!(
                 result.unwrap_err(),
-                LoadError::AbiMismatch {
-                    expected: AbiVersion::CURRENT,
-                    found: AbiVersion { major: 2, minor: 0 },
-                    path: expect.unwrap(),
+                LoadError::Searched {
+                    name: "libflex.so.1".to_owned(),
+                    error: Box::new(LoadError::AbiMismatch {
+                        expected: AbiVersion::CURRENT,
+                        found: AbiVersion { major: 2, minor: 0 },
+                        path: expect.unwrap(),
+                    }),
                 }
             );
         }

@@ -80,6 +80,52 @@ fn the_library_is_linked_to_stay_loaded_after_it_is_closed() {
     );
 }
 
+/// The file of the C library loaded as `libm.so.6`, from the loader's
+/// refusal (it exports no flex function).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn libm() -> PathBuf {
+    match FlexLibrary::open("libm.so.6").unwrap_err() {
+        LoadError::MissingSymbol { path, .. } => path,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Without `FLEX_RUNTIME_LIB`, a library the search finds under
+/// `libflex.so.1` that is not a flex runtime (here the C library's libm,
+/// through a link on `LD_LIBRARY_PATH`) is refused naming both the name it
+/// was found under and its file (before: the file alone, which did not say
+/// that the search had found it).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[test]
+fn a_library_the_search_finds_is_refused_naming_the_name_and_the_file() {
+    let dir = std::env::temp_dir().join(format!("spyre-searched-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&dir);
+    let link = dir.join("libflex.so.1");
+    if !link.exists() {
+        std::os::unix::fs::symlink(libm(), &link).unwrap();
+    }
+    isolated!(&[("LD_LIBRARY_PATH", dir.to_str().unwrap())], || {
+        let err = FlexLibrary::load_from(None).unwrap_err();
+        let LoadError::Searched { name, error } = &err else {
+            panic!("{err:?}");
+        };
+        assert_eq!(name, "libflex.so.1");
+        assert!(
+            matches!(&**error, LoadError::MissingSymbol { symbol: "flex_get_api_version", path, .. } if *path == libm()),
+            "{error:?}"
+        );
+        let text = err.to_string();
+        assert!(
+            text.starts_with(&format!(
+                "the dynamic loader's search found libflex.so.1 (FLEX_RUNTIME_LIB is not set), but it cannot be used: {} does not export `flex_get_api_version`",
+                libm().display()
+            )),
+            "{text}"
+        );
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn another_major_version_is_refused_naming_both_versions() {
     isolated!(mock_cdylib; &[("SPYRE_MOCK_ABI_VERSION", "2.0")],
