@@ -163,12 +163,11 @@ pub fn ignored_in_process(name: &str) -> Option<String> {
     } else {
         let known: Vec<&str> = ENV_VARS
             .iter()
-            .chain(&C_LIBRARY_ENV_VARS)
             .copied()
             .filter(|known| known.starts_with("SPYRE_MOCK_"))
             .collect();
         format!(
-            "{name} is not a variable of the software device: it is ignored (its variables are {})",
+            "{name} is not a variable of the software device: it is ignored (its variables in process are {})",
             known.join(", ")
         )
     })
@@ -784,7 +783,7 @@ mod tests {
         );
         assert_eq!(
             ignored_in_process("SPYRE_MOCK_LATENCY_US").unwrap(),
-            "SPYRE_MOCK_LATENCY_US is not a variable of the software device: it is ignored (its variables are SPYRE_MOCK_DEVICES, SPYRE_MOCK_MEMORY_BYTES, SPYRE_MOCK_REGION_BYTES, SPYRE_MOCK_ENGINES, SPYRE_MOCK_OP_LATENCY_US, SPYRE_MOCK_COPY_BANDWIDTH, SPYRE_MOCK_SYNC_POLICY, SPYRE_MOCK_DEVICE_SIDE_WAIT, SPYRE_MOCK_EVENT_TIMING, SPYRE_MOCK_CHECK_REUSE, SPYRE_MOCK_ABI_VERSION, SPYRE_MOCK_UNDEFINED_STATUS, SPYRE_MOCK_FAIL_LAUNCH, SPYRE_MOCK_LATE_COMPLETIONS_MS, SPYRE_MOCK_FAIL_RUNTIME_CREATE)"
+            "SPYRE_MOCK_LATENCY_US is not a variable of the software device: it is ignored (its variables in process are SPYRE_MOCK_DEVICES, SPYRE_MOCK_MEMORY_BYTES, SPYRE_MOCK_REGION_BYTES, SPYRE_MOCK_ENGINES, SPYRE_MOCK_OP_LATENCY_US, SPYRE_MOCK_COPY_BANDWIDTH, SPYRE_MOCK_SYNC_POLICY, SPYRE_MOCK_DEVICE_SIDE_WAIT, SPYRE_MOCK_EVENT_TIMING, SPYRE_MOCK_CHECK_REUSE)"
         );
     }
 

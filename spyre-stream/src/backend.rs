@@ -96,15 +96,21 @@ pub(crate) fn create(kind: BackendKind) -> Result<Box<dyn Backend>> {
                     flex_rt::RUNTIME_LIB_ENV
                 );
             }
-            // Nor a switch set that changes nothing.
-            for (name, _) in std::env::vars_os() {
-                if let Some(ignored) = name
-                    .to_str()
-                    .and_then(spyre_mock::config::ignored_in_process)
-                {
-                    tracing::warn!("{ignored}");
+            // Nor a switch set that changes nothing: said once a process
+            // (a backend made again after a failed start finds the same
+            // environment). An empty value is unset, the workspace's rule.
+            static IGNORED_TOLD: std::sync::Once = std::sync::Once::new();
+            IGNORED_TOLD.call_once(|| {
+                for (name, value) in std::env::vars_os() {
+                    if let Some(ignored) = name
+                        .to_str()
+                        .filter(|_| !value.is_empty())
+                        .and_then(spyre_mock::config::ignored_in_process)
+                    {
+                        tracing::warn!("{ignored}");
+                    }
                 }
-            }
+            });
             Ok(Box::new(
                 spyre_mock::MockSystem::from_env().map_err(Error::BackendConfig)?,
             ))

@@ -147,9 +147,11 @@ const CHUNK: usize = 4096;
 /// A list that grows by chunks of [`CHUNK`] items, each allocated once at
 /// its full size. A push never moves what is there (a `Vec` doubling
 /// copies the whole trace, under the log's lock that launches take), and
-/// the memory reserved is what is held and at most one chunk more (a `Vec`
-/// reserves up to twice what it holds, and three times while it grows,
-/// which a process's address-space limit, `ulimit -v`, counts in full).
+/// while the trace is recorded the memory reserved is what is held and at
+/// most one chunk more (a `Vec` reserves up to twice what it holds, which a
+/// process's address-space limit, `ulimit -v`, counts in full). The copy
+/// into one `Vec` when the trace stops ([`Chunked::into_vec`]) takes as
+/// much again, once.
 struct Chunked<T> {
     chunks: Vec<Vec<T>>,
     len: usize,
