@@ -11,13 +11,99 @@ use crate::size::{format_size, format_total};
 
 /// Address space the C library's allocator may reserve for a thread that
 /// allocates while others do: glibc gives such a thread an arena of its
-/// own (up to 8 per CPU), a reservation of 64 MiB (`HEAP_MAX_SIZE` on
-/// 64-bit hosts) of which it uses only what it needs. Not memory the host
-/// gives, so not checked against what is available, but an address-space
-/// limit (`ulimit -v`) counts it in full: arenas made as the run's threads
-/// start leave that much less for the buffers and the trace that grow
-/// after them, whose allocation then fails (and aborts the process).
+/// own, up to a limit ([`arena_limit`]), a reservation of 64 MiB
+/// (`HEAP_MAX_SIZE` on 64-bit hosts) of which it uses only what it needs.
+/// Not memory the host gives, so not checked against what is available,
+/// but an address-space limit (`ulimit -v`) counts it in full: arenas made
+/// as the run's threads start leave that much less for the buffers and the
+/// trace that grow after them, whose allocation then fails (and aborts the
+/// process).
 pub(crate) const THREAD_ARENA_BYTES: u64 = 64 << 20;
+
+/// Arenas glibc's allocator makes at most in this process, the main one
+/// among them: `MALLOC_ARENA_MAX` or the `glibc.malloc.arena_max` tunable
+/// (`GLIBC_TUNABLES`) where set to a positive number, else 8 for each CPU
+/// online (64-bit hosts), `cpus`. `lookup` reads the environment.
+fn arena_limit(lookup: impl Fn(&str) -> Option<String>, cpus: u64) -> u64 {
+    let tunable = lookup("GLIBC_TUNABLES").and_then(|tunables| {
+        tunables
+            .split(':')
+            .find_map(|pair| pair.strip_prefix("glibc.malloc.arena_max=")?.parse().ok())
+    });
+    let variable = lookup("MALLOC_ARENA_MAX").and_then(|raw| raw.trim().parse().ok());
+    tunable
+        .or(variable)
+        .filter(|&limit: &u64| limit > 0)
+        .unwrap_or_else(|| cpus.saturating_mul(8))
+}
+
+/// CPUs online, as glibc counts them for its arena limit
+/// (`/sys/devices/system/cpu/online`, such as `0-3,6`), else what the
+/// standard library sees.
+fn cpus_online() -> u64 {
+    let listed = std::fs::read_to_string("/sys/devices/system/cpu/online")
+        .ok()
+        .and_then(|text| {
+            text.trim().split(',').try_fold(0u64, |count, range| {
+                let (first, last) = range.split_once('-').unwrap_or((range, range));
+                let (first, last): (u64, u64) = (first.parse().ok()?, last.parse().ok()?);
+                Some(count + last.checked_sub(first)? + 1)
+            })
+        });
+    listed
+        .filter(|&cpus| cpus > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u64))
+}
+
+/// The allocator arenas the process has mapped, from `maps` (the text of
+/// `/proc/self/maps`): each a reservation of [`THREAD_ARENA_BYTES`] at a
+/// boundary of that size, in anonymous mappings (the part in use, then
+/// the rest, inaccessible) that end at the next boundary.
+fn arenas_mapped(maps: &str) -> u64 {
+    let anonymous: Vec<(u64, u64)> = maps
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // Address range, permissions, offset, device, inode, no path.
+            let [range, _, _, _, "0"] = fields[..] else {
+                return None;
+            };
+            let (start, end) = range.split_once('-')?;
+            Some((
+                u64::from_str_radix(start, 16).ok()?,
+                u64::from_str_radix(end, 16).ok()?,
+            ))
+        })
+        .collect();
+    let arena_at = |first: usize| {
+        let start = anonymous[first].0;
+        let mut end = start;
+        for &(from, to) in &anonymous[first..] {
+            if from != end || to > start + THREAD_ARENA_BYTES {
+                break;
+            }
+            end = to;
+        }
+        end == start + THREAD_ARENA_BYTES
+    };
+    (0..anonymous.len())
+        .filter(|&at| anonymous[at].0.is_multiple_of(THREAD_ARENA_BYTES) && arena_at(at))
+        .count() as u64
+}
+
+/// Address space that the allocator arenas of `workers` threads yet to
+/// start, and of `engines` threads started before (which may have made
+/// theirs: the arenas the process has mapped are taken as theirs), reserve
+/// at most: an arena each, up to the allocator's limit ([`arena_limit`]),
+/// less the arenas there are.
+pub(crate) fn arena_bytes(workers: u64, engines: u64) -> u64 {
+    let limit = arena_limit(|name| std::env::var(name).ok(), cpus_online());
+    let mapped = std::fs::read_to_string("/proc/self/maps").map_or(0, |maps| arenas_mapped(&maps));
+    workers
+        .saturating_add(engines.saturating_sub(mapped))
+        .min(limit.saturating_sub(1).saturating_sub(mapped))
+        .saturating_mul(THREAD_ARENA_BYTES)
+}
 
 /// What bounds the memory the process can take.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,8 +181,9 @@ fn parse_mem_available(meminfo: &str) -> Option<u64> {
 /// buffers, say) and `backed` bytes of the software device's memory
 /// regions (which it backs with host memory when they are first written),
 /// together, for `what`, when the host has less available, or the
-/// process's address-space limit leaves less, where `threads` new threads'
-/// allocator arenas ([`THREAD_ARENA_BYTES`] each) count too; the message
+/// process's address-space limit leaves less, where `reserved` bytes of
+/// address space that are not used (the new threads' allocator arenas,
+/// [`arena_bytes`], and a trace's room to grow) count too; the message
 /// names both parts when there are regions. Where neither bound can be
 /// read, nothing is checked.
 ///
@@ -106,7 +193,7 @@ pub(crate) fn check_with_regions(
     buffers: u64,
     held: &str,
     backed: u64,
-    threads: u64,
+    reserved: u64,
     what: &str,
 ) -> Result<(), CliError> {
     let what = if backed > 0 {
@@ -120,7 +207,7 @@ pub(crate) fn check_with_regions(
     };
     check_against(
         buffers.saturating_add(backed),
-        threads.saturating_mul(THREAD_ARENA_BYTES),
+        reserved,
         &available_bytes(),
         &what,
     )
@@ -152,7 +239,7 @@ fn check_against(
         };
         let reserved = if reserved > 0 {
             format!(
-                " and {reserved} bytes ({}) of address space its threads' memory allocator may reserve ({} MiB a thread)",
+                " and {reserved} bytes ({}) more of address space (its threads' memory allocator arenas, {} MiB a thread, and a trace's room to grow)",
                 format_size(reserved),
                 THREAD_ARENA_BYTES >> 20
             )
@@ -235,7 +322,57 @@ mod tests {
             check_against(900 << 20, arenas, &both(1 << 30), "x")
                 .unwrap_err()
                 .to_string(),
-            "x needs 943718400 bytes (900 MiB) of host memory and 134217728 bytes (128 MiB) of address space its threads' memory allocator may reserve (64 MiB a thread), but the process has 1073741824 bytes (1 GiB) left under the process's address-space limit"
+            "x needs 943718400 bytes (900 MiB) of host memory and 134217728 bytes (128 MiB) more of address space (its threads' memory allocator arenas, 64 MiB a thread, and a trace's room to grow), but the process has 1073741824 bytes (1 GiB) left under the process's address-space limit"
+        );
+    }
+
+    /// Arenas are told from other anonymous memory by their place and size:
+    /// two here (one in use in part, one whole), not the 256 MiB mapping at
+    /// a boundary, the 64 MiB one off a boundary, nor a file's.
+    #[test]
+    fn mapped_arenas_are_counted_from_the_maps() {
+        let maps = "\
+7f7b5bfff000-7f7b6c000000 rw-p 00000000 00:00 0
+7f7b6c000000-7f7b6c1ac000 rw-p 00000000 00:00 0
+7f7b6c1ac000-7f7b70000000 ---p 00000000 00:00 0
+7f7b70000000-7f7b74000000 rw-p 00000000 00:00 0
+7f7b80000000-7f7b90000000 rw-p 00000000 00:00 0
+7f7b91000000-7f7b95000000 rw-p 00000000 00:00 0
+7f7b98000000-7f7b9c000000 r--p 00000000 08:01 1234 /usr/lib/libx.so
+7fff0000000-7fff0021000 rw-p 00000000 00:00 0 [stack]
+";
+        assert_eq!(arenas_mapped(maps), 2);
+        assert_eq!(arenas_mapped(""), 0);
+    }
+
+    /// glibc's arena limit: its tunable, else `MALLOC_ARENA_MAX`, else 8
+    /// a CPU; a value that is not a positive number is not a limit.
+    #[test]
+    fn the_arena_limit_is_the_allocators() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, v)| (*v).to_owned())
+            }
+        };
+        assert_eq!(arena_limit(env(&[]), 2), 16);
+        assert_eq!(arena_limit(env(&[("MALLOC_ARENA_MAX", "1")]), 2), 1);
+        assert_eq!(arena_limit(env(&[("MALLOC_ARENA_MAX", "0")]), 2), 16);
+        assert_eq!(arena_limit(env(&[("MALLOC_ARENA_MAX", "many")]), 2), 16);
+        assert_eq!(
+            arena_limit(
+                env(&[
+                    ("MALLOC_ARENA_MAX", "4"),
+                    (
+                        "GLIBC_TUNABLES",
+                        "glibc.malloc.check=0:glibc.malloc.arena_max=3"
+                    )
+                ]),
+                2
+            ),
+            3
         );
     }
 }

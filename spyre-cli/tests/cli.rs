@@ -679,9 +679,9 @@ fn a_run_over_the_address_space_limit_is_refused_before_it_starts() {
 }
 
 /// A traced run whose trace fits what the address-space limit leaves, but
-/// not beside the arenas its four threads' allocator reserves (two
-/// workers, two engines, 64 MiB each), is refused before it starts, saying
-/// so. Before, 70 000 iterations a thread under `ulimit -v 800000` passed
+/// not beside the arenas its threads' allocator reserves (64 MiB each: two
+/// workers, and the engines that have none yet) and the room the trace
+/// takes to grow, is refused before it starts, saying so. Before, 70 000 iterations a thread under `ulimit -v 800000` passed
 /// the check and aborted when the trace grew ("memory allocation of
 /// 402653184 bytes failed"), losing the report and the trace.
 #[cfg(target_os = "linux")]
@@ -701,8 +701,8 @@ fn a_traced_run_counts_its_threads_arenas_against_the_address_space_limit() {
     let stderr = stderr(&output);
     assert_eq!(output.status.code(), Some(2), "{stderr}");
     for needle in [
-        "tracing 140000 iterations (the trace is kept in memory until the run ends: 400.54 MiB at about 3000 bytes an iteration;",
-        "and 268435456 bytes (256 MiB) of address space its threads' memory allocator may reserve (64 MiB a thread), but the process has",
+        "tracing 140000 iterations (the trace is kept in memory until the run ends: 333.79 MiB at about 2500 bytes an iteration;",
+        "more of address space (its threads' memory allocator arenas, 64 MiB a thread, and a trace's room to grow), but the process has",
         "left under the process's address-space limit (ulimit -v",
     ] {
         assert!(stderr.contains(needle), "{needle:?} not in: {stderr}");
@@ -719,7 +719,7 @@ fn a_traced_run_counts_its_threads_arenas_against_the_address_space_limit() {
 fn a_run_whose_trace_the_host_cannot_hold_is_refused_before_it_starts() {
     let path = std::env::temp_dir().join(format!("spyre-huge-trace-{}.json", std::process::id()));
     let path_text = path.to_str().unwrap();
-    // 2 × 10^10 iterations at 3 000 bytes: 6 × 10^13 bytes (54.57 TiB).
+    // 2 × 10^10 iterations at 2 500 bytes: 5 × 10^13 bytes (45.47 TiB).
     let huge = ["run", "--threads", "2", "--iterations", "10000000000"];
     // A trace to standard output (a file, or a pipe) is built whole before
     // it is written: 6 000 bytes more an iteration; one to /dev/null, even
@@ -728,11 +728,11 @@ fn a_run_whose_trace_the_host_cannot_hold_is_refused_before_it_starts() {
     let json = format!("{path_text}.json");
     let svg = format!("{path_text}.svg");
     for (flag, file, stdout, per_iteration, total) in [
-        ("--trace", &json[..], "null", "3000", "54.57 TiB"),
-        ("--timeline", &svg[..], "null", "4500", "81.85 TiB"),
-        ("--trace", "/dev/stdout", "file", "9000", "163.71 TiB"),
-        ("--trace", "/dev/stdout", "pipe", "9000", "163.71 TiB"),
-        ("--trace", "/dev/null", "null", "3000", "54.57 TiB"),
+        ("--trace", &json[..], "null", "2500", "45.47 TiB"),
+        ("--timeline", &svg[..], "null", "3500", "63.66 TiB"),
+        ("--trace", "/dev/stdout", "file", "8500", "154.61 TiB"),
+        ("--trace", "/dev/stdout", "pipe", "8500", "154.61 TiB"),
+        ("--trace", "/dev/null", "null", "2500", "45.47 TiB"),
     ] {
         let to_stdout = file == "/dev/stdout";
         let file = file.to_owned();
@@ -796,16 +796,36 @@ fn ignored_software_device_variables_are_warned() {
         &[
             ("SPYRE_MOCK_LATENCY_US", "100000"),
             ("SPYRE_MOCK_FAIL_LAUNCH", "1"),
+            ("SPYRE_MOCK_EMPTY", ""),
         ],
     );
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     let errors = stderr(&output);
     for needle in [
-        "SPYRE_MOCK_LATENCY_US is not a variable of the software device: it is ignored (its variables are SPYRE_MOCK_DEVICES,",
+        "SPYRE_MOCK_LATENCY_US is not a variable of the software device: it is ignored (its variables in process are SPYRE_MOCK_DEVICES,",
         "SPYRE_MOCK_FAIL_LAUNCH is read only by the software device's C library",
     ] {
-        assert!(errors.contains(needle), "{needle:?} not in: {errors}");
+        assert_eq!(
+            errors.matches(needle).count(),
+            1,
+            "{needle:?} once in: {errors}"
+        );
     }
+    // An empty value is unset.
+    assert!(!errors.contains("SPYRE_MOCK_EMPTY"), "{errors}");
+    // A start that fails (a bad value) and is tried again warns once.
+    let output = spyre(
+        &["info"],
+        &[("SPYRE_MOCK_ENGINES", "0"), ("SPYRE_MOCK_FAIL_LAUNCH", "1")],
+    );
+    let errors = stderr(&output);
+    assert_eq!(
+        errors
+            .matches("SPYRE_MOCK_FAIL_LAUNCH is read only")
+            .count(),
+        1,
+        "{errors}"
+    );
 }
 
 #[test]
@@ -1525,12 +1545,20 @@ fn bench_json_has_every_measurement() {
     assert_eq!(results[2]["unit"], "us/op");
     assert_eq!(results[3]["unit"], "GB/s");
     assert_eq!(results[5]["size_bytes"], 65536);
-    // The pipeline's rows are medians of its child runs; the rest, means.
+    // The pipeline's rows are medians of its child runs (the speedup, their
+    // ratio); the rest, means.
     let statistics: Vec<&str> = results
         .iter()
         .map(|r| r["statistic"].as_str().expect("statistic"))
         .collect();
-    assert_eq!(statistics, [&["mean"; 7][..], &["median"; 4]].concat());
+    assert_eq!(
+        statistics,
+        [
+            &["mean"; 7][..],
+            &["median", "median", "ratio_of_medians", "median"]
+        ]
+        .concat()
+    );
 }
 
 #[test]

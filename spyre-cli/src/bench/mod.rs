@@ -35,20 +35,25 @@ const MAX_COPIES_PER_BATCH: u64 = 8;
 
 /// What a measurement's value is of its operations or runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub(crate) enum Statistic {
     /// Their mean: the time they took over their number (or the bytes
     /// moved over the time).
     Mean,
     /// The median of the runs (the pipeline's rows, from its child runs).
     Median,
+    /// The ratio of two medians (the pipeline's speedup: the serialized
+    /// runs' over the pipelined runs').
+    RatioOfMedians,
 }
 
 impl Statistic {
+    /// The name in the text table.
     fn name(self) -> &'static str {
         match self {
             Self::Mean => "mean",
             Self::Median => "median",
+            Self::RatioOfMedians => "ratio",
         }
     }
 }
@@ -173,9 +178,10 @@ pub(crate) struct BenchOutcome {
 /// # Errors
 /// The stream layer's error, and [`CliError::Usage`] for a transfer size
 /// the device cannot hold, or, with the pipeline measurement, for a
-/// runtime without events, when they come before any measurement. An
-/// error during one ends the run there, in [`BenchOutcome::failed`], with
-/// the measurements made before it.
+/// runtime without events, when they come before any measurement, and
+/// the error of the first measurement when it fails. An error during a
+/// later one ends the run there, in [`BenchOutcome::failed`], with the
+/// measurements made before it.
 pub(crate) fn bench(args: &BenchArgs) -> Result<BenchOutcome, CliError> {
     spyre_stream::start_runtime().map_err(stream_error("starting the Spyre runtime"))?;
     if args.pipeline {
@@ -209,8 +215,14 @@ pub(crate) fn bench(args: &BenchArgs) -> Result<BenchOutcome, CliError> {
         backend_details: info.backend_details.into_iter().collect(),
         pipeline_timing_model: pipeline::TimingModel::new(),
     };
-    let failed = measure_all(args, kind, &mut report).err();
-    Ok(BenchOutcome { report, failed })
+    match measure_all(args, kind, &mut report) {
+        // Nothing measured: the error alone, as for one before the start.
+        Err(error) if report.results.is_empty() => Err(error),
+        measured => Ok(BenchOutcome {
+            report,
+            failed: measured.err(),
+        }),
+    }
 }
 
 /// Makes every measurement of `args` on the backend `kind`, into `report`,

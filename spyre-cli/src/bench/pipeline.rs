@@ -52,12 +52,12 @@ impl PipelineTimes {
     /// the runs' count and total time), the speedup (from both modes'
     /// runs) and the overlap (from the pipelined runs).
     pub(super) fn results(&self) -> Vec<BenchResult> {
-        let rows = |name, value, unit, runs: usize, total: Duration| BenchResult {
+        let rows = |name, value, unit, statistic, runs: usize, total: Duration| BenchResult {
             name,
             size_bytes: None,
             value,
             unit,
-            statistic: Statistic::Median,
+            statistic,
             operations: runs as u64,
             seconds: total.as_secs_f64(),
         };
@@ -67,6 +67,7 @@ impl PipelineTimes {
                 "pipeline: serialized",
                 self.serialized.as_secs_f64() * 1e3,
                 "ms/run",
+                Statistic::Median,
                 ROUNDS,
                 self.serialized_total,
             ),
@@ -74,6 +75,7 @@ impl PipelineTimes {
                 "pipeline: pipelined",
                 self.pipelined.as_secs_f64() * 1e3,
                 "ms/run",
+                Statistic::Median,
                 ROUNDS,
                 self.pipelined_total,
             ),
@@ -81,6 +83,7 @@ impl PipelineTimes {
                 "pipeline: speedup",
                 self.serialized.as_secs_f64() / self.pipelined.as_secs_f64().max(1e-12),
                 "x",
+                Statistic::RatioOfMedians,
                 2 * ROUNDS,
                 both,
             ),
@@ -88,6 +91,7 @@ impl PipelineTimes {
                 "pipeline: overlap",
                 self.overlap,
                 "x",
+                Statistic::Median,
                 ROUNDS,
                 self.pipelined_total,
             ),
@@ -378,7 +382,16 @@ mod tests {
         // Each row's time is that of the runs it comes from.
         let runs: Vec<(u64, f64)> = results.iter().map(|r| (r.operations, r.seconds)).collect();
         assert_eq!(runs, [(3, 1.25), (3, 0.5), (6, 1.75), (3, 0.5)]);
-        assert!(results.iter().all(|r| r.statistic == Statistic::Median));
+        let statistics: Vec<Statistic> = results.iter().map(|r| r.statistic).collect();
+        assert_eq!(
+            statistics,
+            [
+                Statistic::Median,
+                Statistic::Median,
+                Statistic::RatioOfMedians,
+                Statistic::Median
+            ]
+        );
         assert_eq!(median(&mut [3, 1, 2]), 2);
     }
 }

@@ -62,16 +62,24 @@ use crate::output;
 use crate::size::format_total;
 
 /// Host memory a traced iteration holds until the run ends, rounded up
-/// from the peak size of the process (`VmPeak`: what an address-space
-/// limit counts; the peak resident memory is about a quarter less) of
-/// `spyre run --threads 2 --iterations 50000 --size 12` on the software
-/// device with the flag against without it, with `MALLOC_ARENA_MAX=1` (so
-/// that the threads' allocator arenas, counted apart, do not blur it), per
-/// iteration: 2.91 KB for `--trace`, 4.32 KB for `--timeline` (with or
-/// without `--trace`).
-const TRACE_BYTES_PER_ITERATION: u64 = 3_000;
+/// from the peak resident memory of `spyre run --threads 2 --iterations
+/// 20000 --size 12` on the software device with the flag against without
+/// it, per iteration: 2.2 KB for `--trace`, 3.3 KB for `--timeline` (with
+/// or without `--trace`).
+const TRACE_BYTES_PER_ITERATION: u64 = 2_500;
 /// See [`TRACE_BYTES_PER_ITERATION`].
-const TIMELINE_BYTES_PER_ITERATION: u64 = 4_500;
+const TIMELINE_BYTES_PER_ITERATION: u64 = 3_500;
+/// Address space a traced iteration takes at its peak, which an
+/// address-space limit (`ulimit -v`) counts: rounded up from the peak size
+/// of the process (`VmPeak`) of `spyre run --threads 2 --iterations 50000
+/// --size 12` on the software device with the flag against without it,
+/// with `MALLOC_ARENA_MAX=1` (so that the threads' allocator arenas,
+/// counted apart, do not blur it), per iteration: 2.91 KB for `--trace`,
+/// 4.32 KB for `--timeline` (with or without `--trace`). More than the
+/// resident memory: the room the trace's lists reserve as they grow.
+const TRACE_ADDRESS_SPACE_PER_ITERATION: u64 = 3_000;
+/// See [`TRACE_ADDRESS_SPACE_PER_ITERATION`].
+const TIMELINE_ADDRESS_SPACE_PER_ITERATION: u64 = 4_500;
 /// Host memory per iteration of a trace written to this process's standard
 /// output or error, which is built whole before its one write
 /// ([`output_file`]): twice the trace's 2.95 KB an iteration (118 MB for
@@ -273,13 +281,17 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
     let backed = layout
         .filter(|_| info.backend == "mock")
         .map_or(0, |layout| capacity::backed_bytes(&plan, args, layout));
-    // A trace is kept in memory until the run ends.
-    let held_per_iteration = if args.timeline.is_some() {
-        TIMELINE_BYTES_PER_ITERATION
+    // A trace is kept in memory until the run ends (and takes more address
+    // space than memory).
+    let (held_per_iteration, address_space_per_iteration) = if args.timeline.is_some() {
+        (
+            TIMELINE_BYTES_PER_ITERATION,
+            TIMELINE_ADDRESS_SPACE_PER_ITERATION,
+        )
     } else if args.trace.is_some() {
-        TRACE_BYTES_PER_ITERATION
+        (TRACE_BYTES_PER_ITERATION, TRACE_ADDRESS_SPACE_PER_ITERATION)
     } else {
-        0
+        (0, 0)
     };
     // And one written to a standard stream is built whole first.
     let built = |path: &Option<std::path::PathBuf>, bytes| {
@@ -305,10 +317,18 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
         );
         held = "host buffers and the trace";
     }
-    // Each worker, and each engine, that allocates may get an arena of its
-    // own as the run starts.
-    let threads = (args.threads as u64).saturating_add(engines.unwrap_or(0));
-    host_memory::check_with_regions(buffers.saturating_add(traced), held, backed, threads, &what)?;
+    // Each worker, started after this, and each engine may get an
+    // allocator arena of its own (an engine may have made its own already:
+    // not counted twice).
+    let arenas = host_memory::arena_bytes(args.threads as u64, engines.unwrap_or(0));
+    let trace_room = total.saturating_mul(address_space_per_iteration - held_per_iteration);
+    host_memory::check_with_regions(
+        buffers.saturating_add(traced),
+        held,
+        backed,
+        arenas.saturating_add(trace_room),
+        &what,
+    )?;
     if plan.kernel == KernelArg::Matmul
         && info.backend == "mock"
         && let Some(warning) =
