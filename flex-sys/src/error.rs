@@ -55,8 +55,8 @@ pub enum LoadError {
     /// the file).
     #[error(
         "the dynamic loader's search found {name} (FLEX_RUNTIME_LIB is not set), but it cannot be \
-         used: {error}. To see which file the search finds, look in LD_LIBRARY_PATH's directories \
-         and `ldconfig -p | grep libflex`; or point FLEX_RUNTIME_LIB at the flex runtime library"
+         used: {error}. To see where the search finds {name}, look in LD_LIBRARY_PATH's \
+         directories and `ldconfig -p | grep libflex`"
     )]
     Searched {
         /// The default name the dynamic loader found the library under,

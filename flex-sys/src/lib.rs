@@ -31,7 +31,8 @@
 //!    version `<major>`), then `libflex.so`, searched by the dynamic loader
 //!    (`LD_LIBRARY_PATH`, the `ldconfig` cache, the default directories).
 //!    If neither can be opened, [`LoadError::NotFound`] lists both with the
-//!    dynamic loader's reason and suggests `FLEX_RUNTIME_LIB`.
+//!    dynamic loader's reason and suggests `FLEX_RUNTIME_LIB`; if the first
+//!    that opens is refused, [`LoadError::Searched`] names it and why.
 //!
 //! [`FlexLibrary::open`] loads an explicit path, and
 //! [`FlexLibrary::load_from`] does what `load` does with a given value of

@@ -22,8 +22,10 @@ pub(crate) const THREAD_ARENA_BYTES: u64 = 64 << 20;
 
 /// Arenas glibc's allocator makes at most in this process, the main one
 /// among them: `MALLOC_ARENA_MAX` or the `glibc.malloc.arena_max` tunable
-/// (`GLIBC_TUNABLES`) where set to a positive number, else 8 for each CPU
-/// online (64-bit hosts), `cpus`. `lookup` reads the environment.
+/// (`GLIBC_TUNABLES`) where set to a positive number; else 8 for each CPU
+/// (64-bit hosts), `cpus`, but never fewer than 9 (the allocator applies
+/// its limit only once it has more arenas than its `arena_test`, 8).
+/// `lookup` reads the environment.
 fn arena_limit(lookup: impl Fn(&str) -> Option<String>, cpus: u64) -> u64 {
     let tunable = lookup("GLIBC_TUNABLES").and_then(|tunables| {
         tunables
@@ -34,11 +36,12 @@ fn arena_limit(lookup: impl Fn(&str) -> Option<String>, cpus: u64) -> u64 {
     tunable
         .or(variable)
         .filter(|&limit: &u64| limit > 0)
-        .unwrap_or_else(|| cpus.saturating_mul(8))
+        .unwrap_or_else(|| cpus.saturating_mul(8).max(9))
 }
 
-/// CPUs online, as glibc counts them for its arena limit
-/// (`/sys/devices/system/cpu/online`, such as `0-3,6`), else what the
+/// CPUs as glibc counts them for its arena limit: those online
+/// (`/sys/devices/system/cpu/online`, such as `0-3,6`; newer versions
+/// count those the process may run on, never more), else what the
 /// standard library sees.
 fn cpus_online() -> u64 {
     let listed = std::fs::read_to_string("/sys/devices/system/cpu/online")
@@ -55,53 +58,16 @@ fn cpus_online() -> u64 {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u64))
 }
 
-/// The allocator arenas the process has mapped, from `maps` (the text of
-/// `/proc/self/maps`): each a reservation of [`THREAD_ARENA_BYTES`] at a
-/// boundary of that size, in anonymous mappings (the part in use, then
-/// the rest, inaccessible) that end at the next boundary.
-fn arenas_mapped(maps: &str) -> u64 {
-    let anonymous: Vec<(u64, u64)> = maps
-        .lines()
-        .filter_map(|line| {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            // Address range, permissions, offset, device, inode, no path.
-            let [range, _, _, _, "0"] = fields[..] else {
-                return None;
-            };
-            let (start, end) = range.split_once('-')?;
-            Some((
-                u64::from_str_radix(start, 16).ok()?,
-                u64::from_str_radix(end, 16).ok()?,
-            ))
-        })
-        .collect();
-    let arena_at = |first: usize| {
-        let start = anonymous[first].0;
-        let mut end = start;
-        for &(from, to) in &anonymous[first..] {
-            if from != end || to > start + THREAD_ARENA_BYTES {
-                break;
-            }
-            end = to;
-        }
-        end == start + THREAD_ARENA_BYTES
-    };
-    (0..anonymous.len())
-        .filter(|&at| anonymous[at].0.is_multiple_of(THREAD_ARENA_BYTES) && arena_at(at))
-        .count() as u64
-}
-
-/// Address space that the allocator arenas of `workers` threads yet to
-/// start, and of `engines` threads started before (which may have made
-/// theirs: the arenas the process has mapped are taken as theirs), reserve
-/// at most: an arena each, up to the allocator's limit ([`arena_limit`]),
-/// less the arenas there are.
-pub(crate) fn arena_bytes(workers: u64, engines: u64) -> u64 {
+/// Address space that the allocator arenas of `threads` threads reserve
+/// at most: an arena each, up to the allocator's limit ([`arena_limit`])
+/// less the main arena. Threads that have made theirs already are in what
+/// the process has mapped, and so counted twice: a bound, which refuses
+/// some runs at the very edge of a limit rather than let one through that
+/// would abort.
+pub(crate) fn arena_bytes(threads: u64) -> u64 {
     let limit = arena_limit(|name| std::env::var(name).ok(), cpus_online());
-    let mapped = std::fs::read_to_string("/proc/self/maps").map_or(0, |maps| arenas_mapped(&maps));
-    workers
-        .saturating_add(engines.saturating_sub(mapped))
-        .min(limit.saturating_sub(1).saturating_sub(mapped))
+    threads
+        .min(limit.saturating_sub(1))
         .saturating_mul(THREAD_ARENA_BYTES)
 }
 
@@ -326,25 +292,6 @@ mod tests {
         );
     }
 
-    /// Arenas are told from other anonymous memory by their place and size:
-    /// two here (one in use in part, one whole), not the 256 MiB mapping at
-    /// a boundary, the 64 MiB one off a boundary, nor a file's.
-    #[test]
-    fn mapped_arenas_are_counted_from_the_maps() {
-        let maps = "\
-7f7b5bfff000-7f7b6c000000 rw-p 00000000 00:00 0
-7f7b6c000000-7f7b6c1ac000 rw-p 00000000 00:00 0
-7f7b6c1ac000-7f7b70000000 ---p 00000000 00:00 0
-7f7b70000000-7f7b74000000 rw-p 00000000 00:00 0
-7f7b80000000-7f7b90000000 rw-p 00000000 00:00 0
-7f7b91000000-7f7b95000000 rw-p 00000000 00:00 0
-7f7b98000000-7f7b9c000000 r--p 00000000 08:01 1234 /usr/lib/libx.so
-7fff0000000-7fff0021000 rw-p 00000000 00:00 0 [stack]
-";
-        assert_eq!(arenas_mapped(maps), 2);
-        assert_eq!(arenas_mapped(""), 0);
-    }
-
     /// glibc's arena limit: its tunable, else `MALLOC_ARENA_MAX`, else 8
     /// a CPU; a value that is not a positive number is not a limit.
     #[test]
@@ -358,6 +305,7 @@ mod tests {
             }
         };
         assert_eq!(arena_limit(env(&[]), 2), 16);
+        assert_eq!(arena_limit(env(&[]), 1), 9, "the allocator's arena_test");
         assert_eq!(arena_limit(env(&[("MALLOC_ARENA_MAX", "1")]), 2), 1);
         assert_eq!(arena_limit(env(&[("MALLOC_ARENA_MAX", "0")]), 2), 16);
         assert_eq!(arena_limit(env(&[("MALLOC_ARENA_MAX", "many")]), 2), 16);

@@ -317,10 +317,12 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
         );
         held = "host buffers and the trace";
     }
-    // Each worker, started after this, and each engine may get an
-    // allocator arena of its own (an engine may have made its own already:
-    // not counted twice).
-    let arenas = host_memory::arena_bytes(args.threads as u64, engines.unwrap_or(0));
+    // Each worker, each engine and the thread that watches standard input
+    // may get an allocator arena of its own.
+    let threads = (args.threads as u64)
+        .saturating_add(engines.unwrap_or(0))
+        .saturating_add(u64::from(args.exit_when_stdin_closes));
+    let arenas = host_memory::arena_bytes(threads);
     let trace_room = total.saturating_mul(address_space_per_iteration - held_per_iteration);
     host_memory::check_with_regions(
         buffers.saturating_add(traced),

@@ -137,20 +137,18 @@ impl OutputFile {
         let mut file = file;
         let mut meta = file.metadata().ok();
         if meta.as_ref().is_some_and(is_removed) {
-            // The file was removed during the run: written there, it would
-            // be lost with it. It is made again, new: whatever else now
-            // stands at the path (a link to another file, a FIFO) is not
-            // followed, and the write fails saying so.
-            file = File::options()
-                .write(true)
-                .create_new(true)
-                .open(&path)
-                .map_err(|e| {
-                    CliError::Failed(format!(
-                        "cannot write the {what} to {}: the file was removed during the run, and cannot be made again: {e}",
-                        path.display()
-                    ))
-                })?;
+            // The file opened at the start has no name left: written there,
+            // the contents would be lost with it. The path is opened again,
+            // as at the start: another file put there (by a rank given the
+            // same path that ended first, an editor's save) is replaced, as
+            // it would have been without the removal; a file removed is
+            // made again.
+            file = open(flag, &path).map_err(|e| {
+                CliError::Failed(format!(
+                    "cannot write the {what} to {}: the file opened at the start was removed during the run, and the path cannot be opened again: {e}",
+                    path.display()
+                ))
+            })?;
             meta = file.metadata().ok();
         }
         if let Some(stream) = meta.as_ref().and_then(standard_stream) {
@@ -965,8 +963,8 @@ mod tests {
 
     /// A file removed during the run is made again when the run writes it,
     /// not written into the removed one (where the contents were lost and
-    /// the run said they were written); one whose directory is gone too,
-    /// or in whose place something else now stands, is an error saying so.
+    /// the run said they were written), and one renamed over replaced; one
+    /// whose directory is gone too is an error saying so.
     #[cfg(unix)]
     #[test]
     fn a_file_removed_during_the_run_is_made_again() {
@@ -984,22 +982,20 @@ mod tests {
         let message = err.to_string();
         assert!(
             message.starts_with(&format!(
-                "cannot write the trace to {}: the file was removed during the run, and cannot be made again: ",
+                "cannot write the trace to {}: the file opened at the start was removed during the run, and the path cannot be opened again: ",
                 path.display()
             )),
             "{message}"
         );
-        // Something else put at the path is not followed: a link to
-        // another file keeps that file as it was.
+        // Another file renamed over it (another rank's, given the same
+        // path, that ended first) is replaced, as without the removal.
         std::fs::create_dir_all(&dir).unwrap();
-        let other = dir.join("other");
-        std::fs::write(&other, b"not the trace").unwrap();
         let file = OutputFile::create("--trace", &path).unwrap();
-        std::fs::remove_file(&path).unwrap();
-        std::os::unix::fs::symlink(&other, &path).unwrap();
-        let err = file.write("trace", b"{}").unwrap_err().to_string();
-        assert!(err.ends_with("File exists (os error 17)"), "{err}");
-        assert_eq!(std::fs::read(&other).unwrap(), b"not the trace");
+        let other = dir.join("other");
+        std::fs::write(&other, b"the other rank's").unwrap();
+        std::fs::rename(&other, &path).unwrap();
+        file.write("trace", b"{}").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"{}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
