@@ -177,8 +177,9 @@ pub(crate) struct RunArgs {
     /// created empty. The operations are kept in memory until then (about
     /// 2.5 KB per iteration, 3.5 KB with --timeline; under an address-space
     /// limit, ulimit -v, 3 and 4.5 KB, and 64 MiB for each thread's memory
-    /// allocator arena: a run that the host's available memory, or the
-    /// limit, cannot trace exits 2 before it starts) and the
+    /// allocator arena, up to glibc's limit, which MALLOC_ARENA_MAX sets: a
+    /// run that the host's available memory, or the limit, cannot trace
+    /// exits 2 before it starts) and the
     /// file is written one event at a time. FILE may be this command's
     /// standard output or error (/dev/stdout into a log that other
     /// processes append to, or a pipe, say; not a socket, which cannot be

@@ -21,22 +21,49 @@ use crate::size::{format_size, format_total};
 pub(crate) const THREAD_ARENA_BYTES: u64 = 64 << 20;
 
 /// Arenas glibc's allocator makes at most in this process, the main one
-/// among them: `MALLOC_ARENA_MAX` or the `glibc.malloc.arena_max` tunable
-/// (`GLIBC_TUNABLES`) where set to a positive number; else 8 for each CPU
-/// (64-bit hosts), `cpus`, but never fewer than 9 (the allocator applies
-/// its limit only once it has more arenas than its `arena_test`, 8).
-/// `lookup` reads the environment.
+/// among them: its `arena_max` where set to a positive number; else, as it
+/// applies a limit only once it has more arenas than its `arena_test` (8
+/// unless set), the larger of that and one, and 8 for each CPU (64-bit
+/// hosts), `cpus`. Each setting is the `glibc.malloc.*` tunable of
+/// `GLIBC_TUNABLES` (the last given), else the `MALLOC_ARENA_MAX` or
+/// `MALLOC_ARENA_TEST` variable, read as C's `strtoul` with base 0 reads
+/// (`0x40`, `010`). `lookup` reads the environment.
 fn arena_limit(lookup: impl Fn(&str) -> Option<String>, cpus: u64) -> u64 {
-    let tunable = lookup("GLIBC_TUNABLES").and_then(|tunables| {
-        tunables
-            .split(':')
-            .find_map(|pair| pair.strip_prefix("glibc.malloc.arena_max=")?.parse().ok())
-    });
-    let variable = lookup("MALLOC_ARENA_MAX").and_then(|raw| raw.trim().parse().ok());
-    tunable
-        .or(variable)
-        .filter(|&limit: &u64| limit > 0)
-        .unwrap_or_else(|| cpus.saturating_mul(8).max(9))
+    let setting = |tunable: &str, variable: &str| {
+        let tuned = lookup("GLIBC_TUNABLES").and_then(|tunables| {
+            tunables
+                .split(':')
+                .filter_map(|pair| pair.strip_prefix(tunable)?.strip_prefix('='))
+                .filter_map(parse_c_number)
+                .rfind(|&value| value > 0)
+        });
+        tuned.or_else(|| {
+            lookup(variable)
+                .and_then(|raw| parse_c_number(&raw))
+                .filter(|&value| value > 0)
+        })
+    };
+    if let Some(max) = setting("glibc.malloc.arena_max", "MALLOC_ARENA_MAX") {
+        return max;
+    }
+    let test = setting("glibc.malloc.arena_test", "MALLOC_ARENA_TEST").unwrap_or(8);
+    test.saturating_add(1).max(cpus.saturating_mul(8))
+}
+
+/// A whole number as C's `strtoul` with base 0 reads one: hexadecimal
+/// after `0x`, octal after a leading `0`, else decimal; spaces around it
+/// allowed.
+fn parse_c_number(text: &str) -> Option<u64> {
+    let text = text.trim();
+    if let Some(hex) = text.strip_prefix("0x").or_else(|| text.strip_prefix("0X")) {
+        u64::from_str_radix(hex, 16).ok()
+    } else if text.len() > 1
+        && let Some(octal) = text.strip_prefix('0')
+    {
+        u64::from_str_radix(octal, 8).ok()
+    } else {
+        text.parse().ok()
+    }
 }
 
 /// CPUs as glibc counts them for its arena limit: those online
@@ -205,7 +232,7 @@ fn check_against(
         };
         let reserved = if reserved > 0 {
             format!(
-                " and {reserved} bytes ({}) more of address space (its threads' memory allocator arenas, {} MiB a thread, and a trace's room to grow)",
+                " and {reserved} bytes ({}) more of address space (its threads' memory allocator arenas, {} MiB a thread, and a trace's room to grow; with glibc, MALLOC_ARENA_MAX=2 makes the arenas fewer)",
                 format_size(reserved),
                 THREAD_ARENA_BYTES >> 20
             )
@@ -288,12 +315,13 @@ mod tests {
             check_against(900 << 20, arenas, &both(1 << 30), "x")
                 .unwrap_err()
                 .to_string(),
-            "x needs 943718400 bytes (900 MiB) of host memory and 134217728 bytes (128 MiB) more of address space (its threads' memory allocator arenas, 64 MiB a thread, and a trace's room to grow), but the process has 1073741824 bytes (1 GiB) left under the process's address-space limit"
+            "x needs 943718400 bytes (900 MiB) of host memory and 134217728 bytes (128 MiB) more of address space (its threads' memory allocator arenas, 64 MiB a thread, and a trace's room to grow; with glibc, MALLOC_ARENA_MAX=2 makes the arenas fewer), but the process has 1073741824 bytes (1 GiB) left under the process's address-space limit"
         );
     }
 
-    /// glibc's arena limit: its tunable, else `MALLOC_ARENA_MAX`, else 8
-    /// a CPU; a value that is not a positive number is not a limit.
+    /// glibc's arena limit: its tunable (the last), else `MALLOC_ARENA_MAX`,
+    /// read as C reads numbers; else the larger of `arena_test` + 1 and 8 a
+    /// CPU. A value that is not a positive number is not a setting.
     #[test]
     fn the_arena_limit_is_the_allocators() {
         let env = |pairs: &'static [(&'static str, &'static str)]| {
@@ -309,18 +337,28 @@ mod tests {
         assert_eq!(arena_limit(env(&[("MALLOC_ARENA_MAX", "1")]), 2), 1);
         assert_eq!(arena_limit(env(&[("MALLOC_ARENA_MAX", "0")]), 2), 16);
         assert_eq!(arena_limit(env(&[("MALLOC_ARENA_MAX", "many")]), 2), 16);
+        assert_eq!(arena_limit(env(&[("MALLOC_ARENA_MAX", "0x40")]), 2), 64);
+        assert_eq!(arena_limit(env(&[("MALLOC_ARENA_MAX", "010")]), 2), 8);
+        assert_eq!(arena_limit(env(&[("MALLOC_ARENA_TEST", "100")]), 2), 101);
         assert_eq!(
-            arena_limit(
-                env(&[
-                    ("MALLOC_ARENA_MAX", "4"),
-                    (
-                        "GLIBC_TUNABLES",
-                        "glibc.malloc.check=0:glibc.malloc.arena_max=3"
-                    )
-                ]),
-                2
-            ),
-            3
+            arena_limit(env(&[("GLIBC_TUNABLES", "glibc.malloc.arena_test=100")]), 2),
+            101
         );
+        let tuned = |tunables: &'static str| {
+            arena_limit(
+                move |name: &str| match name {
+                    "MALLOC_ARENA_MAX" => Some("64".to_owned()),
+                    "GLIBC_TUNABLES" => Some(tunables.to_owned()),
+                    _ => None,
+                },
+                2,
+            )
+        };
+        assert_eq!(tuned("glibc.malloc.check=0:glibc.malloc.arena_max=3"), 3);
+        assert_eq!(
+            tuned("glibc.malloc.arena_max=2:glibc.malloc.arena_max=5"),
+            5
+        );
+        assert_eq!(tuned("glibc.malloc.arena_max=0"), 64, "a rejected tunable");
     }
 }

@@ -143,7 +143,13 @@ impl OutputFile {
             // same path that ended first, an editor's save) is replaced, as
             // it would have been without the removal; a file removed is
             // made again.
-            file = open(flag, &path).map_err(|e| {
+            let reopened = if is_fifo(&path) {
+                // Its reader is not waited for now, after the run.
+                Err(std::io::Error::other("it is now a FIFO"))
+            } else {
+                open(flag, &path)
+            };
+            file = reopened.map_err(|e| {
                 CliError::Failed(format!(
                     "cannot write the {what} to {}: the file opened at the start was removed during the run, and the path cannot be opened again: {e}",
                     path.display()
@@ -437,6 +443,19 @@ fn standard_stream_at(path: &Path) -> Option<std::fs::Metadata> {
     std::fs::metadata(path)
         .ok()
         .filter(|meta| standard_stream(meta).is_some())
+}
+
+/// Whether `path` names (through links) a FIFO.
+#[cfg(unix)]
+fn is_fifo(path: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::metadata(path).is_ok_and(|meta| meta.file_type().is_fifo())
+}
+
+/// See the Unix version: elsewhere no path is known to be one.
+#[cfg(not(unix))]
+fn is_fifo(_: &Path) -> bool {
+    false
 }
 
 /// Whether the regular file of `meta` (opened earlier) has no name left:
@@ -988,7 +1007,9 @@ mod tests {
             "{message}"
         );
         // Another file renamed over it (another rank's, given the same
-        // path, that ended first) is replaced, as without the removal.
+        // path, that ended first) is replaced, as it was before removals
+        // were handled (making the file anew, as a first version did,
+        // failed here).
         std::fs::create_dir_all(&dir).unwrap();
         let file = OutputFile::create("--trace", &path).unwrap();
         let other = dir.join("other");
@@ -996,6 +1017,16 @@ mod tests {
         std::fs::rename(&other, &path).unwrap();
         file.write("trace", b"{}").unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"{}");
+        // A FIFO put in its place is not waited for after the run.
+        let file = OutputFile::create("--trace", &path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let made = std::process::Command::new("mkfifo").arg(&path).status();
+        assert!(made.unwrap().success());
+        let err = file.write("trace", b"{}").unwrap_err().to_string();
+        assert!(
+            err.ends_with("cannot be opened again: it is now a FIFO"),
+            "{err}"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
