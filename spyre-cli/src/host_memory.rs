@@ -85,6 +85,18 @@ fn cpus_online() -> u64 {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u64))
 }
 
+/// Address space a thread the command starts reserves for its stack: the
+/// standard library's size for a new thread (`RUST_MIN_STACK`, else 2 MiB)
+/// and a guard page. Not memory used, but an address-space limit counts
+/// it, and with many threads it is hundreds of MiB.
+pub(crate) fn thread_stack_bytes() -> u64 {
+    let stack = std::env::var("RUST_MIN_STACK")
+        .ok()
+        .and_then(|raw| raw.trim().parse().ok())
+        .unwrap_or(2 << 20);
+    stack + 4096
+}
+
 /// Address space that the allocator arenas of `threads` threads reserve
 /// at most: an arena each, up to the allocator's limit ([`arena_limit`])
 /// less the main arena. Threads that have made theirs already are in what
@@ -175,8 +187,9 @@ fn parse_mem_available(meminfo: &str) -> Option<u64> {
 /// regions (which it backs with host memory when they are first written),
 /// together, for `what`, when the host has less available, or the
 /// process's address-space limit leaves less, where `reserved` bytes of
-/// address space that are not used (the new threads' allocator arenas,
-/// [`arena_bytes`], and a trace's room to grow) count too; the message
+/// address space that are not used (threads' allocator arenas,
+/// [`arena_bytes`], new threads' stacks, [`thread_stack_bytes`], and a
+/// trace's room to grow) count too; the message
 /// names both parts when there are regions. Where neither bound can be
 /// read, nothing is checked.
 ///
@@ -232,7 +245,7 @@ fn check_against(
         };
         let reserved = if reserved > 0 {
             format!(
-                " and {reserved} bytes ({}) more of address space (its threads' memory allocator arenas, {} MiB a thread, and a trace's room to grow; with glibc, MALLOC_ARENA_MAX=2 makes the arenas fewer)",
+                " and {reserved} bytes ({}) more of address space (its threads' memory allocator arenas, {} MiB a thread, their stacks, and a trace's room to grow; with glibc, MALLOC_ARENA_MAX=2 makes the arenas fewer)",
                 format_size(reserved),
                 THREAD_ARENA_BYTES >> 20
             )
@@ -315,7 +328,7 @@ mod tests {
             check_against(900 << 20, arenas, &both(1 << 30), "x")
                 .unwrap_err()
                 .to_string(),
-            "x needs 943718400 bytes (900 MiB) of host memory and 134217728 bytes (128 MiB) more of address space (its threads' memory allocator arenas, 64 MiB a thread, and a trace's room to grow; with glibc, MALLOC_ARENA_MAX=2 makes the arenas fewer), but the process has 1073741824 bytes (1 GiB) left under the process's address-space limit"
+            "x needs 943718400 bytes (900 MiB) of host memory and 134217728 bytes (128 MiB) more of address space (its threads' memory allocator arenas, 64 MiB a thread, their stacks, and a trace's room to grow; with glibc, MALLOC_ARENA_MAX=2 makes the arenas fewer), but the process has 1073741824 bytes (1 GiB) left under the process's address-space limit"
         );
     }
 

@@ -702,7 +702,7 @@ fn a_traced_run_counts_its_threads_arenas_against_the_address_space_limit() {
     assert_eq!(output.status.code(), Some(2), "{stderr}");
     for needle in [
         "tracing 140000 iterations (the trace is kept in memory until the run ends: 333.79 MiB at about 2500 bytes an iteration;",
-        "more of address space (its threads' memory allocator arenas, 64 MiB a thread, and a trace's room to grow; with glibc, MALLOC_ARENA_MAX=2 makes the arenas fewer), but the process has",
+        "more of address space (its threads' memory allocator arenas, 64 MiB a thread, their stacks, and a trace's room to grow; with glibc, MALLOC_ARENA_MAX=2 makes the arenas fewer), but the process has",
         "left under the process's address-space limit (ulimit -v",
     ] {
         assert!(stderr.contains(needle), "{needle:?} not in: {stderr}");

@@ -198,8 +198,17 @@ pub(crate) fn bench(args: &BenchArgs) -> Result<BenchOutcome, CliError> {
     // measurement: not refused after the others have run.
     let layout = spyre_stream::memory_layout(Device::CURRENT)
         .map_err(stream_error("reading the device's memory layout"))?;
+    // The software device's engines may each get an allocator arena as
+    // they first run a copy (what an address-space limit counts).
+    let engines = info
+        .backend_details
+        .iter()
+        .find(|(name, _)| *name == "engines")
+        .and_then(|(_, value)| value.parse::<u64>().ok())
+        .unwrap_or(0);
+    let reserved = crate::host_memory::arena_bytes(engines);
     for &size in &args.sizes {
-        check_size(size, layout, info.backend == "mock")?;
+        check_size(size, layout, info.backend == "mock", reserved)?;
     }
     if args.pipeline
         && let Some(layout) = layout
@@ -387,11 +396,18 @@ fn host_len(size: u64) -> Result<usize, CliError> {
 /// measurement: more than the device's memory, or more host memory than
 /// the host has for the largest batch's buffers (a D2H batch holds one
 /// per copy) and, on the software device, the regions the allocation
-/// reaches, which it backs with host memory when they are first written.
+/// reaches, which it backs with host memory when they are first written;
+/// under an address-space limit, `reserved` bytes more (the engines'
+/// allocator arenas).
 ///
 /// # Errors
 /// [`CliError::Usage`] naming the size and what it needs.
-fn check_size(size: u64, layout: Option<MemoryLayout>, mock: bool) -> Result<(), CliError> {
+fn check_size(
+    size: u64,
+    layout: Option<MemoryLayout>,
+    mock: bool,
+    reserved: u64,
+) -> Result<(), CliError> {
     host_len(size)?;
     if let Some(layout) = layout
         && size > layout.total_bytes
@@ -429,7 +445,7 @@ fn check_size(size: u64, layout: Option<MemoryLayout>, mock: bool) -> Result<(),
         buffers,
         "host buffers",
         backed,
-        0,
+        reserved,
         &format!("--sizes {size}"),
     )
 }

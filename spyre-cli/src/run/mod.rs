@@ -318,11 +318,14 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
         held = "host buffers and the trace";
     }
     // Each worker, each engine and the thread that watches standard input
-    // may get an allocator arena of its own.
-    let threads = (args.threads as u64)
+    // may get an allocator arena of its own; the workers, started after
+    // this, take their stacks too (the others are running already).
+    let workers = args.threads as u64;
+    let threads = workers
         .saturating_add(engines.unwrap_or(0))
         .saturating_add(u64::from(args.exit_when_stdin_closes));
-    let arenas = host_memory::arena_bytes(threads);
+    let arenas = host_memory::arena_bytes(threads)
+        .saturating_add(workers.saturating_mul(host_memory::thread_stack_bytes()));
     let trace_room = total.saturating_mul(address_space_per_iteration - held_per_iteration);
     host_memory::check_with_regions(
         buffers.saturating_add(traced),

@@ -136,13 +136,14 @@ impl OutputFile {
         };
         let mut file = file;
         let mut meta = file.metadata().ok();
-        if meta.as_ref().is_some_and(is_removed) {
-            // The file opened at the start has no name left: written there,
-            // the contents would be lost with it. The path is opened again,
-            // as at the start: another file put there (by a rank given the
-            // same path that ended first, an editor's save) is replaced, as
-            // it would have been without the removal; a file removed is
-            // made again.
+        if meta.as_ref().is_some_and(|meta| is_gone_from(meta, &path)) {
+            // The path no longer names the file opened at the start
+            // (removed, or moved away): written there, the contents would
+            // be lost with it, or land in the file moved away (a trace the
+            // user kept). The path is opened again, as at the start: another
+            // file put there (by a rank given the same path that ended
+            // first, an editor's save) is replaced, as it would have been
+            // anyway; a file removed is made again.
             let reopened = if is_fifo(&path) {
                 // Its reader is not waited for now, after the run.
                 Err(std::io::Error::other("it is now a FIFO"))
@@ -151,7 +152,7 @@ impl OutputFile {
             };
             file = reopened.map_err(|e| {
                 CliError::Failed(format!(
-                    "cannot write the {what} to {}: the file opened at the start was removed during the run, and the path cannot be opened again: {e}",
+                    "cannot write the {what} to {}: the file opened at the start was removed or moved during the run, and the path cannot be opened again: {e}",
                     path.display()
                 ))
             })?;
@@ -458,17 +459,21 @@ fn is_fifo(_: &Path) -> bool {
     false
 }
 
-/// Whether the regular file of `meta` (opened earlier) has no name left:
-/// removed since it was opened.
+/// Whether the regular file of `meta` (opened earlier at `path`) is no
+/// longer the file `path` names: removed, moved away, or another put in
+/// its place since it was opened.
 #[cfg(unix)]
-fn is_removed(meta: &std::fs::Metadata) -> bool {
+fn is_gone_from(meta: &std::fs::Metadata, path: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
-    meta.is_file() && meta.nlink() == 0
+    meta.is_file()
+        && (meta.nlink() == 0
+            || !std::fs::metadata(path)
+                .is_ok_and(|now| (now.dev(), now.ino()) == (meta.dev(), meta.ino())))
 }
 
 /// See the Unix version: elsewhere a removal is not seen.
 #[cfg(not(unix))]
-fn is_removed(_: &std::fs::Metadata) -> bool {
+fn is_gone_from(_: &std::fs::Metadata, _: &Path) -> bool {
     false
 }
 
@@ -982,8 +987,9 @@ mod tests {
 
     /// A file removed during the run is made again when the run writes it,
     /// not written into the removed one (where the contents were lost and
-    /// the run said they were written), and one renamed over replaced; one
-    /// whose directory is gone too is an error saying so.
+    /// the run said they were written), one moved away is left as it was,
+    /// and one renamed over replaced; one whose directory is gone too is an
+    /// error saying so.
     #[cfg(unix)]
     #[test]
     fn a_file_removed_during_the_run_is_made_again() {
@@ -1001,7 +1007,7 @@ mod tests {
         let message = err.to_string();
         assert!(
             message.starts_with(&format!(
-                "cannot write the trace to {}: the file opened at the start was removed during the run, and the path cannot be opened again: ",
+                "cannot write the trace to {}: the file opened at the start was removed or moved during the run, and the path cannot be opened again: ",
                 path.display()
             )),
             "{message}"
@@ -1016,6 +1022,15 @@ mod tests {
         std::fs::write(&other, b"the other rank's").unwrap();
         std::fs::rename(&other, &path).unwrap();
         file.write("trace", b"{}").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"{}");
+        // One moved away (a trace the user kept) is left as it was, and
+        // the path gets the new contents.
+        let file = OutputFile::create("--trace", &path).unwrap();
+        std::fs::write(&path, b"the kept trace").unwrap();
+        let kept = dir.join("kept.json");
+        std::fs::rename(&path, &kept).unwrap();
+        file.write("trace", b"{}").unwrap();
+        assert_eq!(std::fs::read(&kept).unwrap(), b"the kept trace");
         assert_eq!(std::fs::read(&path).unwrap(), b"{}");
         // A FIFO put in its place is not waited for after the run.
         let file = OutputFile::create("--trace", &path).unwrap();
