@@ -200,13 +200,7 @@ pub(crate) fn bench(args: &BenchArgs) -> Result<BenchOutcome, CliError> {
         .map_err(stream_error("reading the device's memory layout"))?;
     // The software device's engines may each get an allocator arena as
     // they first run a copy (what an address-space limit counts).
-    let engines = info
-        .backend_details
-        .iter()
-        .find(|(name, _)| *name == "engines")
-        .and_then(|(_, value)| value.parse::<u64>().ok())
-        .unwrap_or(0);
-    let reserved = crate::host_memory::arena_bytes(engines);
+    let reserved = crate::host_memory::arena_bytes(crate::run::engines(&info).unwrap_or(0));
     for &size in &args.sizes {
         check_size(size, layout, info.backend == "mock", reserved)?;
     }

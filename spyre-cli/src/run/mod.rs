@@ -173,6 +173,15 @@ fn warn_of_shared_output(
     );
 }
 
+/// The software device's engines, from the runtime's details; `None` on
+/// a flex library, whose threads are not known.
+pub(crate) fn engines(info: &spyre_stream::RuntimeInfo) -> Option<u64> {
+    info.backend_details
+        .iter()
+        .find(|(name, _)| *name == "engines")
+        .and_then(|(_, value)| value.parse().ok())
+}
+
 /// Runs the workload.
 ///
 /// # Errors
@@ -256,13 +265,7 @@ pub(crate) fn run(args: &RunArgs) -> Result<RunOutcome, CliError> {
         )
         .saturating_add(plan.operand_bytes.saturating_mul(2));
     let mut buffers = (args.threads as u64).saturating_mul(per_thread);
-    // The software device's engines (a flex library's threads are not
-    // known).
-    let engines = info
-        .backend_details
-        .iter()
-        .find(|(name, _)| *name == "engines")
-        .and_then(|(_, value)| value.parse::<u64>().ok());
+    let engines = engines(&info);
     if info.backend == "mock" {
         // The software device's engines each hold, while they run a
         // compute, host copies of its operands: at most four at once (the
