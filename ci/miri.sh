@@ -11,7 +11,8 @@
 #               software device, called from Rust
 #   contract    flex-rt's unit tests: the program format, the no-op backend,
 #               the environment rules, the hardware backend's callback
-#               bookkeeping (dlopen is out of Miri's reach and is skipped)
+#               bookkeeping (dlopen is out of Miri's reach and is skipped);
+#               and flex-sys's locks (`flex_sys::sync`)
 #
 #   bash ci/miri.sh                 # all five suites
 #   bash ci/miri.sh pool mock       # chosen suites
@@ -25,7 +26,7 @@
 #                                 process-wide runtime is leaked by design),
 #                                 so their engine threads are still parked
 #                                 when the test binary's main returns;
-#   -Zmiri-permissive-provenance  parking_lot_core (a dependency) casts
+#   -Zmiri-permissive-provenance  parking_lot_core (a dependency of tests) casts
 #                                 integers to pointers, and the mock
 #                                 library carries a C function pointer and
 #                                 user data through the device as integers
@@ -56,7 +57,10 @@ run_suite() {
         pool) cargo "+$TOOLCHAIN" miri test --locked -p spyre-stream --test pool ;;
         mock) cargo "+$TOOLCHAIN" miri test --locked -p spyre-mock --lib ;;
         capi) cargo "+$TOOLCHAIN" miri test --locked -p spyre-mock-capi --lib ;;
-        contract) cargo "+$TOOLCHAIN" miri test --locked -p flex-rt --lib ;;
+        contract)
+            cargo "+$TOOLCHAIN" miri test --locked -p flex-rt --lib
+            cargo "+$TOOLCHAIN" miri test --locked -p flex-sys --lib sync::
+            ;;
         *)
             echo "error: unknown suite '$1' (stream-lib, pool, mock, capi, contract)" >&2
             exit 2

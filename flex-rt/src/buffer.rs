@@ -4,9 +4,8 @@ use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
-use parking_lot::lock_api::{ArcRwLockReadGuard, ArcRwLockWriteGuard};
-use parking_lot::{
-    RawRwLockRecursive, RecursiveRwLock, RecursiveRwLockReadGuard, RecursiveRwLockWriteGuard,
+use crate::sync::{
+    ArcRwLockReadGuard, ArcRwLockWriteGuard, RwLock, RwLockReadGuard, RwLockWriteGuard,
 };
 
 use crate::error::{FlexError, Result};
@@ -38,10 +37,12 @@ use crate::error::{FlexError, Result};
 /// callback). A writer waits until no read is left, however many come.
 ///
 /// Thread-safety: `Send + Sync`; every access goes through a reader-writer
-/// lock that lets readers in while a writer waits.
+/// lock that lets readers in while a writer waits ([`crate::sync::RwLock`],
+/// which a process forked while a thread waited for the buffer can still
+/// use for the buffers it makes).
 #[derive(Clone)]
 pub struct HostBuffer {
-    bytes: Arc<RecursiveRwLock<Box<[u8]>>>,
+    bytes: Arc<RwLock<Box<[u8]>>>,
     len: usize,
 }
 
@@ -55,7 +56,7 @@ impl HostBuffer {
     pub fn from_vec(bytes: Vec<u8>) -> Self {
         let len = bytes.len();
         Self {
-            bytes: Arc::new(RecursiveRwLock::new(bytes.into_boxed_slice())),
+            bytes: Arc::new(RwLock::new(bytes.into_boxed_slice())),
             len,
         }
     }
@@ -80,7 +81,7 @@ impl HostBuffer {
     /// copy's lease is never released (the device and its threads stay
     /// with the parent): `read` blocks for ever there, where
     /// [`HostBuffer::try_read`] says `None`.
-    pub fn read(&self) -> RecursiveRwLockReadGuard<'_, Box<[u8]>> {
+    pub fn read(&self) -> RwLockReadGuard<'_, Box<[u8]>> {
         self.bytes.read()
     }
 
@@ -89,19 +90,19 @@ impl HostBuffer {
     ///
     /// As for [`HostBuffer::read`], a copy in flight at a `fork()` holds the
     /// buffer for good in the child: [`HostBuffer::try_write`] does not wait.
-    pub fn write(&self) -> RecursiveRwLockWriteGuard<'_, Box<[u8]>> {
+    pub fn write(&self) -> RwLockWriteGuard<'_, Box<[u8]>> {
         self.bytes.write()
     }
 
     /// Shared access to the bytes if no D2H copy into the buffer is in
     /// flight and no write guard is alive; `None` otherwise, at once.
-    pub fn try_read(&self) -> Option<RecursiveRwLockReadGuard<'_, Box<[u8]>>> {
+    pub fn try_read(&self) -> Option<RwLockReadGuard<'_, Box<[u8]>>> {
         self.bytes.try_read()
     }
 
     /// Exclusive access to the bytes if no copy from or into the buffer is
     /// in flight and no other guard is alive; `None` otherwise, at once.
-    pub fn try_write(&self) -> Option<RecursiveRwLockWriteGuard<'_, Box<[u8]>>> {
+    pub fn try_write(&self) -> Option<RwLockWriteGuard<'_, Box<[u8]>>> {
         self.bytes.try_write()
     }
 
@@ -117,7 +118,8 @@ impl HostBuffer {
     /// # Errors
     /// [`crate::Status::INVALID_ARGUMENT`] if a D2H copy or a write guard holds the buffer.
     pub fn lease_for_read(&self, call: &'static str) -> Result<ReadLease> {
-        RecursiveRwLock::try_read_arc(&self.bytes)
+        self.bytes
+            .try_read_arc()
             .map(ReadLease)
             .ok_or_else(|| busy(call, self.len, "read"))
     }
@@ -127,7 +129,8 @@ impl HostBuffer {
     /// # Errors
     /// [`crate::Status::INVALID_ARGUMENT`] if any operation or guard holds the buffer.
     pub fn lease_for_write(&self, call: &'static str) -> Result<WriteLease> {
-        RecursiveRwLock::try_write_arc(&self.bytes)
+        self.bytes
+            .try_write_arc()
             .map(WriteLease)
             .ok_or_else(|| busy(call, self.len, "written"))
     }
@@ -158,7 +161,7 @@ impl From<Vec<u8>> for HostBuffer {
 
 /// A shared lease on a [`HostBuffer`] held by an in-flight H2D copy.
 /// Dereferences to the bytes. `Send`: it may be released on a runtime thread.
-pub struct ReadLease(ArcRwLockReadGuard<RawRwLockRecursive, Box<[u8]>>);
+pub struct ReadLease(ArcRwLockReadGuard<Box<[u8]>>);
 
 impl fmt::Debug for ReadLease {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -177,7 +180,7 @@ impl Deref for ReadLease {
 
 /// An exclusive lease on a [`HostBuffer`] held by an in-flight D2H copy.
 /// Dereferences to the bytes. `Send`: it may be released on a runtime thread.
-pub struct WriteLease(ArcRwLockWriteGuard<RawRwLockRecursive, Box<[u8]>>);
+pub struct WriteLease(ArcRwLockWriteGuard<Box<[u8]>>);
 
 impl fmt::Debug for WriteLease {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -245,24 +248,27 @@ mod tests {
     fn a_waiting_writer_does_not_keep_readers_out() {
         let buf = HostBuffer::from_vec(vec![1, 2]);
         let copy_out = buf.lease_for_read("t").unwrap();
-        std::thread::scope(|scope| {
-            let writer = scope.spawn(|| buf.write()[0] = 7);
-            // The waiting writer marks the lock, which then refuses an
-            // upgradable read (granted beside plain reads otherwise).
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-            while buf.bytes.try_upgradable_read().is_some() {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "the writer never waited"
-                );
-                std::thread::yield_now();
-            }
-            assert_eq!(buf.try_read().as_deref().map(|b| &b[..]), Some(&[1, 2][..]));
-            let another = buf.lease_for_read("t").expect("a second H2D copy");
-            assert_eq!(buf.read()[1], 2);
-            drop((copy_out, another));
-            writer.join().unwrap();
+        let (wrote, written) = std::sync::mpsc::channel();
+        let writing = buf.clone();
+        std::thread::spawn(move || {
+            writing.write()[0] = 7;
+            let _ = wrote.send(());
         });
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while !crate::sync::has_sleepers(&buf.bytes) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the writer never waited"
+            );
+            std::thread::yield_now();
+        }
+        assert_eq!(buf.try_read().as_deref().map(|b| &b[..]), Some(&[1, 2][..]));
+        let another = buf.lease_for_read("t").expect("a second H2D copy");
+        assert_eq!(buf.read()[1], 2);
+        drop((copy_out, another));
+        written
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .expect("the writer gets the buffer once the reads are gone");
         assert_eq!(buf.to_vec(), vec![7, 2]);
     }
 

@@ -37,6 +37,7 @@ pub use buffer::{HostBuffer, ReadLease, WriteLease};
 pub use error::{FlexError, Result};
 pub use event::{Capabilities, Event, Notification};
 pub use flex_sys::fork;
+pub use flex_sys::sync;
 #[cfg(unix)]
 pub use flex_sys::{AbiVersion, FlexLibrary, LoadError, RUNTIME_LIB_ENV};
 #[cfg(unix)]

@@ -16,7 +16,9 @@
 //! This crate's own `unsafe` code is the loading (`dlopen`, `dlsym`,
 //! `dladdr`, the version call), copying the library's strings, and the
 //! `pthread_atfork` registration of [`fork`], which lets the layers above
-//! notice that they run in a forked child. Calling the
+//! notice that they run in a forked child, and the locks of [`sync`], whose
+//! state stays inside each lock so that a forked child can use the locks it
+//! makes. Calling the
 //! functions in [`FlexLibrary::api`] is `unsafe` and belongs to the safe
 //! layer above (flex-rt), which must follow `flex.h` for each call.
 //!
@@ -111,6 +113,7 @@ pub mod fork;
 #[cfg(unix)]
 mod loader;
 mod symbols;
+pub mod sync;
 mod version;
 
 pub use error::{Attempt, LoadError, MissingFunction};

@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use flex_rt::sync::Mutex;
 use flex_rt::{Capabilities, Event, FlexError, Notification, Status};
-use parking_lot::Mutex;
 
 use crate::device::Device;
 use crate::error::{Error, EventRole, Result};

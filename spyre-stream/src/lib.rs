@@ -91,7 +91,11 @@
 //!   parent's streams. A backend created before a fork is not used in the
 //!   child: one the environment chose is made afresh there; one installed
 //!   with [`set_backend`] makes the child's start fail with
-//!   [`Error::BackendFromParent`] until the child installs its own. In a
+//!   [`Error::BackendFromParent`] until the child installs its own. The
+//!   locks the child's own runtime then takes (this crate's and flex-rt's,
+//!   [`flex_rt::sync`]; the software device's, the standard library's)
+//!   keep no state outside themselves: the parent's threads that waited
+//!   for one at the fork leave nothing behind in the child. In a
 //!   child forked after the start, [`start_trace`] and [`stop_trace`] do
 //!   nothing. A child forked while another thread was inside
 //!   [`start_runtime`] (or the first use of the pool, [`set_backend`], or

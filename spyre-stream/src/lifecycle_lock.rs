@@ -9,8 +9,8 @@
 //! hang. Here the lock is one atomic word that names the fork generation
 //! ([`flex_rt::fork`]) of the process that took it: a child finds it taken
 //! in another generation and gets [`Error::ForkedDuringStart`] at once.
-//! The value behind it is in a `parking_lot` mutex that only the word's
-//! holder takes, so that mutex is never contended and never parks.
+//! The value behind it is in a mutex that only the word's
+//! holder takes, so that mutex is never contended and never waits.
 //!
 //! Waiting for a holder of the caller's own process is by polling (a few
 //! yields, then sleeps growing to 1 ms): the lock is taken a handful of
@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use flex_rt::fork;
-use parking_lot::{Mutex, MutexGuard};
+use flex_rt::sync::{Mutex, MutexGuard};
 
 use crate::error::{Error, Result};
 

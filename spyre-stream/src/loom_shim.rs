@@ -1,5 +1,5 @@
 //! The lock, atomics and write-once cells the pool uses, behind a shim so
-//! that loom can model them: `parking_lot` and `std` normally, loom's under
+//! that loom can model them: `flex_rt::sync` and `std` normally, loom's under
 //! `--cfg spyre_loom`.
 
 #[cfg(not(spyre_loom))]
@@ -33,15 +33,15 @@ mod imp {
     /// `unique_lock` on the `shared_mutex`; nothing takes it shared any
     /// more), its retry queues and creation locks, the idle markers.
     #[derive(Debug, Default)]
-    pub(crate) struct Mutex<T>(parking_lot::Mutex<T>);
+    pub(crate) struct Mutex<T>(flex_rt::sync::Mutex<T>);
 
     impl<T> Mutex<T> {
         pub(crate) fn new(value: T) -> Self {
-            Self(parking_lot::Mutex::new(value))
+            Self(flex_rt::sync::Mutex::new(value))
         }
 
         #[inline]
-        pub(crate) fn lock(&self) -> parking_lot::MutexGuard<'_, T> {
+        pub(crate) fn lock(&self) -> flex_rt::sync::MutexGuard<'_, T> {
             self.0.lock()
         }
 

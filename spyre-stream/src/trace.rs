@@ -17,8 +17,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use flex_rt::sync::Mutex;
 use flex_rt::{Completion, FlexError, LaunchOptions};
-use parking_lot::Mutex;
 
 use crate::stream::SpyreStream;
 use crate::{instrument, runtime};

@@ -56,8 +56,8 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
+use crate::sync::Mutex;
 use flex_sys::bindings as sys;
-use parking_lot::Mutex;
 
 use crate::buffer::{ReadLease, WriteLease};
 use crate::error::FlexError;
@@ -582,7 +582,7 @@ mod tests {
 
     /// A completion that records every result it gets and owns a drop counter.
     fn recording_completion(
-        results: &Arc<parking_lot::Mutex<Vec<Result<(), FlexError>>>>,
+        results: &Arc<crate::sync::Mutex<Vec<Result<(), FlexError>>>>,
         drops: &Arc<AtomicUsize>,
     ) -> Completion {
         let results = Arc::clone(results);
@@ -721,7 +721,7 @@ mod tests {
         let buffer = HostBuffer::zeroed(4);
         let mut lease = buffer.lease_for_write("launch_d2h").unwrap();
         lease.copy_from_slice(&[4, 3, 2, 1]);
-        let seen = Arc::new(parking_lot::Mutex::new(None));
+        let seen = Arc::new(crate::sync::Mutex::new(None));
         let completion: Completion = {
             let buffer = buffer.clone();
             let seen = Arc::clone(&seen);
@@ -1102,7 +1102,7 @@ mod tests {
 
     #[test]
     fn the_completion_runs_inside_the_runtime_callback_scope() {
-        let inside = Arc::new(parking_lot::Mutex::new(None));
+        let inside = Arc::new(crate::sync::Mutex::new(None));
         let completion: Completion = {
             let inside = Arc::clone(&inside);
             Box::new(move |_| {

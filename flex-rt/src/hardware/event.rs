@@ -3,12 +3,12 @@
 use std::any::Any;
 use std::fmt;
 use std::ptr::{self, NonNull};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError};
 
+use crate::sync::Mutex;
 use flex_sys::FlexLibrary;
 use flex_sys::bindings as sys;
-use parking_lot::{Mutex, RwLock};
 
 use super::call::{self, check};
 use super::callback::{self, Lease, OpMeta, Payload, Submission};
@@ -21,11 +21,43 @@ use crate::status::Status;
 
 /// Whether a runtime is still alive, shared by the runtime and its events.
 ///
-/// The runtime's teardown takes the write lock and clears it before
+/// The runtime's teardown clears it ([`Liveness::end`]) before
 /// `flex_runtime_destroy` (which destroys the runtime's events); every event
 /// call holds the read lock across its FFI call, so none runs on a destroyed
 /// handle.
-pub(super) type Liveness = Arc<RwLock<bool>>;
+///
+/// The standard library's reader-writer lock, not [`crate::sync::RwLock`]:
+/// on Linux (a futex word) a waiting writer goes first, so a stream of
+/// event calls on other threads cannot hold a close off, and a thread may
+/// take the read lock again while no writer waits. A thread takes it twice
+/// only inside a stream's call (an event dropped by a record that failed
+/// to launch, while the record holds the event's read lock), when no
+/// writer can be waiting: the teardown needs the runtime exclusively. (The
+/// standard library promises neither order nor a second read on every
+/// platform.) Like [`crate::sync`]'s, it keeps no state outside itself (a
+/// forked child can use the runtimes it makes).
+#[derive(Clone)]
+pub(super) struct Liveness(Arc<std::sync::RwLock<bool>>);
+
+impl Liveness {
+    /// A live runtime's.
+    pub(super) fn new() -> Self {
+        Self(Arc::new(std::sync::RwLock::new(true)))
+    }
+
+    /// The read lock, to hold across an event's FFI call: `true` while the
+    /// runtime is alive. Poisoning is ignored (no panic happens while the
+    /// write lock is held).
+    pub(super) fn read(&self) -> std::sync::RwLockReadGuard<'_, bool> {
+        self.0.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Marks the runtime closed, once every event call in flight has
+    /// returned.
+    pub(super) fn end(&self) {
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = false;
+    }
+}
 
 /// The `UNSUPPORTED` error for the ABI 1.1 function `call` when the library
 /// is 1.0 ("unsupported by this flex library (ABI 1.0)", naming it).
@@ -174,7 +206,7 @@ impl HardwareEvent {
             lib: Arc::clone(lib),
             runtime,
             handle,
-            alive: Arc::clone(alive),
+            alive: alive.clone(),
             logical_device,
             timing,
             device_side_wait: capabilities.device_side_wait,
@@ -234,12 +266,12 @@ impl HardwareEvent {
     /// The latest record as of `records` ([`HardwareEvent::records`] read
     /// before the call whose outcome it qualifies), if it was made through
     /// flex-rt and none has been made since.
-    fn recorded_as_of(&self, records: u64) -> Option<parking_lot::MappedMutexGuard<'_, Recorded>> {
+    fn recorded_as_of(&self, records: u64) -> Option<crate::sync::MappedMutexGuard<'_, Recorded>> {
         let latest = self.latest.lock();
         if self.records.load(Ordering::Acquire) != records {
             return None;
         }
-        parking_lot::MutexGuard::try_map(latest, Option::as_mut).ok()
+        crate::sync::MutexGuard::try_map(latest, Option::as_mut).ok()
     }
 
     /// `outcome`, a success of `call` for the latest record as of

@@ -4,10 +4,10 @@ use std::fmt;
 use std::ptr;
 use std::sync::Arc;
 
+use crate::sync::Mutex;
 use flex_sys::FlexLibrary;
 use flex_sys::bindings as sys;
 use flex_sys::fork::ForkGeneration;
-use parking_lot::{Mutex, RwLock};
 
 use super::call::{self, check};
 use super::callback;
@@ -78,17 +78,11 @@ use crate::types::{MemoryInfo, StreamMode, StreamPriority};
 /// closing it, or one of its events, in the child touches nothing: they are
 /// left to the parent (and to the child's exit), and `close` reports that
 /// as its one failed step, [`TeardownStep::DestroyRuntime`]. A runtime
-/// created in the child works, with one known risk: flex-rt's locks (and
-/// [`crate::HostBuffer`]'s) are `parking_lot`'s, whose process-wide table
-/// of parked threads the child inherits with the entries of parent threads
-/// parked at the fork (one blocked in [`crate::HostBuffer::read`] for a
-/// device-to-host copy, say). Should such an entry's lock be freed in the
-/// child and its memory become a lock of the child's, a wake-up meant for a
-/// thread of the child could go to the gone thread's entry instead. (The
-/// software device's locks are the standard library's for that reason;
-/// flex-rt's are not yet: `HostBuffer` needs a reader-writer lock that
-/// lets readers in while a writer waits, which the standard one does not
-/// promise.)
+/// created in the child works: flex-rt's locks (and
+/// [`crate::HostBuffer`]'s) are [`crate::sync`]'s, and the standard
+/// library's for a runtime's liveness, which keep no state outside
+/// themselves, so the threads of the parent that were waiting for one at
+/// the fork leave nothing behind that the child's locks could meet.
 ///
 /// # Thread-safety
 ///
@@ -180,7 +174,7 @@ impl HardwareRuntime {
             streams: boxcar::Vec::new(),
             create_lock: Mutex::new(()),
             torn_down: false,
-            alive: Arc::new(RwLock::new(true)),
+            alive: Liveness::new(),
             capabilities,
         })
     }
@@ -351,7 +345,7 @@ impl HardwareRuntime {
             }
         }
         // Events die with the runtime: no event call may start from here on.
-        *self.alive.write() = false;
+        self.alive.end();
         if let Err(error) = destroy_runtime(&self.lib, self.handle) {
             // Nothing says the runtime stopped: its threads may still call
             // completions, which run the library's code and give payload

@@ -5,9 +5,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::sync::Mutex;
 use flex_sys::FlexLibrary;
 use flex_sys::bindings as sys;
-use parking_lot::Mutex;
 
 use super::call::{self, check};
 use super::callback::{self, Lease, OpMeta, Payload, Submission};

@@ -3,8 +3,8 @@
 use std::fmt;
 use std::marker::PhantomData;
 
+use flex_rt::sync::Mutex;
 use flex_rt::{CompositeAddress, DataFormat, FlexError, HostBuffer, LaunchOptions, LogicalAddress};
-use parking_lot::Mutex;
 
 use super::allocator::{Block, CachingAllocator};
 use super::element::{self, DeviceElement};

@@ -149,8 +149,8 @@ pub use sizing::{
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use flex_rt::sync::{Mutex, MutexGuard};
 use flex_rt::{CompositeAddress, FlexError, Runtime, Status};
-use parking_lot::{Mutex, MutexGuard};
 
 use self::blocks::{Deferred, FreeKey, Pieces, Segment, Serving, State};
 use self::fence::{
