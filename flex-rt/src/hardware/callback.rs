@@ -56,7 +56,6 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use crate::sync::Mutex;
 use flex_sys::bindings as sys;
 
 use crate::buffer::{ReadLease, WriteLease};
@@ -64,6 +63,7 @@ use crate::error::FlexError;
 use crate::launch::{Completion, HostCallback};
 use crate::panic::{drop_panic, panic_message};
 use crate::status::Status;
+use crate::sync::Mutex;
 
 use super::payload_cache::{Block, FreeBlocks, PayloadCache};
 

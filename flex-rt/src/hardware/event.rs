@@ -6,7 +6,6 @@ use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError};
 
-use crate::sync::Mutex;
 use flex_sys::FlexLibrary;
 use flex_sys::bindings as sys;
 
@@ -18,6 +17,7 @@ use crate::error::{FlexError, Result};
 use crate::event::{Capabilities, Event, Notification};
 use crate::launch::Completion;
 use crate::status::Status;
+use crate::sync::Mutex;
 
 /// Whether a runtime is still alive, shared by the runtime and its events.
 ///

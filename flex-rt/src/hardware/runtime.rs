@@ -4,7 +4,6 @@ use std::fmt;
 use std::ptr;
 use std::sync::Arc;
 
-use crate::sync::Mutex;
 use flex_sys::FlexLibrary;
 use flex_sys::bindings as sys;
 use flex_sys::fork::ForkGeneration;
@@ -18,6 +17,7 @@ use crate::address::{AddressChunk, CompositeAddress, MAX_ADDRESS_CHUNKS};
 use crate::error::{FlexError, Result};
 use crate::event::{Capabilities, Event};
 use crate::status::Status;
+use crate::sync::Mutex;
 use crate::traits::{Runtime, Stream};
 use crate::types::{MemoryInfo, StreamMode, StreamPriority};
 

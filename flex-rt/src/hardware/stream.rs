@@ -5,7 +5,6 @@ use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::sync::Mutex;
 use flex_sys::FlexLibrary;
 use flex_sys::bindings as sys;
 
@@ -20,6 +19,7 @@ use crate::error::{FlexError, Result};
 use crate::event::Event;
 use crate::launch::{Completion, HostCallback, LaunchOptions};
 use crate::status::Status;
+use crate::sync::Mutex;
 use crate::traits::{Stream, check_copy_size, check_fill_size};
 use crate::types::{DataFormat, StreamPriority};
 
